@@ -1,0 +1,262 @@
+"""latencyctl: drive latencyd over D-Bus, and explain profiles without it.
+
+Exit codes: 0 ok, 1 verify found drift (or an apply failed), 2 usage or bad
+profile, 3 daemon unreachable, 4 permission denied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
+
+OK, DRIFT, USAGE, UNREACHABLE, DENIED = 0, 1, 2, 3, 4
+FAILED = 1  # the daemon tried and the kernel refused: like drift, the machine is not as asked
+
+_UNREACHABLE = {
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+    "org.freedesktop.DBus.Error.NoServer",
+    "org.freedesktop.DBus.Error.FileNotFound",
+    "org.freedesktop.DBus.Error.NoReply",
+    "org.freedesktop.DBus.Error.Disconnected",
+    "org.freedesktop.DBus.Error.Spawn.ServiceNotFound",
+}
+_DENIED = {"org.freedesktop.DBus.Error.AccessDenied", "org.latencyd.Error.PermissionDenied"}
+_BAD_INPUT = {"org.latencyd.Error.BadProfile", "org.latencyd.Error.NoSuchProfile"}
+
+
+class CliError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _call(method: str, *args: Any, timeout: float = 120.0) -> Any:
+    import dbus
+
+    try:
+        bus = dbus.SystemBus()
+        proxy = bus.get_object(BUS_NAME, OBJECT_PATH, introspect=False)
+        return getattr(proxy, method)(*args, dbus_interface=INTERFACE, timeout=timeout)
+    except dbus.DBusException as exc:
+        name = exc.get_dbus_name() or ""
+        message = exc.get_dbus_message() or str(exc)
+        if name in _UNREACHABLE:
+            raise CliError(
+                UNREACHABLE,
+                "latencyd is not running or not reachable on the system "
+                f"bus ({message}). Start it (systemctl start latencyd) or check "
+                "DBUS_SYSTEM_BUS_ADDRESS.",
+            ) from exc
+        if name in _DENIED:
+            raise CliError(DENIED, f"permission denied: {message}") from exc
+        if name in _BAD_INPUT:
+            raise CliError(USAGE, message) from exc
+        raise CliError(FAILED, message) from exc
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    elif text:
+        print(text)
+
+
+# -- commands ------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    profiles = [
+        {"name": str(n), "summary": str(s), "error": str(e) or None}
+        for n, s, e in _call("ListProfiles")
+    ]
+    active = str(_call("ActiveProfile"))
+    lines = []
+    for p in profiles:
+        mark = "*" if p["name"] == active else " "
+        desc = f"INVALID: {p['error']}" if p["error"] else p["summary"]
+        lines.append(f"{mark} {p['name']:<24} {desc}")
+    _emit(args, {"active": active or None, "profiles": profiles}, "\n".join(lines))
+    return OK
+
+
+def cmd_active(args: argparse.Namespace) -> int:
+    active = str(_call("ActiveProfile"))
+    _emit(args, {"active": active or None}, active or "none (all settings at their originals)")
+    return OK
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    report = json.loads(str(_call("SwitchProfile", args.profile)))
+    text = (
+        f"{report['profile']}: {report['applied']} applied, {report['restored']} restored, "
+        f"{report['unchanged']} unchanged in {report['apply_ms']:.1f} ms"
+    )
+    for key, reason in report["not_applicable"].items():
+        text += f"\n  not applicable: {key}: {reason}"
+    _emit(args, report, text)
+    return OK
+
+
+def cmd_off(args: argparse.Namespace) -> int:
+    _call("Off")
+    _emit(args, {"active": None}, "all settings restored to their original values")
+    return OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    drifts = json.loads(str(_call("Verify")))
+    if drifts:
+        text = "\n".join(
+            f"drift: [{d['plugin']}] {d['key']}: is {d['actual']!r}, profile wants {d['wanted']!r}"
+            for d in drifts
+        )
+    else:
+        text = "ok: every applied setting matches the profile"
+    _emit(args, {"ok": not drifts, "drift": drifts}, text)
+    return DRIFT if drifts else OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = json.loads(str(_call("Status")))
+    _emit(args, status, format_status(status))
+    return OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from latencyd.explain import explain
+
+    try:
+        data = explain(args.profile, args.profile_dir)
+    except Exception as exc:
+        from latencyd.errors import LatencydError
+
+        if isinstance(exc, LatencydError):
+            raise CliError(USAGE, str(exc)) from exc
+        raise
+    _emit(args, data, format_explain(data))
+    return OK
+
+
+# -- rendering -------------------------------------------------------------------------
+def format_status(status: dict[str, Any]) -> str:
+    out = []
+    name = status.get("active_profile") or ""
+    if name:
+        out.append(f"active profile: {name} — {status.get('summary', '')}")
+        out.append(f"files: {', '.join(status.get('profile_files', []))}")
+        if status.get("last_apply_ms") is not None:
+            out.append(f"last apply: {status['last_apply_ms']:.1f} ms")
+    else:
+        out.append("active profile: none (all settings at their originals)")
+    if status.get("last_error"):
+        out.append(f"last error: {status['last_error']}")
+    for plugin, info in status.get("plugins", {}).items():
+        out.append(f"\n[{plugin}]")
+        for item in info.get("applied", []):
+            out.append(f"  {item['text']}   (original: {_short(item['original'])})")
+        for item in info.get("not_applicable", []):
+            out.append(f"  not applicable: {item['key']}: {item['reason']}")
+        out.extend(_format_monitor(info.get("monitor", {})))
+    return "\n".join(out)
+
+
+def _format_monitor(monitor: dict[str, Any]) -> list[str]:
+    out = []
+    for table in monitor.get("tables", []):
+        out.append(f"  {table['title']}")
+        cols = table["columns"]
+        rows = [[str(c) for c in row] for row in table["rows"]]
+        widths = [max(len(str(h)), *(len(r[i]) for r in rows)) for i, h in enumerate(cols)]
+        out.append("    " + "  ".join(str(h).rjust(w) for h, w in zip(cols, widths, strict=True)))
+        for r in rows:
+            out.append("    " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    for key, value in monitor.items():
+        if key != "tables":
+            out.append(f"  {key}: {_short(value)}")
+    return out
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict) and len(value) == 1:
+        ((k, v),) = value.items()
+        return f"{k} {v}"
+    return str(value)
+
+
+def format_explain(data: dict[str, Any]) -> str:
+    out = [f"profile {data['name']} — {data['summary']}", f"files: {', '.join(data['files'])}"]
+    if data["variables"]:
+        out.append("\n[variables]")
+        out.extend(f"  {k} = {v!r}" for k, v in data["variables"].items())
+    for section, options in data["sections"].items():
+        out.append(f"\n[{section}]")
+        for opt in options:
+            out.append(f"  {opt['option']} = {opt['value']!r}   # {opt['from']}")
+    return "\n".join(out)
+
+
+# -- entry point ------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="latencyctl",
+        description="Control latencyd.",
+        epilog="Exit codes: 0 ok, 1 drift or apply failed, 2 usage or "
+        "bad profile, 3 daemon unreachable, 4 permission denied.",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Any, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+        )
+        sp.set_defaults(fn=fn)
+        return sp
+
+    add("list", cmd_list, "list profiles (invalid ones with their error)")
+    add("active", cmd_active, "print the active profile")
+    add("switch", cmd_switch, "apply a profile (incrementally)").add_argument("profile")
+    add("off", cmd_off, "restore every original value")
+    add("verify", cmd_verify, "check the kernel still matches the profile (exit 1 on drift)")
+    add("status", cmd_status, "what each plugin applied, refused and measured")
+    ex = add(
+        "explain",
+        cmd_explain,
+        "show a profile's merged settings and where each came from (works without the daemon)",
+    )
+    ex.add_argument("profile", help="profile name or path to a .toml file")
+    ex.add_argument(
+        "--profile-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="look for profiles here first (repeatable)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as exc:
+        return USAGE if exc.code not in (0, None) else OK
+    try:
+        code: int = args.fn(args)
+        return code
+    except CliError as exc:
+        if args.json:
+            print(json.dumps({"error": str(exc), "exit_code": exc.code}))
+        print(f"latencyctl: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

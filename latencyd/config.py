@@ -1,0 +1,74 @@
+"""Daemon configuration (/etc/latencyd/latencyd.conf, TOML) and where profiles are looked up."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from latencyd.errors import LatencydError
+
+CONFIG_FILE = Path("/etc/latencyd/latencyd.conf")
+ETC_PROFILES = Path("/etc/latencyd/profiles")
+DEFAULT_STATE_DIR = Path("/run/latencyd")
+FALLBACK_PROFILE = "latency-performance"
+
+
+class ConfigError(LatencydError):
+    dbus_name = "org.latencyd.Error.BadConfig"
+
+
+@dataclass(frozen=True)
+class Config:
+    default_profile: str = FALLBACK_PROFILE
+    admin_group: str | None = None  # members may change state, besides root
+    verify_interval_s: float = 10.0  # the safety-net tick; events do the real work
+    profile_dirs: tuple[Path, ...] = field(default=())
+
+
+KNOWN: dict[str, type | tuple[type, ...]] = {
+    "default_profile": str,
+    "admin_group": str,
+    "verify_interval_s": (int, float),
+    "profile_dirs": list,
+}
+
+
+def load_config(path: Path = CONFIG_FILE) -> Config:
+    """The config file's settings; a missing file means defaults, a broken one is an error."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return Config()
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    for key, value in data.items():
+        want = KNOWN.get(key)
+        if want is None:
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(KNOWN)})")
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ConfigError(f"{path}: {key} has the wrong type ({value!r})")
+    return Config(
+        default_profile=data.get("default_profile", FALLBACK_PROFILE),
+        admin_group=data.get("admin_group"),
+        verify_interval_s=float(data.get("verify_interval_s", 10.0)),
+        profile_dirs=tuple(Path(p) for p in data.get("profile_dirs", [])),
+    )
+
+
+def shipped_profiles_dir() -> Path:
+    """Profiles that come with latencyd: next to the source tree, or installed under share/."""
+    candidates = [
+        Path(__file__).resolve().parent.parent / "profiles",
+        Path(sys.prefix) / "share" / "latencyd" / "profiles",
+        Path("/usr/share/latencyd/profiles"),
+    ]
+    return next((c for c in candidates if c.is_dir()), candidates[-1])
+
+
+def search_path(cli_dirs: list[Path], config: Config) -> list[Path]:
+    """--profile-dir (in order) > config's profile_dirs > /etc/latencyd/profiles > shipped."""
+    return [*cli_dirs, *config.profile_dirs, ETC_PROFILES, shipped_profiles_dir()]

@@ -1,0 +1,217 @@
+"""CpuSet: the one type for a set of CPUs, in every notation the kernel and users use.
+
+Notations:
+- cpulists as in /sys and `taskset -c`: ``0-3,8``, ``0-7:2`` (stride);
+- affinity masks as in /proc/irq/N/smp_affinity: hex, comma-separated 32-bit words;
+- expressions in profiles: ``all - ${isolated_cores}``, ``0-3 & ~1``, ``(0,1) | 4``.
+  ``all`` is the machine's online CPUs, ``none`` the empty set, ``~X``/``!X`` the
+  complement within ``all``; binary operators are ``|`` / ``+`` (union), ``&``
+  (intersection), ``-`` (difference) and ``^`` (symmetric difference).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+
+
+class CpuSetError(ValueError):
+    pass
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+
+
+class CpuSet:
+    __slots__ = ("_cpus",)
+
+    def __init__(self, cpus: Iterable[int] = ()) -> None:
+        s = frozenset(int(c) for c in cpus)
+        if any(c < 0 for c in s):
+            raise CpuSetError("CPU numbers cannot be negative")
+        self._cpus = s
+
+    # -- parsing ---------------------------------------------------------
+    @classmethod
+    def from_list(cls, text: str) -> CpuSet:
+        """Parse a kernel cpulist (``0-3,8``, ``0-7:2``, empty string for none)."""
+        text = text.strip()
+        cpus: set[int] = set()
+        if not text:
+            return cls()
+        for part in text.split(","):
+            part = part.strip()
+            m = _RANGE.match(part)
+            if not m:
+                raise CpuSetError(f"{part!r} is not a CPU number or range (like 0-3,8)")
+            lo = int(m.group(1))
+            hi = int(m.group(2)) if m.group(2) is not None else lo
+            step = int(m.group(3)) if m.group(3) is not None else 1
+            if hi < lo:
+                raise CpuSetError(f"range {part!r} runs backwards")
+            if step < 1:
+                raise CpuSetError(f"range {part!r} has a zero stride")
+            cpus.update(range(lo, hi + 1, step))
+        return cls(cpus)
+
+    @classmethod
+    def from_mask(cls, text: str) -> CpuSet:
+        """Parse an affinity mask: hex, optionally ``0x``-prefixed, comma-separated 32-bit words."""
+        raw = text.strip().lower()
+        if raw.startswith("0x"):
+            raw = raw[2:]
+        words = raw.split(",")
+        if not raw or any(not w or not re.fullmatch(r"[0-9a-f]+", w) for w in words):
+            raise CpuSetError(f"{text.strip()!r} is not a hex CPU mask (like 3 or ff,ffffffff)")
+        value = 0
+        for w in words:
+            value = (value << 32) | int(w, 16)
+        return cls(i for i in range(value.bit_length()) if value >> i & 1)
+
+    @classmethod
+    def parse(cls, expr: str, all_cpus: CpuSet) -> CpuSet:
+        """Evaluate a profile CPU expression against the machine's online CPUs."""
+        return _Parser(expr, all_cpus).parse()
+
+    # -- formatting ------------------------------------------------------
+    def to_list(self) -> str:
+        """Kernel cpulist form, ranges collapsed: ``0-3,8``."""
+        out: list[str] = []
+        cpus = sorted(self._cpus)
+        i = 0
+        while i < len(cpus):
+            j = i
+            while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+                j += 1
+            out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+            i = j + 1
+        return ",".join(out)
+
+    def to_mask(self, nr_cpus: int = 0) -> str:
+        """Hex mask in the kernel's comma-separated 32-bit word form."""
+        value = sum(1 << c for c in self._cpus)
+        bits = max(nr_cpus, value.bit_length(), 1)
+        nwords = (bits + 31) // 32
+        words = [(value >> (32 * i)) & 0xFFFFFFFF for i in reversed(range(nwords))]
+        first, *rest = words
+        return ",".join([f"{first:x}"] + [f"{w:08x}" for w in rest])
+
+    # -- set behaviour ---------------------------------------------------
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._cpus))
+
+    def __len__(self) -> int:
+        return len(self._cpus)
+
+    def __contains__(self, cpu: object) -> bool:
+        return cpu in self._cpus
+
+    def __bool__(self) -> bool:
+        return bool(self._cpus)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CpuSet) and self._cpus == other._cpus
+
+    def __hash__(self) -> int:
+        return hash(self._cpus)
+
+    def __or__(self, other: CpuSet) -> CpuSet:
+        return CpuSet(self._cpus | other._cpus)
+
+    def __and__(self, other: CpuSet) -> CpuSet:
+        return CpuSet(self._cpus & other._cpus)
+
+    def __sub__(self, other: CpuSet) -> CpuSet:
+        return CpuSet(self._cpus - other._cpus)
+
+    def __xor__(self, other: CpuSet) -> CpuSet:
+        return CpuSet(self._cpus ^ other._cpus)
+
+    def issubset(self, other: CpuSet) -> bool:
+        return self._cpus <= other._cpus
+
+    def __repr__(self) -> str:
+        return f"CpuSet({self.to_list()!r})"
+
+    def __str__(self) -> str:
+        return self.to_list()
+
+
+_TOKEN = re.compile(r"\s*(0x[0-9a-fA-F,]+|all|none|\d[\d,:\-]*\d|\d|[()|&~!+^-])")
+
+
+class _Parser:
+    """Recursive-descent parser; precedence: unary ~ > & > ^ > | + -."""
+
+    def __init__(self, expr: str, all_cpus: CpuSet) -> None:
+        self.expr = expr
+        self.all = all_cpus
+        self.tokens: list[str] = []
+        pos = 0
+        stripped = expr.rstrip()
+        while pos < len(stripped):
+            m = _TOKEN.match(stripped, pos)
+            if not m:
+                raise CpuSetError(f"cannot read CPU list {expr!r} at {stripped[pos:].strip()!r}")
+            self.tokens.append(m.group(1))
+            pos = m.end()
+        self.i = 0
+
+    def parse(self) -> CpuSet:
+        if not self.tokens:
+            raise CpuSetError("empty CPU list (write 'none' for no CPUs)")
+        result = self._union()
+        if self.i != len(self.tokens):
+            raise CpuSetError(f"unexpected {self.tokens[self.i]!r} in CPU list {self.expr!r}")
+        return result
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def _take(self) -> str:
+        tok = self._peek()
+        if tok is None:
+            raise CpuSetError(f"CPU list {self.expr!r} ends too early")
+        self.i += 1
+        return tok
+
+    def _union(self) -> CpuSet:
+        left = self._xor()
+        while self._peek() in ("|", "+", "-"):
+            op = self._take()
+            right = self._xor()
+            left = left - right if op == "-" else left | right
+        return left
+
+    def _xor(self) -> CpuSet:
+        left = self._and()
+        while self._peek() == "^":
+            self._take()
+            left = left ^ self._and()
+        return left
+
+    def _and(self) -> CpuSet:
+        left = self._unary()
+        while self._peek() == "&":
+            self._take()
+            left = left & self._unary()
+        return left
+
+    def _unary(self) -> CpuSet:
+        tok = self._take()
+        if tok in ("~", "!"):
+            return self.all - self._unary()
+        if tok == "(":
+            inner = self._union()
+            if self._take() != ")":
+                raise CpuSetError(f"missing ')' in CPU list {self.expr!r}")
+            return inner
+        if tok == "all":
+            return self.all
+        if tok == "none":
+            return CpuSet()
+        if tok.startswith("0x"):
+            return CpuSet.from_mask(tok)
+        if tok[0].isdigit():
+            return CpuSet.from_list(tok)
+        raise CpuSetError(f"unexpected {tok!r} in CPU list {self.expr!r}")

@@ -1,0 +1,258 @@
+"""Daemon: which profile is in force and why, independent of how it is asked (D-Bus, signals).
+
+Also `main()`: wires the system facade, plugins, engine, D-Bus service and the
+GLib main loop together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from latencyd.config import DEFAULT_STATE_DIR, Config, load_config, search_path
+from latencyd.engine import Drift, Engine, StepReport
+from latencyd.errors import LatencydError
+from latencyd.journal import Journal
+from latencyd.plugin import Plugin, load_plugins
+from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
+from latencyd.schema import Machine
+from latencyd.system import System
+
+log = logging.getLogger("latencyd")
+
+
+class Daemon:
+    def __init__(
+        self, system: System, plugins: dict[str, Plugin], library: ProfileLibrary, engine: Engine
+    ) -> None:
+        self.system = system
+        self.plugins = plugins
+        self.library = library
+        self.engine = engine
+        self.active: Profile | None = None
+        self.last_error: str | None = None
+        self.on_profile_changed: list[Any] = []  # callbacks(name: str)
+
+    # -- lifecycle --------------------------------------------------------------
+    def start(self, profile: str | None) -> None:
+        """Restore what an unclean exit left behind, then apply the start-up profile."""
+        problems = self.engine.recover()
+        if problems is not None:
+            log.warning(
+                "restored originals left by an unclean exit%s",
+                f" ({len(problems)} problems)" if problems else "",
+            )
+        if profile:
+            try:
+                self.switch(profile)
+            except LatencydError as exc:
+                # A bad start-up profile must not keep the daemon (and `latencyctl`) away.
+                self.last_error = str(exc)
+                log.error("start-up profile %s not applied: %s", profile, exc)
+
+    def stop(self) -> list[str]:
+        problems = self.engine.off()
+        for plugin in self.plugins.values():
+            plugin.close()
+        return problems
+
+    # -- requests -----------------------------------------------------------------
+    def switch(self, name: str) -> StepReport:
+        profile = self.library.load(name)  # ProfileError leaves everything as it is
+        wanted = self.engine.wanted(profile)
+        report = self.engine.switch(wanted, profile.name)
+        previous = self.active.name if self.active else None
+        self.active = profile
+        self.last_error = None
+        na = len(report.not_applicable)
+        log.info(
+            "profile %s active: %d applied, %d restored, %d unchanged%s (%.1f ms)",
+            profile.name,
+            report.applied,
+            report.restored,
+            report.unchanged,
+            f", {na} not applicable" if na else "",
+            report.seconds * 1000,
+        )
+        if previous != profile.name:
+            self._changed(profile.name)
+        return report
+
+    def off(self) -> list[str]:
+        problems = self.engine.off()
+        had = self.active is not None
+        self.active = None
+        log.info("all settings restored%s", f" ({len(problems)} problems)" if problems else "")
+        if had:
+            self._changed("")
+        return problems
+
+    def reload(self) -> None:
+        """Re-read profiles; re-apply the active one incrementally if its files changed."""
+        if self.active is None:
+            return
+        self.switch(self.active.name)
+
+    def verify(self) -> list[Drift]:
+        return self.engine.verify()
+
+    def refresh(self, plugin_names: set[str]) -> StepReport | None:
+        """Re-expand some plugins' sections (a new IRQ, thread or device appeared)."""
+        if self.active is None:
+            return None
+        names = plugin_names & set(self.active.sections)
+        if not names:
+            return None
+        wanted = self.engine.wanted(self.active, names)
+        return self.engine.switch(wanted, self.active.name, scope=names)
+
+    def list_profiles(self) -> list[ProfileInfo]:
+        return self.library.all()
+
+    def status(self) -> dict[str, Any]:
+        plugins: dict[str, Any] = {}
+        for name, plugin in self.plugins.items():
+            applied = [
+                {
+                    "key": key,
+                    "value": value,
+                    "original": self.engine.originals.get((p, key)),
+                    "text": plugin.describe(key, value),
+                }
+                for (p, key), value in self.engine.applied.items()
+                if p == name
+            ]
+            refused = [
+                {"key": key, "reason": reason}
+                for (p, key), reason in self.engine.not_applicable.items()
+                if p == name
+            ]
+            monitor = plugin.status() if (self.active and name in self.active.sections) else {}
+            if applied or refused or monitor:
+                plugins[name] = {"applied": applied, "not_applicable": refused, "monitor": monitor}
+        step = self.engine.last_step
+        return {
+            "active_profile": self.active.name if self.active else "",
+            "profile_files": [str(p) for p in self.active.files] if self.active else [],
+            "summary": self.active.summary if self.active else "",
+            "last_apply_ms": round(step.seconds * 1000, 3) if step else None,
+            "last_error": self.last_error,
+            "plugins": plugins,
+        }
+
+    def _changed(self, name: str) -> None:
+        for callback in self.on_profile_changed:
+            callback(name)
+
+
+def drift_dict(drift: Drift) -> dict[str, Any]:
+    return asdict(drift)
+
+
+def build(args: argparse.Namespace, config: Config) -> Daemon:
+    system = System(args.root)
+    plugins = load_plugins(system)
+    machine = Machine(system.online_cpus(), system.mem_total_bytes())
+    library = ProfileLibrary(
+        search_path(args.profile_dir, config), {n: p.schema for n, p in plugins.items()}, machine
+    )
+    engine = Engine(plugins, Journal(args.state_dir))
+    return Daemon(system, plugins, library, engine)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="latencyd", description=__doc__)
+    parser.add_argument("--profile", help="profile to apply at start (default: from the config)")
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="look for profiles here first (repeatable)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help=f"where the journal of original values lives ({DEFAULT_STATE_DIR})",
+    )
+    parser.add_argument("--config", type=Path, default=None, help="configuration file")
+    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)  # tests: a fake /proc+/sys
+    parser.add_argument(
+        "--no-profile", action="store_true", help="start without applying any profile"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from latencyd.config import CONFIG_FILE
+    from latencyd.logs import setup_logging
+
+    args = parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        config = load_config(args.config or CONFIG_FILE)
+    except LatencydError as exc:
+        log.error("%s", exc)
+        return 2
+    if os.geteuid() != 0 and args.root == "/":
+        log.warning("not running as root: most settings will be refused")
+
+    # D-Bus and GLib are imported here, not at module level, so unit tests of the
+    # Daemon logic need neither.
+    import dbus
+    import dbus.mainloop.glib
+    from gi.repository import GLib
+
+    from latencyd.service import Service
+
+    started = time.perf_counter()
+    dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
+    daemon = build(args, config)
+    try:
+        bus = dbus.SystemBus()
+    except dbus.DBusException as exc:
+        log.error("cannot connect to the system bus: %s", exc.get_dbus_message())
+        return 3
+    loop = GLib.MainLoop()
+    service = Service(bus, daemon, config)
+    daemon.start(None if args.no_profile else (args.profile or config.default_profile))
+    if not service.claim_name():
+        daemon.stop()
+        return 3
+    log.info(
+        "ready in %.0f ms; profile: %s",
+        (time.perf_counter() - started) * 1000,
+        daemon.active.name if daemon.active else "(none)",
+    )
+
+    def on_terminate() -> bool:
+        log.info("stopping: restoring every original value")
+        daemon.stop()
+        loop.quit()
+        return False
+
+    def on_hup() -> bool:
+        log.info("SIGHUP: reloading profiles")
+        service.reload_from_signal()
+        return True
+
+    GLib.unix_signal_add(GLib.PRIORITY_HIGH, signal.SIGTERM, on_terminate)
+    GLib.unix_signal_add(GLib.PRIORITY_HIGH, signal.SIGINT, on_terminate)
+    GLib.unix_signal_add(GLib.PRIORITY_HIGH, signal.SIGHUP, on_hup)
+    if config.verify_interval_s > 0:
+        GLib.timeout_add(int(config.verify_interval_s * 1000), service.tick)
+    loop.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The single error hierarchy. Every message is written for the person who has to act on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class LatencydError(Exception):
+    """Base of every error latencyd reports to a user.
+
+    `dbus_name` is the D-Bus error name the service sends; the CLI maps it back
+    to an exit code.
+    """
+
+    dbus_name = "org.latencyd.Error.Failed"
+
+
+@dataclass
+class Location:
+    path: Path | None
+    line: int | None = None
+
+    def __str__(self) -> str:
+        if self.path is None:
+            return "<profile>"
+        return f"{self.path}:{self.line}" if self.line else str(self.path)
+
+
+class ProfileError(LatencydError):
+    """A profile is malformed or names something that does not exist: `file:line: what is wrong`."""
+
+    dbus_name = "org.latencyd.Error.BadProfile"
+
+    def __init__(self, location: Location, message: str) -> None:
+        super().__init__(f"{location}: {message}" if location.path else message)
+        self.location = location
+        self.message = message
+
+
+class ProfileNotFound(ProfileError):
+    dbus_name = "org.latencyd.Error.NoSuchProfile"
+
+
+class KernelRefused(LatencydError):
+    """The kernel refused a write (errno), or accepted it but kept the old value."""
+
+    dbus_name = "org.latencyd.Error.KernelRefused"
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what}: {reason}")
+        self.what = what
+        self.reason = reason
+
+
+class NotApplicable(LatencydError):
+    """A setting this machine cannot take (kernel-managed IRQ, unsupported driver).
+
+    Raised by a plugin's apply; the engine records it with its reason instead of
+    failing the whole profile.
+    """
+
+    dbus_name = "org.latencyd.Error.NotApplicable"
+
+
+class ApplyFailed(LatencydError):
+    """Applying a profile failed; everything changed in that step was rolled back."""
+
+    dbus_name = "org.latencyd.Error.ApplyFailed"
+
+
+class PermissionDenied(LatencydError):
+    dbus_name = "org.latencyd.Error.PermissionDenied"
+
+
+class NoSuchHold(LatencydError):
+    dbus_name = "org.latencyd.Error.NoSuchHold"
+
+
+class JournalError(LatencydError):
+    dbus_name = "org.latencyd.Error.Journal"

@@ -1,0 +1,102 @@
+"""What a plugin is, and how plugins are found.
+
+A plugin turns its profile section into *settings* (key -> wanted value) and
+knows how to read and write one setting. Everything else — diffing, the
+journal, rollback, verification, status — is the engine's, so every plugin
+gets it for free. Values are JSON-serialisable so the journal can hold them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any, ClassVar
+
+from latencyd.schema import Schema
+from latencyd.system import System
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "latencyd.plugins"
+
+Value = Any  # JSON-serialisable
+
+
+class Plugin:
+    """Base of every plugin: override `expand`, `capture` and `apply`; the rest has defaults."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    # An instance may replace its schema when checks need the machine (sysctl keys).
+    schema: Schema = Schema()
+    # Events that make the engine re-expand this plugin's section (see watchers).
+    events: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, system: System) -> None:
+        self.system = system
+
+    def expand(self, options: Mapping[str, Any]) -> dict[str, Value]:
+        """Settings this section wants, by key. Reads the machine, changes nothing."""
+        raise NotImplementedError
+
+    def capture(self, key: str) -> Value:
+        """The current value of one setting (used to save originals and to verify)."""
+        raise NotImplementedError
+
+    def apply(self, key: str, value: Value) -> None:
+        """Write one setting. Raise KernelRefused (or NotApplicable) when the kernel says no."""
+        raise NotImplementedError
+
+    def restore(self, key: str, original: Value) -> None:
+        """Put one captured original back; by default the same as applying it."""
+        self.apply(key, original)
+
+    def same(self, key: str, wanted: Value, actual: Value) -> bool:
+        """Whether the kernel's value matches what was wanted (override to normalise)."""
+        return bool(wanted == actual)
+
+    def optional(self, key: str) -> bool:
+        """A setting whose refusal means "not applicable here" rather than a failed profile."""
+        return False
+
+    def exists(self, key: str) -> bool:
+        """Whether the setting's target still exists (an IRQ, a thread); gone ones are dropped."""
+        return True
+
+    def describe(self, key: str, value: Value) -> str:
+        return f"{key} = {value}"
+
+    def status(self) -> dict[str, Any]:
+        """Plugin-specific monitoring data for `latencyctl status`."""
+        return {}
+
+    def close(self) -> None:
+        """Release held resources (fds); called when the daemon stops."""
+
+
+def discover() -> dict[str, type[Plugin]]:
+    """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too)."""
+    found: dict[str, type[Plugin]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken third-party plugin must not stop the daemon
+            log.error("plugin %s (%s) failed to load: %s", ep.name, ep.value, exc)
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, Plugin)):
+            log.error("plugin %s (%s) is not a latencyd Plugin class", ep.name, ep.value)
+            continue
+        found[ep.name] = cls
+    return found
+
+
+def load_plugins(system: System) -> dict[str, Plugin]:
+    """One instance of every registered plugin, bound to `system`."""
+    plugins: dict[str, Plugin] = {}
+    for name, cls in discover().items():
+        try:
+            plugins[name] = cls(system)
+        except Exception as exc:  # one plugin that cannot start must not stop the rest
+            log.error("plugin %s failed to start: %s", name, exc)
+    return plugins

@@ -1,0 +1,132 @@
+"""Where each key of a TOML document is: the line numbers tomllib does not give us.
+
+A small scanner, tolerant by design: it runs only on files tomllib has already
+accepted, so it only has to find key positions, not validate anything.
+"""
+
+from __future__ import annotations
+
+KeyPath = tuple[str | int, ...]
+
+
+def _split_key(text: str) -> list[str]:
+    """Split a dotted TOML key (``a."b.c".d``) into its parts, unquoted."""
+    parts: list[str] = []
+    buf = ""
+    quote = ""
+    for ch in text:
+        if quote:
+            if ch == quote:
+                quote = ""
+            else:
+                buf += ch
+        elif ch in "\"'":
+            quote = ch
+        elif ch == ".":
+            parts.append(buf.strip())
+            buf = ""
+        else:
+            buf += ch
+    parts.append(buf.strip())
+    return parts
+
+
+class _Scanner:
+    """Tracks strings and brackets across lines so continuation lines are skipped."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.multiline = ""  # the open triple-quote delimiter, if any
+
+    def feed(self, text: str) -> None:
+        i = 0
+        while i < len(text):
+            if self.multiline:
+                end = text.find(self.multiline, i)
+                if end < 0:
+                    return
+                i = end + 3
+                self.multiline = ""
+                continue
+            ch = text[i]
+            if ch == "#":
+                return
+            if text.startswith('"""', i) or text.startswith("'''", i):
+                self.multiline = text[i : i + 3]
+                i += 3
+                continue
+            if ch in "\"'":
+                j = i + 1
+                while j < len(text) and text[j] != ch:
+                    j += 2 if ch == '"' and text[j] == "\\" else 1
+                i = j + 1
+                continue
+            if ch in "[{":
+                self.depth += 1
+            elif ch in "]}":
+                self.depth -= 1
+            i += 1
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.multiline) or self.depth > 0
+
+
+def _key_end(line: str) -> int:
+    """Index of the '=' that ends the key part, skipping quoted key parts."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "=":
+            return i
+    return -1
+
+
+def key_lines(text: str) -> dict[KeyPath, int]:
+    """Map every table header and key path to its 1-based line number.
+
+    Arrays of tables get an index: ``[[irq.rule]]`` twice gives ("irq", "rule", 0)
+    and ("irq", "rule", 1); ("irq", "rule") maps to the first one.
+    """
+    lines: dict[KeyPath, int] = {}
+    counts: dict[KeyPath, int] = {}
+    table: KeyPath = ()
+    scan = _Scanner()
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        if scan.busy:
+            scan.feed(raw)
+            continue
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[["):
+            name = tuple(_split_key(line[2 : line.index("]]")]))
+            index = counts.get(name, 0)
+            counts[name] = index + 1
+            table = (*name, index)
+            lines.setdefault(name, lineno)
+            lines[table] = lineno
+        elif line.startswith("["):
+            table = tuple(_split_key(line[1 : line.index("]")]))
+            lines.setdefault(table, lineno)
+        else:
+            eq = _key_end(line)
+            if eq < 0:
+                continue
+            keys = tuple(_split_key(line[:eq]))
+            for n in range(1, len(keys) + 1):
+                lines.setdefault((*table, *keys[:n]), lineno)
+            scan.feed(line[eq + 1 :])
+    return lines
+
+
+def nearest_line(lines: dict[KeyPath, int], path: KeyPath) -> int | None:
+    """Line of `path`, or of its closest enclosing key or table."""
+    for n in range(len(path), 0, -1):
+        if path[:n] in lines:
+            return lines[path[:n]]
+    return None

@@ -1,0 +1,1 @@
+"""Built-in plugins, one file each; installed as the `latencyd.plugins` package."""
