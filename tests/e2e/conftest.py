@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Latencyd
+
+PROFILE_A = """
+[main]
+summary = "test profile A"
+
+[writeback]
+dirty_bytes = "64M"
+dirty_expire_centisecs = 1500
+
+[sysctl]
+"vm.swappiness" = 11
+"vm.stat_interval" = 7
+"""
+
+PROFILE_B = """
+[main]
+summary = "test profile B: shares swappiness with A"
+
+[writeback]
+dirty_ratio = 15
+dirty_expire_centisecs = 1600
+
+[sysctl]
+"vm.swappiness" = 11
+"kernel.timer_migration" = 0
+"""
+
+BAD_PROFILE = """
+[main]
+summary = "broken on purpose"
+
+[writeback]
+dirty_ratio = 12
+no_such_option = 1
+"""
+
+
+@pytest.fixture
+def profiles(tmp_path: Path) -> Path:
+    d = tmp_path / "profiles"
+    d.mkdir()
+    (d / "test-a.toml").write_text(PROFILE_A)
+    (d / "test-b.toml").write_text(PROFILE_B)
+    (d / "test-bad.toml").write_text(BAD_PROFILE)
+    return d
+
+
+@pytest.fixture
+def start_daemon(
+    private_bus: str, tmp_path: Path, profiles: Path, kernel_guard: None
+) -> Iterator[Callable[..., Latencyd]]:
+    """Start latencyd processes; all are stopped (SIGTERM, restoring everything) afterwards."""
+    started: list[Latencyd] = []
+
+    def start(profile: str | None = "test-a", **kwargs: object) -> Latencyd:
+        workdir = tmp_path / f"daemon{len(started)}"
+        workdir.mkdir(exist_ok=True)
+        kwargs.setdefault("profile_dirs", [profiles])
+        extra = list(kwargs.pop("extra", []))  # type: ignore[call-overload]
+        if profile is None:
+            extra.append("--no-profile")
+        d = Latencyd(private_bus, workdir, profile=profile, extra=extra, **kwargs)  # type: ignore[arg-type]
+        started.append(d)
+        return d.start()
+
+    yield start
+    for d in started:
+        d.stop()

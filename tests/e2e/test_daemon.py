@@ -1,0 +1,357 @@
+"""The real daemon on a private bus, driven by the real latencyctl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Latencyd
+
+
+def sysctl(key: str) -> str:
+    return Path("/proc/sys", key.replace(".", "/")).read_text().strip()
+
+
+def test_start_applies_profile_and_status_reports_it(start_daemon: Callable[..., Latencyd]) -> None:
+    before = {k: sysctl(k) for k in ("vm.swappiness", "vm.dirty_ratio", "vm.stat_interval")}
+    d = start_daemon("test-a")
+    assert sysctl("vm.swappiness") == "11"
+    assert sysctl("vm.dirty_bytes") == str(64 << 20)
+    assert sysctl("vm.dirty_ratio") == "0"  # the kernel keeps only one of the pair
+    assert sysctl("vm.stat_interval") == "7"
+
+    r = d.ctl("active")
+    assert (r.returncode, r.stdout.strip()) == (0, "test-a")
+    status = json.loads(d.ctl("status", "--json").stdout)
+    assert status["active_profile"] == "test-a"
+    applied = {i["key"]: i for i in status["plugins"]["sysctl"]["applied"]}
+    assert applied["vm.swappiness"]["value"] == "11"
+    assert applied["vm.swappiness"]["original"] == before["vm.swappiness"]
+    dirty = {i["key"]: i for i in status["plugins"]["writeback"]["applied"]}["dirty"]
+    assert dirty["value"] == {"bytes": 64 << 20}
+    assert dirty["original"] == {"ratio": int(before["vm.dirty_ratio"])}
+    text = d.ctl("status").stdout
+    assert "active profile: test-a" in text and "vm.dirty_bytes = 67108864" in text
+
+
+def test_incremental_switch_touches_only_differences(start_daemon: Callable[..., Latencyd]) -> None:
+    original_stat_interval = sysctl("vm.stat_interval")
+    original_timer_migration = sysctl("kernel.timer_migration")
+    d = start_daemon("test-a")
+    r = d.ctl("switch", "test-b", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    # swappiness is shared: unchanged. dirty pair + expire change; stat_interval restored;
+    # timer_migration new.
+    assert report["unchanged"] == 1
+    assert report["restored"] == 1
+    assert report["applied"] == 3
+    assert sysctl("vm.swappiness") == "11"
+    assert sysctl("vm.dirty_ratio") == "15" and sysctl("vm.dirty_bytes") == "0"
+    assert sysctl("vm.dirty_expire_centisecs") == "1600"
+    assert sysctl("vm.stat_interval") == original_stat_interval
+    assert sysctl("kernel.timer_migration") == "0"
+    assert d.ctl("active").stdout.strip() == "test-b"
+    assert d.ctl("off").returncode == 0
+    assert sysctl("kernel.timer_migration") == original_timer_migration
+    assert d.ctl("active", "--json").stdout.strip() == json.dumps({"active": None}, indent=2)
+
+
+def test_bad_profile_is_rejected_and_active_stays(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    d = start_daemon("test-a")
+    r = d.ctl("switch", "test-bad")
+    assert r.returncode == 2
+    assert f"{profiles / 'test-bad.toml'}:7: unknown option 'no_such_option'" in r.stderr
+    assert d.ctl("active").stdout.strip() == "test-a"
+    assert sysctl("vm.swappiness") == "11"
+    assert sysctl("vm.dirty_bytes") == str(64 << 20)  # dirty_ratio = 12 was not applied
+    listing = json.loads(d.ctl("list", "--json").stdout)
+    bad = next(p for p in listing["profiles"] if p["name"] == "test-bad")
+    assert "unknown option 'no_such_option'" in bad["error"]
+    assert listing["active"] == "test-a"
+    r = d.ctl("switch", "no-such-profile")
+    assert r.returncode == 2 and "no profile named 'no-such-profile'" in r.stderr
+
+
+def test_kernel_refusal_rolls_back_whole_step(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    (profiles / "test-refused.toml").write_text(
+        '[sysctl]\n"vm.stat_interval" = 9\n"vm.swappiness" = 500\n'  # swappiness max is 200
+    )
+    d = start_daemon("test-a")
+    r = d.ctl("switch", "test-refused")
+    assert r.returncode == 1
+    assert "vm.swappiness" in r.stderr and "Invalid argument" in r.stderr
+    assert "rolled back" in r.stderr
+    assert d.ctl("active").stdout.strip() == "test-a"
+    assert sysctl("vm.stat_interval") == "7"  # test-a's value, not 9
+    assert d.ctl("verify").returncode == 0
+
+
+def test_verify_reports_drift(start_daemon: Callable[..., Latencyd]) -> None:
+    d = start_daemon("test-a")
+    assert d.ctl("verify").returncode == 0
+    Path("/proc/sys/vm/swappiness").write_text("33")
+    r = d.ctl("verify", "--json")
+    assert r.returncode == 1
+    drift = json.loads(r.stdout)["drift"]
+    assert drift == [{"plugin": "sysctl", "key": "vm.swappiness", "wanted": "11", "actual": "33"}]
+
+
+def test_kill9_then_restart_restores_every_original(
+    start_daemon: Callable[..., Latencyd], kernel_guard: None
+) -> None:
+    before = {
+        k: sysctl(k)
+        for k in (
+            "vm.swappiness",
+            "vm.dirty_ratio",
+            "vm.dirty_bytes",
+            "vm.dirty_expire_centisecs",
+            "vm.stat_interval",
+        )
+    }
+    d = start_daemon("test-a")
+    d.kill9()
+    assert sysctl("vm.swappiness") == "11"  # nobody restored: the process died
+    journal = json.loads((d.state_dir / "journal.json").read_text())
+    assert journal["originals"]["sysctl"]["vm.swappiness"] == before["vm.swappiness"]
+    d.start()  # same state dir; it also re-applies test-a afterwards
+    assert "unclean exit" in d.log()
+    d.stop()
+    after = {k: sysctl(k) for k in before}
+    assert after == before
+    assert not (d.state_dir / "journal.json").exists()
+
+
+def test_kill9_then_restart_without_profile_leaves_originals(
+    start_daemon: Callable[..., Latencyd],
+) -> None:
+    before = {k: sysctl(k) for k in ("vm.swappiness", "vm.dirty_ratio", "vm.stat_interval")}
+    d = start_daemon("test-a")
+    d.kill9()
+    d.profile = None
+    d.extra = ["--no-profile"]
+    d.start()
+    assert {k: sysctl(k) for k in before} == before
+    assert d.ctl("active").stdout.strip() == "none (all settings at their originals)"
+
+
+def test_sigterm_restores_every_original(start_daemon: Callable[..., Latencyd]) -> None:
+    before = {
+        k: sysctl(k)
+        for k in (
+            "vm.swappiness",
+            "vm.dirty_ratio",
+            "vm.dirty_bytes",
+            "vm.stat_interval",
+            "vm.dirty_expire_centisecs",
+        )
+    }
+    d = start_daemon("test-a")
+    assert sysctl("vm.swappiness") == "11"
+    assert d.stop() == 0
+    assert {k: sysctl(k) for k in before} == before
+    assert not (d.state_dir / "journal.json").exists()
+
+
+def test_sighup_reloads_changed_profile(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    d = start_daemon("test-a")
+    path = profiles / "test-a.toml"
+    path.write_text(path.read_text().replace('"vm.swappiness" = 11', '"vm.swappiness" = 12'))
+    d.signal(signal.SIGHUP)
+    import time
+
+    deadline = time.monotonic() + 5
+    while sysctl("vm.swappiness") != "12" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sysctl("vm.swappiness") == "12"
+    # A profile broken on disk is refused on reload; the applied one stays.
+    path.write_text("[writeback\n")
+    d.signal(signal.SIGHUP)
+    time.sleep(0.3)
+    assert d.ctl("active").stdout.strip() == "test-a"
+    assert sysctl("vm.swappiness") == "12"
+    assert "reload failed" in d.log() and "TOML syntax error" in d.log()
+
+
+def test_unreachable_daemon_exit_code(private_bus: str, tmp_path: Path) -> None:
+    d = Latencyd(private_bus, tmp_path)  # never started
+    r = d.ctl("status")
+    assert r.returncode == 3
+    assert "not running" in r.stderr
+
+
+def test_explain_works_without_daemon(profiles: Path, tmp_path: Path) -> None:
+    d = Latencyd("unix:path=/nonexistent", tmp_path)
+    r = d.ctl("explain", "test-b", "--profile-dir", str(profiles), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    sections = {s: {o["option"]: o for o in opts} for s, opts in data["sections"].items()}
+    assert sections["writeback"]["dirty_ratio"]["value"] == 15
+    assert sections["writeback"]["dirty_ratio"]["from"] == f"{profiles / 'test-b.toml'}:6"
+    r = d.ctl("explain", str(profiles / "test-bad.toml"))
+    assert r.returncode == 2 and "test-bad.toml:7: unknown option" in r.stderr
+
+
+def _as_nobody(fn: Callable[[], int]) -> int:
+    """Run fn in a forked child that dropped to uid/gid 65534 (imports already done)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            code = fn()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _cli_as_nobody(address: str, *args: str, capture: Path) -> int:
+    import dbus  # noqa: F401  (imported before dropping privileges)
+
+    from latencyd import cli
+
+    # Opened before dropping privileges: pytest's tmp dir is private to root.
+    fd = os.open(capture, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def run() -> int:
+        os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = address
+        out = open(fd, "w", closefd=False)  # noqa: SIM115  (pytest replaced sys.stdout)
+        sys.stdout = sys.stderr = out
+        code = cli.main(list(args))
+        out.flush()
+        return code
+
+    try:
+        return _as_nobody(run)
+    finally:
+        os.close(fd)
+
+
+def test_unprivileged_caller_denied_by_bus_policy_reads_allowed(
+    start_daemon: Callable[..., Latencyd], tmp_path: Path
+) -> None:
+    d = start_daemon("test-a")
+    out = tmp_path / "out.txt"
+    assert _cli_as_nobody(d.address, "active", capture=out) == 0
+    assert out.read_text().strip() == "test-a"
+    assert _cli_as_nobody(d.address, "status", capture=out) == 0
+    assert _cli_as_nobody(d.address, "verify", capture=out) == 0
+    assert _cli_as_nobody(d.address, "switch", "test-b", capture=out) == 4
+    assert "permission denied" in out.read_text()
+    assert _cli_as_nobody(d.address, "off", capture=out) == 4
+    assert d.ctl("active").stdout.strip() == "test-a"
+    assert sysctl("vm.swappiness") == "11"
+
+
+PERMISSIVE_POLICY = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <policy user="root"><allow own="org.latencyd.Daemon1"/></policy>
+  <policy context="default"><allow send_destination="org.latencyd.Daemon1"/></policy>
+</busconfig>
+"""
+
+
+def test_daemon_checks_uid_even_when_bus_policy_allows(
+    tmp_path: Path, profiles: Path, kernel_guard: None
+) -> None:
+    """Second line of defence: a too-permissive policy file alone does not open the door."""
+    from scripts.private_bus import PrivateBus
+
+    policy = tmp_path / "permissive.conf"
+    policy.write_text(PERMISSIVE_POLICY)
+    with PrivateBus(policy) as bus:
+        d = Latencyd(bus.address, tmp_path, profile="test-a", profile_dirs=[profiles]).start()
+        try:
+            out = tmp_path / "out.txt"
+            assert _cli_as_nobody(bus.address, "switch", "test-b", capture=out) == 4
+            text = out.read_text()
+            assert "SwitchProfile needs root" in text and "uid 65534" in text
+            assert d.ctl("active").stdout.strip() == "test-a"
+        finally:
+            d.stop()
+
+
+def test_admin_group_member_may_switch(
+    tmp_path: Path, profiles: Path, private_bus: str, kernel_guard: None
+) -> None:
+    """Members of the configured admin group may change state (policy allows via daemon check)."""
+    from scripts.private_bus import PrivateBus
+
+    policy = tmp_path / "permissive.conf"
+    policy.write_text(PERMISSIVE_POLICY)
+    with PrivateBus(policy) as bus:
+        d = Latencyd(
+            bus.address,
+            tmp_path,
+            profile="test-a",
+            profile_dirs=[profiles],
+            config='admin_group = "nogroup"\n',
+        ).start()
+        try:
+            out = tmp_path / "out.txt"
+            assert _cli_as_nobody(bus.address, "switch", "test-b", capture=out) == 0, (
+                out.read_text()
+            )
+            assert d.ctl("active").stdout.strip() == "test-b"
+        finally:
+            d.stop()
+
+
+@pytest.mark.parametrize("method", ["Get", "GetAll"])
+def test_active_profile_property(start_daemon: Callable[..., Latencyd], method: str) -> None:
+    import dbus
+
+    d = start_daemon("test-a")
+    conn = dbus.bus.BusConnection(d.address)
+    try:
+        obj = conn.get_object("org.latencyd.Daemon1", "/org/latencyd/Daemon1", introspect=False)
+        props = dbus.Interface(obj, "org.freedesktop.DBus.Properties")
+        if method == "Get":
+            assert props.Get("org.latencyd.Daemon1", "ActiveProfile") == "test-a"
+        else:
+            assert props.GetAll("org.latencyd.Daemon1") == {"ActiveProfile": "test-a"}
+    finally:
+        conn.close()
+
+
+def test_profile_changed_signal(start_daemon: Callable[..., Latencyd]) -> None:
+    import subprocess
+
+    d = start_daemon("test-a")
+    monitor = subprocess.Popen(
+        [
+            "dbus-monitor",
+            "--address",
+            d.address,
+            "type='signal',interface='org.latencyd.Daemon1',member='ProfileChanged'",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        import time
+
+        time.sleep(0.3)
+        assert d.ctl("switch", "test-b").returncode == 0
+        time.sleep(0.3)
+    finally:
+        monitor.terminate()
+        out = monitor.communicate(timeout=5)[0]
+    assert "member=ProfileChanged" in out and 'string "test-b"' in out

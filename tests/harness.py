@@ -1,0 +1,108 @@
+"""Run the real latencyd and latencyctl against a private bus (used by e2e tests and bench/)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+POLICY = REPO / "systemd" / "org.latencyd.Daemon1.conf"
+BUS_NAME = "org.latencyd.Daemon1"
+
+
+def name_has_owner(address: str) -> bool:
+    import dbus
+
+    conn = dbus.bus.BusConnection(address)
+    try:
+        return bool(conn.name_has_owner(BUS_NAME))
+    finally:
+        conn.close()
+
+
+class Latencyd:
+    """One latencyd process with its own state dir and config, on a given bus."""
+
+    def __init__(
+        self,
+        bus_address: str,
+        workdir: Path,
+        profile: str | None = None,
+        profile_dirs: list[Path] | None = None,
+        extra: list[str] | None = None,
+        config: str = "",
+    ) -> None:
+        self.address = bus_address
+        self.workdir = workdir
+        self.state_dir = workdir / "state"
+        self.config = workdir / "latencyd.conf"
+        self.config.write_text(config)
+        self.profile = profile
+        self.profile_dirs = profile_dirs or []
+        self.extra = extra or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "latencyd.log"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["DBUS_SYSTEM_BUS_ADDRESS"] = self.address
+        return env
+
+    def argv(self) -> list[str]:
+        args = [
+            str(BIN / "latencyd"),
+            "--state-dir",
+            str(self.state_dir),
+            "--config",
+            str(self.config),
+        ]
+        for d in self.profile_dirs:
+            args += ["--profile-dir", str(d)]
+        if self.profile:
+            args += ["--profile", self.profile]
+        return args + self.extra
+
+    def start(self, timeout: float = 15.0) -> Latencyd:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(), env=self.env, stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout
+        while not name_has_owner(self.address):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"latencyd exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"latencyd did not claim its bus name:\n{self.log()}")
+            time.sleep(0.01)
+        return self
+
+    def ctl(self, *args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "latencyctl"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""

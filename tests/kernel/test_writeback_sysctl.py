@@ -1,0 +1,107 @@
+"""writeback and sysctl plugins, and the engine, on the real kernel (restored afterwards)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from latencyd.engine import Engine
+from latencyd.errors import ApplyFailed, KernelRefused
+from latencyd.journal import Journal
+from latencyd.plugins.sysctl import SysctlPlugin
+from latencyd.plugins.writeback import WritebackPlugin
+from latencyd.system import System
+
+VM = Path("/proc/sys/vm")
+
+pytestmark = pytest.mark.usefixtures("kernel_guard")
+
+
+def vm(name: str) -> str:
+    return (VM / name).read_text().strip()
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    system = System("/")
+    return Engine(
+        {"writeback": WritebackPlugin(system), "sysctl": SysctlPlugin(system)},
+        Journal(tmp_path / "state"),
+    )
+
+
+def test_kernel_keeps_only_one_of_ratio_and_bytes_and_restore_brings_back_the_mode() -> None:
+    plugin = WritebackPlugin(System("/"))
+    original = plugin.capture("dirty")
+    plugin.apply("dirty", {"bytes": 32 << 20})
+    try:
+        assert vm("dirty_bytes") == str(32 << 20)
+        assert vm("dirty_ratio") == "0"
+        assert plugin.capture("dirty") == {"bytes": 32 << 20}
+    finally:
+        plugin.restore("dirty", original)
+    assert plugin.capture("dirty") == original
+
+
+def test_percent_of_ram_resolves_to_bytes_on_the_real_kernel(engine: Engine) -> None:
+    total = System("/").mem_total_bytes()
+    wanted = {("writeback", "dirty_background"): {"bytes": total * 3 // 100}}
+    engine.switch(wanted, "t")
+    assert int(vm("dirty_background_bytes")) == total * 3 // 100
+    assert vm("dirty_background_ratio") == "0"
+    engine.off()
+
+
+def test_engine_round_trip_restores_exact_originals(engine: Engine) -> None:
+    before = {
+        n: vm(n) for n in ("dirty_ratio", "dirty_bytes", "swappiness", "dirty_expire_centisecs")
+    }
+    engine.switch(
+        {
+            ("writeback", "dirty"): {"bytes": 48 << 20},
+            ("writeback", "dirty_expire_centisecs"): 1234,
+            ("sysctl", "vm.swappiness"): "13",
+        },
+        "t",
+    )
+    assert vm("swappiness") == "13" and vm("dirty_expire_centisecs") == "1234"
+    assert engine.verify() == []
+    assert engine.off() == []
+    assert {n: vm(n) for n in before} == before
+    assert not engine.journal.path.exists()
+
+
+def test_refused_sysctl_is_a_clear_error_and_rolls_back_the_step(engine: Engine) -> None:
+    before = vm("stat_interval")
+    with pytest.raises(ApplyFailed) as err:
+        engine.switch(
+            {("sysctl", "vm.stat_interval"): "9", ("sysctl", "vm.swappiness"): "500"}, "t"
+        )
+    message = str(err.value)
+    assert "vm.swappiness" in message and "Invalid argument (EINVAL)" in message
+    assert "rolled back" in message
+    assert vm("stat_interval") == before
+    assert engine.applied == {}
+    assert not engine.journal.path.exists()
+
+
+def test_system_write_error_names_errno() -> None:
+    with pytest.raises(KernelRefused) as err:
+        System("/").write("proc/sys/vm/dirty_bytes", "1")  # below the kernel's 2-page minimum
+    assert "EINVAL" in err.value.reason
+
+
+def test_multi_field_sysctl_compares_field_by_field(engine: Engine) -> None:
+    key = "net.ipv4.ip_local_port_range"
+    plugin = SysctlPlugin(System("/"))
+    current = plugin.capture(key)
+    low, high = current.split()
+    engine.switch({("sysctl", key): f"{int(low) + 1}   {high}"}, "t")
+    assert Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split() == [
+        str(int(low) + 1),
+        high,
+    ]
+    assert engine.verify() == []
+    engine.off()
+    assert plugin.capture(key) == current

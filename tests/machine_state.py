@@ -1,0 +1,115 @@
+"""A snapshot of every kernel setting the suite may touch, to prove it leaves the machine as found."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+SYSCTL_DIRS = ["/proc/sys/vm"]
+SYSCTL_KEYS = [
+    "/proc/sys/kernel/timer_migration",
+    "/proc/sys/kernel/numa_balancing",
+    "/proc/sys/net/core/busy_read",
+    "/proc/sys/net/core/busy_poll",
+    "/proc/sys/net/ipv4/tcp_fastopen",
+    "/proc/sys/net/ipv4/ip_local_port_range",
+]
+# Values that move on their own and are not settings.
+VOLATILE = {"/proc/sys/vm/drop_caches", "/proc/sys/vm/stat_refresh", "/proc/sys/vm/compact_memory"}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def pm_qos_holders() -> list[int]:
+    """PIDs (other than ours) holding /dev/cpu_dma_latency open."""
+    holders = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/cpu_dma_latency":
+                    holders.append(int(pid))
+        except OSError:
+            continue
+    return sorted(holders)
+
+
+def kthread_affinities() -> dict[str, str]:
+    """pid:comm -> affinity and policy of every kernel thread (children of kthreadd)."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        stat = _read(Path(f"/proc/{pid}/stat"))
+        if not stat:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[1] != "2" and pid != "2":  # ppid
+            continue
+        try:
+            cpus = os.sched_getaffinity(int(pid))
+            policy = os.sched_getscheduler(int(pid))
+            prio = os.sched_getparam(int(pid)).sched_priority
+        except OSError:
+            continue
+        comm = _read(Path(f"/proc/{pid}/comm"))
+        out[f"{pid}:{comm}"] = f"{sorted(cpus)} policy={policy} prio={prio}"
+    return out
+
+
+def snapshot() -> dict[str, object]:
+    files: dict[str, str | None] = {}
+    for d in SYSCTL_DIRS:
+        for p in sorted(Path(d).iterdir()):
+            if str(p) not in VOLATILE:
+                files[str(p)] = _read(p)
+    for k in SYSCTL_KEYS:
+        files[k] = _read(Path(k))
+    for p in sorted(Path("/proc/irq").glob("*/smp_affinity_list")):
+        files[str(p)] = _read(p)
+    files["/proc/irq/default_smp_affinity"] = _read(Path("/proc/irq/default_smp_affinity"))
+    cpu = Path("/sys/devices/system/cpu")
+    for p in sorted(cpu.glob("cpu[0-9]*/cpuidle/state*/disable")):
+        files[str(p)] = _read(p)
+    for p in sorted(cpu.glob("cpu[0-9]*/power/pm_qos_resume_latency_us")):
+        files[str(p)] = _read(p)
+    wq = Path("/sys/devices/virtual/workqueue")
+    for p in [wq / "cpumask", *sorted(wq.glob("*/cpumask"))]:
+        files[str(p)] = _read(p)
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    mounts = [line for line in _read(Path("/proc/mounts")).splitlines() if "latencyd" in line]
+    return {
+        "files": files,
+        "pm_qos_holders": pm_qos_holders(),
+        "kthreads": kthread_affinities(),
+        "netns": sorted(netns.split()),
+        "loop_devices": loops.strip(),
+        "mounts": mounts,
+    }
+
+
+def differences(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    """Human-readable list of what changed; threads that exited or appeared are ignored."""
+    diffs: list[str] = []
+    fb, fa = before["files"], after["files"]
+    assert isinstance(fb, dict) and isinstance(fa, dict)
+    for key in sorted(set(fb) | set(fa)):
+        if fb.get(key) != fa.get(key):
+            diffs.append(f"{key}: {fb.get(key)!r} -> {fa.get(key)!r}")
+    kb, ka = before["kthreads"], after["kthreads"]
+    assert isinstance(kb, dict) and isinstance(ka, dict)
+    for key in sorted(set(kb) & set(ka)):
+        if kb[key] != ka[key]:
+            diffs.append(f"kthread {key}: {kb[key]} -> {ka[key]}")
+    for key in ("pm_qos_holders", "netns", "loop_devices", "mounts"):
+        if before[key] != after[key]:
+            diffs.append(f"{key}: {before[key]!r} -> {after[key]!r}")
+    return diffs
