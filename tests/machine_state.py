@@ -1,4 +1,4 @@
-"""A snapshot of every kernel setting the suite may touch, to prove it leaves the machine as found."""
+"""Snapshot every kernel setting the suite may touch, to prove it leaves the machine as found."""
 
 from __future__ import annotations
 

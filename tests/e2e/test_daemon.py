@@ -259,7 +259,8 @@ def test_unprivileged_caller_denied_by_bus_policy_reads_allowed(
     assert sysctl("vm.swappiness") == "11"
 
 
-PERMISSIVE_POLICY = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+PERMISSIVE_POLICY = """<!DOCTYPE busconfig PUBLIC
+ "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
 <busconfig>
   <policy user="root"><allow own="org.latencyd.Daemon1"/></policy>

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from latencyd.plugins.sysctl import SysctlPlugin
+from latencyd.plugins.writeback import WritebackPlugin
 
 from latencyd.engine import Engine
 from latencyd.errors import ApplyFailed, KernelRefused
 from latencyd.journal import Journal
-from latencyd.plugins.sysctl import SysctlPlugin
-from latencyd.plugins.writeback import WritebackPlugin
 from latencyd.system import System
 
 VM = Path("/proc/sys/vm")
