@@ -70,6 +70,8 @@ class Daemon:
         report = self.engine.switch(wanted, profile.name)
         previous = self.active.name if self.active else None
         self.active = profile
+        for name in profile.sections:
+            self.plugins[name].on_profile_applied()
         self.last_error = None
         na = len(report.not_applicable)
         log.info(
@@ -111,7 +113,64 @@ class Daemon:
         if not names:
             return None
         wanted = self.engine.wanted(self.active, names)
-        return self.engine.switch(wanted, self.active.name, scope=names)
+        return self.engine.switch(wanted, self.active.name, scope=names, recheck=True)
+
+    def on_events(self, kinds: set[str]) -> None:
+        """Device or CPU events: re-expand the plugins that care, incrementally."""
+        if "cpu" in kinds:
+            self.machine_changed()
+        names = {n for n, p in self.plugins.items() if p.events & kinds}
+        try:
+            report = self.refresh(names)
+            if report is not None and (report.applied or report.restored):
+                log.info(
+                    "device events (%s): %d applied, %d restored in %.1f ms",
+                    ", ".join(sorted(kinds)),
+                    report.applied,
+                    report.restored,
+                    report.seconds * 1000,
+                )
+        except LatencydError as exc:
+            log.error("applying the profile to new devices failed: %s", exc)
+
+    def machine_changed(self) -> None:
+        """CPUs went on/offline: re-resolve the profile's CPU lists ("all") and re-apply."""
+        self.library.machine = Machine(self.system.online_cpus(), self.system.mem_total_bytes())
+        if self.active is not None:
+            try:
+                self.switch(self.active.name)
+            except LatencydError as exc:
+                log.error("re-applying after a CPU change failed: %s", exc)
+
+    def check(self) -> list[dict[str, Any]]:
+        """The monitor tick: pick up new targets, then find drift and re-apply or report it."""
+        if self.active is None:
+            return []
+        changed = {n for n in self.active.sections if self.plugins[n].changed()}
+        if changed:
+            log.info("new targets for %s: re-applying", ", ".join(sorted(changed)))
+            try:
+                self.refresh(changed)
+            except LatencydError as exc:
+                log.error("applying the profile to new targets failed: %s", exc)
+        records = []
+        drifts = self.engine.verify()
+        for d in drifts:
+            action = self.active.sections.get(d.plugin, {}).get("on_drift", "report")
+            record = drift_dict(d) | {"action": "reported"}
+            if action == "reapply":
+                problems = self.engine.reapply([d])
+                record["action"] = "failed: " + problems[0] if problems else "reapplied"
+            log.warning(
+                "drift: [%s] %s is %r, profile wants %r: %s",
+                d.plugin,
+                d.key,
+                d.actual,
+                d.wanted,
+                record["action"],
+            )
+            records.append(record)
+        return records
 
     def list_profiles(self) -> list[ProfileInfo]:
         return self.library.all()
@@ -154,6 +213,35 @@ class Daemon:
 
 def drift_dict(drift: Drift) -> dict[str, Any]:
     return asdict(drift)
+
+
+def watch_devices(daemon: Daemon, glib: Any) -> None:
+    """Device events re-expand plugins; bursts are coalesced into one refresh."""
+    from latencyd.watchers import UdevWatcher
+
+    try:
+        watcher = UdevWatcher()
+    except Exception as exc:  # no netlink access: the monitor tick still catches changes
+        log.warning("device events unavailable (%s); relying on the periodic check", exc)
+        return
+    pending: set[str] = set()
+
+    def flush() -> bool:
+        kinds = set(pending)
+        pending.clear()
+        daemon.on_events(kinds)
+        return False
+
+    def readable(*_: Any) -> bool:
+        events = watcher.read()
+        if events and not pending:
+            glib.timeout_add(5, flush)  # let the rest of the burst arrive
+        for event in events:
+            log.debug("device %s %s/%s", event.action, event.subsystem, event.name)
+            pending.update(event.kinds)
+        return True
+
+    glib.io_add_watch(watcher.fileno(), glib.PRIORITY_DEFAULT, glib.IO_IN, readable)
 
 
 def build(args: argparse.Namespace, config: Config) -> Daemon:
@@ -250,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     GLib.unix_signal_add(GLib.PRIORITY_HIGH, signal.SIGHUP, on_hup)
     if config.verify_interval_s > 0:
         GLib.timeout_add(int(config.verify_interval_s * 1000), service.tick)
+    watch_devices(daemon, GLib)
     loop.run()
     return 0
 

@@ -96,10 +96,17 @@ class Engine:
         wanted: Mapping[SettingId, Value],
         profile: str | None,
         scope: Iterable[str] | None = None,
+        recheck: bool = False,
     ) -> StepReport:
-        """Make the kernel match `wanted` (for plugins in `scope`, or all); all or nothing."""
+        """Make the kernel match `wanted` (for plugins in `scope`, or all); all or nothing.
+
+        With `recheck`, settings the plan would keep are read back and re-applied if
+        the kernel lost them (an IRQ that vanished and came back with a default mask).
+        """
         started = time.perf_counter()
         step = plan(self.applied, wanted, scope)
+        if recheck:
+            self._recheck(step)
         report = StepReport(unchanged=len(step.keep))
         self._capture_originals(step, report)
         self.profile = profile
@@ -140,6 +147,17 @@ class Engine:
         report.seconds = time.perf_counter() - started
         self.last_step = report
         return report
+
+    def _recheck(self, step: Plan) -> None:
+        for sid in list(step.keep):
+            plugin, key = self.plugins[sid[0]], sid[1]
+            try:
+                actual = plugin.capture(key)
+            except LatencydError:
+                continue
+            if not plugin.same(key, self.applied[sid], actual):
+                step.keep.remove(sid)
+                step.apply[sid] = self.applied[sid]
 
     def _capture_originals(self, step: Plan, report: StepReport) -> None:
         for sid, _ in step.apply.items():

@@ -67,6 +67,13 @@ class Plugin:
     def describe(self, key: str, value: Value) -> str:
         return f"{key} = {value}"
 
+    def on_profile_applied(self) -> None:
+        """A profile was just applied: reset monitoring baselines (counters "since apply")."""
+
+    def changed(self) -> bool:
+        """Cheap check on the monitor tick: has the set of targets changed (new IRQs)?"""
+        return False
+
     def status(self) -> dict[str, Any]:
         """Plugin-specific monitoring data for `latencyctl status`."""
         return {}

@@ -163,7 +163,8 @@ class Service(dbus.service.Object):
 
     @dbus.service.signal(INTERFACE, signature="s")
     def Drift(self, drifts_json: str) -> None:
-        """Emitted when settings the profile owns were changed by someone else."""
+        """Settings the profile owns were changed by someone else: a JSON list of
+        {plugin, key, wanted, actual, action}, action being "reapplied" or "reported"."""
 
     @dbus.service.signal(PROPERTIES, signature="sa{sv}as")
     def PropertiesChanged(
@@ -198,16 +199,12 @@ class Service(dbus.service.Object):
     # -- the safety-net tick -------------------------------------------------------
     def tick(self) -> bool:
         try:
-            drifts = self.daemon.verify()
+            records = self.daemon.check()
         except LatencydError as exc:
-            log.error("periodic verify failed: %s", exc)
+            log.error("periodic check failed: %s", exc)
             return True
-        if drifts:
-            for d in drifts:
-                log.warning(
-                    "drift: [%s] %s is %r, profile wants %r", d.plugin, d.key, d.actual, d.wanted
-                )
-            self.Drift(json.dumps([drift_dict(d) for d in drifts]))
+        if records:
+            self.Drift(json.dumps(records))
         return True
 
 

@@ -96,3 +96,16 @@ class System:
         except OSError as exc:
             raise KernelRefused(f"holding {value_us} µs on {dev}", describe_oserror(exc)) from exc
         return PmQosRequest(fd, value_us)
+
+    def replace_file(self, rel: str, text: str) -> None:
+        """Replace a config file atomically (for files like /etc/default/irqbalance)."""
+        path = self.path(rel)
+        tmp = path.with_name(f".{path.name}.latencyd-tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            if path.exists():
+                os.chmod(tmp, path.stat().st_mode & 0o7777)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise KernelRefused(f"writing /{rel.lstrip('/')}", describe_oserror(exc)) from exc

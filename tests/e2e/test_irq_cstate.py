@@ -1,0 +1,140 @@
+"""cstate and irq through the real daemon: drift put back, IRQs that reappear, status tables."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from latencyd.plugins.irq import parse_interrupts
+
+from tests.harness import Latencyd
+
+PROFILE = """
+[main]
+summary = "isolate CPU 1"
+
+[variables]
+isolated_cores = "1"
+
+[cstate]
+force_latency_us = "poll"
+
+[[cstate.cpus]]
+cpus = "${isolated_cores}"
+resume_latency_us = 0
+disable_states = ["haltpoll"]
+
+[irq]
+isolate = "${isolated_cores}"
+on_drift = "reapply"
+
+[[irq.rule]]
+match = "virtio4-*"
+cpus = "1"
+"""
+
+RNG = Path("/sys/bus/virtio/drivers/virtio_rng")
+
+
+def virtio4_irqs() -> list[int]:
+    _, irqs = parse_interrupts(Path("/proc/interrupts").read_text())
+    return [i.number for i in irqs if any(a.startswith("virtio4-") for a in i.actions)]
+
+
+def mask(n: int) -> str:
+    return Path(f"/proc/irq/{n}/smp_affinity_list").read_text().strip()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float) -> float:
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            raise AssertionError("timed out")
+        time.sleep(0.001)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def isolated(
+    start_daemon: Callable[..., Latencyd], profiles: Path, request: pytest.FixtureRequest
+) -> Latencyd:
+    if not virtio4_irqs():
+        pytest.skip("needs the virtio4 (virtio-rng) IRQs of these VMs")
+    (profiles / "isolate.toml").write_text(PROFILE)
+    interval = getattr(request, "param", 0.2)
+    return start_daemon("isolate", config=f"verify_interval_s = {interval}\n")
+
+
+def test_another_process_rewriting_an_owned_mask_is_put_back(isolated: Latencyd) -> None:
+    irq = virtio4_irqs()[-1]
+    assert mask(irq) == "1"
+    monitor = subprocess.Popen(
+        [
+            "dbus-monitor",
+            "--address",
+            isolated.address,
+            "type='signal',interface='org.latencyd.Daemon1',member='Drift'",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.2)
+    try:
+        subprocess.run(["sh", "-c", f"echo 0 > /proc/irq/{irq}/smp_affinity_list"], check=True)
+        wait_for(lambda: mask(irq) == "1", timeout=5)
+        time.sleep(0.1)
+    finally:
+        monitor.terminate()
+        out = monitor.communicate(timeout=5)[0]
+    assert "member=Drift" in out and f"irq/{irq}" in out and "reapplied" in out
+    assert "drift: [irq] irq/" in isolated.log()
+
+
+@pytest.mark.parametrize("isolated", [3600], indirect=True)  # no tick: only device events
+def test_irqs_that_reappear_get_the_rule_at_once(isolated: Latencyd) -> None:
+    """Unbind and rebind virtio-rng: its IRQs vanish and come back with the default mask."""
+    numbers = virtio4_irqs()
+    (RNG / "unbind").write_text("virtio4")
+    try:
+        wait_for(lambda: not virtio4_irqs(), timeout=5)
+    finally:
+        (RNG / "bind").write_text("virtio4")
+    took = wait_for(
+        lambda: bool(virtio4_irqs()) and all(mask(n) == "1" for n in virtio4_irqs()), timeout=5
+    )
+    assert virtio4_irqs() == numbers
+    assert took < 1.0
+    assert "device events (irq)" in isolated.log()
+
+
+def test_status_shows_cstate_table_and_irq_distribution(isolated: Latencyd) -> None:
+    time.sleep(0.3)
+    status = json.loads(isolated.ctl("status", "--json").stdout)
+    cstate = status["plugins"]["cstate"]
+    assert cstate["monitor"]["pm_qos_requested_us"] == 0
+    assert cstate["monitor"]["pm_qos_resolved_from"] == "poll"
+    table = cstate["monitor"]["tables"][0]
+    assert table["columns"][:3] == ["CPU", "busy%", "POLL %"]
+    assert {r[0] for r in table["rows"]} == {0, 1}
+    irq = status["plugins"]["irq"]
+    assert irq["monitor"]["isolated_cpus"] == "1"
+    assert "irqs_on_isolated_cpus_since_apply" in irq["monitor"]
+    refused = {i["key"]: i["reason"] for i in irq["not_applicable"]}
+    assert any("kernel-managed" in r for r in refused.values())
+    text = isolated.ctl("status").stdout
+    assert "C-state residency since the profile was applied" in text
+    assert "interrupts per CPU since the profile was applied" in text
+    assert "PM QoS CPU latency request held at 0 µs (resolved from 'poll')" in text
+    assert "not applicable: irq/" in text
+
+
+def test_stop_releases_qos_and_restores_masks(isolated: Latencyd) -> None:
+    from tests.machine_state import pm_qos_holders
+
+    assert isolated.proc is not None and isolated.proc.pid in pm_qos_holders()
+    isolated.stop()
+    assert isolated.proc.pid not in pm_qos_holders()

@@ -1,0 +1,93 @@
+"""irq plugin on real /proc/irq masks (moved and restored)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from latencyd.plugins.irq import IrqPlugin, parse_interrupts
+
+from latencyd.cpuset import CpuSet
+from latencyd.engine import Engine
+from latencyd.journal import Journal
+from latencyd.system import System
+
+pytestmark = pytest.mark.usefixtures("kernel_guard")
+
+
+def irqs() -> list:
+    return parse_interrupts(Path("/proc/interrupts").read_text())[1]
+
+
+def mask(n: int) -> str:
+    return Path(f"/proc/irq/{n}/smp_affinity_list").read_text().strip()
+
+
+@pytest.fixture
+def plugin() -> IrqPlugin:
+    if len(System("/").online_cpus()) < 2:
+        pytest.skip("needs two CPUs")
+    return IrqPlugin(System("/"))
+
+
+@pytest.fixture
+def engine(plugin: IrqPlugin, tmp_path: Path) -> Engine:
+    return Engine({"irq": plugin}, Journal(tmp_path / "state"))
+
+
+def wanted(plugin: IrqPlugin, options: dict) -> dict:
+    return {("irq", k): v for k, v in plugin.expand(options).items()}
+
+
+def test_rule_by_action_glob_moves_and_restores(engine: Engine, plugin: IrqPlugin) -> None:
+    target = next(i for i in irqs() if any(a.startswith("virtio4-") for a in i.actions))
+    before = mask(target.number)
+    engine.switch(wanted(plugin, {"rule": [{"match": "virtio4-*", "cpus": CpuSet([1])}]}), "t")
+    assert mask(target.number) == "1"
+    assert engine.verify() == []
+    engine.off()
+    assert mask(target.number) == before
+
+
+def test_kernel_managed_irq_is_not_applicable_with_reason(
+    engine: Engine, plugin: IrqPlugin
+) -> None:
+    """The virtio-blk request IRQ is kernel-managed: reported, not failed, not drift."""
+    blk = [i for i in irqs() if i.devices and plugin.device_address("vda") in i.devices]
+    if not blk:
+        pytest.skip("no virtio-blk vda here")
+    report = engine.switch(wanted(plugin, {"rule": [{"match": "vda", "cpus": CpuSet([1])}]}), "t")
+    refused = {k: r for (_, k), r in report.not_applicable.items()}
+    managed = [i.number for i in blk if f"irq/{i.number}" in refused]
+    assert managed, f"expected the managed virtio-blk IRQ to be refused; got {refused}"
+    for n in managed:
+        assert "kernel-managed" in refused[f"irq/{n}"]
+        assert "EPERM" in refused[f"irq/{n}"] or "EIO" in refused[f"irq/{n}"]
+    movable = [i.number for i in blk if i.number not in managed]
+    for n in movable:
+        assert mask(n) == "1"
+    assert engine.verify() == []  # refused IRQs are not drift
+    engine.off()
+
+
+def test_isolate_moves_every_movable_irq_off_the_cpu(engine: Engine, plugin: IrqPlugin) -> None:
+    report = engine.switch(wanted(plugin, {"isolate": CpuSet([1])}), "t")
+    refused = {k for (_, k), _ in report.not_applicable.items()}
+    for irq in irqs():
+        if f"irq/{irq.number}" not in refused:
+            assert mask(irq.number) == "0", irq
+    assert CpuSet.from_mask(Path("/proc/irq/default_smp_affinity").read_text()) == CpuSet([0])
+    engine.off()
+
+
+def test_drift_is_detected_and_reapplied(engine: Engine, plugin: IrqPlugin) -> None:
+    target = next(i for i in irqs() if any(a.startswith("virtio4-") for a in i.actions))
+    engine.switch(wanted(plugin, {"rule": [{"match": "virtio4-*", "cpus": CpuSet([1])}]}), "t")
+    Path(f"/proc/irq/{target.number}/smp_affinity_list").write_text("0")
+    drifts = engine.verify()
+    assert [(d.key, d.wanted, d.actual) for d in drifts if d.key == f"irq/{target.number}"] == [
+        (f"irq/{target.number}", "1", "0")
+    ]
+    engine.reapply(drifts)
+    assert mask(target.number) == "1"
+    engine.off()
