@@ -25,6 +25,7 @@ class Config:
     admin_group: str | None = None  # members may change state, besides root
     verify_interval_s: float = 10.0  # the safety-net tick; events do the real work
     profile_dirs: tuple[Path, ...] = field(default=())
+    task_events: str = "auto"  # auto | perf | proc-connector | none
 
 
 KNOWN: dict[str, type | tuple[type, ...]] = {
@@ -32,6 +33,7 @@ KNOWN: dict[str, type | tuple[type, ...]] = {
     "admin_group": str,
     "verify_interval_s": (int, float),
     "profile_dirs": list,
+    "task_events": str,
 }
 
 
@@ -56,7 +58,15 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         admin_group=data.get("admin_group"),
         verify_interval_s=float(data.get("verify_interval_s", 10.0)),
         profile_dirs=tuple(Path(p) for p in data.get("profile_dirs", [])),
+        task_events=_choice(path, data, "task_events", ("auto", "perf", "proc-connector", "none")),
     )
+
+
+def _choice(path: Path, data: dict[str, object], key: str, allowed: tuple[str, ...]) -> str:
+    value = str(data.get(key, allowed[0]))
+    if value not in allowed:
+        raise ConfigError(f"{path}: {key} must be one of {', '.join(allowed)} (got {value!r})")
+    return value
 
 
 def shipped_profiles_dir() -> Path:

@@ -203,8 +203,9 @@ class _Parser:
             return self.all - self._unary()
         if tok == "(":
             inner = self._union()
-            if self._take() != ")":
+            if self._peek() != ")":
                 raise CpuSetError(f"missing ')' in CPU list {self.expr!r}")
+            self._take()
             return inner
         if tok == "all":
             return self.all

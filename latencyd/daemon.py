@@ -24,6 +24,7 @@ from latencyd.plugin import Plugin, load_plugins
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
 from latencyd.schema import Machine
 from latencyd.system import System
+from latencyd.taskevents import TaskEvent
 
 log = logging.getLogger("latencyd")
 
@@ -39,6 +40,7 @@ class Daemon:
         self.active: Profile | None = None
         self.last_error: str | None = None
         self.on_profile_changed: list[Any] = []  # callbacks(name: str)
+        self.task_source = "none"
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, profile: str | None) -> None:
@@ -133,6 +135,37 @@ class Daemon:
         except LatencydError as exc:
             log.error("applying the profile to new devices failed: %s", exc)
 
+    def on_task_events(self, events: list[TaskEvent]) -> None:
+        """New or renamed threads: give them their settings now; lost events mean rescan."""
+        if self.active is None:
+            return
+        interested = [
+            p for n, p in self.plugins.items() if "thread" in p.events and n in self.active.sections
+        ]
+        if not interested:
+            return
+        if any(e.lost for e in events):
+            log.warning("task events were lost: rescanning")
+            self.refresh({p.name for p in interested})
+            return
+        wanted: dict[tuple[str, str], Any] = {}
+        timed: list[tuple[Plugin, TaskEvent]] = []
+        for event in events:
+            for plugin in interested:
+                settings = plugin.on_task(event)
+                if settings:
+                    wanted.update({(plugin.name, k): v for k, v in settings.items()})
+                    timed.append((plugin, event))
+        if not wanted:
+            return
+        try:
+            self.engine.extend(wanted)
+        except LatencydError as exc:
+            log.error("pinning new threads failed: %s", exc)
+            return
+        for plugin, event in timed:
+            plugin.record_delay(event)
+
     def machine_changed(self) -> None:
         """CPUs went on/offline: re-resolve the profile's CPU lists ("all") and re-apply."""
         self.library.machine = Machine(self.system.online_cpus(), self.system.mem_total_bytes())
@@ -203,6 +236,7 @@ class Daemon:
             "summary": self.active.summary if self.active else "",
             "last_apply_ms": round(step.seconds * 1000, 3) if step else None,
             "last_error": self.last_error,
+            "task_events": self.task_source,
             "plugins": plugins,
         }
 
@@ -242,6 +276,29 @@ def watch_devices(daemon: Daemon, glib: Any) -> None:
         return True
 
     glib.io_add_watch(watcher.fileno(), glib.PRIORITY_DEFAULT, glib.IO_IN, readable)
+
+
+def watch_tasks(daemon: Daemon, glib: Any, preference: str) -> None:
+    """Thread creation events for plugins that follow threads; else rescans on every tick."""
+    from latencyd.taskevents import open_task_source
+
+    followers = [p for p in daemon.plugins.values() if "thread" in p.events]
+    if not followers:
+        return
+    source = open_task_source(preference)
+    daemon.task_source = source.name if source else "none (periodic rescan)"
+    log.info("task events from %s", daemon.task_source)
+    for plugin in followers:
+        plugin.rescan_interval_s = 60.0 if source else 0.0
+    if source is None:
+        return
+
+    def readable(*_: Any) -> bool:
+        daemon.on_task_events(source.read())
+        return True
+
+    for fd in source.filenos():
+        glib.io_add_watch(fd, glib.PRIORITY_HIGH, glib.IO_IN, readable)
 
 
 def build(args: argparse.Namespace, config: Config) -> Daemon:
@@ -312,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     loop = GLib.MainLoop()
     service = Service(bus, daemon, config)
+    # Watch before applying, so threads and devices that appear meanwhile are not missed.
+    watch_devices(daemon, GLib)
+    watch_tasks(daemon, GLib, config.task_events)
     daemon.start(None if args.no_profile else (args.profile or config.default_profile))
     if not service.claim_name():
         daemon.stop()
@@ -338,7 +398,6 @@ def main(argv: list[str] | None = None) -> int:
     GLib.unix_signal_add(GLib.PRIORITY_HIGH, signal.SIGHUP, on_hup)
     if config.verify_interval_s > 0:
         GLib.timeout_add(int(config.verify_interval_s * 1000), service.tick)
-    watch_devices(daemon, GLib)
     loop.run()
     return 0
 

@@ -75,6 +75,7 @@ class Engine:
         self.not_applicable: dict[SettingId, str] = {}
         self.profile: str | None = None
         self.last_step: StepReport | None = None
+        self._saved: tuple[dict[SettingId, Value], str | None] | None = None
 
     # -- what a profile wants -------------------------------------------------
     def wanted(self, profile: Profile, only: Iterable[str] | None = None) -> dict[SettingId, Value]:
@@ -108,12 +109,17 @@ class Engine:
         if recheck:
             self._recheck(step)
         report = StepReport(unchanged=len(step.keep))
-        self._capture_originals(step, report)
-        self.profile = profile
-        self._save()
+        try:
+            self._capture_originals(step, report)
+        except Exception:
+            self._forget_unapplied()  # originals read for a step that never ran
+            raise
+        previous_profile = self.profile
 
         undo: list[Callable[[], None]] = []
         try:
+            self.profile = profile
+            self._save()
             for sid in step.restore:
                 self._restore_one(sid, undo)
                 report.restored += 1
@@ -122,11 +128,13 @@ class Engine:
                     continue
                 if self._apply_one(sid, value, undo, report):
                     report.applied += 1
-        except LatencydError as exc:
+        except Exception as exc:  # a plugin's bug must not leave a half-applied step either
             self._roll_back(undo)
-            self.originals = {s: v for s, v in self.originals.items() if s in self.applied}
+            self.profile = previous_profile
+            self._forget_unapplied()
             self._save()
-            raise ApplyFailed(f"{exc}. Nothing was changed: the step was rolled back.") from exc
+            what = exc if isinstance(exc, LatencydError) else f"{type(exc).__name__}: {exc}"
+            raise ApplyFailed(f"{what}. Nothing was changed: the step was rolled back.") from exc
 
         for sid in step.restore:
             self.applied.pop(sid, None)
@@ -148,6 +156,10 @@ class Engine:
         self.last_step = report
         return report
 
+    def extend(self, wanted: Mapping[SettingId, Value]) -> StepReport:
+        """Settings for new targets (a thread, an IRQ): applied, nothing else touched."""
+        return self.switch(wanted, self.profile, scope=())
+
     def _recheck(self, step: Plan) -> None:
         for sid in list(step.keep):
             plugin, key = self.plugins[sid[0]], sid[1]
@@ -158,6 +170,9 @@ class Engine:
             if not plugin.same(key, self.applied[sid], actual):
                 step.keep.remove(sid)
                 step.apply[sid] = self.applied[sid]
+
+    def _forget_unapplied(self) -> None:
+        self.originals = {s: v for s, v in self.originals.items() if s in self.applied}
 
     def _capture_originals(self, step: Plan, report: StepReport) -> None:
         for sid, _ in step.apply.items():
@@ -198,7 +213,12 @@ class Engine:
                 report.not_applicable[sid] = _reason(exc)
                 if wrote:
                     undo.pop()
+                # The step drops this setting: put the original back (also when an earlier
+                # step applied it), or it would stay changed with nobody tracking it.
+                if wrote or sid in self.applied:
                     _quietly(lambda: plugin.restore(key, original))
+                if sid in self.applied:
+                    undo.append(lambda: plugin.apply(key, previous))
                 return False
             if isinstance(exc, KernelRefused) and not exc.what.startswith("["):
                 raise KernelRefused(f"[{sid[0]}] {plugin.describe(key, value)}", str(exc)) from exc
@@ -229,6 +249,7 @@ class Engine:
         self.not_applicable.clear()
         self.profile = None
         self.journal.clear()
+        self._saved = None  # the journal on disk is gone: the next _save must write it
         return problems
 
     def recover(self) -> list[str] | None:
@@ -243,6 +264,7 @@ class Engine:
         )
         problems = self._restore_all(list(state.originals), state.originals)
         self.journal.clear()
+        self._saved = None
         return problems
 
     def _restore_all(
@@ -294,10 +316,15 @@ class Engine:
         return problems
 
     def _save(self) -> None:
+        """Write the journal if what it must hold changed (each write is an fsync)."""
+        state = (dict(self.originals), self.profile)
+        if state == self._saved:
+            return
         if self.originals:
-            self.journal.save(JournalState(dict(self.originals), self.profile))
+            self.journal.save(JournalState(state[0], self.profile))
         else:
             self.journal.clear()
+        self._saved = state
 
 
 def _reason(exc: LatencydError) -> str:

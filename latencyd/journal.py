@@ -38,11 +38,18 @@ class Journal:
             return None
         except (OSError, ValueError) as exc:
             raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise JournalError(f"journal {self.path} is not a JSON object")
         if doc.get("format") != FORMAT:
             raise JournalError(f"journal {self.path} has unknown format {doc.get('format')!r}")
+        by_plugin = doc.get("originals", {})
+        if not isinstance(by_plugin, dict) or not all(
+            isinstance(settings, dict) for settings in by_plugin.values()
+        ):
+            raise JournalError(f"journal {self.path} has malformed originals")
         originals = {
             (plugin, key): value
-            for plugin, settings in doc.get("originals", {}).items()
+            for plugin, settings in by_plugin.items()
             for key, value in settings.items()
         }
         return JournalState(originals, doc.get("profile"))

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from latencyd.schema import Schema
 from latencyd.system import System
+from latencyd.taskevents import TaskEvent
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ class Plugin:
     schema: Schema = Schema()
     # Events that make the engine re-expand this plugin's section (see watchers).
     events: ClassVar[frozenset[str]] = frozenset()
+    # How often `changed()` should force a full rescan; the daemon lowers it to every
+    # tick when no task-event source is available.
+    rescan_interval_s: float = 0.0
 
     def __init__(self, system: System) -> None:
         self.system = system
@@ -66,6 +70,13 @@ class Plugin:
 
     def describe(self, key: str, value: Value) -> str:
         return f"{key} = {value}"
+
+    def on_task(self, event: TaskEvent) -> dict[str, Value]:
+        """Settings a new or renamed task needs (plugins listening to "thread" events)."""
+        return {}
+
+    def record_delay(self, event: TaskEvent) -> None:
+        """Note how long after the kernel's event the settings were in place."""
 
     def on_profile_applied(self) -> None:
         """A profile was just applied: reset monitoring baselines (counters "since apply")."""

@@ -64,15 +64,20 @@ def read_source(name: str, path: Path) -> SourceFile:
         text = path.read_text()
     except OSError as exc:
         raise ProfileError(Location(path), f"cannot read profile: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ProfileError(
+            Location(path, line), f"cannot read profile: not UTF-8 text ({exc.reason})"
+        ) from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # tomllib says "... (at line L, column C)"; move the position to the front.
         msg = str(exc)
         m = re.search(r"\(at line (\d+), column \d+\)$", msg)
-        line = int(m.group(1)) if m else None
+        at = int(m.group(1)) if m else None
         reason = msg[: m.start()].strip() if m else msg
-        raise ProfileError(Location(path, line), f"TOML syntax error: {reason}") from exc
+        raise ProfileError(Location(path, at), f"TOML syntax error: {reason}") from exc
     return SourceFile(name, path, data, key_lines(text))
 
 
@@ -131,14 +136,19 @@ class ProfileLibrary:
         path = self.find(name_or_path)
         name = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
         chain = self._include_chain(name, path, stack=())
-        return self._merge(name, path, chain)
+        # A file included along several paths (a diamond) is merged once, at its first
+        # place: merging it again would silently undo what files after it changed.
+        seen: set[Path] = set()
+        unique = []
+        for source in chain:
+            if source.path.resolve() not in seen:
+                seen.add(source.path.resolve())
+                unique.append(source)
+        return self._merge(name, path, unique)
 
     def _include_chain(self, name: str, path: Path, stack: tuple[Path, ...]) -> list[SourceFile]:
         """Files in merge order: includes depth-first (in listed order), then the file itself."""
         resolved = path.resolve()
-        if resolved in stack:
-            cycle = " -> ".join(p.name for p in (*stack, resolved))
-            raise ProfileError(Location(path), f"include cycle: {cycle}")
         source = read_source(name, path)
         main = source.data.get("main", {})
         if not isinstance(main, dict):
@@ -165,6 +175,9 @@ class ProfileLibrary:
                     source.at("main", "include"),
                     f"included profile {inc!r} not found: {exc.message}",
                 ) from exc
+            if inc_path.resolve() in (*stack, resolved):
+                cycle = " -> ".join(p.name for p in (*stack, resolved, inc_path.resolve()))
+                raise ProfileError(source.at("main", "include"), f"include cycle: {cycle}")
             inc_name = inc_path.name[: -len(SUFFIX)]
             chain.extend(self._include_chain(inc_name, inc_path, (*stack, resolved)))
         chain.append(source)

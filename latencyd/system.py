@@ -10,7 +10,10 @@ from __future__ import annotations
 import errno
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused
@@ -35,9 +38,55 @@ class PmQosRequest:
             self.fd = -1
 
 
+PF_KTHREAD = 0x00200000
+PF_NO_SETAFFINITY = 0x04000000
+POLICIES = {
+    "other": os.SCHED_OTHER,
+    "fifo": os.SCHED_FIFO,
+    "rr": os.SCHED_RR,
+    "batch": os.SCHED_BATCH,
+    "idle": os.SCHED_IDLE,
+}
+POLICY_NAMES = {v: k for k, v in POLICIES.items()}
+
+
+@dataclass(frozen=True)
+class Task:
+    """What /proc/PID/stat says about a task, as far as latencyd cares."""
+
+    pid: int
+    comm: str
+    ppid: int
+    flags: int
+    start_time: int  # clock ticks after boot: with pid, identifies the task across pid reuse
+
+    @property
+    def is_kthread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD) or self.ppid == 2 or self.pid == 2
+
+    @property
+    def pinnable(self) -> bool:
+        return not self.flags & PF_NO_SETAFFINITY
+
+    @property
+    def ident(self) -> str:
+        return f"{self.pid}@{self.start_time}"
+
+
+def parse_stat(pid: int, text: str) -> Task:
+    # comm may contain spaces and parentheses: it runs to the *last* ')'.
+    head, _, rest = text.rpartition(")")
+    comm = head.partition("(")[2]
+    fields = rest.split()
+    return Task(pid, comm, int(fields[1]), int(fields[6]), int(fields[19]))
+
+
 class System:
-    def __init__(self, root: Path | str = "/") -> None:
+    def __init__(self, root: Path | str = "/", sched: ModuleType | Any = os) -> None:
         self.root = Path(root)
+        # Scheduler calls (sched_*affinity, sched_*scheduler) cannot be rooted at a path;
+        # unit tests pass a fake with the same functions as the os module.
+        self.sched = sched
 
     @property
     def is_real(self) -> bool:
@@ -109,3 +158,55 @@ class System:
             os.replace(tmp, path)
         except OSError as exc:
             raise KernelRefused(f"writing /{rel.lstrip('/')}", describe_oserror(exc)) from exc
+
+    # -- tasks -------------------------------------------------------------------
+    def task(self, pid: int) -> Task | None:
+        """The task's stat, or None if it has exited."""
+        try:
+            return parse_stat(pid, self.path(f"proc/{pid}/stat").read_text())
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def tasks(self) -> list[Task]:
+        out = []
+        for entry in self.listdir("proc"):
+            if entry.isdigit():
+                task = self.task(int(entry))
+                if task is not None:
+                    out.append(task)
+        return out
+
+    def affinity(self, pid: int) -> CpuSet:
+        try:
+            return CpuSet(self.sched.sched_getaffinity(pid))
+        except OSError as exc:
+            raise KernelRefused(
+                f"reading the CPU affinity of pid {pid}", describe_oserror(exc)
+            ) from exc
+
+    def set_affinity(self, pid: int, cpus: CpuSet) -> None:
+        try:
+            self.sched.sched_setaffinity(pid, set(cpus))
+        except OSError as exc:
+            raise KernelRefused(
+                f"setting the CPU affinity of pid {pid} to {cpus}", describe_oserror(exc)
+            ) from exc
+
+    def scheduler(self, pid: int) -> tuple[str, int]:
+        try:
+            policy = int(self.sched.sched_getscheduler(pid))
+            priority = int(self.sched.sched_getparam(pid).sched_priority)
+        except OSError as exc:
+            raise KernelRefused(
+                f"reading the scheduling policy of pid {pid}", describe_oserror(exc)
+            ) from exc
+        # SCHED_RESET_ON_FORK may be or-ed into the policy; it is not ours to change.
+        return POLICY_NAMES.get(policy & ~0x40000000, str(policy)), priority
+
+    def set_scheduler(self, pid: int, policy: str, priority: int) -> None:
+        try:
+            self.sched.sched_setscheduler(pid, POLICIES[policy], os.sched_param(priority))
+        except OSError as exc:
+            raise KernelRefused(
+                f"setting pid {pid} to {policy} priority {priority}", describe_oserror(exc)
+            ) from exc

@@ -42,10 +42,10 @@ class _Scanner:
         i = 0
         while i < len(text):
             if self.multiline:
-                end = text.find(self.multiline, i)
+                end = _closing_quotes(text, i, self.multiline)
                 if end < 0:
                     return
-                i = end + 3
+                i = end
                 self.multiline = ""
                 continue
             ch = text[i]
@@ -70,6 +70,41 @@ class _Scanner:
     @property
     def busy(self) -> bool:
         return bool(self.multiline) or self.depth > 0
+
+
+def _closing_quotes(text: str, start: int, delim: str) -> int:
+    """Index just past the triple quote closing a multi-line string, or -1 if not on this line.
+
+    Escapes count in basic strings (an escaped quote does not start a delimiter), and
+    a run of up to five quotes ends the string with its last three (the string's
+    content may end with one or two quotes).
+    """
+    i = start
+    while i < len(text):
+        if delim == '"""' and text[i] == "\\":
+            i += 2
+            continue
+        if text.startswith(delim, i):
+            end = i + 3
+            while end < len(text) and end < i + 5 and text[end] == delim[0]:
+                end += 1
+            return end
+        i += 1
+    return -1
+
+
+def _header_end(line: str, close: str) -> int:
+    """Index of the `close` bracket(s) ending a table header, skipping quoted key parts."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif line.startswith(close, i):
+            return i
+    return len(line)
 
 
 def _key_end(line: str) -> int:
@@ -104,15 +139,17 @@ def key_lines(text: str) -> dict[KeyPath, int]:
         if not line or line.startswith("#"):
             continue
         if line.startswith("[["):
-            name = tuple(_split_key(line[2 : line.index("]]")]))
+            name = tuple(_split_key(line[2 : _header_end(line, "]]")]))
             index = counts.get(name, 0)
             counts[name] = index + 1
             table = (*name, index)
-            lines.setdefault(name, lineno)
+            for n in range(1, len(name) + 1):  # [[irq.rule]] also defines [irq]
+                lines.setdefault(name[:n], lineno)
             lines[table] = lineno
         elif line.startswith("["):
-            table = tuple(_split_key(line[1 : line.index("]")]))
-            lines.setdefault(table, lineno)
+            table = tuple(_split_key(line[1 : _header_end(line, "]")]))
+            for n in range(1, len(table) + 1):
+                lines.setdefault(table[:n], lineno)
         else:
             eq = _key_end(line)
             if eq < 0:
