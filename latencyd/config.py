@@ -53,6 +53,9 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
             raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(KNOWN)})")
         if not isinstance(value, want) or isinstance(value, bool):
             raise ConfigError(f"{path}: {key} has the wrong type ({value!r})")
+    dirs = data.get("profile_dirs", [])
+    if not all(isinstance(d, str) for d in dirs):
+        raise ConfigError(f"{path}: profile_dirs must be a list of directory paths ({dirs!r})")
     return Config(
         default_profile=data.get("default_profile", FALLBACK_PROFILE),
         admin_group=data.get("admin_group"),

@@ -146,6 +146,7 @@ class _Parser:
     def __init__(self, expr: str, all_cpus: CpuSet) -> None:
         self.expr = expr
         self.all = all_cpus
+        expr = re.sub(r"\s*,\s*", ",", expr)  # "1, 2" is a list, as in from_list
         self.tokens: list[str] = []
         pos = 0
         stripped = expr.rstrip()

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from latencyd.plugin import Plugin, load_plugins
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
 from latencyd.schema import Machine
 from latencyd.system import System
-from latencyd.taskevents import TaskEvent
+from latencyd.taskevents import TaskEvent, TaskSource
 
 log = logging.getLogger("latencyd")
 
@@ -41,6 +42,7 @@ class Daemon:
         self.last_error: str | None = None
         self.on_profile_changed: list[Any] = []  # callbacks(name: str)
         self.task_source = "none"
+        self.before_apply: list[Callable[[Profile | None], None]] = []
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, profile: str | None) -> None:
@@ -68,8 +70,13 @@ class Daemon:
     # -- requests -----------------------------------------------------------------
     def switch(self, name: str) -> StepReport:
         profile = self.library.load(name)  # ProfileError leaves everything as it is
-        wanted = self.engine.wanted(profile)
-        report = self.engine.switch(wanted, profile.name)
+        self._before_apply(profile)
+        try:
+            wanted = self.engine.wanted(profile)
+            report = self.engine.switch(wanted, profile.name)
+        except LatencydError:
+            self._before_apply(self.active)  # the old profile stays, with its watchers
+            raise
         previous = self.active.name if self.active else None
         self.active = profile
         for name in profile.sections:
@@ -93,6 +100,7 @@ class Daemon:
         problems = self.engine.off()
         had = self.active is not None
         self.active = None
+        self._before_apply(None)
         log.info("all settings restored%s", f" ({len(problems)} problems)" if problems else "")
         if had:
             self._changed("")
@@ -240,6 +248,10 @@ class Daemon:
             "plugins": plugins,
         }
 
+    def _before_apply(self, profile: Profile | None) -> None:
+        for hook in self.before_apply:
+            hook(profile)
+
     def _changed(self, name: str) -> None:
         for callback in self.on_profile_changed:
             callback(name)
@@ -278,27 +290,61 @@ def watch_devices(daemon: Daemon, glib: Any) -> None:
     glib.io_add_watch(watcher.fileno(), glib.PRIORITY_DEFAULT, glib.IO_IN, readable)
 
 
-def watch_tasks(daemon: Daemon, glib: Any, preference: str) -> None:
-    """Thread creation events for plugins that follow threads; else rescans on every tick."""
-    from latencyd.taskevents import open_task_source
+class TaskWatch:
+    """Task events, open only while the profile has a section for a plugin that follows
+    threads: otherwise every fork on the machine would wake the daemon for nothing."""
 
-    followers = [p for p in daemon.plugins.values() if "thread" in p.events]
-    if not followers:
-        return
-    source = open_task_source(preference)
-    daemon.task_source = source.name if source else "none (periodic rescan)"
-    log.info("task events from %s", daemon.task_source)
-    for plugin in followers:
-        plugin.rescan_interval_s = 60.0 if source else 0.0
-    if source is None:
-        return
+    def __init__(self, daemon: Daemon, glib: Any, preference: str) -> None:
+        self.daemon = daemon
+        self.glib = glib
+        self.preference = preference
+        self.source: TaskSource | None = None
+        self.watches: list[int] = []
+        daemon.before_apply.append(self.sync)
 
-    def readable(*_: Any) -> bool:
-        daemon.on_task_events(source.read())
-        return True
+    def sync(self, profile: Profile | None) -> None:
+        followers = [
+            p
+            for n, p in self.daemon.plugins.items()
+            if "thread" in p.events and profile is not None and n in profile.sections
+        ]
+        if followers and self.source is None and not self.watches:
+            self._open()
+            for plugin in followers:
+                plugin.rescan_interval_s = 60.0 if self.source else 0.0
+        elif not followers and (self.source is not None or self.watches):
+            self._close()
 
-    for fd in source.filenos():
-        glib.io_add_watch(fd, glib.PRIORITY_HIGH, glib.IO_IN, readable)
+    def _open(self) -> None:
+        from latencyd.taskevents import open_task_source
+
+        source = open_task_source(self.preference)
+        self.daemon.task_source = source.name if source else "none (periodic rescan)"
+        log.info("task events from %s", self.daemon.task_source)
+        if source is None:
+            self.watches = [-1]  # remember we tried: no source is the answer until re-synced
+            return
+
+        def readable(*_: Any) -> bool:
+            self.daemon.on_task_events(source.read())
+            return True
+
+        self.source = source
+        self.watches = [
+            self.glib.io_add_watch(fd, self.glib.PRIORITY_HIGH, self.glib.IO_IN, readable)
+            for fd in source.filenos()
+        ]
+
+    def _close(self) -> None:
+        for watch in self.watches:
+            if watch >= 0:
+                self.glib.source_remove(watch)
+        self.watches = []
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+        self.daemon.task_source = "none"
+        log.info("task events closed: no active section follows threads")
 
 
 def build(args: argparse.Namespace, config: Config) -> Daemon:
@@ -371,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     service = Service(bus, daemon, config)
     # Watch before applying, so threads and devices that appear meanwhile are not missed.
     watch_devices(daemon, GLib)
-    watch_tasks(daemon, GLib, config.task_events)
+    TaskWatch(daemon, GLib, config.task_events)
     daemon.start(None if args.no_profile else (args.profile or config.default_profile))
     if not service.claim_name():
         daemon.stop()

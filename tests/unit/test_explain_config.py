@@ -1,0 +1,152 @@
+"""`explain` (profile settings with the file:line each came from) and the daemon config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from latencyd.config import (
+    ETC_PROFILES,
+    FALLBACK_PROFILE,
+    Config,
+    ConfigError,
+    load_config,
+    search_path,
+    shipped_profiles_dir,
+)
+from latencyd.cpuset import CpuSet
+from latencyd.errors import ProfileError
+from latencyd.explain import explain, plain
+from tests.unit.fakesys import make_fake_root
+
+BASE = """\
+[main]
+summary = "base"
+
+[writeback]
+dirty_ratio = 10
+dirty_writeback_centisecs = 500
+"""
+
+TOP = """\
+[main]
+summary = "explained"
+include = ["base"]
+
+[variables]
+expire = 700
+
+[writeback]
+dirty_bytes = "1%"
+dirty_expire_centisecs = "${expire}"
+
+[sysctl]
+"vm.swappiness" = 10
+"""
+
+
+def test_explain_gives_values_and_their_origin(tmp_path: Path) -> None:
+    root = make_fake_root(tmp_path, mem_kb=4 << 20)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    base = pdir / "base.toml"
+    top = pdir / "top.toml"
+    base.write_text(BASE)
+    top.write_text(TOP)
+    result = explain("top", [pdir], root=str(root))
+    assert result["name"] == "top"
+    assert result["summary"] == "explained"
+    assert result["files"] == [str(base), str(top)]
+    assert result["variables"] == {"expire": 700}
+    assert result["sections"] == {
+        "writeback": [
+            {"option": "dirty_writeback_centisecs", "value": 500, "from": f"{base}:6"},
+            {"option": "dirty_bytes", "value": int((4 << 30) / 100), "from": f"{top}:9"},
+            {"option": "dirty_expire_centisecs", "value": 700, "from": f"{top}:10"},
+        ],
+        "sysctl": [{"option": "vm.swappiness", "value": 10, "from": f"{top}:13"}],
+    }
+
+
+def test_explain_by_path_and_errors(tmp_path: Path) -> None:
+    root = make_fake_root(tmp_path)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    bad = pdir / "bad.toml"
+    bad.write_text('[sysctl]\n"vm.swappiness" = 10\n"vm.not_here" = 1\n')
+    with pytest.raises(ProfileError) as info:
+        explain(str(bad), [], root=str(root))
+    assert str(info.value) == (
+        f"{bad}:3: unknown sysctl 'vm.not_here': "
+        "/proc/sys/vm/not_here does not exist on this kernel"
+    )
+    # The sysctl check follows the given root: with the key in the tree, it loads.
+    root2 = make_fake_root(tmp_path / "other", sysctls={"vm/not_here": "0"})
+    result = explain(str(bad), [], root=str(root2))
+    assert [s["option"] for s in result["sections"]["sysctl"]] == ["vm.swappiness", "vm.not_here"]
+
+
+def test_plain_turns_cpusets_into_cpulists() -> None:
+    value = {"a": CpuSet([0, 1, 2, 5]), "b": [CpuSet(), 3], "c": "x"}
+    assert plain(value) == {"a": "0-2,5", "b": ["", 3], "c": "x"}
+
+
+# -- config ------------------------------------------------------------------------
+
+
+def test_missing_config_means_defaults(tmp_path: Path) -> None:
+    config = load_config(tmp_path / "latencyd.conf")
+    assert config == Config()
+    assert config.default_profile == FALLBACK_PROFILE == "latency-performance"
+    assert config.verify_interval_s == 10.0
+
+
+def test_config_values(tmp_path: Path) -> None:
+    path = tmp_path / "latencyd.conf"
+    path.write_text(
+        'default_profile = "network-latency"\nadmin_group = "tuning"\n'
+        'verify_interval_s = 2\nprofile_dirs = ["/srv/profiles", "/opt/p"]\n'
+    )
+    assert load_config(path) == Config(
+        "network-latency", "tuning", 2.0, (Path("/srv/profiles"), Path("/opt/p"))
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("colour = 1\n", "unknown setting 'colour' (known: default_profile, admin_group, "),
+        ("default_profile = 3\n", "default_profile has the wrong type (3)"),
+        ("verify_interval_s = true\n", "verify_interval_s has the wrong type (True)"),
+        ("verify_interval_s = '5'\n", "verify_interval_s has the wrong type ('5')"),
+        ('profile_dirs = "/srv"\n', "profile_dirs has the wrong type ('/srv')"),
+        ("default_profile = \n", "Invalid value (at line 1, column 19)"),
+    ],
+)
+def test_config_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "latencyd.conf"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert message in str(info.value)
+
+
+def test_config_profile_dirs_must_be_strings(tmp_path: Path) -> None:
+    path = tmp_path / "latencyd.conf"
+    path.write_text("profile_dirs = [1]\n")
+    with pytest.raises(ConfigError, match="profile_dirs"):
+        load_config(path)
+
+
+def test_search_path_order(tmp_path: Path) -> None:
+    config = Config(profile_dirs=(Path("/from/config"),))
+    assert search_path([Path("/cli/a"), Path("/cli/b")], config) == [
+        Path("/cli/a"),
+        Path("/cli/b"),
+        Path("/from/config"),
+        ETC_PROFILES,
+        shipped_profiles_dir(),
+    ]
+    assert (shipped_profiles_dir() / "latency-performance.toml").is_file()
