@@ -52,6 +52,7 @@ bus_out=$(mktemp "$DEV_DIR/bus-out.XXXXXX")
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
     trap - INT TERM HUP
+    [[ -z ${status_pid:-} ]] || kill "$status_pid" 2>/dev/null || true
     if [[ -n $daemon_pid ]] && kill -0 "$daemon_pid" 2>/dev/null; then
         kill -TERM "$daemon_pid" 2>/dev/null || true
         wait "$daemon_pid" 2>/dev/null || true
@@ -97,6 +98,23 @@ EOF
 
 "$LATENCYD" --state-dir "$DEV_DIR/state" --profile-dir "$ROOT/profiles" "$@" </dev/null &
 daemon_pid=$!
+
+# Once latencyd answers on the bus (its profile is applied by then), show its status.
+(
+    exec 9>&- # the dev-run lock belongs to this script alone
+    trap - INT TERM HUP EXIT
+    for _ in $(seq 200); do
+        kill -0 "$daemon_pid" 2>/dev/null || break
+        if "$ROOT/.venv/bin/latencyctl" active >/dev/null 2>&1; then
+            printf '\n== latencyctl status ==\n'
+            "$ROOT/.venv/bin/latencyctl" status || true
+            printf '\n'
+            break
+        fi
+        sleep 0.05
+    done
+) </dev/null &
+status_pid=$!
 
 # A hang-up (terminal closed) stops the daemon too: latencyd's SIGHUP means reload.
 got_signal=0
