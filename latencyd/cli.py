@@ -141,7 +141,35 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from latencyd.explain import plugin_docs
+
+    docs = plugin_docs()
+    _emit(args, docs, format_plugins(docs))
+    return OK
+
+
 # -- rendering -------------------------------------------------------------------------
+def format_plugins(docs: dict[str, Any]) -> str:
+    out = []
+    for name, info in docs.items():
+        out.append(f"[{name}]  {info['summary']}")
+        out.extend(_format_options(info["options"], "  "))
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _format_options(options: list[dict[str, Any]], indent: str) -> list[str]:
+    out = []
+    for opt in options:
+        unit = f" [{opt['unit']}]" if opt["unit"] else ""
+        default = f" (default: {opt['default']!r})" if opt["default"] is not None else ""
+        out.append(f"{indent}{opt['option']}: {opt['type']}{unit}{default}")
+        out.append(f"{indent}    {opt['doc']}")
+        out.extend(_format_options(opt.get("fields", []), indent + "    "))
+    return out
+
+
 def format_status(status: dict[str, Any]) -> str:
     out = []
     name = status.get("active_profile") or ""
@@ -230,6 +258,7 @@ def parser() -> argparse.ArgumentParser:
         "show a profile's merged settings and where each came from (works without the daemon)",
     )
     ex.add_argument("profile", help="profile name or path to a .toml file")
+    add("plugins", cmd_plugins, "list plugins and every option they take (no daemon needed)")
     ex.add_argument(
         "--profile-dir",
         type=Path,

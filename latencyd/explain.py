@@ -9,7 +9,7 @@ from latencyd.config import CONFIG_FILE, load_config, search_path
 from latencyd.cpuset import CpuSet
 from latencyd.plugin import load_plugins
 from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine
+from latencyd.schema import Machine, Schema
 from latencyd.system import System
 
 
@@ -50,4 +50,48 @@ def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dic
         "files": [str(f) for f in profile.files],
         "variables": plain(profile.variables),
         "sections": sections,
+    }
+
+
+def schema_doc(schema: Schema, section: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        {
+            "option": o.name,
+            "type": o.kind.label,
+            "unit": o.unit,
+            "default": plain(o.default),
+            "doc": o.doc,
+        }
+        for o in schema.options
+    ]
+    for table in schema.tables:
+        out.append(
+            {
+                "option": f"[[{section}.{table.name}]]",
+                "type": "tables",
+                "unit": "",
+                "default": None,
+                "doc": table.doc,
+                "fields": schema_doc(table.schema, f"{section}.{table.name}"),
+            }
+        )
+    if schema.free_keys is not None and schema.free_kind is not None:
+        out.append(
+            {
+                "option": "<any key>",
+                "type": schema.free_kind.label,
+                "unit": "",
+                "default": None,
+                "doc": "any key the kernel has (checked when loading)",
+            }
+        )
+    return out
+
+
+def plugin_docs(root: str = "/") -> dict[str, Any]:
+    """Every installed plugin's options: type, unit, default and a one-line doc."""
+    plugins = load_plugins(System(root))
+    return {
+        name: {"summary": p.summary, "options": schema_doc(p.schema, name)}
+        for name, p in sorted(plugins.items())
     }
