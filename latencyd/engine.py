@@ -196,7 +196,8 @@ class Engine:
         original = self.originals[sid]
         previous = self.applied.get(sid, original)
         if sid not in self.applied and plugin.same(key, value, original):
-            return False  # already as wanted: record it, write nothing
+            report.unchanged += 1  # already as wanted: record it, write nothing
+            return False
         wrote = False
         try:
             plugin.apply(key, value)

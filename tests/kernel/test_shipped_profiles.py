@@ -1,0 +1,51 @@
+"""Every shipped profile loads on this machine, applies, verifies and restores for real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from latencyd.config import shipped_profiles_dir
+from latencyd.engine import Engine
+from latencyd.journal import Journal
+from latencyd.plugin import load_plugins
+from latencyd.profile import ProfileLibrary
+from latencyd.schema import Machine
+from latencyd.system import System
+
+SHIPPED = sorted(p.stem for p in shipped_profiles_dir().glob("*.toml"))
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[ProfileLibrary, Engine]:
+    system = System("/")
+    plugins = load_plugins(system)
+    library = ProfileLibrary(
+        [shipped_profiles_dir()],
+        {n: p.schema for n, p in plugins.items()},
+        Machine(system.online_cpus(), system.mem_total_bytes()),
+    )
+    return library, Engine(plugins, Journal(tmp_path / "state"))
+
+
+def test_all_shipped_profiles_are_valid(setup: tuple[ProfileLibrary, Engine]) -> None:
+    library, _ = setup
+    infos = library.all()
+    assert {i.name for i in infos} == set(SHIPPED)
+    assert [(i.name, i.error) for i in infos if i.error] == []
+    assert all(i.summary for i in infos)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profile_applies_verifies_and_restores(
+    setup: tuple[ProfileLibrary, Engine], name: str, kernel_guard: None
+) -> None:
+    library, engine = setup
+    profile = library.load(name)
+    report = engine.switch(engine.wanted(profile), profile.name)
+    try:
+        assert report.applied + report.unchanged > 0
+        assert engine.verify() == []
+    finally:
+        assert engine.off() == []
