@@ -1,31 +1,22 @@
 """Daemon: which profile is in force and why, independent of how it is asked (D-Bus, signals).
 
-Also `main()`: wires the system facade, plugins, engine, D-Bus service and the
-GLib main loop together.
+The process around it (arguments, main loop, watchers, signals) is latencyd.main.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import signal
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from latencyd.config import DEFAULT_STATE_DIR, Config, load_config, search_path
 from latencyd.engine import Drift, Engine, StepReport
 from latencyd.errors import LatencydError
-from latencyd.journal import Journal
-from latencyd.plugin import Plugin, load_plugins
+from latencyd.plugin import Plugin
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
 from latencyd.schema import Machine
 from latencyd.system import System
-from latencyd.taskevents import TaskEvent, TaskSource
+from latencyd.taskevents import TaskEvent
 
 log = logging.getLogger("latencyd")
 
@@ -259,194 +250,3 @@ class Daemon:
 
 def drift_dict(drift: Drift) -> dict[str, Any]:
     return asdict(drift)
-
-
-def watch_devices(daemon: Daemon, glib: Any) -> None:
-    """Device events re-expand plugins; bursts are coalesced into one refresh."""
-    from latencyd.watchers import UdevWatcher
-
-    try:
-        watcher = UdevWatcher()
-    except Exception as exc:  # no netlink access: the monitor tick still catches changes
-        log.warning("device events unavailable (%s); relying on the periodic check", exc)
-        return
-    pending: set[str] = set()
-
-    def flush() -> bool:
-        kinds = set(pending)
-        pending.clear()
-        daemon.on_events(kinds)
-        return False
-
-    def readable(*_: Any) -> bool:
-        events = watcher.read()
-        if events and not pending:
-            glib.timeout_add(5, flush)  # let the rest of the burst arrive
-        for event in events:
-            log.debug("device %s %s/%s", event.action, event.subsystem, event.name)
-            pending.update(event.kinds)
-        return True
-
-    glib.io_add_watch(watcher.fileno(), glib.PRIORITY_DEFAULT, glib.IO_IN, readable)
-
-
-class TaskWatch:
-    """Task events, open only while the profile has a section for a plugin that follows
-    threads: otherwise every fork on the machine would wake the daemon for nothing."""
-
-    def __init__(self, daemon: Daemon, glib: Any, preference: str) -> None:
-        self.daemon = daemon
-        self.glib = glib
-        self.preference = preference
-        self.source: TaskSource | None = None
-        self.watches: list[int] = []
-        daemon.before_apply.append(self.sync)
-
-    def sync(self, profile: Profile | None) -> None:
-        followers = [
-            p
-            for n, p in self.daemon.plugins.items()
-            if "thread" in p.events and profile is not None and n in profile.sections
-        ]
-        if followers and self.source is None and not self.watches:
-            self._open()
-            for plugin in followers:
-                plugin.rescan_interval_s = 60.0 if self.source else 0.0
-        elif not followers and (self.source is not None or self.watches):
-            self._close()
-
-    def _open(self) -> None:
-        from latencyd.taskevents import open_task_source
-
-        source = open_task_source(self.preference)
-        self.daemon.task_source = source.name if source else "none (periodic rescan)"
-        log.info("task events from %s", self.daemon.task_source)
-        if source is None:
-            self.watches = [-1]  # remember we tried: no source is the answer until re-synced
-            return
-
-        def readable(*_: Any) -> bool:
-            self.daemon.on_task_events(source.read())
-            return True
-
-        self.source = source
-        self.watches = [
-            self.glib.io_add_watch(fd, self.glib.PRIORITY_HIGH, self.glib.IO_IN, readable)
-            for fd in source.filenos()
-        ]
-
-    def _close(self) -> None:
-        for watch in self.watches:
-            if watch >= 0:
-                self.glib.source_remove(watch)
-        self.watches = []
-        if self.source is not None:
-            self.source.close()
-            self.source = None
-        self.daemon.task_source = "none"
-        log.info("task events closed: no active section follows threads")
-
-
-def build(args: argparse.Namespace, config: Config) -> Daemon:
-    system = System(args.root)
-    plugins = load_plugins(system)
-    machine = Machine(system.online_cpus(), system.mem_total_bytes())
-    library = ProfileLibrary(
-        search_path(args.profile_dir, config), {n: p.schema for n, p in plugins.items()}, machine
-    )
-    engine = Engine(plugins, Journal(args.state_dir))
-    return Daemon(system, plugins, library, engine)
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="latencyd", description=__doc__)
-    parser.add_argument("--profile", help="profile to apply at start (default: from the config)")
-    parser.add_argument(
-        "--profile-dir",
-        type=Path,
-        action="append",
-        default=[],
-        help="look for profiles here first (repeatable)",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=DEFAULT_STATE_DIR,
-        help=f"where the journal of original values lives ({DEFAULT_STATE_DIR})",
-    )
-    parser.add_argument("--config", type=Path, default=None, help="configuration file")
-    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)  # tests: a fake /proc+/sys
-    parser.add_argument(
-        "--no-profile", action="store_true", help="start without applying any profile"
-    )
-    parser.add_argument("-v", "--verbose", action="store_true")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from latencyd.config import CONFIG_FILE
-    from latencyd.logs import setup_logging
-
-    args = parse_args(argv)
-    setup_logging(args.verbose)
-    try:
-        config = load_config(args.config or CONFIG_FILE)
-    except LatencydError as exc:
-        log.error("%s", exc)
-        return 2
-    if os.geteuid() != 0 and args.root == "/":
-        log.warning("not running as root: most settings will be refused")
-
-    # D-Bus and GLib are imported here, not at module level, so unit tests of the
-    # Daemon logic need neither.
-    import dbus
-    import dbus.mainloop.glib
-    from gi.repository import GLib
-
-    from latencyd.service import Service
-
-    started = time.perf_counter()
-    dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
-    daemon = build(args, config)
-    try:
-        bus = dbus.SystemBus()
-    except dbus.DBusException as exc:
-        log.error("cannot connect to the system bus: %s", exc.get_dbus_message())
-        return 3
-    loop = GLib.MainLoop()
-    service = Service(bus, daemon, config)
-    # Watch before applying, so threads and devices that appear meanwhile are not missed.
-    watch_devices(daemon, GLib)
-    TaskWatch(daemon, GLib, config.task_events)
-    daemon.start(None if args.no_profile else (args.profile or config.default_profile))
-    if not service.claim_name():
-        daemon.stop()
-        return 3
-    log.info(
-        "ready in %.0f ms; profile: %s",
-        (time.perf_counter() - started) * 1000,
-        daemon.active.name if daemon.active else "(none)",
-    )
-
-    def on_terminate() -> bool:
-        log.info("stopping: restoring every original value")
-        daemon.stop()
-        loop.quit()
-        return False
-
-    def on_hup() -> bool:
-        log.info("SIGHUP: reloading profiles")
-        service.reload_from_signal()
-        return True
-
-    GLib.unix_signal_add(GLib.PRIORITY_HIGH, signal.SIGTERM, on_terminate)
-    GLib.unix_signal_add(GLib.PRIORITY_HIGH, signal.SIGINT, on_terminate)
-    GLib.unix_signal_add(GLib.PRIORITY_HIGH, signal.SIGHUP, on_hup)
-    if config.verify_interval_s > 0:
-        GLib.timeout_add(int(config.verify_interval_s * 1000), service.tick)
-    loop.run()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,8 +33,9 @@ die() {
 APT_PACKAGES=(
     # D-Bus: dbus-daemon for the private test bus, dbus-send; headers for dbus-python.
     dbus libdbus-1-dev
-    # PyGObject (<3.51) builds from source: GLib, gobject-introspection, cairo (pycairo).
-    libglib2.0-dev libgirepository1.0-dev libcairo2-dev pkg-config
+    # dbus-python builds from source; its GLib main-loop integration needs GLib headers.
+    # (The daemon drives the GLib loop through ctypes: no PyGObject, see latencyd/mainloop.py.)
+    libglib2.0-dev pkg-config
     # Toolchain for the C extensions and the perf python bindings (perf's build stops
     # without flex and bison; python/perf.so needs no libelf-dev).
     gcc make flex bison xz-utils
@@ -108,15 +109,15 @@ want_stamp=$({
 have_stamp=$(cat "$STAMP" 2>/dev/null || true)
 
 deps_ok() {
-    "$VENV/bin/python" -c 'import dbus, gi; from gi.repository import GLib' >/dev/null 2>&1
+    "$VENV/bin/python" -c 'import dbus, dbus.mainloop.glib, pyudev' >/dev/null 2>&1
 }
 
 if [[ $want_stamp != "$have_stamp" ]] || ! deps_ok; then
     say "installing latencyd and its dependencies into .venv (pip install -e '.[dev]')"
     rm -f "$STAMP"
     "$VENV/bin/python" -m pip install -q -e '.[dev]' </dev/null
-    if ! err=$("$VENV/bin/python" -c 'import dbus, gi; from gi.repository import GLib' 2>&1); then
-        die "dbus-python/PyGObject do not import in .venv: $err"
+    if ! err=$("$VENV/bin/python" -c 'import dbus, dbus.mainloop.glib, pyudev' 2>&1); then
+        die "dbus-python or pyudev do not import in .venv: $err"
     fi
     printf '%s\n' "$want_stamp" >"$STAMP"
 fi
@@ -194,3 +195,8 @@ if [[ ${LATENCYD_SKIP_PERF:-} != 1 ]] && ! perf_ok; then
         fi
     fi
 fi
+
+# --- 4. bytecode ----------------------------------------------------------------------
+# PYTHONDONTWRITEBYTECODE may be set (it is on these machines): compile the project's
+# own modules explicitly so latencyd and latencyctl do not recompile them on every start.
+"$VENV/bin/python" -m compileall -q -j0 latencyd plugins >/dev/null

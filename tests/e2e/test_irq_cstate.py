@@ -108,7 +108,7 @@ def test_irqs_that_reappear_get_the_rule_at_once(isolated: Latencyd) -> None:
     )
     assert virtio4_irqs() == numbers
     assert took < 1.0
-    assert "device events (irq)" in isolated.log()
+    wait_for(lambda: "device events (irq)" in isolated.log(), timeout=1)  # logged after applying
 
 
 def test_status_shows_cstate_table_and_irq_distribution(isolated: Latencyd) -> None:

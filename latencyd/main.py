@@ -1,0 +1,218 @@
+"""The latencyd process: arguments, the main loop, watchers and signals around the Daemon."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from latencyd.config import CONFIG_FILE, DEFAULT_STATE_DIR, Config, load_config, search_path
+from latencyd.daemon import Daemon
+from latencyd.engine import Engine
+from latencyd.errors import LatencydError
+from latencyd.journal import Journal
+from latencyd.mainloop import PRIORITY_HIGH, MainLoop
+from latencyd.plugin import load_plugins
+from latencyd.profile import Profile, ProfileLibrary
+from latencyd.schema import Machine
+from latencyd.system import System
+from latencyd.taskevents import TaskSource
+
+log = logging.getLogger("latencyd")
+COALESCE_MS = 5  # a device burst (bind, queues, links) becomes one refresh
+
+
+def watch_devices(daemon: Daemon, loop: MainLoop) -> None:
+    """Device events re-expand the plugins that care; bursts are coalesced."""
+    from latencyd.watchers import UdevWatcher
+
+    try:
+        watcher = UdevWatcher()
+    except Exception as exc:  # no netlink access: the monitor tick still catches changes
+        log.warning("device events unavailable (%s); relying on the periodic check", exc)
+        return
+    pending: set[str] = set()
+
+    def flush() -> bool:
+        kinds = set(pending)
+        pending.clear()
+        daemon.on_events(kinds)
+        return False
+
+    def readable() -> bool:
+        events = watcher.read()
+        if events and not pending:
+            loop.timeout_add(COALESCE_MS, flush)
+        for event in events:
+            log.debug("device %s %s/%s", event.action, event.subsystem, event.name)
+            pending.update(event.kinds)
+        return True
+
+    loop.fd_add(watcher.fileno(), readable)
+
+
+class TaskWatch:
+    """Task events, open only while the profile has a section for a plugin that follows
+    threads: otherwise every fork on the machine would wake the daemon for nothing."""
+
+    def __init__(self, daemon: Daemon, loop: MainLoop, preference: str) -> None:
+        self.daemon = daemon
+        self.loop = loop
+        self.preference = preference
+        self.source: TaskSource | None = None
+        self.opened = False
+        self.watches: list[int] = []
+        daemon.before_apply.append(self.sync)
+
+    def sync(self, profile: Profile | None) -> None:
+        followers = [
+            p
+            for n, p in self.daemon.plugins.items()
+            if "thread" in p.events and profile is not None and n in profile.sections
+        ]
+        if followers and not self.opened:
+            self._open()
+            for plugin in followers:
+                plugin.rescan_interval_s = 60.0 if self.source else 0.0
+        elif not followers and self.opened:
+            self._close()
+
+    def _open(self) -> None:
+        from latencyd.taskevents import open_task_source
+
+        self.opened = True
+        source = open_task_source(self.preference)
+        self.daemon.task_source = source.name if source else "none (periodic rescan)"
+        log.info("task events from %s", self.daemon.task_source)
+        if source is None:
+            return
+
+        def readable() -> bool:
+            self.daemon.on_task_events(source.read())
+            return True
+
+        self.source = source
+        self.watches = [self.loop.fd_add(fd, readable, PRIORITY_HIGH) for fd in source.filenos()]
+
+    def _close(self) -> None:
+        for watch in self.watches:
+            self.loop.source_remove(watch)
+        self.watches = []
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+        self.opened = False
+        self.daemon.task_source = "none"
+        log.info("task events closed: no active section follows threads")
+
+
+def build(args: argparse.Namespace, config: Config) -> Daemon:
+    system = System(args.root)
+    plugins = load_plugins(system)
+    machine = Machine(system.online_cpus(), system.mem_total_bytes())
+    library = ProfileLibrary(
+        search_path(args.profile_dir, config), {n: p.schema for n, p in plugins.items()}, machine
+    )
+    engine = Engine(plugins, Journal(args.state_dir))
+    return Daemon(system, plugins, library, engine)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="latencyd", description="Put the machine into a low-latency state and keep it there."
+    )
+    parser.add_argument("--profile", help="profile to apply at start (default: from the config)")
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="look for profiles here first (repeatable)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help=f"where the journal of original values lives ({DEFAULT_STATE_DIR})",
+    )
+    parser.add_argument(
+        "--config", type=Path, default=CONFIG_FILE, help=f"configuration file ({CONFIG_FILE})"
+    )
+    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)  # tests: a fake /proc+/sys
+    parser.add_argument(
+        "--no-profile", action="store_true", help="start without applying any profile"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from latencyd.logs import setup_logging
+
+    started = time.perf_counter()
+    args = parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        config = load_config(args.config)
+    except LatencydError as exc:
+        log.error("%s", exc)
+        return 2
+    if os.geteuid() != 0 and args.root == "/":
+        log.warning("not running as root: most settings will be refused")
+
+    # D-Bus is imported here, not at module level, so the Daemon logic is testable without it.
+    import dbus
+    import dbus.mainloop.glib
+
+    from latencyd.service import Service
+
+    dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
+    daemon = build(args, config)
+    try:
+        bus = dbus.SystemBus()
+    except dbus.DBusException as exc:
+        log.error("cannot connect to the system bus: %s", exc.get_dbus_message())
+        return 3
+    loop = MainLoop()
+    service = Service(bus, daemon, config)
+    # Watch before applying, so threads and devices that appear meanwhile are not missed.
+    watch_devices(daemon, loop)
+    TaskWatch(daemon, loop, config.task_events)
+    daemon.start(None if args.no_profile else (args.profile or config.default_profile))
+    # The name is claimed only now: whoever waits for it (systemd Type=dbus, scripts)
+    # knows the start-up profile is applied and verified.
+    if not service.claim_name():
+        daemon.stop()
+        return 3
+    log.info(
+        "ready in %.0f ms; profile: %s",
+        (time.perf_counter() - started) * 1000,
+        daemon.active.name if daemon.active else "(none)",
+    )
+
+    def on_terminate() -> bool:
+        log.info("stopping: restoring every original value")
+        daemon.stop()
+        loop.quit()
+        return False
+
+    def on_hup() -> bool:
+        log.info("SIGHUP: reloading profiles")
+        service.reload_from_signal()
+        return True
+
+    loop.signal_add(signal.SIGTERM, on_terminate)
+    loop.signal_add(signal.SIGINT, on_terminate)
+    loop.signal_add(signal.SIGHUP, on_hup)
+    if config.verify_interval_s > 0:
+        loop.timeout_add(int(config.verify_interval_s * 1000), service.tick)
+    loop.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
