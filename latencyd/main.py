@@ -65,6 +65,7 @@ class TaskWatch:
         self.preference = preference
         self.source: TaskSource | None = None
         self.opened = False
+        self.user_execs = False
         self.watches: list[int] = []
         daemon.before_apply.append(self.sync)
 
@@ -74,18 +75,22 @@ class TaskWatch:
             for n, p in self.daemon.plugins.items()
             if "thread" in p.events and profile is not None and n in profile.sections
         ]
+        user_execs = profile is not None and any(
+            p.follows_user_tasks(profile.sections[p.name]) for p in followers
+        )
+        if self.opened and (not followers or user_execs != self.user_execs):
+            self._close()
         if followers and not self.opened:
+            self.user_execs = user_execs
             self._open()
             for plugin in followers:
                 plugin.rescan_interval_s = 60.0 if self.source else 0.0
-        elif not followers and self.opened:
-            self._close()
 
     def _open(self) -> None:
         from latencyd.taskevents import open_task_source
 
         self.opened = True
-        source = open_task_source(self.preference)
+        source = open_task_source(self.preference, self.user_execs)
         self.daemon.task_source = source.name if source else "none (periodic rescan)"
         log.info("task events from %s", self.daemon.task_source)
         if source is None:
@@ -107,7 +112,7 @@ class TaskWatch:
             self.source = None
         self.opened = False
         self.daemon.task_source = "none"
-        log.info("task events closed: no active section follows threads")
+        log.info("task events closed")
 
 
 def build(args: argparse.Namespace, config: Config) -> Daemon:

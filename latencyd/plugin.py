@@ -75,6 +75,10 @@ class Plugin:
         """Settings a new or renamed task needs (plugins listening to "thread" events)."""
         return {}
 
+    def follows_user_tasks(self, options: Mapping[str, Any]) -> bool:
+        """Whether this section needs exec events of user tasks (not just new kthreads)."""
+        return False
+
     def record_delay(self, event: TaskEvent) -> None:
         """Note how long after the kernel's event the settings were in place."""
 

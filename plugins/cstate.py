@@ -156,8 +156,13 @@ class CstatePlugin(Plugin):
                         else (ZERO_TOLERANCE if lat == 0 else str(lat))
                     )
                     wanted[f"cpu{cpu}/resume_latency"] = value
+                if "disable_states" not in entry:
+                    continue
+                # Later entries win: this entry's list replaces an earlier one's for this CPU.
+                for key in [k for k in wanted if k.startswith(f"cpu{cpu}/state")]:
+                    del wanted[key]
                 for state in self.states(cpu):
-                    if any(state_matches(state, sel) for sel in entry.get("disable_states", [])):
+                    if any(state_matches(state, sel) for sel in entry["disable_states"]):
                         wanted[f"cpu{cpu}/state{state.index}/disable"] = "1"
         return wanted
 

@@ -243,7 +243,8 @@ class IrqPlugin(Plugin):
         if not self.system.exists(path):
             return None
         for line in self.system.read(path).splitlines():
-            m = re.fullmatch(rf"\s*{BANNED_VAR}\s*=\s*\"?([^\"]*)\"?\s*", line)
+            # A trailing comment is allowed (the line write_banned writes has one).
+            m = re.fullmatch(rf"\s*{BANNED_VAR}\s*=\s*\"?([^\"#]*?)\"?\s*(#.*)?", line)
             if m:
                 return m.group(1)
         return None

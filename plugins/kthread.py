@@ -173,6 +173,9 @@ class KthreadPlugin(Plugin):
         self.last_scan = time.monotonic()
         return wanted
 
+    def follows_user_tasks(self, options: Mapping[str, Any]) -> bool:
+        return bool(options.get("isolate_tasks"))
+
     def on_task(self, event: TaskEvent) -> dict[str, Value]:
         """Settings a just-created or renamed task needs; filters early so forks stay cheap."""
         if event.kind == "fork":
@@ -213,8 +216,17 @@ class KthreadPlugin(Plugin):
             raise NotApplicable(f"pid {pid} has exited")
         return task
 
+    def _require_workqueue(self, key: str) -> None:
+        if not self.system.exists(WORKQUEUES[key]):
+            raise NotApplicable(
+                f"this kernel has no /{WORKQUEUES[key]} (before Linux 3.10, "
+                "writeback runs in flush-* threads: match them with a rule)"
+            )
+
     def capture(self, key: str) -> Value:
         if key in WORKQUEUES:
+            # Checked here too: the engine captures the original before it applies.
+            self._require_workqueue(key)
             return CpuSet.from_mask(self.system.read(WORKQUEUES[key])).to_list()
         _, tid, _, what = self._split(key)
         task = self._task(key)
@@ -225,11 +237,7 @@ class KthreadPlugin(Plugin):
 
     def apply(self, key: str, value: Value) -> None:
         if key in WORKQUEUES:
-            if not self.system.exists(WORKQUEUES[key]):
-                raise NotApplicable(
-                    f"this kernel has no /{WORKQUEUES[key]} (before Linux 3.10, "
-                    "writeback runs in flush-* threads: match them with a rule)"
-                )
+            self._require_workqueue(key)
             nr = max(self.system.online_cpus()) + 1
             self.system.write(WORKQUEUES[key], CpuSet.from_list(value).to_mask(nr))
             return
