@@ -214,8 +214,8 @@ class IrqPlugin(Plugin):
         return key in (DEFAULT, BANNED) or self.system.exists(self._path(key))
 
     def changed(self) -> bool:
-        _, irqs = parse_interrupts(self.system.read("proc/interrupts"))
-        return frozenset(i.number for i in irqs) != self.known_irqs
+        """New or vanished IRQs since the last expand (same filter as inventory())."""
+        return frozenset(i.number for i in self.inventory()) != self.known_irqs
 
     def describe(self, key: str, value: Value) -> str:
         if key == DEFAULT:

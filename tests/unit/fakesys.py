@@ -5,13 +5,24 @@ the sysctls its plugins touch, each as one value with a trailing newline like th
 kernel prints. `KernelLikeSystem` adds the one piece of kernel behaviour plain
 files cannot show: writing vm.dirty_ratio zeroes vm.dirty_bytes and vice versa
 (and likewise for the background pair), as mm/page-writeback.c does.
+
+For the cstate, irq and kthread plugins: `add_cpuidle` (cpuidle states, resume
+latency, /dev/cpu_dma_latency as a plain file), `add_irqs` (/proc/interrupts and
+/proc/irq), `add_task`/`add_kthread` (/proc/PID/stat in the kernel's layout),
+`FakeSched` (affinities and policies, with refusals and exited tasks) and
+`RefusingSystem` (writes the kernel refuses with an errno, or accepts and ignores).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import errno
+import os
+import struct
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
+from latencyd.errors import KernelRefused
 from latencyd.system import System
 
 GiB_KB = 1 << 20  # one GiB in /proc/meminfo's kB
@@ -108,3 +119,206 @@ class KernelLikeSystem(System):
         super().write(rel, value)
         if partner and old != value.strip():
             super().write(partner, "0")
+
+
+# -- files: snapshots of the whole fake tree ---------------------------------------------
+
+
+def tree_values(root: Path, under: str = "") -> dict[str, str]:
+    """Every regular file under `root/under` by path under root, stripped like System.read
+    (the kernel prints a newline that writes leave out): a snapshot to compare."""
+    base = root / under if under else root
+    return {
+        str(p.relative_to(root)): p.read_text().strip()
+        for p in sorted(base.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def put(root: Path, rel: str, text: str) -> Path:
+    """Write one fake kernel file (with the kernel's trailing newline), creating its parents."""
+    f = root / rel
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(f"{text}\n")
+    return f
+
+
+# -- cpuidle and PM QoS --------------------------------------------------------------------
+
+# (name, exit latency µs, time µs, usage) as a small x86 VM might show them.
+DEFAULT_IDLE_STATES: tuple[tuple[str, int, int, int], ...] = (
+    ("POLL", 0, 1000, 10),
+    ("C1", 2, 2000, 20),
+    ("C1E", 10, 3000, 30),
+    ("C6", 133, 4000, 40),
+)
+PM_QOS_DEFAULT_US = 2_000_000_000  # what /dev/cpu_dma_latency reads with no request held
+
+
+def add_cpuidle(
+    root: Path,
+    cpus: range | list[int] = range(4),
+    states: tuple[tuple[str, int, int, int], ...] = DEFAULT_IDLE_STATES,
+) -> None:
+    """cpuN/cpuidle/stateK/{name,latency,disable,time,usage}, cpuN/power/... and the PM QoS dev.
+
+    /dev/cpu_dma_latency is a plain file holding the kernel's default as a binary s32.
+    """
+    for cpu in cpus:
+        base = f"sys/devices/system/cpu/cpu{cpu}"
+        put(root, f"{base}/power/pm_qos_resume_latency_us", "0")
+        for index, (name, latency, time_us, usage) in enumerate(states):
+            d = f"{base}/cpuidle/state{index}"
+            put(root, f"{d}/name", name)
+            put(root, f"{d}/latency", str(latency))
+            put(root, f"{d}/disable", "0")
+            put(root, f"{d}/time", str(time_us))
+            put(root, f"{d}/usage", str(usage))
+    dev = root / "dev/cpu_dma_latency"
+    dev.parent.mkdir(parents=True, exist_ok=True)
+    dev.write_bytes(struct.pack("=i", PM_QOS_DEFAULT_US))
+
+
+# -- tasks ---------------------------------------------------------------------------------
+
+
+def stat_line(pid: int, comm: str, ppid: int, flags: int, start_time: int) -> str:
+    """A /proc/PID/stat line in the kernel's layout (52 fields, comm in parentheses)."""
+    after_comm = [
+        "S", ppid, 0, 0, 0, -1, flags,  # state ppid pgrp session tty_nr tpgid flags
+        0, 0, 0, 0, 0, 0, 0, 0,  # minflt cminflt majflt cmajflt utime stime cutime cstime
+        20, 0, 1, 0, start_time,  # priority nice num_threads itrealvalue starttime
+        0, 0, 18446744073709551615, 0, 0, 0, 0, 0, 0, 0, 2147483647, 0, 1, 0, 0, 17, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]  # fmt: skip
+    return f"{pid} ({comm}) " + " ".join(str(f) for f in after_comm)
+
+
+def add_task(
+    root: Path,
+    pid: int,
+    comm: str,
+    ppid: int = 1,
+    flags: int = 0x00400100,
+    start_time: int = 1000,
+    threads: tuple[int, ...] = (),
+) -> None:
+    """proc/PID/{stat,comm} and proc/PID/task/TID/ for the task and each extra thread."""
+    put(root, f"proc/{pid}/stat", stat_line(pid, comm, ppid, flags, start_time))
+    put(root, f"proc/{pid}/comm", comm)
+    for tid in (pid, *threads):
+        (root / f"proc/{pid}/task/{tid}").mkdir(parents=True, exist_ok=True)
+
+
+def add_kthread(
+    root: Path,
+    pid: int,
+    comm: str,
+    per_cpu: bool = False,
+    start_time: int = 10,
+) -> None:
+    """A child of kthreadd: ppid 2, PF_KTHREAD, and PF_NO_SETAFFINITY when `per_cpu`."""
+    flags = 0x00208040 | (0x04000000 if per_cpu else 0)
+    add_task(root, pid, comm, ppid=2, flags=flags, start_time=start_time)
+
+
+class FakeSched:
+    """The os module's sched_* calls over dicts; chosen pids refuse or have exited.
+
+    `refuse` maps a pid to the errno its sched_set* calls fail with (EINVAL is what
+    the kernel says for PF_NO_SETAFFINITY threads, EPERM for others); pids missing
+    from `affinity` fail every call with ESRCH, like an exited task.
+    """
+
+    def __init__(self, cpus: set[int] | None = None) -> None:
+        self.all = set(cpus if cpus is not None else {0, 1, 2, 3})
+        self.affinity: dict[int, set[int]] = {}
+        self.policy: dict[int, tuple[int, int]] = {}  # pid -> (policy, priority)
+        self.refuse: dict[int, int] = {}
+        self.calls: list[tuple[str, int]] = []
+        # Runs before a sched_set* call takes effect (e.g. to make the task exit now).
+        self.before_set: dict[int, Callable[[], None]] = {}
+
+    def add(self, pid: int, cpus: set[int] | None = None, policy: int = 0, prio: int = 0) -> None:
+        self.affinity[pid] = set(cpus if cpus is not None else self.all)
+        self.policy[pid] = (policy, prio)
+
+    def _check(self, call: str, pid: int, setting: bool = False) -> None:
+        self.calls.append((call, pid))
+        if setting and pid in self.before_set:
+            self.before_set.pop(pid)()
+        if pid not in self.affinity:
+            raise OSError(errno.ESRCH, os.strerror(errno.ESRCH))
+        if setting and pid in self.refuse:
+            code = self.refuse[pid]
+            raise OSError(code, os.strerror(code))
+
+    def sched_getaffinity(self, pid: int) -> set[int]:
+        self._check("getaffinity", pid)
+        return set(self.affinity[pid])
+
+    def sched_setaffinity(self, pid: int, cpus: Iterable[int]) -> None:
+        self._check("setaffinity", pid, setting=True)
+        wanted = set(cpus) & self.all
+        if not wanted:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        self.affinity[pid] = wanted
+
+    def sched_getscheduler(self, pid: int) -> int:
+        self._check("getscheduler", pid)
+        return self.policy[pid][0]
+
+    def sched_getparam(self, pid: int) -> os.sched_param:
+        self._check("getparam", pid)
+        return os.sched_param(self.policy[pid][1])
+
+    def sched_setscheduler(self, pid: int, policy: int, param: os.sched_param) -> None:
+        self._check("setscheduler", pid, setting=True)
+        realtime = policy in (os.SCHED_FIFO, os.SCHED_RR)
+        if not (1 <= param.sched_priority <= 99 if realtime else param.sched_priority == 0):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        self.policy[pid] = (policy, param.sched_priority)
+
+    def state(self) -> tuple[dict[int, set[int]], dict[int, tuple[int, int]]]:
+        """A copy of every affinity and policy, to compare before and after."""
+        return {p: set(c) for p, c in self.affinity.items()}, dict(self.policy)
+
+
+# -- interrupts ----------------------------------------------------------------------------
+
+
+def add_irqs(root: Path, interrupts: str, affinity: str = "0-3", default_mask: str = "f") -> None:
+    """proc/interrupts, proc/irq/N/smp_affinity_list for each numbered line, and the default."""
+    put(root, "proc/interrupts", interrupts.rstrip("\n"))
+    for line in interrupts.splitlines()[1:]:
+        label = line.partition(":")[0].strip()
+        if label.isdigit():
+            put(root, f"proc/irq/{label}/smp_affinity_list", affinity)
+    put(root, "proc/irq/default_smp_affinity", default_mask)
+
+
+# -- a System whose writes the kernel refuses or ignores -------------------------------------
+
+EPERM_REASON = "the kernel refused it: Operation not permitted (EPERM)"
+EIO_REASON = "the kernel refused it: Input/output error (EIO)"
+
+
+class RefusingSystem(System):
+    """Writes to paths in `refuse` fail like the kernel's EPERM/EIO; paths in `ignore` are
+    accepted and dropped (the kernel "took" the write but kept its value). Logs every write.
+    """
+
+    def __init__(self, root: Path | str = "/", sched: Any = os) -> None:
+        super().__init__(root, sched)
+        self.refuse: dict[str, str] = {}  # path under root -> KernelRefused reason
+        self.ignore: set[str] = set()
+        self.writes: list[tuple[str, str]] = []
+
+    def write(self, rel: str, value: str) -> None:
+        rel = rel.lstrip("/")
+        self.writes.append((rel, value))
+        if rel in self.refuse:
+            raise KernelRefused(f"writing {value!r} to /{rel}", self.refuse[rel])
+        if rel in self.ignore:
+            return
+        super().write(rel, value)

@@ -1,0 +1,513 @@
+"""The irq plugin against a fake /proc/interrupts, /proc/irq and sysfs device links."""
+
+# ruff: noqa: E501 - /proc/interrupts lines are as wide as the kernel prints them
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import latencyd.plugins.irq as irq_module
+import pytest
+from latencyd.plugins.irq import Irq, IrqPlugin, parse_interrupts
+
+from latencyd.cpuset import CpuSet
+from latencyd.engine import Engine
+from latencyd.errors import NotApplicable
+from latencyd.journal import Journal
+from latencyd.schema import Machine, SchemaError, validate
+from latencyd.system import System
+from tests.unit.fakesys import (
+    EIO_REASON,
+    EPERM_REASON,
+    RefusingSystem,
+    add_irqs,
+    add_task,
+    make_fake_root,
+    put,
+    tree_values,
+)
+
+# A 4-CPU x86 VM: IO-APIC lines, a shared line with two actions, virtio-net (eth0, at
+# 0000:00:04.0), virtio-blk (vda, at 0000:00:05.0), nvme queues 40-43, a line whose
+# handler has no action name, and the arch rows (NMI, LOC, ...) that are not IRQs.
+INTERRUPTS_4 = """\
+            CPU0       CPU1       CPU2       CPU3       
+   0:         44          0          0          0   IO-APIC   2-edge      timer
+   1:          0          9          0          0   IO-APIC   1-edge      i8042
+   9:          0          0          0          0   IO-APIC   9-fasteoi   acpi
+  11:          0         31          0          5   IO-APIC  11-fasteoi   uhci_hcd:usb1, virtio2
+  24:          0          0          0          0 PCI-MSIX-0000:00:04.0   0-edge      virtio3-config
+  25:       1200          0         15          0 PCI-MSIX-0000:00:04.0   1-edge      virtio3-input.0
+  26:          0        311          0          0 PCI-MSIX-0000:00:04.0   2-edge      virtio3-output.0
+  27:          0          0          0          0 PCI-MSIX-0000:00:05.0   0-edge      virtio4-config
+  28:          7          0          0          0 PCI-MSIX-0000:00:05.0   1-edge      virtio4-req.0
+  40:          0          0          0          0 PCI-MSIX-0000:00:06.0   0-edge      nvme0q0
+  41:        100          0          0          0 PCI-MSIX-0000:00:06.0   1-edge      nvme0q1
+  42:          0        200          0          0 PCI-MSIX-0000:00:06.0   2-edge      nvme0q2
+  43:          0          0        300          0 PCI-MSIX-0000:00:06.0   3-edge      nvme0q3
+  44:          3          0          0          0 PCI-MSI-0000:00:1f.2    0-edge
+ NMI:          0          0          0          0   Non-maskable interrupts
+ LOC:      12345      23456      34567      45678   Local timer interrupts
+ ERR:          0
+ MIS:          0
+"""  # noqa: W291 - the kernel pads the header line
+
+INTERRUPTS_2 = """\
+           CPU0       CPU1       
+ 24:          1          0  IO-APIC   5-edge      ACPI:Ged
+ 26:          0         12  IO-APIC   4-edge      ttyS0
+ 28:          0          0 PCI-MSIX-0000:00:01.0   0-edge      virtio0-config
+ 36:      39403     248663 PCI-MSIX-0000:00:02.0   1-edge      virtio1-req.0
+NMI:          0          0   Non-maskable interrupts
+LOC:     131578     144185   Local timer interrupts
+"""  # noqa: W291
+
+ALL_IRQS = [0, 1, 9, 11, 24, 25, 26, 27, 28, 40, 41, 42, 43, 44]
+NEW_LINE = "  50:          0          4          0          0 PCI-MSIX-0000:00:07.0   0-edge  virtio5-config"
+IRQBALANCE_CONFIG = """\
+# Configuration for the irqbalance daemon
+
+# Should irqbalance be enabled?
+ENABLED="1"
+# Balance the IRQs only once?
+ONESHOT="0"
+"""
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = make_fake_root(tmp_path, cpus="0-3")
+    add_irqs(root, INTERRUPTS_4)
+    # /sys/class/net/eth0/device -> ../../../virtio3, i.e. .../0000:00:04.0/virtio3
+    for name, cls, addr, virtio in (
+        ("eth0", "class/net", "0000:00:04.0", "virtio3"),
+        ("vda", "block", "0000:00:05.0", "virtio4"),
+    ):
+        dev = root / f"sys/devices/pci0000:00/{addr}/{virtio}"
+        dev.mkdir(parents=True)
+        (root / f"sys/{cls}/{name}").mkdir(parents=True)
+        (root / f"sys/{cls}/{name}/device").symlink_to(dev)
+    return root
+
+
+@pytest.fixture
+def plugin(root: Path) -> IrqPlugin:
+    return IrqPlugin(System(root))
+
+
+def expand(plugin: IrqPlugin, machine: Machine, section: dict[str, Any]) -> dict[str, Any]:
+    return plugin.expand(validate(plugin.schema, section, machine))
+
+
+def wanted(plugin: IrqPlugin, machine: Machine, section: dict[str, Any]) -> dict[Any, Any]:
+    return {("irq", k): v for k, v in expand(plugin, machine, section).items()}
+
+
+def affinity(root: Path, irq: int) -> str:
+    return (root / f"proc/irq/{irq}/smp_affinity_list").read_text().strip()
+
+
+def set_counts(root: Path, number: int, counts: tuple[int, ...]) -> None:
+    """Rewrite one IRQ's counters in the fake /proc/interrupts."""
+    path = root / "proc/interrupts"
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        label, _, rest = line.partition(":")
+        if label.strip() == str(number):
+            tail = " ".join(rest.split()[len(counts) :])
+            lines[i] = f"{number:>4}:" + "".join(f"{c:>11}" for c in counts) + "   " + tail
+    path.write_text("\n".join(lines) + "\n")
+
+
+# -- parse_interrupts -----------------------------------------------------------------------
+
+
+def test_parse_interrupts_four_cpus() -> None:
+    cpus, irqs = parse_interrupts(INTERRUPTS_4)
+    assert cpus == [0, 1, 2, 3]
+    assert [i.number for i in irqs] == ALL_IRQS  # NMI, LOC, ERR, MIS are not IRQs
+    by = {i.number: i for i in irqs}
+    assert by[0] == Irq(0, ("timer",), "IO-APIC", (44, 0, 0, 0), frozenset())
+    assert by[11].actions == ("uhci_hcd:usb1", "virtio2")
+    assert by[11].label == "uhci_hcd:usb1,virtio2"
+    assert by[11].counts == (0, 31, 0, 5)
+    assert by[25] == Irq(
+        25,
+        ("virtio3-input.0",),
+        "PCI-MSIX-0000:00:04.0",
+        (1200, 0, 15, 0),
+        frozenset({"0000:00:04.0"}),
+    )
+    assert by[44].actions == () and by[44].label == "PCI-MSI-0000:00:1f.2"
+    assert by[44].devices == frozenset({"0000:00:1f.2"})
+
+
+def test_parse_interrupts_two_cpus() -> None:
+    cpus, irqs = parse_interrupts(INTERRUPTS_2)
+    assert cpus == [0, 1]
+    assert [(i.number, i.actions, i.counts) for i in irqs] == [
+        (24, ("ACPI:Ged",), (1, 0)),
+        (26, ("ttyS0",), (0, 12)),
+        (28, ("virtio0-config",), (0, 0)),
+        (36, ("virtio1-req.0",), (39403, 248663)),
+    ]
+    assert irqs[3].devices == frozenset({"0000:00:02.0"})
+
+
+def test_parse_interrupts_columns_name_the_online_cpus() -> None:
+    text = "           CPU0       CPU2\n  5:   1   2   IO-APIC   5-edge   eth1\n"
+    cpus, irqs = parse_interrupts(text)
+    assert cpus == [0, 2]
+    assert irqs[0].counts == (1, 2) and irqs[0].actions == ("eth1",)
+    assert parse_interrupts("") == ([], [])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ARM GIC lines carry a Level/Edge column (CONFIG_GENERIC_IRQ_SHOW_LEVEL) before the "
+    "action; parse_interrupts takes everything after the second field as the action list",
+)
+def test_parse_interrupts_arm_gic_level_column() -> None:
+    text = (
+        "           CPU0       CPU1\n"
+        " 11:      24631      23954     GICv3  27 Level     arch_timer\n"
+        " 40:          0          0     GICv3 106 Edge      virtio0, virtio1\n"
+    )
+    _, irqs = parse_interrupts(text)
+    assert [i.actions for i in irqs] == [("arch_timer",), ("virtio0", "virtio1")]
+
+
+# -- matching rules ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("match", "numbers"),
+    [
+        ("25", {25}),
+        ("40-43", {40, 41, 42, 43}),
+        ("virtio3-*", {24, 25, 26}),
+        ("nvme0q[12]", {41, 42}),
+        ("timer", {0}),
+        ("virtio2", {11}),  # the second action of a shared line
+        ("uhci*", {11}),
+        ("0000:00:05.0", {27, 28}),  # PCI address
+        ("eth0", {24, 25, 26}),  # net device -> its PCI function's IRQs
+        ("vda", {27, 28}),  # block device
+        ("irq:9", {9}),
+        ("irq:40-41", {40, 41}),
+        ("name:virtio3-config", {24}),
+        ("name:25", set()),  # name: never reads a number
+        ("name:eth0", set()),  # ... nor a device
+        ("dev:eth0", {24, 25, 26}),
+        ("dev:0000:00:06.0", {40, 41, 42, 43}),
+        ("dev:virtio3-*", set()),  # dev: never globs action names
+        ("dev:eth9", set()),
+        ("nope", set()),
+    ],
+)
+def test_rule_matching(plugin: IrqPlugin, match: str, numbers: set[int]) -> None:
+    assert {i.number for i in plugin.inventory() if plugin.matches(i, match)} == numbers
+
+
+def test_device_address_follows_the_sysfs_link(plugin: IrqPlugin) -> None:
+    assert plugin.device_address("eth0") == "0000:00:04.0"
+    assert plugin.device_address("vda") == "0000:00:05.0"
+    assert plugin.device_address("eth9") is None
+
+
+def test_inventory_skips_irqs_without_an_affinity_file(root: Path, plugin: IrqPlugin) -> None:
+    (root / "proc/irq/0/smp_affinity_list").unlink()
+    assert [i.number for i in plugin.inventory()] == ALL_IRQS[1:]
+    assert plugin.columns == [0, 1, 2, 3]
+
+
+# -- expand ------------------------------------------------------------------------------------
+
+
+def test_rules_first_match_wins_and_others_are_left_alone(
+    plugin: IrqPlugin, machine: Machine
+) -> None:
+    section = {
+        "rule": [
+            {"match": "25", "cpus": "2"},
+            {"match": "virtio3-*", "cpus": "3"},
+            {"match": "eth0", "cpus": "1"},
+            {"match": "40-41", "cpus": "0-1"},
+        ]
+    }
+    assert expand(plugin, machine, section) == {
+        "irq/25": "2",
+        "irq/24": "3",
+        "irq/26": "3",
+        "irq/40": "0-1",
+        "irq/41": "0-1",
+    }
+
+
+def test_isolate_moves_every_unmatched_irq_and_sets_the_default(
+    plugin: IrqPlugin, machine: Machine
+) -> None:
+    section = {"isolate": "1", "rule": [{"match": "vda", "cpus": "1"}]}
+    settings = expand(plugin, machine, section)
+    assert settings == {
+        "default_affinity": "0,2-3",
+        **{f"irq/{n}": "0,2-3" for n in ALL_IRQS if n not in (27, 28)},
+        "irq/27": "1",  # rules still win, even onto an isolated CPU
+        "irq/28": "1",
+    }
+    assert "irqbalance/banned" not in settings  # irqbalance is not running
+
+
+def test_explicit_default_affinity(plugin: IrqPlugin, machine: Machine) -> None:
+    assert expand(plugin, machine, {"default_affinity": "0-1"}) == {"default_affinity": "0-1"}
+    assert (
+        expand(plugin, machine, {"isolate": "3", "default_affinity": "0"})["default_affinity"]
+        == "0"
+    )
+
+
+def test_isolating_every_cpu_is_not_applicable(plugin: IrqPlugin, machine: Machine) -> None:
+    with pytest.raises(NotApplicable, match="isolate = 0-3 leaves no CPU for interrupts"):
+        expand(plugin, machine, {"isolate": "all"})
+
+
+# -- capture / apply -----------------------------------------------------------------------
+
+
+def test_default_affinity_is_written_and_read_as_a_mask(root: Path, plugin: IrqPlugin) -> None:
+    assert plugin.capture("default_affinity") == "0-3"  # the file holds "f"
+    plugin.inventory()
+    plugin.apply("default_affinity", "0,2-3")
+    assert (root / "proc/irq/default_smp_affinity").read_text() == "d"
+    assert plugin.capture("default_affinity") == "0,2-3"
+    assert plugin.describe("default_affinity", "0,2-3") == "default IRQ affinity = 0,2-3"
+
+
+def test_default_affinity_mask_beyond_32_cpus(tmp_path: Path) -> None:
+    root = make_fake_root(tmp_path, cpus="0-39")
+    put(root, "proc/irq/default_smp_affinity", "ff,ffffffff")
+    plugin = IrqPlugin(System(root))
+    assert plugin.capture("default_affinity") == "0-39"
+    plugin.apply("default_affinity", "0,2-39")
+    assert (root / "proc/irq/default_smp_affinity").read_text() == "ff,fffffffd"
+    assert plugin.capture("default_affinity") == "0,2-39"
+
+
+def test_irq_affinity_is_a_cpulist(root: Path, plugin: IrqPlugin) -> None:
+    plugin.apply("irq/25", "0,2-3")
+    assert affinity(root, 25) == "0,2-3"
+    assert plugin.capture("irq/25") == "0,2-3"
+    assert plugin.same("irq/25", "0,2,3", "0,2-3")
+    assert not plugin.same("irq/25", "0-1", "0-3")
+    assert plugin.optional("irq/25") and not plugin.optional("default_affinity")
+    assert plugin.exists("irq/25") and not plugin.exists("irq/99")
+    assert plugin.describe("irq/25", "1") == "IRQ 25 affinity = 1"
+
+
+@pytest.mark.parametrize("reason", [EPERM_REASON, EIO_REASON])
+def test_refused_irq_write_is_not_applicable(root: Path, reason: str) -> None:
+    system = RefusingSystem(root)
+    system.refuse["proc/irq/28/smp_affinity_list"] = reason
+    with pytest.raises(NotApplicable) as info:
+        IrqPlugin(system).apply("irq/28", "1")
+    assert str(info.value) == (
+        f"the kernel will not move IRQ 28 (kernel-managed or per-queue interrupt): {reason}"
+    )
+
+
+# -- through the engine ----------------------------------------------------------------------
+
+
+def test_engine_round_trip_restores_every_mask(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    put(root, "proc/irq/41/smp_affinity_list", "1")
+    before = tree_values(root, "proc/irq")
+    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
+    section = {"isolate": "1", "rule": [{"match": "nvme*", "cpus": "2-3"}]}
+    report = engine.switch(wanted(plugin, machine, section), "p")
+    assert report.not_applicable == {}
+    assert affinity(root, 0) == "0,2-3" and affinity(root, 41) == "2-3"
+    assert (root / "proc/irq/default_smp_affinity").read_text() == "d"
+    assert engine.verify() == []
+    assert engine.off() == []
+    assert tree_values(root, "proc/irq") == before
+
+
+@pytest.mark.parametrize("reason", [EPERM_REASON, EIO_REASON])
+def test_engine_records_refused_irqs_and_still_applies_the_profile(
+    tmp_path: Path, root: Path, machine: Machine, reason: str
+) -> None:
+    system = RefusingSystem(root)
+    system.refuse["proc/irq/28/smp_affinity_list"] = reason
+    plugin = IrqPlugin(system)
+    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
+    report = engine.switch(wanted(plugin, machine, {"isolate": "1"}), "p")
+    assert list(report.not_applicable) == [("irq", "irq/28")]
+    assert "kernel-managed" in report.not_applicable[("irq", "irq/28")]
+    assert reason in report.not_applicable[("irq", "irq/28")]
+    assert engine.profile == "p"
+    assert report.applied == len(ALL_IRQS)  # the other 13 IRQs and the default mask
+    assert affinity(root, 28) == "0-3" and affinity(root, 27) == "0,2-3"
+    assert engine.verify() == []  # a refused IRQ is not drift
+    assert engine.off() == []
+    assert affinity(root, 27) == "0-3"
+    assert ("proc/irq/28/smp_affinity_list", "0-3") not in system.writes  # never "restored"
+
+
+def test_engine_write_accepted_but_mask_kept_is_not_applicable(
+    tmp_path: Path, root: Path, machine: Machine
+) -> None:
+    system = RefusingSystem(root)
+    system.ignore.add("proc/irq/25/smp_affinity_list")
+    plugin = IrqPlugin(system)
+    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
+    report = engine.switch(wanted(plugin, machine, {"rule": [{"match": "eth0", "cpus": "2"}]}), "p")
+    assert report.not_applicable == {
+        ("irq", "irq/25"): "the kernel accepted the write but kept '0-3'"
+    }
+    assert affinity(root, 24) == "2" and affinity(root, 26) == "2"
+
+
+# -- new IRQs -----------------------------------------------------------------------------------
+
+
+def test_changed_when_the_set_of_irqs_changes(
+    root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    expand(plugin, machine, {"isolate": "1"})
+    assert not plugin.changed()
+    interrupts = root / "proc/interrupts"
+    original = interrupts.read_text()
+    lines = original.splitlines()
+    interrupts.write_text("\n".join([*lines[:15], NEW_LINE, *lines[15:]]) + "\n")
+    put(root, "proc/irq/50/smp_affinity_list", "0-3")
+    assert plugin.changed()
+    assert expand(plugin, machine, {"isolate": "1"})["irq/50"] == "0,2-3"
+    assert not plugin.changed()
+    set_counts(root, 50, (9, 9, 9, 9))  # counters moving is not a change
+    assert not plugin.changed()
+    interrupts.write_text(original)  # the IRQ went away again
+    assert plugin.changed()
+
+
+# -- irqbalance ---------------------------------------------------------------------------------
+
+
+def test_irqbalance_running_bans_the_isolated_cpus(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    add_task(root, 812, "irqbalance")
+    config = root / "etc/default/irqbalance"
+    put(root, "etc/default/irqbalance", IRQBALANCE_CONFIG.rstrip("\n"))
+    original = config.read_text()
+    assert plugin.irqbalance_pid() == 812
+    settings = expand(plugin, machine, {"isolate": "1"})
+    assert settings["irqbalance/banned"] == "1"
+    assert "irqbalance/banned" not in expand(
+        plugin, machine, {"isolate": "1", "coordinate_irqbalance": False}
+    )
+    assert "irqbalance/banned" not in expand(plugin, machine, {"rule": [{"match": "1", "cpus": 0}]})
+
+    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
+    report = engine.switch(wanted(plugin, machine, {"isolate": "1"}), "p")
+    assert report.not_applicable == {}
+    lines = config.read_text().splitlines()
+    assert lines[:-1] == original.splitlines()  # every other line is kept as it was
+    assert lines[-1].startswith('IRQBALANCE_BANNED_CPULIST="1"')
+    assert plugin.capture("irqbalance/banned") == "1"
+    assert engine.verify() == []
+    assert plugin.status()["irqbalance"] == (
+        "running (pid 812); banned CPUs in /etc/default/irqbalance: 1"
+    )
+    assert engine.off() == []
+    assert config.read_text() == original
+    assert plugin.capture("irqbalance/banned") is None
+
+
+def test_irqbalance_original_ban_is_put_back(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    add_task(root, 812, "irqbalance")
+    put(root, "etc/sysconfig/irqbalance", "IRQBALANCE_ARGS=\nIRQBALANCE_BANNED_CPULIST=3")
+    assert plugin.irqbalance_file() == "etc/sysconfig/irqbalance"
+    assert plugin.capture("irqbalance/banned") == "3"
+    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
+    engine.switch(wanted(plugin, machine, {"isolate": "1-2"}), "p")
+    text = (root / "etc/sysconfig/irqbalance").read_text()
+    assert text.count("IRQBALANCE_BANNED_CPULIST") == 1
+    assert plugin.capture("irqbalance/banned") == "1-2"
+    assert engine.off() == []
+    assert plugin.capture("irqbalance/banned") == "3"
+    assert (root / "etc/sysconfig/irqbalance").read_text().startswith("IRQBALANCE_ARGS=\n")
+    assert not (root / "etc/default/irqbalance").exists()
+
+
+def test_without_irqbalance_nothing_is_written(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    add_task(root, 700, "irqbalancer")  # a name that only looks alike
+    put(root, "proc/701/comm", "sshd")
+    assert plugin.irqbalance_pid() is None
+    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
+    engine.switch(wanted(plugin, machine, {"isolate": "1"}), "p")
+    assert not (root / "etc").exists()
+    assert plugin.status()["irqbalance"] == "not running"
+    engine.off()
+    assert not (root / "etc").exists()
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+def test_status_counts_interrupts_per_cpu_since_apply(
+    root: Path, plugin: IrqPlugin, machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [50.0]
+    monkeypatch.setattr(irq_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    expand(plugin, machine, {"isolate": "1"})
+    plugin.on_profile_applied()
+    set_counts(root, 25, (1300, 0, 20, 0))
+    set_counts(root, 43, (0, 2, 300, 0))  # 2 more on isolated CPU1
+    lines = (root / "proc/interrupts").read_text().splitlines()
+    (root / "proc/interrupts").write_text("\n".join([*lines[:15], NEW_LINE, *lines[15:]]) + "\n")
+    put(root, "proc/irq/50/smp_affinity_list", "1")  # new since apply: all 4 counts are new
+    put(root, "proc/irq/25/smp_affinity_list", "0,2-3")
+    now[0] = 52.5
+    info = plugin.status()
+    table = info["tables"][0]
+    assert table["title"] == "interrupts per CPU since the profile was applied (2.5 s)"
+    assert table["columns"] == ["IRQ", "name", "affinity", "CPU0", "CPU1", "CPU2", "CPU3"]
+    rows = {r[0]: r for r in table["rows"]}
+    assert rows[25] == [25, "virtio3-input.0", "0,2-3", 100, 0, 5, 0]
+    assert rows[43] == [43, "nvme0q3", "0-3", 0, 2, 0, 0]
+    assert rows[50] == [50, "virtio5-config", "1", 0, 4, 0, 0]
+    assert rows[0] == [0, "timer", "0-3", 0, 0, 0, 0]
+    assert table["rows"][-1] == ["all", "", "", 100, 6, 5, 0]
+    assert info["isolated_cpus"] == "1"
+    assert info["irqs_on_isolated_cpus_since_apply"] == 6
+    assert info["irqbalance"] == "not running"
+
+
+def test_status_without_isolation(plugin: IrqPlugin, machine: Machine) -> None:
+    expand(plugin, machine, {"rule": [{"match": "25", "cpus": "0"}]})
+    plugin.on_profile_applied()
+    info = plugin.status()
+    assert "irqs_on_isolated_cpus_since_apply" not in info
+    assert info["tables"][0]["rows"][-1] == ["all", "", "", 0, 0, 0, 0]
+
+
+# -- schema ---------------------------------------------------------------------------------------
+
+
+def test_schema_defaults_and_errors(plugin: IrqPlugin, machine: Machine) -> None:
+    out = validate(plugin.schema, {"isolate": "1", "rule": {"match": "eth0", "cpus": 0}}, machine)
+    assert out["on_drift"] == "reapply" and out["coordinate_irqbalance"] is True
+    assert out["rule"][0]["cpus"] == CpuSet([0])
+    with pytest.raises(SchemaError) as info:
+        validate(plugin.schema, {"rule": [{"match": "eth0"}]}, machine)
+    assert (info.value.path, info.value.message) == (("rule", 0), "missing required option 'cpus'")
+    with pytest.raises(SchemaError, match="on_drift: expected one of reapply, report"):
+        validate(plugin.schema, {"on_drift": "ignore"}, machine)
