@@ -55,7 +55,9 @@ def parse_interrupts(text: str) -> tuple[list[int], list[Irq]]:
         counts = tuple(int(x) for x in fields[: len(cpus)])
         tail = fields[len(cpus) :]
         chip = tail[0] if tail else ""
-        actions = " ".join(tail[2:]) if len(tail) > 2 else ""
+        # Kernels with GENERIC_IRQ_SHOW_LEVEL (ARM) print Level/Edge before the actions.
+        skip = 3 if tail[2:3] in (["Level"], ["Edge"]) else 2
+        actions = " ".join(tail[skip:]) if len(tail) > skip else ""
         names = tuple(a.strip() for a in actions.split(",") if a.strip())
         devices = frozenset(PCI_ADDR.findall(chip))
         irqs.append(Irq(int(label), names, chip, counts, devices))

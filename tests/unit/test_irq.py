@@ -164,11 +164,6 @@ def test_parse_interrupts_columns_name_the_online_cpus() -> None:
     assert parse_interrupts("") == ([], [])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ARM GIC lines carry a Level/Edge column (CONFIG_GENERIC_IRQ_SHOW_LEVEL) before the "
-    "action; parse_interrupts takes everything after the second field as the action list",
-)
 def test_parse_interrupts_arm_gic_level_column() -> None:
     text = (
         "           CPU0       CPU1\n"
