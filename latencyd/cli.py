@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing costs ~2 ms of every latencyctl call; annotations only need it here
+    from typing import Any
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 
@@ -287,5 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """Console-script entry: skip interpreter teardown (~7 ms) once output is flushed."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

