@@ -179,7 +179,7 @@ def main(argv: list[str]) -> int:
                 bus.address, Path(tmp) / source, source, args.threads, args.forks
             )
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps({"benchmark": "kthread", "results": results}))
     else:
         report(results)
     return 0

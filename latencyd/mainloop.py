@@ -71,29 +71,38 @@ class MainLoop:
 
     def timeout_add(self, ms: int, fn: Callable[[], bool], priority: int = PRIORITY_DEFAULT) -> int:
         """Call fn every `ms` milliseconds while it returns True."""
-        self._collect()
-        holder: list[int] = []
-        cb = _SourceFunc(lambda _data: self._call(fn, holder))
-        source = int(_glib.g_timeout_add_full(priority, ms, cb, None, None))
-        holder.append(source)
-        self._callbacks[source] = cb
-        return source
+        return self._add(
+            fn,
+            lambda call: _SourceFunc(lambda _data: call()),
+            lambda cb: _glib.g_timeout_add_full(priority, ms, cb, None, None),
+        )
 
     def fd_add(self, fd: int, fn: Callable[[], bool], priority: int = PRIORITY_DEFAULT) -> int:
         """Call fn whenever fd is readable, while it returns True."""
-        self._collect()
-        holder: list[int] = []
-        cb = _FdFunc(lambda _fd, _cond, _data: self._call(fn, holder))
-        source = int(_glib.g_unix_fd_add_full(priority, fd, IO_IN, cb, None, None))
-        holder.append(source)
-        self._callbacks[source] = cb
-        return source
+        return self._add(
+            fn,
+            lambda call: _FdFunc(lambda _fd, _cond, _data: call()),
+            lambda cb: _glib.g_unix_fd_add_full(priority, fd, IO_IN, cb, None, None),
+        )
 
     def signal_add(self, signum: int, fn: Callable[[], bool]) -> int:
         """Call fn (in the loop, not in a signal handler) when signum arrives."""
+        return self._add(
+            fn,
+            lambda call: _SourceFunc(lambda _data: call()),
+            lambda cb: _glib.g_unix_signal_add_full(PRIORITY_HIGH, signum, cb, None, None),
+        )
+
+    def _add(
+        self,
+        fn: Callable[[], bool],
+        wrap: Callable[[Callable[[], int]], object],
+        attach: Callable[[object], int],
+    ) -> int:
+        self._collect()
         holder: list[int] = []
-        cb = _SourceFunc(lambda _data: self._call(fn, holder))
-        source = int(_glib.g_unix_signal_add_full(PRIORITY_HIGH, signum, cb, None, None))
+        cb = wrap(lambda: self._call(fn, holder))
+        source = int(attach(cb))
         holder.append(source)
         self._callbacks[source] = cb
         return source

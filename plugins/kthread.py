@@ -87,6 +87,12 @@ class KthreadPlugin(Plugin):
                 ListOf(Str()),
                 "Name patterns (globs) of user tasks that may stay on isolate_tasks CPUs",
             ),
+            Option(
+                "on_drift",
+                Choice(("reapply", "report")),
+                "When something else moves a thread or workqueue this profile owns",
+                default="reapply",
+            ),
         ),
         tables=(
             Table(

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,3 +107,13 @@ class Latencyd:
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def wait_for(cond: Callable[[], bool], timeout: float) -> float:
+    """Poll cond every 0.5 ms until true; returns the seconds it took."""
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout} s")
+        time.sleep(0.0005)
+    return time.monotonic() - start

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from latencyd.plugins.irq import parse_interrupts
 
-from tests.harness import Latencyd
+from tests.harness import Latencyd, wait_for
 
 PROFILE = """
 [main]
@@ -47,15 +47,6 @@ def virtio4_irqs() -> list[int]:
 
 def mask(n: int) -> str:
     return Path(f"/proc/irq/{n}/smp_affinity_list").read_text().strip()
-
-
-def wait_for(cond: Callable[[], bool], timeout: float) -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            raise AssertionError("timed out")
-        time.sleep(0.001)
-    return time.monotonic() - start
 
 
 @pytest.fixture
@@ -138,3 +129,42 @@ def test_stop_releases_qos_and_restores_masks(isolated: Latencyd) -> None:
     assert isolated.proc is not None and isolated.proc.pid in pm_qos_holders()
     isolated.stop()
     assert isolated.proc.pid not in pm_qos_holders()
+
+
+CPU1_ONLINE = Path("/sys/devices/system/cpu/cpu1/online")
+ALL_CPUS = """
+[main]
+summary = "every CPU: polling only"
+
+[[cstate.cpus]]
+cpus = "all"
+resume_latency_us = 0
+"""
+
+
+@pytest.fixture
+def cpu1_offline() -> Iterator[None]:
+    if not CPU1_ONLINE.exists():
+        pytest.skip("CPU 1 cannot be taken offline here")
+    CPU1_ONLINE.write_text("0")
+    try:
+        yield
+    finally:
+        CPU1_ONLINE.write_text("1")
+
+
+def test_cpu_coming_online_gets_the_per_cpu_settings(
+    start_daemon: Callable[..., Latencyd], profiles: Path, cpu1_offline: None
+) -> None:
+    resume = [
+        Path(f"/sys/devices/system/cpu/cpu{c}/power/pm_qos_resume_latency_us") for c in (0, 1)
+    ]
+    before = [p.read_text().strip() for p in resume]
+    (profiles / "all-cpus.toml").write_text(ALL_CPUS)
+    d = start_daemon("all-cpus", config="verify_interval_s = 3600\n")  # events only
+    assert resume[0].read_text().strip() == "n/a"
+    assert resume[1].read_text().strip() == before[1]  # offline: not part of "all" yet
+    CPU1_ONLINE.write_text("1")
+    wait_for(lambda: resume[1].read_text().strip() == "n/a", timeout=2)
+    d.stop()
+    assert [p.read_text().strip() for p in resume] == before

@@ -6,13 +6,12 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness import Latencyd
+from tests.harness import Latencyd, wait_for
 from tests.loopfs import LoopFs, jbd2_pids
 
 PROFILE = """
@@ -39,15 +38,6 @@ def pinned(pid: int) -> bool:
         return os.sched_getaffinity(pid) == {0} and os.sched_getscheduler(pid) == os.SCHED_FIFO
     except OSError:
         return False
-
-
-def wait_for(cond: Callable[[], bool], timeout: float) -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            raise AssertionError("timed out")
-        time.sleep(0.0005)
-    return time.monotonic() - start
 
 
 @pytest.fixture

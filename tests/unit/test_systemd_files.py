@@ -223,7 +223,7 @@ def test_root_can_own_the_name(bus: PrivateBus) -> None:
 _FAKE_SERVICE = """
 import dbus, dbus.service
 from dbus.mainloop.glib import DBusGMainLoop
-from gi.repository import GLib
+from latencyd.mainloop import MainLoop
 
 IFACE = "org.latencyd.Daemon1"
 DBusGMainLoop(set_as_default=True)
@@ -254,14 +254,12 @@ bus = dbus.SystemBus()
 name = dbus.service.BusName(IFACE, bus, do_not_queue=True)
 Fake(bus, "/org/latencyd/Daemon1")
 print("ready", flush=True)
-GLib.MainLoop().run()
+MainLoop().run()
 """
 
 
 @pytest.fixture()
 def fake_daemon(bus: PrivateBus) -> Iterator[None]:
-    pytest.importorskip("dbus")
-    pytest.importorskip("gi")
     env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=bus.address)
     proc = subprocess.Popen(
         [sys.executable, "-c", _FAKE_SERVICE],
