@@ -398,7 +398,7 @@ class Daemons:
             self.running.remove(d)
         if code != 0:
             message = f"latencyd exited with status {code} after SIGTERM"
-            if (d.state_dir / "journal.json").exists():
+            if (d.state_dir / "journal.jsonl").exists():
                 message += "; replaying its journal: " + self.recover(d)
             if check:
                 raise BenchError(f"{message}\n{d.log()}")

@@ -31,7 +31,11 @@ _UNREACHABLE = {
     "org.freedesktop.DBus.Error.Spawn.ServiceNotFound",
 }
 _DENIED = {"org.freedesktop.DBus.Error.AccessDenied", "org.latencyd.Error.PermissionDenied"}
-_BAD_INPUT = {"org.latencyd.Error.BadProfile", "org.latencyd.Error.NoSuchProfile"}
+_BAD_INPUT = {
+    "org.latencyd.Error.BadProfile",
+    "org.latencyd.Error.NoSuchProfile",
+    "org.latencyd.Error.NoSuchHold",
+}
 
 
 class CliError(Exception):
@@ -95,6 +99,13 @@ def cmd_active(args: argparse.Namespace) -> int:
 
 def cmd_switch(args: argparse.Namespace) -> int:
     report = json.loads(str(_call("SwitchProfile", args.profile)))
+    if report["held"]:
+        text = (
+            f"base profile set to {report['base']}; {report['profile']} stays in force "
+            "while it is held (latencyctl status lists the holds)"
+        )
+        _emit(args, report, text)
+        return OK
     text = (
         f"{report['profile']}: {report['applied']} applied, {report['restored']} restored, "
         f"{report['unchanged']} unchanged in {report['apply_ms']:.1f} ms"
@@ -102,6 +113,46 @@ def cmd_switch(args: argparse.Namespace) -> int:
     for key, reason in report["not_applicable"].items():
         text += f"\n  not applicable: {key}: {reason}"
     _emit(args, report, text)
+    return OK
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    """Hold a profile while a command runs. The hold lives on this process's bus
+    connection, so it ends even if latencyctl is killed."""
+    import signal
+    import subprocess
+
+    command = [c for c in args.command if c != "--"] if args.command else []
+    reason = args.reason or (" ".join(command) if command else "latencyctl hold")
+    cookie = int(_call("HoldProfile", args.profile, reason))
+    if not args.json:
+        print(f"holding {args.profile} (cookie {cookie})", file=sys.stderr)
+    try:
+        if not command:  # hold until interrupted
+            stop = {signal.SIGINT, signal.SIGTERM}
+            signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+            signal.sigwait(stop)
+            return OK
+        try:
+            # Ignore ^C here: the command gets it and decides; we release when it exits.
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                return subprocess.call(command)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+        except OSError as exc:
+            print(f"latencyctl: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+            return 127
+    finally:
+        try:
+            _call("ReleaseProfile", cookie)
+        except CliError as exc:
+            print(f"latencyctl: releasing hold {cookie}: {exc}", file=sys.stderr)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    _call("ReleaseProfile", args.cookie)
+    _emit(args, {"released": args.cookie}, f"hold {args.cookie} released")
     return OK
 
 
@@ -184,6 +235,13 @@ def format_status(status: dict[str, Any]) -> str:
             out.append(f"last apply: {status['last_apply_ms']:.1f} ms")
     else:
         out.append("active profile: none (all settings at their originals)")
+    if status.get("holds"):
+        out.append(f"base profile: {status.get('base_profile') or 'none'}")
+        for h in status["holds"]:
+            out.append(
+                f"hold {h['cookie']}: {h['profile']} by {h['owner'] or '?'} "
+                f"({h['reason'] or 'no reason given'})"
+            )
     if status.get("last_error"):
         out.append(f"last error: {status['last_error']}")
     for plugin, info in status.get("plugins", {}).items():
@@ -253,7 +311,18 @@ def parser() -> argparse.ArgumentParser:
     add("list", cmd_list, "list profiles (invalid ones with their error)")
     add("active", cmd_active, "print the active profile")
     add("switch", cmd_switch, "apply a profile (incrementally)").add_argument("profile")
-    add("off", cmd_off, "restore every original value")
+    hold = add(
+        "hold",
+        cmd_hold,
+        "hold a profile while a command runs: hold PROFILE -- CMD ARGS "
+        "(without a command: until Ctrl-C)",
+    )
+    hold.add_argument("profile")
+    hold.add_argument("--reason", help="shown in status (default: the command line)")
+    hold.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
+    release = add("release", cmd_release, "end a hold by its cookie")
+    release.add_argument("cookie", type=int)
+    add("off", cmd_off, "restore every original value (also ends every hold)")
     add("verify", cmd_verify, "check the kernel still matches the profile (exit 1 on drift)")
     add("status", cmd_status, "what each plugin applied, refused and measured")
     ex = add(

@@ -6,12 +6,13 @@ The process around it (arguments, main loop, watchers, signals) is latencyd.main
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from latencyd.engine import Drift, Engine, StepReport
-from latencyd.errors import LatencydError
+from latencyd.errors import LatencydError, NoSuchHold
 from latencyd.plugin import Plugin
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
 from latencyd.schema import Machine
@@ -19,6 +20,17 @@ from latencyd.system import System
 from latencyd.taskevents import TaskEvent
 
 log = logging.getLogger("latencyd")
+
+
+@dataclass(frozen=True)
+class Hold:
+    """An application holding a profile while it runs (D-Bus HoldProfile)."""
+
+    cookie: int
+    profile: str
+    reason: str
+    owner: str  # the holder's unique bus name; its holds end when it leaves the bus
+    since: float
 
 
 class Daemon:
@@ -30,6 +42,10 @@ class Daemon:
         self.library = library
         self.engine = engine
         self.active: Profile | None = None
+        self.active_ref: str | None = None  # the name or path `active` was loaded by
+        self.base: str | None = None  # the profile in force when nothing is held
+        self.holds: dict[int, Hold] = {}  # by cookie, oldest first
+        self._next_cookie = 1
         self.last_error: str | None = None
         self.on_profile_changed: list[Any] = []  # callbacks(name: str)
         self.task_source = "none"
@@ -59,8 +75,72 @@ class Daemon:
         return problems
 
     # -- requests -----------------------------------------------------------------
-    def switch(self, name: str) -> StepReport:
-        profile = self.library.load(name)  # ProfileError leaves everything as it is
+    def in_force(self) -> str | None:
+        """The profile that should be active: the newest hold's, else the base profile."""
+        return next(reversed(self.holds.values())).profile if self.holds else self.base
+
+    def switch(self, name: str) -> StepReport | None:
+        """Set the base profile. It is applied now, unless a hold keeps another in force
+        (then it is checked now and applied when the last hold is released)."""
+        if self.holds:
+            self.library.load(name)  # a bad profile is an error now, not at release time
+            self.base = name
+            log.info("base profile set to %s; %s stays in force while held", name, self.in_force())
+            return None
+        report = self._apply(name)
+        self.base = name
+        return report
+
+    def hold(self, name: str, reason: str, owner: str) -> tuple[int, StepReport]:
+        """Apply a profile for as long as the hold lasts (ReleaseProfile, or the holder
+        leaving the bus). Holds stack: the newest is in force."""
+        report = self._apply(name)
+        cookie = self._next_cookie
+        self._next_cookie += 1
+        self.holds[cookie] = Hold(cookie, name, reason, owner, time.time())
+        log.info("hold %d on %s by %s (%s)", cookie, name, owner or "latencyd", reason or "-")
+        return cookie, report
+
+    def release(self, cookie: int) -> StepReport | None:
+        if cookie not in self.holds:
+            held = ", ".join(str(c) for c in self.holds) or "none"
+            raise NoSuchHold(f"no hold with cookie {cookie} (current holds: {held})")
+        hold = self.holds.pop(cookie)
+        log.info("hold %d on %s released", cookie, hold.profile)
+        return self._apply_in_force()
+
+    def release_owner(self, owner: str) -> None:
+        """The holder left the bus (exited, crashed): its holds end with it."""
+        gone = [c for c, h in self.holds.items() if h.owner == owner]
+        for cookie in gone:
+            log.info(
+                "hold %d on %s ended: %s left the bus", cookie, self.holds[cookie].profile, owner
+            )
+            del self.holds[cookie]
+        if gone:
+            self._apply_in_force()
+
+    def _apply_in_force(self) -> StepReport | None:
+        ref = self.in_force()
+        if ref == self.active_ref and self.active is not None:
+            return None
+        if ref is None:
+            self._restore_all()
+            return None
+        try:
+            return self._apply(ref)
+        except LatencydError as exc:
+            log.error(
+                "could not apply %s after a hold ended; %s stays: %s",
+                ref,
+                self.active.name if self.active else "nothing",
+                exc,
+            )
+            self.last_error = str(exc)
+            return None
+
+    def _apply(self, ref: str) -> StepReport:
+        profile = self.library.load(ref)  # ProfileError leaves everything as it is
         self._before_apply(profile)
         try:
             wanted = self.engine.wanted(profile)
@@ -70,6 +150,7 @@ class Daemon:
             raise
         previous = self.active.name if self.active else None
         self.active = profile
+        self.active_ref = ref
         for name in profile.sections:
             self.plugins[name].on_profile_applied()
         self.last_error = None
@@ -88,9 +169,18 @@ class Daemon:
         return report
 
     def off(self) -> list[str]:
+        """Restore every original value; drops the base profile and every hold."""
+        if self.holds:
+            log.info("off: dropping %d hold(s)", len(self.holds))
+        self.holds.clear()
+        self.base = None
+        return self._restore_all()
+
+    def _restore_all(self) -> list[str]:
         problems = self.engine.off()
         had = self.active is not None
         self.active = None
+        self.active_ref = None
         self._before_apply(None)
         log.info("all settings restored%s", f" ({len(problems)} problems)" if problems else "")
         if had:
@@ -98,10 +188,9 @@ class Daemon:
         return problems
 
     def reload(self) -> None:
-        """Re-read profiles; re-apply the active one incrementally if its files changed."""
-        if self.active is None:
-            return
-        self.switch(self.active.name)
+        """Re-read profiles; re-apply the one in force incrementally if its files changed."""
+        if self.active_ref is not None:
+            self._apply(self.active_ref)
 
     def verify(self) -> list[Drift]:
         return self.engine.verify()
@@ -168,9 +257,9 @@ class Daemon:
     def machine_changed(self) -> None:
         """CPUs went on/offline: re-resolve the profile's CPU lists ("all") and re-apply."""
         self.library.machine = Machine(self.system.online_cpus(), self.system.mem_total_bytes())
-        if self.active is not None:
+        if self.active_ref is not None:
             try:
-                self.switch(self.active.name)
+                self._apply(self.active_ref)
             except LatencydError as exc:
                 log.error("re-applying after a CPU change failed: %s", exc)
 
@@ -234,6 +323,17 @@ class Daemon:
             "profile_files": [str(p) for p in self.active.files] if self.active else [],
             "summary": self.active.summary if self.active else "",
             "last_apply_ms": round(step.seconds * 1000, 3) if step else None,
+            "base_profile": self.base or "",
+            "holds": [
+                {
+                    "cookie": h.cookie,
+                    "profile": h.profile,
+                    "reason": h.reason,
+                    "owner": h.owner,
+                    "since": h.since,
+                }
+                for h in self.holds.values()
+            ],
             "last_error": self.last_error,
             "task_events": self.task_source,
             "plugins": plugins,

@@ -46,9 +46,10 @@ def plan(
     """Pure diff: restore what is no longer wanted, apply what is new or different."""
     in_scope = set(scope) if scope is not None else None
     result = Plan()
-    for sid in applied:
-        if (in_scope is None or sid[0] in in_scope) and sid not in wanted:
-            result.restore.append(sid)
+    if in_scope is None or in_scope:  # an empty scope (new targets only) restores nothing
+        for sid in applied:
+            if (in_scope is None or sid[0] in in_scope) and sid not in wanted:
+                result.restore.append(sid)
     for sid, value in wanted.items():
         if sid in applied and applied[sid] == value:
             result.keep.append(sid)

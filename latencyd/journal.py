@@ -1,8 +1,14 @@
 """Journal: the original value of every setting latencyd changed, durable before the change.
 
-Kept as one small JSON file, replaced atomically (write temp, fsync, rename,
-fsync the directory), so after SIGKILL or a crash the next start finds either
-the old or the new journal, never a torn one. TuneD keeps originals only in RAM.
+One file of JSON lines: a snapshot (the first line), then deltas appended as
+settings are first changed or given back. Every write is fsync'd before the
+engine touches the kernel, so after SIGKILL or a crash the next start knows
+every original. A snapshot is written to a temp file and renamed into place
+(never torn); an append torn by a crash can only be the last line, and it
+announced a change that had not started yet, so it is ignored. Appending keeps
+the cost per new thread or IRQ constant instead of rewriting every original;
+the file is compacted back into one snapshot as it grows.
+TuneD keeps originals only in RAM.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ from typing import Any
 
 from latencyd.errors import JournalError
 
-FORMAT = 1
+FORMAT = 2
 SettingId = tuple[str, str]  # (plugin, key)
+COMPACT_SLACK = 256  # appended lines allowed beyond the number of originals
 
 
 @dataclass
@@ -25,18 +32,49 @@ class JournalState:
     profile: str | None = None
 
 
+def _snapshot(state: JournalState) -> dict[str, Any]:
+    by_plugin: dict[str, dict[str, Any]] = {}
+    for (plugin, key), value in state.originals.items():
+        by_plugin.setdefault(plugin, {})[key] = value
+    return {"format": FORMAT, "profile": state.profile, "originals": by_plugin}
+
+
 class Journal:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
-        self.path = self.state_dir / "journal.json"
+        self.path = self.state_dir / "journal.jsonl"
+        self._written: JournalState | None = None  # what the file holds, as we wrote it
+        self._lines = 0
 
+    # -- reading ------------------------------------------------------------------
     def load(self) -> JournalState | None:
         """The journal left on disk, or None when the last exit was clean."""
         try:
-            doc = json.loads(self.path.read_text())
+            text = self.path.read_text()
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
+            raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
+        lines = text.splitlines()
+        if not lines:
+            raise JournalError(f"journal {self.path} is unreadable: the file is empty")
+        state = self._parse_snapshot(lines[0])
+        for number, line in enumerate(lines[1:], 2):
+            try:
+                delta = json.loads(line)
+                if not isinstance(delta, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                if number == len(lines) and not text.endswith("\n"):
+                    break  # a torn last append: its change never started
+                raise JournalError(f"journal {self.path}:{number} is malformed: {exc}") from exc
+            self._apply_delta(state, delta, number)
+        return state
+
+    def _parse_snapshot(self, line: str) -> JournalState:
+        try:
+            doc = json.loads(line)
+        except ValueError as exc:
             raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
         if not isinstance(doc, dict):
             raise JournalError(f"journal {self.path} is not a JSON object")
@@ -54,12 +92,44 @@ class Journal:
         }
         return JournalState(originals, doc.get("profile"))
 
+    def _apply_delta(self, state: JournalState, delta: dict[str, Any], number: int) -> None:
+        try:
+            for plugin, key, value in delta.get("set", []):
+                state.originals[(plugin, key)] = value
+            for plugin, key in delta.get("drop", []):
+                state.originals.pop((plugin, key), None)
+        except (TypeError, ValueError) as exc:
+            raise JournalError(f"journal {self.path}:{number} is malformed: {exc}") from exc
+        if "profile" in delta:
+            state.profile = delta["profile"]
+
+    # -- writing ------------------------------------------------------------------
     def save(self, state: JournalState) -> None:
-        by_plugin: dict[str, dict[str, Any]] = {}
-        for (plugin, key), value in state.originals.items():
-            by_plugin.setdefault(plugin, {})[key] = value
-        doc = {"format": FORMAT, "profile": state.profile, "originals": by_plugin}
-        data = json.dumps(doc, indent=1, sort_keys=True).encode()
+        """Make the file hold `state`: one appended delta, or a fresh snapshot."""
+        written = self._written
+        if written is None or self._lines > len(state.originals) + COMPACT_SLACK:
+            self._write_snapshot(state)
+            return
+        delta: dict[str, Any] = {}
+        changed = [
+            [p, k, v]
+            for (p, k), v in state.originals.items()
+            if (p, k) not in written.originals or written.originals[(p, k)] != v
+        ]
+        dropped = [[p, k] for (p, k) in written.originals if (p, k) not in state.originals]
+        if changed:
+            delta["set"] = changed
+        if dropped:
+            delta["drop"] = dropped
+        if state.profile != written.profile:
+            delta["profile"] = state.profile
+        if not delta:
+            return
+        self._append(json.dumps(delta, separators=(",", ":")) + "\n")
+        self._written = JournalState(dict(state.originals), state.profile)
+
+    def _write_snapshot(self, state: JournalState) -> None:
+        data = (json.dumps(_snapshot(state), sort_keys=True, separators=(",", ":")) + "\n").encode()
         try:
             self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
@@ -73,6 +143,20 @@ class Journal:
             self._sync_dir()
         except OSError as exc:
             raise JournalError(f"cannot write journal {self.path}: {exc}") from exc
+        self._written = JournalState(dict(state.originals), state.profile)
+        self._lines = 1
+
+    def _append(self, line: str) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise JournalError(f"cannot append to journal {self.path}: {exc}") from exc
+        self._lines += 1
 
     def clear(self) -> None:
         try:
@@ -80,6 +164,8 @@ class Journal:
             self._sync_dir()
         except OSError as exc:
             raise JournalError(f"cannot remove journal {self.path}: {exc}") from exc
+        self._written = None
+        self._lines = 0
 
     def _sync_dir(self) -> None:
         if not self.state_dir.exists():

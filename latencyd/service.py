@@ -20,6 +20,7 @@ import dbus.service
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 from latencyd.config import Config
 from latencyd.daemon import Daemon, drift_dict
+from latencyd.engine import StepReport
 from latencyd.errors import LatencydError, PermissionDenied
 
 log = logging.getLogger("latencyd.service")
@@ -49,6 +50,7 @@ class Service(dbus.service.Object):
         self.daemon = daemon
         self.config = config
         self._name: dbus.service.BusName | None = None
+        self._holders: dict[str, Any] = {}  # holder's bus name -> its NameOwnerChanged watch
         daemon.on_profile_changed.append(self._emit_changed)
 
     def claim_name(self) -> bool:
@@ -110,25 +112,74 @@ class Service(dbus.service.Object):
     # -- changes ---------------------------------------------------------------
     @dbus.service.method(INTERFACE, in_signature="s", out_signature="s", sender_keyword="sender")
     def SwitchProfile(self, name: str, sender: str | None = None) -> str:
-        """Apply a profile; returns once it is applied and verified (a JSON step report)."""
+        """Set the base profile; returns once it is applied and verified (a JSON step
+        report). While a hold is in force the base is only checked, and applied when the
+        last hold ends ("held": true in the report)."""
 
         def run() -> str:
             self._authorize(sender, "SwitchProfile")
             report = self.daemon.switch(str(name))
-            return json.dumps(
-                {
-                    "profile": self.daemon.active.name if self.daemon.active else "",
-                    "applied": report.applied,
-                    "restored": report.restored,
-                    "unchanged": report.unchanged,
-                    "not_applicable": {
-                        f"{p}:{k}": r for (p, k), r in report.not_applicable.items()
-                    },
-                    "apply_ms": round(report.seconds * 1000, 3),
-                }
-            )
+            return json.dumps(self._report(report))
 
-        return str(_answer(run))
+        return _answer(run)
+
+    @dbus.service.method(INTERFACE, in_signature="ss", out_signature="u", sender_keyword="sender")
+    def HoldProfile(self, name: str, reason: str, sender: str | None = None) -> int:
+        """Apply a profile while the caller needs it; returns a cookie for ReleaseProfile.
+        The hold also ends when the caller leaves the bus (exits or crashes)."""
+
+        def run() -> int:
+            self._authorize(sender, "HoldProfile")
+            cookie, _ = self.daemon.hold(str(name), str(reason), sender or "")
+            if sender and sender not in self._holders:
+                self._holders[sender] = self.bus.watch_name_owner(
+                    sender, lambda owner, holder=sender: self._holder_changed(holder, owner)
+                )
+            return cookie
+
+        return _answer(run)
+
+    @dbus.service.method(INTERFACE, in_signature="u", out_signature="", sender_keyword="sender")
+    def ReleaseProfile(self, cookie: int, sender: str | None = None) -> None:
+        """End a hold; the previous hold, or the base profile, comes back into force."""
+
+        def run() -> None:
+            self._authorize(sender, "ReleaseProfile")
+            self.daemon.release(int(cookie))
+
+        _answer(run)
+
+    def _holder_changed(self, holder: str, owner: str) -> None:
+        if owner:  # the first call reports the current owner: still connected
+            return
+        watch = self._holders.pop(holder, None)
+        if watch is not None:
+            watch.cancel()
+        self.daemon.release_owner(holder)
+
+    def _report(self, report: StepReport | None) -> dict[str, Any]:
+        active = self.daemon.active.name if self.daemon.active else ""
+        if report is None:
+            return {
+                "profile": active,
+                "base": self.daemon.base or "",
+                "held": True,
+                "applied": 0,
+                "restored": 0,
+                "unchanged": 0,
+                "not_applicable": {},
+                "apply_ms": 0.0,
+            }
+        return {
+            "profile": active,
+            "base": self.daemon.base or "",
+            "held": False,
+            "applied": report.applied,
+            "restored": report.restored,
+            "unchanged": report.unchanged,
+            "not_applicable": {f"{p}:{k}": r for (p, k), r in report.not_applicable.items()},
+            "apply_ms": round(report.seconds * 1000, 3),
+        }
 
     @dbus.service.method(INTERFACE, in_signature="", out_signature="", sender_keyword="sender")
     def Off(self, sender: str | None = None) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from latencyd.journal import Journal
 from tests.harness import Latencyd
 
 
@@ -123,14 +124,15 @@ def test_kill9_then_restart_restores_every_original(
     d = start_daemon("test-a")
     d.kill9()
     assert sysctl("vm.swappiness") == "11"  # nobody restored: the process died
-    journal = json.loads((d.state_dir / "journal.json").read_text())
-    assert journal["originals"]["sysctl"]["vm.swappiness"] == before["vm.swappiness"]
+    journal = Journal(d.state_dir).load()
+    assert journal is not None
+    assert journal.originals[("sysctl", "vm.swappiness")] == before["vm.swappiness"]
     d.start()  # same state dir; it also re-applies test-a afterwards
     assert "unclean exit" in d.log()
     d.stop()
     after = {k: sysctl(k) for k in before}
     assert after == before
-    assert not (d.state_dir / "journal.json").exists()
+    assert not (d.state_dir / "journal.jsonl").exists()
 
 
 def test_kill9_then_restart_without_profile_leaves_originals(
@@ -161,7 +163,7 @@ def test_sigterm_restores_every_original(start_daemon: Callable[..., Latencyd]) 
     assert sysctl("vm.swappiness") == "11"
     assert d.stop() == 0
     assert {k: sysctl(k) for k in before} == before
-    assert not (d.state_dir / "journal.json").exists()
+    assert not (d.state_dir / "journal.jsonl").exists()
 
 
 def test_sighup_reloads_changed_profile(

@@ -43,7 +43,7 @@ def test_save_replaces_atomically_and_privately(tmp_path: Path) -> None:
     journal = Journal(state_dir)
     journal.save(JournalState({("a", "k"): 1}, "one"))
     journal.save(JournalState({("b", "k"): 2}, None))
-    assert sorted(p.name for p in state_dir.iterdir()) == ["journal.json"]  # no .tmp left
+    assert sorted(p.name for p in state_dir.iterdir()) == ["journal.jsonl"]  # no .tmp left
     assert journal.load() == JournalState({("b", "k"): 2}, None)
     assert stat.S_IMODE(journal.path.stat().st_mode) == 0o600
     assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
@@ -109,7 +109,7 @@ def test_unreadable_journal_path_is_a_journal_error(tmp_path: Path) -> None:
         journal.load()
 
 
-@pytest.mark.parametrize("fmt", [2, 0, "1", None])
+@pytest.mark.parametrize("fmt", [1, 0, "2", None])
 def test_unknown_format(tmp_path: Path, fmt: object) -> None:
     journal = Journal(tmp_path)
     journal.path.write_text(json.dumps({"format": fmt, "originals": {}}))
@@ -131,3 +131,48 @@ def test_clear_failure_is_a_journal_error(tmp_path: Path) -> None:
     journal.path.mkdir()
     with pytest.raises(JournalError, match=r"^cannot remove journal "):
         journal.clear()
+
+
+def test_later_saves_append_deltas_and_load_replays_them(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    journal.save(JournalState({("a", "k"): 1}, "p"))
+    journal.save(JournalState({("a", "k"): 1, ("kthread", "thread/7@9/affinity"): "0-1"}, "p"))
+    journal.save(JournalState({("kthread", "thread/7@9/affinity"): "0-1"}, "q"))
+    lines = journal.path.read_text().splitlines()
+    assert len(lines) == 3  # a snapshot, then one small line per change
+    assert json.loads(lines[1]) == {"set": [["kthread", "thread/7@9/affinity", "0-1"]]}
+    assert json.loads(lines[2]) == {"drop": [["a", "k"]], "profile": "q"}
+    assert Journal(tmp_path).load() == JournalState(
+        {("kthread", "thread/7@9/affinity"): "0-1"}, "q"
+    )
+
+
+def test_unchanged_state_writes_nothing(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    journal.save(JournalState({("a", "k"): 1}, "p"))
+    before = journal.path.read_text()
+    journal.save(JournalState({("a", "k"): 1}, "p"))
+    assert journal.path.read_text() == before
+
+
+def test_a_torn_last_append_is_ignored_but_a_bad_middle_line_is_an_error(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    journal.save(JournalState({("a", "k"): 1}, "p"))
+    journal.save(JournalState({("a", "k"): 1, ("b", "k"): 2}, "p"))
+    with open(journal.path, "a") as f:
+        f.write('{"set":[["c","k",')  # the crash came mid-append: no newline
+    assert Journal(tmp_path).load() == JournalState({("a", "k"): 1, ("b", "k"): 2}, "p")
+    with open(journal.path, "a") as f:
+        f.write("\n{}\n")
+    with pytest.raises(JournalError, match=r"journal\.jsonl:3 is malformed"):
+        Journal(tmp_path).load()
+
+
+def test_growing_journal_is_compacted_into_one_snapshot(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    state = JournalState({}, "p")
+    for i in range(400):
+        state = JournalState({("kthread", f"thread/{i}@1/affinity"): "0-1"}, "p")
+        journal.save(state)
+    assert len(journal.path.read_text().splitlines()) < 300
+    assert Journal(tmp_path).load() == state

@@ -1,0 +1,105 @@
+"""Holding a profile while an application runs: latencyctl hold, release, holder leaving the bus."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.e2e.test_daemon import _cli_as_nobody, sysctl
+from tests.harness import BIN, Latencyd, wait_for
+
+
+def active(d: Latencyd) -> str:
+    return d.ctl("active").stdout.strip()
+
+
+def test_hold_applies_a_profile_while_the_command_runs(
+    start_daemon: Callable[..., Latencyd], tmp_path: Path
+) -> None:
+    d = start_daemon("test-a")
+    seen = tmp_path / "seen"
+    script = f"cat /proc/sys/vm/dirty_ratio > {seen}; exit 7"
+    r = d.ctl("hold", "test-b", "--", "sh", "-c", script)
+    assert r.returncode == 7  # the command's own exit code
+    assert seen.read_text().strip() == "15"  # test-b was in force while it ran
+    assert active(d) == "test-a"  # and test-a came back after
+    assert sysctl("vm.dirty_bytes") == str(64 << 20)
+
+
+def test_hold_ends_when_the_holder_leaves_the_bus(start_daemon: Callable[..., Latencyd]) -> None:
+    d = start_daemon("test-a")
+    holder = subprocess.Popen(
+        [str(BIN / "latencyctl"), "hold", "test-b", "--", "sleep", "60"],
+        env=d.env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: active(d) == "test-b", timeout=10)
+        status = json.loads(d.ctl("status", "--json").stdout)
+        assert [h["profile"] for h in status["holds"]] == ["test-b"]
+        assert status["holds"][0]["reason"] == "sleep 60"
+        assert status["base_profile"] == "test-a"
+        holder.send_signal(signal.SIGKILL)  # no chance to release: the bus tells the daemon
+        holder.wait()
+        wait_for(lambda: active(d) == "test-a", timeout=10)
+    finally:
+        holder.kill()
+        subprocess.run(["pkill", "-f", "sleep 60"], check=False)
+    assert "left the bus" in d.log()
+    assert json.loads(d.ctl("status", "--json").stdout)["holds"] == []
+
+
+def test_switch_during_a_hold_changes_the_base_for_later(
+    start_daemon: Callable[..., Latencyd], tmp_path: Path
+) -> None:
+    d = start_daemon("test-a")
+    ctl = str(BIN / "latencyctl")
+    script = f"{ctl} switch balanced --json > {tmp_path / 'switch.json'}; {ctl} active"
+    r = d.ctl("hold", "test-b", "--", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "test-b"  # still held while the script ran
+    report = json.loads((tmp_path / "switch.json").read_text())
+    assert report["held"] is True and report["base"] == "balanced"
+    assert active(d) == "balanced"  # applied when the hold ended
+
+
+def test_release_by_cookie_and_unknown_cookie(start_daemon: Callable[..., Latencyd]) -> None:
+    d = start_daemon("test-a")
+    import dbus
+
+    conn = dbus.bus.BusConnection(d.address)
+    try:
+        obj = conn.get_object("org.latencyd.Daemon1", "/org/latencyd/Daemon1", introspect=False)
+        iface = dbus.Interface(obj, "org.latencyd.Daemon1")
+        first = iface.HoldProfile("test-b", "first")
+        second = iface.HoldProfile("balanced", "second")  # holds stack: the newest wins
+        assert iface.ActiveProfile() == "balanced"
+        assert d.ctl("release", str(second)).returncode == 0
+        assert iface.ActiveProfile() == "test-b"
+        r = d.ctl("release", "999")
+        assert r.returncode == 2 and "no hold with cookie 999" in r.stderr
+        iface.ReleaseProfile(first)
+        assert iface.ActiveProfile() == "test-a"
+    finally:
+        conn.close()
+
+
+def test_bad_profile_cannot_be_held(start_daemon: Callable[..., Latencyd]) -> None:
+    d = start_daemon("test-a")
+    r = d.ctl("hold", "test-bad", "--", "true")
+    assert r.returncode == 2 and "unknown option 'no_such_option'" in r.stderr
+    assert active(d) == "test-a"
+
+
+def test_unprivileged_caller_cannot_hold(
+    start_daemon: Callable[..., Latencyd], tmp_path: Path
+) -> None:
+    d = start_daemon("test-a")
+    out = tmp_path / "out.txt"
+    assert _cli_as_nobody(d.address, "hold", "test-b", "--", "true", capture=out) == 4
+    assert "permission denied" in out.read_text()
+    assert active(d) == "test-a"
