@@ -56,6 +56,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def pin_threads(d: Latencyd, filesystems: list[LoopFs], count: int) -> dict[str, Any]:
     outside_ms: list[float] = []
+    finding_ms: list[float] = []
     pinned = 0
     made = 0
     while made < count:
@@ -64,6 +65,7 @@ def pin_threads(d: Latencyd, filesystems: list[LoopFs], count: int) -> dict[str,
                 break
             returned = fs.mount()
             (pid,) = jbd2_pids(fs.device)
+            finding_ms.append((time.monotonic() - returned) * 1000)
             made += 1
             deadline = returned + 5.0
             while time.monotonic() < deadline:
@@ -81,6 +83,7 @@ def pin_threads(d: Latencyd, filesystems: list[LoopFs], count: int) -> dict[str,
         "pinned_share": pinned / made,
         "outside_p50_ms": percentile(outside_ms, 0.5),
         "outside_p99_ms": percentile(outside_ms, 0.99),
+        "finding_p50_ms": percentile(finding_ms, 0.5),
         "daemon_event_to_pinned_us": daemon_side,
         "source": status.get("task_events"),
     }

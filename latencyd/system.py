@@ -210,3 +210,15 @@ class System:
             raise KernelRefused(
                 f"setting pid {pid} to {policy} priority {priority}", describe_oserror(exc)
             ) from exc
+
+    # -- services ------------------------------------------------------------------
+    def restart_service(self, unit: str) -> bool:
+        """`systemctl try-restart UNIT` when systemd runs the machine; False otherwise."""
+        if not self.is_real or not os.path.isdir("/run/systemd/system"):
+            return False
+        import subprocess
+
+        result = subprocess.run(
+            ["systemctl", "try-restart", unit], capture_output=True, timeout=30, check=False
+        )
+        return result.returncode == 0

@@ -120,6 +120,7 @@ class IrqPlugin(Plugin):
         self.baseline: dict[int, tuple[int, ...]] = {}
         self.columns: list[int] = []
         self.baseline_at = 0.0
+        self.restarted_irqbalance = False
 
     # -- the machine's IRQs ----------------------------------------------------------
     def inventory(self) -> list[Irq]:
@@ -258,6 +259,8 @@ class IrqPlugin(Plugin):
         if value is not None:
             kept.append(f'{BANNED_VAR}="{value}"  # set by latencyd; restored when it stops')
         self.system.replace_file(path, "\n".join(kept) + "\n" if kept else "")
+        # irqbalance reads IRQBALANCE_BANNED_CPULIST only when it starts.
+        self.restarted_irqbalance = self.system.restart_service("irqbalance.service")
 
     # -- monitoring -------------------------------------------------------------------------
     def on_profile_applied(self) -> None:
@@ -298,6 +301,11 @@ class IrqPlugin(Plugin):
                 f"running (pid {pid}); banned CPUs in "
                 f"/{self.irqbalance_file()}: {self.read_banned() or 'none'}"
             )
+            if self.read_banned() and not self.restarted_irqbalance:
+                info["irqbalance"] += (
+                    " (it reads this only at start and systemd could not "
+                    "restart it here: restart irqbalance to apply)"
+                )
         else:
             info["irqbalance"] = "not running"
         return info

@@ -415,7 +415,8 @@ def test_irqbalance_running_bans_the_isolated_cpus(
     assert plugin.capture("irqbalance/banned") == "1"
     assert engine.verify() == []
     assert plugin.status()["irqbalance"] == (
-        "running (pid 812); banned CPUs in /etc/default/irqbalance: 1"
+        "running (pid 812); banned CPUs in /etc/default/irqbalance: 1 (it reads this only at "
+        "start and systemd could not restart it here: restart irqbalance to apply)"
     )
     assert engine.off() == []
     assert config.read_text() == original
