@@ -122,6 +122,7 @@ class KthreadPlugin(Plugin):
         self.last_scan = 0.0
         self.pinned_delays_ns: list[int] = []  # event timestamp -> pinned, for status/bench
         self.young_kthreads: set[int] = set()  # forked by kthreadd, maybe not named yet
+        self.moved_tasks: set[str] = set()  # user-task keys we own (scans and events)
 
     # -- deciding what a task wants --------------------------------------------------
     def kthread_settings(self, task: Task) -> dict[str, Value]:
@@ -152,14 +153,14 @@ class KthreadPlugin(Plugin):
                 current = self.system.affinity(tid)
             except KernelRefused:
                 continue
+            key = f"task/{task.pid}@{task.start_time}/{tid}/affinity"
             if current & isolate:
-                keep = (current - isolate) or housekeeping
-                wanted[f"task/{task.pid}@{task.start_time}/{tid}/affinity"] = keep.to_list()
-            elif f"task/{task.pid}@{task.start_time}/{tid}/affinity" in self._owned:
-                wanted[f"task/{task.pid}@{task.start_time}/{tid}/affinity"] = current.to_list()
+                wanted[key] = ((current - isolate) or housekeeping).to_list()
+                self.moved_tasks.add(key)
+            elif key in self.moved_tasks:
+                # Already moved by us: keep owning it, or the next rescan would restore it.
+                wanted[key] = current.to_list()
         return wanted
-
-    _owned: frozenset[str] = frozenset()
 
     def expand(self, options: Mapping[str, Any]) -> dict[str, Value]:
         self.options = options
@@ -175,7 +176,7 @@ class KthreadPlugin(Plugin):
             elif options.get("isolate_tasks"):
                 tids = [int(t) for t in self.system.listdir(f"proc/{task.pid}/task") if t.isdigit()]
                 wanted.update(self.user_task_settings(task, tids))
-        self._owned = frozenset(k for k in wanted if k.startswith("task/"))
+        self.moved_tasks = {k for k in wanted if k.startswith("task/")}
         self.last_scan = time.monotonic()
         return wanted
 

@@ -474,3 +474,21 @@ def test_schema_errors(m: Machinery, machine: Machine, rule: dict[str, Any], mes
     with pytest.raises(SchemaError) as info:
         validate(m.plugin.schema, {"rule": [rule]}, machine)
     assert info.value.message.startswith(message)
+
+
+def test_a_task_moved_by_an_event_stays_owned_across_rescans(
+    m: Machinery, machine: Machine
+) -> None:
+    """Moved by the watcher, then a rescan: it must not be handed back to the isolated CPU."""
+    section = {"isolate_tasks": "1"}
+    engine = m.engine()
+    engine.switch(m.wanted(machine, section), "p")
+    add_task(m.root, 700, "late", start_time=9000)
+    m.sched.add(700, {1})
+    moved = {("kthread", k): v for k, v in m.plugin.on_task(TaskEvent("comm", 700, 700)).items()}
+    engine.extend(moved)
+    assert m.sched.affinity[700] == {0, 2, 3}
+    engine.switch(m.wanted(machine, section), "p", scope=["kthread"])  # the periodic rescan
+    assert m.sched.affinity[700] == {0, 2, 3}
+    engine.off()
+    assert m.sched.affinity[700] == {1}
