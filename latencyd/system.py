@@ -7,8 +7,10 @@ Errors become `KernelRefused` with the errno spelled out, never a bare OSError.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import platform
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,3 +224,67 @@ class System:
             ["systemctl", "try-restart", unit], capture_output=True, timeout=30, check=False
         )
         return result.returncode == 0
+
+    # -- perf counters -----------------------------------------------------------------
+    TRACEFS = ("sys/kernel/tracing", "sys/kernel/debug/tracing")
+
+    def tracepoint_id(self, category: str, name: str) -> int | None:
+        """The tracepoint's id, or None when tracefs is not mounted (or it does not exist)."""
+        for base in self.TRACEFS:
+            path = f"{base}/events/{category}/{name}/id"
+            if self.exists(path):
+                return int(self.read(path))
+        return None
+
+    def open_tracepoint_counters(self, tracepoint_id: int, cpus: CpuSet) -> dict[int, int]:
+        """One counting perf event per CPU (no sampling, no ring buffer): cpu -> fd."""
+        fds: dict[int, int] = {}
+        if _NR_PERF_EVENT_OPEN is None:
+            raise KernelRefused("opening perf counters", f"unsupported on {platform.machine()}")
+        attr = _PerfEventAttr(
+            type=_PERF_TYPE_TRACEPOINT, size=ctypes.sizeof(_PerfEventAttr), config=tracepoint_id
+        )
+        try:
+            for cpu in cpus:
+                fd = _libc.syscall(
+                    _NR_PERF_EVENT_OPEN, ctypes.byref(attr), -1, cpu, -1, _PERF_FLAG_FD_CLOEXEC
+                )
+                if fd < 0:
+                    err = ctypes.get_errno()
+                    raise KernelRefused(
+                        f"opening a perf counter on CPU {cpu}",
+                        describe_oserror(OSError(err, os.strerror(err))),
+                    )
+                fds[cpu] = fd
+        except KernelRefused:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        return fds
+
+    @staticmethod
+    def read_counter(fd: int) -> int:
+        return int(struct.unpack("=Q", os.read(fd, 8))[0])
+
+
+# perf_event_open(2): only the fields a plain counter needs; `size` tells the kernel.
+_NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(platform.machine())
+_PERF_TYPE_TRACEPOINT = 2
+_PERF_FLAG_FD_CLOEXEC = 8
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _PerfEventAttr(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_period", ctypes.c_uint64),
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),
+        ("config2", ctypes.c_uint64),
+    ]

@@ -121,6 +121,9 @@ class IrqPlugin(Plugin):
         self.columns: list[int] = []
         self.baseline_at = 0.0
         self.restarted_irqbalance = False
+        self.counters: dict[int, int] = {}  # cpu -> perf counter fd (irq:irq_handler_entry)
+        self.counter_base: dict[int, int] = {}
+        self.counter_note = "unavailable: no profile applied"
 
     # -- the machine's IRQs ----------------------------------------------------------
     def inventory(self) -> list[Irq]:
@@ -266,6 +269,35 @@ class IrqPlugin(Plugin):
     def on_profile_applied(self) -> None:
         self.baseline = {i.number: i.counts for i in self.inventory()}
         self.baseline_at = time.monotonic()
+        self._open_handler_counters()
+
+    def _open_handler_counters(self) -> None:
+        """irq:irq_handler_entry counted per CPU by perf, where tracefs is mounted: it
+        catches every handler run, including shared and short-lived IRQs."""
+        self.close()
+        self.counter_note = "unavailable: tracefs is not mounted"
+        tp = self.system.tracepoint_id("irq", "irq_handler_entry")
+        if tp is None:
+            return
+        try:
+            self.counters = self.system.open_tracepoint_counters(tp, self.system.online_cpus())
+        except KernelRefused as exc:
+            self.counter_note = f"unavailable: {exc.reason}"
+            return
+        self.counter_base = {c: self.system.read_counter(fd) for c, fd in self.counters.items()}
+        self.counter_note = ""
+
+    def handler_counts(self) -> dict[int, int]:
+        """irq_handler_entry events per CPU since the profile was applied (perf)."""
+        return {
+            c: self.system.read_counter(fd) - self.counter_base.get(c, 0)
+            for c, fd in self.counters.items()
+        }
+
+    def close(self) -> None:
+        for fd in self.counters.values():
+            os.close(fd)
+        self.counters = {}
 
     def status(self) -> dict[str, Any]:
         irqs = self.inventory()
@@ -295,6 +327,17 @@ class IrqPlugin(Plugin):
         if self.isolated:
             info["isolated_cpus"] = self.isolated.to_list()
             info["irqs_on_isolated_cpus_since_apply"] = on_isolated
+        if self.counters:
+            counts = self.handler_counts()
+            info["perf_irq_handler_entry_per_cpu_since_apply"] = {
+                f"CPU{c}": n for c, n in sorted(counts.items())
+            }
+            if self.isolated:
+                info["perf_irq_handlers_on_isolated_cpus_since_apply"] = sum(
+                    n for c, n in counts.items() if c in self.isolated
+                )
+        else:
+            info["perf_irq_handler_counts"] = self.counter_note
         pid = self.irqbalance_pid()
         if pid:
             info["irqbalance"] = (
