@@ -150,3 +150,19 @@ def test_search_path_order(tmp_path: Path) -> None:
         shipped_profiles_dir(),
     ]
     assert (shipped_profiles_dir() / "latency-performance.toml").is_file()
+
+
+def test_the_shipped_example_config_loads_with_every_setting_uncommented(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "systemd" / "latencyd.conf"
+    assert load_config(example).default_profile == "latency-performance"
+    uncommented = "\n".join(
+        line[2:] if line.startswith("# ") and " = " in line else line
+        for line in example.read_text().splitlines()
+    )
+    path = tmp_path / "latencyd.conf"
+    path.write_text(uncommented)
+    config = load_config(path)
+    assert config.admin_group == "latency"
+    assert config.verify_interval_s == 10
+    assert config.profile_dirs == (Path("/srv/latency/profiles"),)
+    assert config.task_events == "auto"
