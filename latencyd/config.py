@@ -7,16 +7,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from latencyd.errors import LatencydError
+from latencyd.errors import ConfigError
 
 CONFIG_FILE = Path("/etc/latencyd/latencyd.conf")
 ETC_PROFILES = Path("/etc/latencyd/profiles")
 DEFAULT_STATE_DIR = Path("/run/latencyd")
 FALLBACK_PROFILE = "latency-performance"
-
-
-class ConfigError(LatencydError):
-    dbus_name = "org.latencyd.Error.BadConfig"
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,12 @@ class PermissionDenied(LatencydError):
     dbus_name = "org.latencyd.Error.PermissionDenied"
 
 
+class ConfigError(LatencydError):
+    """The daemon's configuration file is malformed: `file: what is wrong`."""
+
+    dbus_name = "org.latencyd.Error.BadConfig"
+
+
 class NoSuchHold(LatencydError):
     dbus_name = "org.latencyd.Error.NoSuchHold"
 

@@ -10,13 +10,12 @@ from latencyd.config import (
     ETC_PROFILES,
     FALLBACK_PROFILE,
     Config,
-    ConfigError,
     load_config,
     search_path,
     shipped_profiles_dir,
 )
 from latencyd.cpuset import CpuSet
-from latencyd.errors import ProfileError
+from latencyd.errors import ConfigError, ProfileError
 from latencyd.explain import explain, plain
 from tests.unit.fakesys import make_fake_root
 
