@@ -15,7 +15,6 @@ from latencyd.engine import Drift, Engine, StepReport
 from latencyd.errors import LatencydError, NoSuchHold
 from latencyd.plugin import Plugin
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
-from latencyd.schema import Machine
 from latencyd.system import System
 from latencyd.taskevents import TaskEvent
 
@@ -256,7 +255,7 @@ class Daemon:
 
     def machine_changed(self) -> None:
         """CPUs went on/offline: re-resolve the profile's CPU lists ("all") and re-apply."""
-        self.library.machine = Machine(self.system.online_cpus(), self.system.mem_total_bytes())
+        self.library.machine = self.system.machine()
         if self.active_ref is not None:
             try:
                 self._apply(self.active_ref)

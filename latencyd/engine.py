@@ -76,7 +76,6 @@ class Engine:
         self.not_applicable: dict[SettingId, str] = {}
         self.profile: str | None = None
         self.last_step: StepReport | None = None
-        self._saved: tuple[dict[SettingId, Value], str | None] | None = None
 
     # -- what a profile wants -------------------------------------------------
     def wanted(self, profile: Profile, only: Iterable[str] | None = None) -> dict[SettingId, Value]:
@@ -251,7 +250,6 @@ class Engine:
         self.not_applicable.clear()
         self.profile = None
         self.journal.clear()
-        self._saved = None  # the journal on disk is gone: the next _save must write it
         return problems
 
     def recover(self) -> list[str] | None:
@@ -266,7 +264,6 @@ class Engine:
         )
         problems = self._restore_all(list(state.originals), state.originals)
         self.journal.clear()
-        self._saved = None
         return problems
 
     def _restore_all(
@@ -318,15 +315,11 @@ class Engine:
         return problems
 
     def _save(self) -> None:
-        """Write the journal if what it must hold changed (each write is an fsync)."""
-        state = (dict(self.originals), self.profile)
-        if state == self._saved:
-            return
+        """Make the journal hold the current originals (it writes only what changed)."""
         if self.originals:
-            self.journal.save(JournalState(state[0], self.profile))
+            self.journal.save(JournalState(dict(self.originals), self.profile))
         else:
             self.journal.clear()
-        self._saved = state
 
 
 def _reason(exc: LatencydError) -> str:

@@ -9,7 +9,7 @@ from latencyd.config import CONFIG_FILE, load_config, search_path
 from latencyd.cpuset import CpuSet
 from latencyd.plugin import load_plugins
 from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine, Schema
+from latencyd.schema import Schema
 from latencyd.system import System
 
 
@@ -30,7 +30,7 @@ def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dic
     library = ProfileLibrary(
         search_path(profile_dirs, load_config(CONFIG_FILE)),
         {n: p.schema for n, p in plugins.items()},
-        Machine(system.online_cpus(), system.mem_total_bytes()),
+        system.machine(),
     )
     profile = library.load(name_or_path)
     sections = {

@@ -45,6 +45,7 @@ class Journal:
         self.path = self.state_dir / "journal.jsonl"
         self._written: JournalState | None = None  # what the file holds, as we wrote it
         self._lines = 0
+        self._cleared = False  # we removed the file and wrote nothing since
 
     # -- reading ------------------------------------------------------------------
     def load(self) -> JournalState | None:
@@ -145,6 +146,7 @@ class Journal:
             raise JournalError(f"cannot write journal {self.path}: {exc}") from exc
         self._written = JournalState(dict(state.originals), state.profile)
         self._lines = 1
+        self._cleared = False
 
     def _append(self, line: str) -> None:
         try:
@@ -159,6 +161,9 @@ class Journal:
         self._lines += 1
 
     def clear(self) -> None:
+        """Remove the journal (once: removing it again would cost a directory fsync)."""
+        if self._cleared:
+            return
         try:
             self.path.unlink(missing_ok=True)
             self._sync_dir()
@@ -166,6 +171,7 @@ class Journal:
             raise JournalError(f"cannot remove journal {self.path}: {exc}") from exc
         self._written = None
         self._lines = 0
+        self._cleared = True
 
     def _sync_dir(self) -> None:
         if not self.state_dir.exists():

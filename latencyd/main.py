@@ -18,10 +18,9 @@ from latencyd.journal import Journal
 from latencyd.mainloop import PRIORITY_HIGH, MainLoop
 from latencyd.plugin import load_plugins
 from latencyd.profile import Profile, ProfileLibrary
-from latencyd.schema import Machine
 from latencyd.system import System
 from latencyd.taskevents import TaskSource
-from latencyd.watchers import SUBSYSTEM_EVENTS, UdevWatcher
+from latencyd.watchers import DEVICE_EVENT_KINDS, UdevWatcher
 
 log = logging.getLogger("latencyd")
 COALESCE_MS = 5  # a device burst (bind, queues, links) becomes one refresh
@@ -41,9 +40,8 @@ class DeviceWatch:
         daemon.before_apply.append(self.sync)
 
     def sync(self, profile: Profile | None) -> None:
-        kinds = set(SUBSYSTEM_EVENTS) | {k for ks in SUBSYSTEM_EVENTS.values() for k in ks}
         wanted = profile is not None and any(
-            self.daemon.plugins[n].events & kinds for n in profile.sections
+            self.daemon.plugins[n].events & DEVICE_EVENT_KINDS for n in profile.sections
         )
         if wanted and self.watcher is None:
             try:
@@ -139,9 +137,10 @@ class TaskWatch:
 def build(args: argparse.Namespace, config: Config) -> Daemon:
     system = System(args.root)
     plugins = load_plugins(system)
-    machine = Machine(system.online_cpus(), system.mem_total_bytes())
     library = ProfileLibrary(
-        search_path(args.profile_dir, config), {n: p.schema for n, p in plugins.items()}, machine
+        search_path(args.profile_dir, config),
+        {n: p.schema for n, p in plugins.items()},
+        system.machine(),
     )
     engine = Engine(plugins, Journal(args.state_dir))
     return Daemon(system, plugins, library, engine)

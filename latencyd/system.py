@@ -19,6 +19,7 @@ from typing import Any
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused
+from latencyd.schema import Machine
 
 
 def describe_oserror(exc: OSError) -> str:
@@ -130,6 +131,10 @@ class System:
     # -- machine facts ---------------------------------------------------------
     def online_cpus(self) -> CpuSet:
         return CpuSet.from_list(self.read("sys/devices/system/cpu/online"))
+
+    def machine(self) -> Machine:
+        """The facts profile values may refer to: the online CPUs ("all") and RAM ("3%")."""
+        return Machine(self.online_cpus(), self.mem_total_bytes())
 
     def mem_total_bytes(self) -> int:
         for line in self.read("proc/meminfo").splitlines():

@@ -129,13 +129,10 @@ class PerfTaskSource:
                 if ev is None:
                     break
                 kind = self._types.get(ev.type)
-                stamp = ev.sample_time - self.clock_offset_ns
-                if kind == "fork":
-                    events.append(TaskEvent("fork", ev.pid, ev.tid, ev.ppid, stamp))
-                elif kind == "comm":
-                    events.append(TaskEvent("comm", ev.pid, ev.tid, 0, stamp))
-                elif kind == "exit":
-                    events.append(TaskEvent("exit", ev.pid, ev.tid, 0, stamp))
+                if kind is not None:
+                    ppid = ev.ppid if kind == "fork" else 0
+                    stamp = ev.sample_time - self.clock_offset_ns
+                    events.append(TaskEvent(kind, ev.pid, ev.tid, ppid, stamp))
                 elif ev.type == self._lost:
                     events.append(TaskEvent("lost", 0, 0, lost=True))
         return events

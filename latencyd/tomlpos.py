@@ -93,8 +93,8 @@ def _closing_quotes(text: str, start: int, delim: str) -> int:
     return -1
 
 
-def _header_end(line: str, close: str) -> int:
-    """Index of the `close` bracket(s) ending a table header, skipping quoted key parts."""
+def _find_unquoted(line: str, target: str) -> int:
+    """Index of `target` in line outside quoted key parts, or -1."""
     quote = ""
     for i, ch in enumerate(line):
         if quote:
@@ -102,23 +102,15 @@ def _header_end(line: str, close: str) -> int:
                 quote = ""
         elif ch in "\"'":
             quote = ch
-        elif line.startswith(close, i):
-            return i
-    return len(line)
-
-
-def _key_end(line: str) -> int:
-    """Index of the '=' that ends the key part, skipping quoted key parts."""
-    quote = ""
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "=":
+        elif line.startswith(target, i):
             return i
     return -1
+
+
+def _header_end(line: str, close: str) -> int:
+    """Index of the `close` bracket(s) ending a table header (end of line if missing)."""
+    end = _find_unquoted(line, close)
+    return end if end >= 0 else len(line)
 
 
 def key_lines(text: str) -> dict[KeyPath, int]:
@@ -151,7 +143,7 @@ def key_lines(text: str) -> dict[KeyPath, int]:
             for n in range(1, len(table) + 1):
                 lines.setdefault(table[:n], lineno)
         else:
-            eq = _key_end(line)
+            eq = _find_unquoted(line, "=")  # the "=" ending the key part
             if eq < 0:
                 continue
             keys = tuple(_split_key(line[:eq]))

@@ -23,6 +23,9 @@ SUBSYSTEM_EVENTS = {
     "pci": ("pci", "irq"),
     "virtio": ("irq",),
 }
+DEVICE_EVENT_KINDS = frozenset(SUBSYSTEM_EVENTS) | {
+    kind for kinds in SUBSYSTEM_EVENTS.values() for kind in kinds
+}
 
 # A driver bind/unbind (a device reset, a rebind) allocates or frees its IRQs.
 ACTIONS = frozenset({"add", "remove", "bind", "unbind", "online", "offline", "change"})

@@ -340,11 +340,11 @@ class IrqPlugin(Plugin):
             info["perf_irq_handler_counts"] = self.counter_note
         pid = self.irqbalance_pid()
         if pid:
+            banned = self.read_banned()
             info["irqbalance"] = (
-                f"running (pid {pid}); banned CPUs in "
-                f"/{self.irqbalance_file()}: {self.read_banned() or 'none'}"
+                f"running (pid {pid}); banned CPUs in /{self.irqbalance_file()}: {banned or 'none'}"
             )
-            if self.read_banned() and not self.restarted_irqbalance:
+            if banned and not self.restarted_irqbalance:
                 info["irqbalance"] += (
                     " (it reads this only at start and systemd could not "
                     "restart it here: restart irqbalance to apply)"

@@ -14,6 +14,15 @@ import pytest
 from latencyd.journal import Journal
 from tests.harness import Latencyd
 
+# Every sysctl the test-a profile changes.
+TEST_A_KEYS = (
+    "vm.swappiness",
+    "vm.dirty_ratio",
+    "vm.dirty_bytes",
+    "vm.dirty_expire_centisecs",
+    "vm.stat_interval",
+)
+
 
 def sysctl(key: str) -> str:
     return Path("/proc/sys", key.replace(".", "/")).read_text().strip()
@@ -111,16 +120,7 @@ def test_verify_reports_drift(start_daemon: Callable[..., Latencyd]) -> None:
 def test_kill9_then_restart_restores_every_original(
     start_daemon: Callable[..., Latencyd], kernel_guard: None
 ) -> None:
-    before = {
-        k: sysctl(k)
-        for k in (
-            "vm.swappiness",
-            "vm.dirty_ratio",
-            "vm.dirty_bytes",
-            "vm.dirty_expire_centisecs",
-            "vm.stat_interval",
-        )
-    }
+    before = {k: sysctl(k) for k in TEST_A_KEYS}
     d = start_daemon("test-a")
     d.kill9()
     assert sysctl("vm.swappiness") == "11"  # nobody restored: the process died
@@ -149,16 +149,7 @@ def test_kill9_then_restart_without_profile_leaves_originals(
 
 
 def test_sigterm_restores_every_original(start_daemon: Callable[..., Latencyd]) -> None:
-    before = {
-        k: sysctl(k)
-        for k in (
-            "vm.swappiness",
-            "vm.dirty_ratio",
-            "vm.dirty_bytes",
-            "vm.stat_interval",
-            "vm.dirty_expire_centisecs",
-        )
-    }
+    before = {k: sysctl(k) for k in TEST_A_KEYS}
     d = start_daemon("test-a")
     assert sysctl("vm.swappiness") == "11"
     assert d.stop() == 0

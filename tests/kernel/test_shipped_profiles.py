@@ -11,7 +11,6 @@ from latencyd.engine import Engine
 from latencyd.journal import Journal
 from latencyd.plugin import load_plugins
 from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine
 from latencyd.system import System
 
 SHIPPED = sorted(p.stem for p in shipped_profiles_dir().glob("*.toml"))
@@ -24,7 +23,7 @@ def setup(tmp_path: Path) -> tuple[ProfileLibrary, Engine]:
     library = ProfileLibrary(
         [shipped_profiles_dir()],
         {n: p.schema for n, p in plugins.items()},
-        Machine(system.online_cpus(), system.mem_total_bytes()),
+        system.machine(),
     )
     return library, Engine(plugins, Journal(tmp_path / "state"))
 
