@@ -110,8 +110,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
         f"{report['profile']}: {report['applied']} applied, {report['restored']} restored, "
         f"{report['unchanged']} unchanged in {report['apply_ms']:.1f} ms"
     )
-    for key, reason in report["not_applicable"].items():
-        text += f"\n  not applicable: {key}: {reason}"
+    for item in report["not_applicable"]:
+        text += f"\n  not applicable: [{item['plugin']}] {item['setting']}: {item['reason']}"
     _emit(args, report, text)
     return OK
 
@@ -145,13 +145,17 @@ def cmd_hold(args: argparse.Namespace) -> int:
             return 127
     finally:
         try:
-            _call("ReleaseProfile", cookie)
+            import dbus
+
+            _call("ReleaseProfile", dbus.UInt32(cookie))
         except CliError as exc:
             print(f"latencyctl: releasing hold {cookie}: {exc}", file=sys.stderr)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    _call("ReleaseProfile", args.cookie)
+    import dbus
+
+    _call("ReleaseProfile", dbus.UInt32(args.cookie))
     _emit(args, {"released": args.cookie}, f"hold {args.cookie} released")
     return OK
 
@@ -166,8 +170,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     drifts = json.loads(str(_call("Verify")))
     if drifts:
         text = "\n".join(
-            f"drift: [{d['plugin']}] {d['key']}: is {d['actual']!r}, profile wants {d['wanted']!r}"
-            for d in drifts
+            f"drift: [{d['plugin']}] {d['setting']}, but it is {d['actual']!r}" for d in drifts
         )
     else:
         text = "ok: every applied setting matches the profile"
@@ -245,18 +248,21 @@ def format_status(status: dict[str, Any]) -> str:
     if status.get("last_error"):
         out.append(f"last error: {status['last_error']}")
     for plugin, info in status.get("plugins", {}).items():
-        out.append(f"\n[{plugin}]")
+        out.append(f"\n[{plugin}]  (on drift: {info.get('on_drift', 'reapply')})")
         for item in info.get("applied", []):
-            out.append(f"  {item['text']}   (original: {_short(item['original'])})")
+            note = f" ({item['note']})" if item.get("note") else ""
+            out.append(f"  {item['text']}{note}   (original: {_short(item['original'])})")
         for item in info.get("not_applicable", []):
-            out.append(f"  not applicable: {item['key']}: {item['reason']}")
-        out.extend(_format_monitor(info.get("monitor", {})))
+            out.append(f"  not applicable: {item['text']}: {item['reason']}")
+        out.extend(format_tables(info.get("tables", [])))
+        out.extend(f"  {k}: {_short(v)}" for k, v in info.get("facts", {}).items())
     return "\n".join(out)
 
 
-def _format_monitor(monitor: dict[str, Any]) -> list[str]:
+def format_tables(tables: list[dict[str, Any]]) -> list[str]:
+    """Monitoring tables (latencyd.plugin.Table as JSON), columns right-aligned."""
     out = []
-    for table in monitor.get("tables", []):
+    for table in tables:
         out.append(f"  {table['title']}")
         cols = table["columns"]
         rows = [[str(c) for c in row] for row in table["rows"]]
@@ -264,9 +270,6 @@ def _format_monitor(monitor: dict[str, Any]) -> list[str]:
         out.append("    " + "  ".join(str(h).rjust(w) for h, w in zip(cols, widths, strict=True)))
         for r in rows:
             out.append("    " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
-    for key, value in monitor.items():
-        if key != "tables":
-            out.append(f"  {key}: {_short(value)}")
     return out
 
 
@@ -287,6 +290,13 @@ def format_explain(data: dict[str, Any]) -> str:
         for opt in options:
             out.append(f"  {opt['option']} = {opt['value']!r}   # {opt['from']}")
     return "\n".join(out)
+
+
+def _cookie(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 1 << 32:
+        raise ValueError(text)
+    return value
 
 
 # -- entry point ------------------------------------------------------------------------
@@ -321,7 +331,7 @@ def parser() -> argparse.ArgumentParser:
     hold.add_argument("--reason", help="shown in status (default: the command line)")
     hold.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
     release = add("release", cmd_release, "end a hold by its cookie")
-    release.add_argument("cookie", type=int)
+    release.add_argument("cookie", type=_cookie)
     add("off", cmd_off, "restore every original value (also ends every hold)")
     add("verify", cmd_verify, "check the kernel still matches the profile (exit 1 on drift)")
     add("status", cmd_status, "what each plugin applied, refused and measured")

@@ -19,17 +19,23 @@ FALLBACK_PROFILE = "latency-performance"
 class Config:
     default_profile: str = FALLBACK_PROFILE
     admin_group: str | None = None  # members may change state, besides root
-    verify_interval_s: float = 10.0  # the safety-net tick; events do the real work
+    verify_interval_s: float = 10.0  # the safety-net tick: verify everything owned
+    poll_interval_s: float = (
+        1.0  # settings no event reports (thread affinities) are read this often
+    )
     profile_dirs: tuple[Path, ...] = field(default=())
     task_events: str = "auto"  # auto | perf | proc-connector | none
+    on_stop: str = "restore"  # restore | keep (leave the tuning; the next start adopts it)
 
 
 KNOWN: dict[str, type | tuple[type, ...]] = {
     "default_profile": str,
     "admin_group": str,
     "verify_interval_s": (int, float),
+    "poll_interval_s": (int, float),
     "profile_dirs": list,
     "task_events": str,
+    "on_stop": str,
 }
 
 
@@ -49,15 +55,20 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
             raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(KNOWN)})")
         if not isinstance(value, want) or isinstance(value, bool):
             raise ConfigError(f"{path}: {key} has the wrong type ({value!r})")
+    for key in ("verify_interval_s", "poll_interval_s"):
+        if data.get(key, 0) < 0:
+            raise ConfigError(f"{path}: {key} cannot be negative ({data[key]!r})")
     dirs = data.get("profile_dirs", [])
     if not all(isinstance(d, str) for d in dirs):
         raise ConfigError(f"{path}: profile_dirs must be a list of directory paths ({dirs!r})")
     return Config(
         default_profile=data.get("default_profile", FALLBACK_PROFILE),
         admin_group=data.get("admin_group"),
-        verify_interval_s=float(data.get("verify_interval_s", 10.0)),
+        verify_interval_s=float(data.get("verify_interval_s", Config.verify_interval_s)),
+        poll_interval_s=float(data.get("poll_interval_s", Config.poll_interval_s)),
         profile_dirs=tuple(Path(p) for p in data.get("profile_dirs", [])),
         task_events=_choice(path, data, "task_events", ("auto", "perf", "proc-connector", "none")),
+        on_stop=_choice(path, data, "on_stop", ("restore", "keep")),
     )
 
 

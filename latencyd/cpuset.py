@@ -19,6 +19,12 @@ class CpuSetError(ValueError):
     pass
 
 
+# The largest CPU count any Linux configuration supports (CONFIG_NR_CPUS is at most 8192
+# on x86_64): bounds are checked before a set is built, so "0-200000000" is an error,
+# not 200 million integers.
+MAX_CPUS = 8192
+
+
 _RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 
 
@@ -51,6 +57,8 @@ class CpuSet:
                 raise CpuSetError(f"range {part!r} runs backwards")
             if step < 1:
                 raise CpuSetError(f"range {part!r} has a zero stride")
+            if hi >= MAX_CPUS:
+                raise CpuSetError(f"CPU {hi} is beyond the largest CPU number Linux supports")
             cpus.update(range(lo, hi + 1, step))
         return cls(cpus)
 
@@ -62,10 +70,16 @@ class CpuSet:
             raw = raw[2:]
         words = raw.split(",")
         if not raw or any(not w or not re.fullmatch(r"[0-9a-f]+", w) for w in words):
-            raise CpuSetError(f"{text.strip()!r} is not a hex CPU mask (like 3 or ff,ffffffff)")
+            raise CpuSetError(
+                f"{text.strip()[:40]!r} is not a hex CPU mask (like 3 or ff,ffffffff)"
+            )
+        if len(raw) > MAX_CPUS // 4 + MAX_CPUS // 32:  # hex digits plus separators
+            raise CpuSetError("CPU mask is longer than any CPU count Linux supports")
         value = 0
         for w in words:
             value = (value << 32) | int(w, 16)
+        if value.bit_length() > MAX_CPUS:
+            raise CpuSetError("CPU mask names CPUs beyond the largest Linux supports")
         return cls(i for i in range(value.bit_length()) if value >> i & 1)
 
     @classmethod
@@ -143,9 +157,12 @@ _TOKEN = re.compile(r"\s*(0x[0-9a-fA-F,]+|all|none|\d[\d,:\-]*\d|\d|[()|&~!+^-])
 class _Parser:
     """Recursive-descent parser; precedence: unary ~ > & > ^ > | + -."""
 
+    MAX_DEPTH = 32  # parentheses and ~ inside each other (the parser recurses per level)
+
     def __init__(self, expr: str, all_cpus: CpuSet) -> None:
-        self.expr = expr
+        self.expr = expr if len(expr) <= 80 else expr[:77] + "..."
         self.all = all_cpus
+        self.depth = 0
         expr = re.sub(r"\s*,\s*", ",", expr)  # "1, 2" is a list, as in from_list
         self.tokens: list[str] = []
         pos = 0
@@ -153,7 +170,8 @@ class _Parser:
         while pos < len(stripped):
             m = _TOKEN.match(stripped, pos)
             if not m:
-                raise CpuSetError(f"cannot read CPU list {expr!r} at {stripped[pos:].strip()!r}")
+                rest = stripped[pos:].strip()[:20]
+                raise CpuSetError(f"cannot read CPU list {self.expr!r} at {rest!r}")
             self.tokens.append(m.group(1))
             pos = m.end()
         self.i = 0
@@ -200,14 +218,20 @@ class _Parser:
 
     def _unary(self) -> CpuSet:
         tok = self._take()
-        if tok in ("~", "!"):
-            return self.all - self._unary()
-        if tok == "(":
-            inner = self._union()
-            if self._peek() != ")":
-                raise CpuSetError(f"missing ')' in CPU list {self.expr!r}")
-            self._take()
-            return inner
+        if tok in ("~", "!", "("):
+            self.depth += 1
+            if self.depth > self.MAX_DEPTH:
+                raise CpuSetError(f"CPU list {self.expr!r} nests more than {self.MAX_DEPTH} deep")
+            try:
+                if tok != "(":
+                    return self.all - self._unary()
+                inner = self._union()
+                if self._peek() != ")":
+                    raise CpuSetError(f"missing ')' in CPU list {self.expr!r}")
+                self._take()
+                return inner
+            finally:
+                self.depth -= 1
         if tok == "all":
             return self.all
         if tok == "none":

@@ -7,18 +7,33 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from latencyd.engine import Drift, Engine, StepReport
-from latencyd.errors import LatencydError, NoSuchHold
-from latencyd.plugin import Plugin
+from latencyd.engine import Drift, Engine, SettingId, StepReport
+from latencyd.errors import LatencydError, NoSuchHold, PermissionDenied
+from latencyd.plugin import DeviceEvent, Plugin, encode_target
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
 from latencyd.system import System
 from latencyd.taskevents import TaskEvent
 
 log = logging.getLogger("latencyd")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asked for a change: root may name profile files and apply root-only sections."""
+
+    uid: int = 0
+    name: str = "root"
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+
+ROOT = Caller()
 
 
 @dataclass(frozen=True)
@@ -32,9 +47,33 @@ class Hold:
     since: float
 
 
+@dataclass
+class Delays:
+    """Event -> settings in place, per plugin, for status and the benchmarks."""
+
+    ns: list[int] = field(default_factory=list)
+
+    def add(self, delay_ns: int) -> None:
+        self.ns.append(delay_ns)
+        del self.ns[:-1000]
+
+    def summary(self) -> dict[str, float]:
+        d = sorted(self.ns)
+        return {
+            "count": len(d),
+            "p50": round(d[len(d) // 2] / 1000, 1),
+            "p99": round(d[min(len(d) - 1, int(len(d) * 0.99))] / 1000, 1),
+            "max": round(d[-1] / 1000, 1),
+        }
+
+
 class Daemon:
     def __init__(
-        self, system: System, plugins: dict[str, Plugin], library: ProfileLibrary, engine: Engine
+        self,
+        system: System,
+        plugins: dict[str, Plugin[Any]],
+        library: ProfileLibrary,
+        engine: Engine,
     ) -> None:
         self.system = system
         self.plugins = plugins
@@ -46,29 +85,39 @@ class Daemon:
         self.holds: dict[int, Hold] = {}  # by cookie, oldest first
         self._next_cookie = 1
         self.last_error: str | None = None
-        self.on_profile_changed: list[Any] = []  # callbacks(name: str)
+        self.on_profile_changed: list[Callable[[str], None]] = []
+        self.on_drift: list[Callable[[list[dict[str, Any]]], None]] = []
         self.task_source = "none"
+        # Called with the profile about to be applied (watchers open and close here)...
         self.before_apply: list[Callable[[Profile | None], None]] = []
+        # ...and after every change to what the engine owns (drift watches follow it).
+        self.after_step: list[Callable[[], None]] = []
+        self.delays: dict[str, Delays] = {}
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, profile: str | None) -> None:
-        """Restore what an unclean exit left behind, then apply the start-up profile."""
-        problems = self.engine.recover()
-        if problems is not None:
-            log.warning(
-                "restored originals left by an unclean exit%s",
-                f" ({len(problems)} problems)" if problems else "",
-            )
+        """Adopt what a previous run left in the journal, then apply the start-up profile
+        incrementally: a restart changes only what the profile wants differently."""
+        adopted = self.engine.adopt() is not None
         if profile:
             try:
                 self.switch(profile)
             except LatencydError as exc:
-                # A bad start-up profile must not keep the daemon (and `latencyctl`) away.
+                # A bad start-up profile must not keep the daemon (and latencyctl) away.
                 self.last_error = str(exc)
                 log.error("start-up profile %s not applied: %s", profile, exc)
+        if adopted and self.active is None:
+            problems = self.engine.off()
+            log.warning(
+                "restored the originals a previous run left%s",
+                f" ({len(problems)} problems)" if problems else "",
+            )
+        self._stepped()
 
-    def stop(self) -> list[str]:
-        problems = self.engine.off()
+    def stop(self, restore: bool = True) -> list[str]:
+        """Restore everything (the default), or leave the tuning and the journal in place
+        for the next start to adopt (on_stop = "keep")."""
+        problems = self.engine.off() if restore else []
         for plugin in self.plugins.values():
             plugin.close()
         return problems
@@ -78,26 +127,42 @@ class Daemon:
         """The profile that should be active: the newest hold's, else the base profile."""
         return next(reversed(self.holds.values())).profile if self.holds else self.base
 
-    def switch(self, name: str) -> StepReport | None:
+    def load(self, ref: str, caller: Caller = ROOT) -> Profile:
+        """A profile as `caller` may have it: only root names files and applies sections
+        that can hand out root."""
+        profile = self.library.load(ref, by_path=caller.is_root)
+        if not caller.is_root:
+            for name, options in profile.sections.items():
+                reason = self.plugins[name].root_only(options)
+                if reason:
+                    raise PermissionDenied(
+                        f"profile {profile.name} cannot be applied for {caller.name} "
+                        f"(uid {caller.uid}): [{name}] {reason}; only root may apply it"
+                    )
+        return profile
+
+    def switch(self, ref: str, caller: Caller = ROOT) -> StepReport | None:
         """Set the base profile. It is applied now, unless a hold keeps another in force
         (then it is checked now and applied when the last hold is released)."""
         if self.holds:
-            self.library.load(name)  # a bad profile is an error now, not at release time
-            self.base = name
-            log.info("base profile set to %s; %s stays in force while held", name, self.in_force())
+            self.load(ref, caller)  # a bad profile is an error now, not at release time
+            self.base = ref
+            log.info("base profile set to %s; %s stays in force while held", ref, self.in_force())
             return None
-        report = self._apply(name)
-        self.base = name
+        report = self._apply(self.load(ref, caller), ref)
+        self.base = ref
         return report
 
-    def hold(self, name: str, reason: str, owner: str) -> tuple[int, StepReport]:
+    def hold(
+        self, ref: str, reason: str, owner: str, caller: Caller = ROOT
+    ) -> tuple[int, StepReport]:
         """Apply a profile for as long as the hold lasts (ReleaseProfile, or the holder
         leaving the bus). Holds stack: the newest is in force."""
-        report = self._apply(name)
+        report = self._apply(self.load(ref, caller), ref)
         cookie = self._next_cookie
         self._next_cookie += 1
-        self.holds[cookie] = Hold(cookie, name, reason, owner, time.time())
-        log.info("hold %d on %s by %s (%s)", cookie, name, owner or "latencyd", reason or "-")
+        self.holds[cookie] = Hold(cookie, ref, reason, owner, time.time())
+        log.info("hold %d on %s by %s (%s)", cookie, ref, owner or "latencyd", reason or "-")
         return cookie, report
 
     def release(self, cookie: int) -> StepReport | None:
@@ -108,15 +173,13 @@ class Daemon:
         log.info("hold %d on %s released", cookie, hold.profile)
         return self._apply_in_force()
 
-    def release_owner(self, owner: str) -> None:
-        """The holder left the bus (exited, crashed): its holds end with it."""
-        gone = [c for c, h in self.holds.items() if h.owner == owner]
-        for cookie in gone:
-            log.info(
-                "hold %d on %s ended: %s left the bus", cookie, self.holds[cookie].profile, owner
-            )
-            del self.holds[cookie]
-        if gone:
+    def release_owners(self, gone: Callable[[str], bool], why: str) -> None:
+        """Holders that left the bus (exited, crashed, or the bus restarted): their holds end."""
+        ended = [c for c, h in self.holds.items() if gone(h.owner)]
+        for cookie in ended:
+            hold = self.holds.pop(cookie)
+            log.info("hold %d on %s ended: %s %s", cookie, hold.profile, hold.owner, why)
+        if ended:
             self._apply_in_force()
 
     def _apply_in_force(self) -> StepReport | None:
@@ -127,7 +190,7 @@ class Daemon:
             self._restore_all()
             return None
         try:
-            return self._apply(ref)
+            return self._apply(self.library.load(ref), ref)
         except LatencydError as exc:
             log.error(
                 "could not apply %s after a hold ended; %s stays: %s",
@@ -138,20 +201,20 @@ class Daemon:
             self.last_error = str(exc)
             return None
 
-    def _apply(self, ref: str) -> StepReport:
-        profile = self.library.load(ref)  # ProfileError leaves everything as it is
+    def _apply(self, profile: Profile, ref: str) -> StepReport:
         self._before_apply(profile)
         try:
-            wanted = self.engine.wanted(profile)
-            report = self.engine.switch(wanted, profile.name)
+            report = self.engine.apply(profile)
         except LatencydError:
             self._before_apply(self.active)  # the old profile stays, with its watchers
             raise
+        finally:
+            self._stepped()
         previous = self.active.name if self.active else None
         self.active = profile
         self.active_ref = ref
-        for name in profile.sections:
-            self.plugins[name].on_profile_applied()
+        for name, section in self.engine.sections.items():
+            self.plugins[name].on_applied(section.expansion.rules)
         self.last_error = None
         na = len(report.not_applicable)
         log.info(
@@ -181,6 +244,7 @@ class Daemon:
         self.active = None
         self.active_ref = None
         self._before_apply(None)
+        self._stepped()
         log.info("all settings restored%s", f" ({len(problems)} problems)" if problems else "")
         if had:
             self._changed("")
@@ -189,133 +253,207 @@ class Daemon:
     def reload(self) -> None:
         """Re-read profiles; re-apply the one in force incrementally if its files changed."""
         if self.active_ref is not None:
-            self._apply(self.active_ref)
+            self._apply(self.library.load(self.active_ref), self.active_ref)
 
-    def verify(self) -> list[Drift]:
-        return self.engine.verify()
-
-    def refresh(self, plugin_names: set[str]) -> StepReport | None:
-        """Re-expand some plugins' sections (a new IRQ, thread or device appeared)."""
+    # -- keeping it applied -----------------------------------------------------------
+    def refresh(self, names: Iterable[str]) -> StepReport | None:
+        """Re-expand some sections (new IRQs, a rescan), re-applying what the kernel lost."""
         if self.active is None:
             return None
-        names = plugin_names & set(self.active.sections)
-        if not names:
+        wanted = [n for n in names if n in self.active.sections]
+        if not wanted:
             return None
-        wanted = self.engine.wanted(self.active, names)
-        return self.engine.switch(wanted, self.active.name, scope=names, recheck=True)
-
-    def on_events(self, kinds: set[str]) -> None:
-        """Device or CPU events: re-expand the plugins that care, incrementally."""
-        if "cpu" in kinds:
-            self.machine_changed()
-        names = {n for n, p in self.plugins.items() if p.events & kinds}
         try:
-            report = self.refresh(names)
-            if report is not None and (report.applied or report.restored):
-                log.info(
-                    "device events (%s): %d applied, %d restored in %.1f ms",
-                    ", ".join(sorted(kinds)),
-                    report.applied,
-                    report.restored,
-                    report.seconds * 1000,
-                )
+            return self.engine.apply(self.active, only=wanted)
+        finally:
+            self._stepped()
+
+    def on_device_events(self, events: list[DeviceEvent]) -> None:
+        """udev events: CPUs re-resolve the profile; devices go to the plugins that follow
+        them, as settings for just that device or as a re-expansion of the section."""
+        if self.active is None:
+            return
+        started = time.monotonic_ns()
+        if any(e.subsystem == "cpu" for e in events):
+            self.machine_changed()
+            return
+        refresh: set[str] = set()
+        try:
+            for name in self.active.sections:
+                plugin = self.plugins[name]
+                mine = [e for e in events if e.action in plugin.follows.udev.get(e.subsystem, ())]
+                for event in mine:
+                    if not self._device_event(name, plugin, event):
+                        refresh.add(name)
+            if refresh:
+                report = self.refresh(refresh)
+                if report is not None and (report.applied or report.restored):
+                    log.info(
+                        "device events (%s): %d applied, %d restored in %.1f ms",
+                        ", ".join(sorted({e.subsystem for e in events})),
+                        report.applied,
+                        report.restored,
+                        report.seconds * 1000,
+                    )
         except LatencydError as exc:
             log.error("applying the profile to new devices failed: %s", exc)
+        for name in refresh:
+            self.delays.setdefault(name, Delays()).add(time.monotonic_ns() - started)
+
+    def _device_event(self, name: str, plugin: Plugin[Any], event: DeviceEvent) -> bool:
+        """Handle one event in place; False if the section must be expanded again."""
+        section = self.engine.sections.get(name)
+        if section is None:
+            return True
+        started = time.monotonic_ns()
+        update = plugin.on_device(section.expansion.rules, event, self.engine.owned(name))
+        if update is None:
+            return False
+        settings, touched = update
+        wanted = {(name, t): v for t, v in settings.items()}
+        recheck = {(name, t) for t in touched} | set(wanted)
+        # Owned targets the event concerns that the device no longer wants (a rename
+        # that stops matching) are restored; the rest of the section is left alone.
+        for target in touched:
+            if (name, target) not in wanted and (name, target) in self.engine.applied:
+                wanted[(name, target)] = None
+        keep = {sid: v for sid, v in wanted.items() if v is not None}
+        drop = [sid for sid, v in wanted.items() if v is None]
+        try:
+            report = self.engine.update(name, keep, drop, recheck)
+        finally:
+            self._stepped()
+        if report.applied or report.restored:
+            log.info(
+                "%s %s %s: %d applied, %d restored in %.1f ms",
+                event.subsystem,
+                event.name,
+                event.action,
+                report.applied,
+                report.restored,
+                report.seconds * 1000,
+            )
+        self.delays.setdefault(name, Delays()).add(time.monotonic_ns() - started)
+        return True
 
     def on_task_events(self, events: list[TaskEvent]) -> None:
         """New or renamed threads: give them their settings now; lost events mean rescan."""
         if self.active is None:
             return
-        interested = [
-            p for n, p in self.plugins.items() if "thread" in p.events and n in self.active.sections
-        ]
-        if not interested:
+        followers = [n for n in self.active.sections if self.plugins[n].follows.threads]
+        if not followers:
             return
         if any(e.lost for e in events):
             log.warning("task events were lost: rescanning")
-            self.refresh({p.name for p in interested})
+            self.refresh(followers)
             return
-        wanted: dict[tuple[str, str], Any] = {}
-        timed: list[tuple[Plugin, TaskEvent]] = []
-        for event in events:
-            for plugin in interested:
-                settings = plugin.on_task(event)
-                if settings:
-                    wanted.update({(plugin.name, k): v for k, v in settings.items()})
-                    timed.append((plugin, event))
-        if not wanted:
-            return
-        try:
-            self.engine.extend(wanted)
-        except LatencydError as exc:
-            log.error("pinning new threads failed: %s", exc)
-            return
-        for plugin, event in timed:
-            plugin.record_delay(event)
+        for name in followers:
+            section = self.engine.sections.get(name)
+            if section is None:
+                continue
+            plugin, owned = self.plugins[name], self.engine.owned(name)
+            settings: dict[Any, Any] = {}
+            timed: list[TaskEvent] = []
+            for event in events:
+                got = plugin.on_task(section.expansion.rules, event, owned)
+                if got:
+                    settings.update(got)
+                    timed.append(event)
+            if not settings:
+                continue
+            try:
+                self.engine.extend(name, settings)
+            except LatencydError as exc:
+                log.error("pinning new threads failed: %s", exc)
+                continue
+            finally:
+                self._stepped()
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            for event in timed:
+                if event.time_ns:
+                    self.delays.setdefault(name, Delays()).add(now - event.time_ns)
 
     def machine_changed(self) -> None:
         """CPUs went on/offline: re-resolve the profile's CPU lists ("all") and re-apply."""
         self.library.machine = self.system.machine()
         if self.active_ref is not None:
             try:
-                self._apply(self.active_ref)
+                self._apply(self.library.load(self.active_ref), self.active_ref)
             except LatencydError as exc:
                 log.error("re-applying after a CPU change failed: %s", exc)
 
     def check(self) -> list[dict[str, Any]]:
-        """The monitor tick: pick up new targets, then find drift and re-apply or report it."""
+        """The safety-net tick: pick up new targets, then verify everything we own."""
         if self.active is None:
             return []
-        changed = {n for n in self.active.sections if self.plugins[n].changed()}
+        changed = [
+            n for n, s in self.engine.sections.items() if self.plugins[n].changed(s.expansion.rules)
+        ]
         if changed:
             log.info("new targets for %s: re-applying", ", ".join(sorted(changed)))
             try:
                 self.refresh(changed)
             except LatencydError as exc:
                 log.error("applying the profile to new targets failed: %s", exc)
-        records = []
-        drifts = self.engine.verify()
-        for d in drifts:
-            action = self.active.sections.get(d.plugin, {}).get("on_drift", "report")
-            record = drift_dict(d) | {"action": "reported"}
-            if action == "reapply":
-                problems = self.engine.reapply([d])
-                record["action"] = "failed: " + problems[0] if problems else "reapplied"
-            log.warning(
-                "drift: [%s] %s is %r, profile wants %r: %s",
-                d.plugin,
-                d.key,
-                d.actual,
-                d.wanted,
-                record["action"],
-            )
-            records.append(record)
+        return self.check_drift(None)
+
+    def check_drift(self, sids: Iterable[SettingId] | None) -> list[dict[str, Any]]:
+        """Verify some (or all) owned settings; put drift back or report it, per section."""
+        drifts: list[Drift] = self.engine.verify(sids)
+        if not drifts:
+            return []
+        records = self.engine.handle_drift(drifts)
+        for callback in self.on_drift:
+            callback(records)
         return records
 
+    def verify(self) -> list[Drift]:
+        return self.engine.verify()
+
+    # -- reads --------------------------------------------------------------------------
     def list_profiles(self) -> list[ProfileInfo]:
         return self.library.all()
 
     def status(self) -> dict[str, Any]:
         plugins: dict[str, Any] = {}
         for name, plugin in self.plugins.items():
+            section = self.engine.sections.get(name)
+            notes = section.expansion.notes if section else {}
             applied = [
                 {
-                    "key": key,
+                    "target": encode_target(t),
                     "value": value,
-                    "original": self.engine.originals.get((p, key)),
-                    "text": plugin.describe(key, value),
+                    "original": self.engine.originals.get((p, t)),
+                    "text": plugin.describe(t, value),
+                    "note": notes.get(t, ""),
                 }
-                for (p, key), value in self.engine.applied.items()
+                for (p, t), value in self.engine.applied.items()
                 if p == name
             ]
             refused = [
-                {"key": key, "reason": reason}
-                for (p, key), reason in self.engine.not_applicable.items()
+                {
+                    "target": encode_target(t),
+                    "text": plugin.describe(t, r.wanted),
+                    "reason": r.reason,
+                }
+                for (p, t), r in self.engine.not_applicable.items()
                 if p == name
+            ] + [
+                {"target": None, "text": what, "reason": reason}
+                for what, reason in (section.expansion.refused.items() if section else ())
             ]
-            monitor = plugin.status() if (self.active and name in self.active.sections) else {}
-            if applied or refused or monitor:
-                plugins[name] = {"applied": applied, "not_applicable": refused, "monitor": monitor}
+            monitor = plugin.monitor(section.expansion.rules) if section else None
+            facts = dict(monitor.facts) if monitor else {}
+            if name in self.delays and self.delays[name].ns:
+                facts["event_to_applied_us"] = self.delays[name].summary()
+            if applied or refused or section:
+                plugins[name] = {
+                    "applied": applied,
+                    "not_applicable": refused,
+                    "tables": [t.as_json() for t in monitor.tables] if monitor else [],
+                    "facts": facts,
+                    "on_drift": self.engine.on_drift(name),
+                }
         step = self.engine.last_step
         return {
             "active_profile": self.active.name if self.active else "",
@@ -342,10 +480,10 @@ class Daemon:
         for hook in self.before_apply:
             hook(profile)
 
+    def _stepped(self) -> None:
+        for hook in self.after_step:
+            hook()
+
     def _changed(self, name: str) -> None:
         for callback in self.on_profile_changed:
             callback(name)
-
-
-def drift_dict(drift: Drift) -> dict[str, Any]:
-    return asdict(drift)

@@ -3,30 +3,95 @@
 plan = diff(applied, wanted) -> journal originals (fsync) -> apply -> read back
 -> verify; any failure rolls back everything changed in the step. Switching
 profiles is the same diff, so settings two profiles share are never touched.
+
+The engine owns, once for every plugin: the journal, rollback, the drift policy
+(`on_drift`, valid in any section), turning refusals into "not applicable, with
+the reason" (per kind of target), dropping targets that vanished, and the rules
+each applied section keeps for targets that appear later.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from latencyd.errors import ApplyFailed, KernelRefused, LatencydError, NotApplicable
-from latencyd.journal import Journal, JournalState, SettingId
-from latencyd.plugin import Plugin, Value
+from latencyd.errors import ApplyFailed, JournalError, KernelRefused, LatencydError, NotApplicable
+from latencyd.journal import Journal, JournalKey, JournalState
+from latencyd.plugin import (
+    Expansion,
+    Options,
+    Plugin,
+    Settings,
+    Target,
+    Value,
+    decode_target,
+    encode_target,
+    target_kinds,
+)
 from latencyd.profile import Profile
+from latencyd.schema import Choice, Option, Schema
 
 log = logging.getLogger(__name__)
+
+SettingId = tuple[str, Target]  # (plugin name, target)
+SECTION = "[section]"  # the `refused` key for a whole section that cannot apply
+
+# Options every section has, owned by the engine rather than by any plugin.
+ENGINE_OPTIONS = (
+    Option(
+        "on_drift",
+        Choice(("reapply", "report")),
+        "When something else changes a setting this section owns: put it back, or only "
+        "report it (log and D-Bus signal Drift)",
+        default="reapply",
+    ),
+)
+
+
+ENGINE_OPTION_NAMES = frozenset(o.name for o in ENGINE_OPTIONS)
+
+
+def section_schemas(plugins: Mapping[str, Plugin[Any]]) -> dict[str, Schema]:
+    """Each plugin's schema with the engine's own options added: what a section may hold."""
+    return {name: p.schema.extended(ENGINE_OPTIONS) for name, p in plugins.items()}
+
+
+def plugin_options(section: Options) -> dict[str, Any]:
+    """A section without the engine's own options: what the plugin sees."""
+    return {k: v for k, v in section.items() if k not in ENGINE_OPTION_NAMES}
+
+
+class _Unknown:
+    """The applied value of a setting adopted from the journal after a restart: we own it
+    and know its original, but not what the last run set it to."""
+
+    def __repr__(self) -> str:
+        return "<adopted>"
+
+
+ADOPTED: Any = _Unknown()
 
 
 @dataclass(frozen=True)
 class Drift:
     plugin: str
-    key: str
+    target: Target
     wanted: Value
     actual: Value
+    text: str  # the setting as the profile wants it, in words
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "plugin": self.plugin,
+            "target": encode_target(self.target),
+            "setting": self.text,
+            "wanted": self.wanted,
+            "actual": self.actual,
+        }
 
 
 @dataclass
@@ -41,15 +106,18 @@ class Plan:
 def plan(
     applied: Mapping[SettingId, Value],
     wanted: Mapping[SettingId, Value],
-    scope: Iterable[str] | None = None,
+    scope: Collection[str] | None = None,
+    restore: Collection[SettingId] = (),
 ) -> Plan:
-    """Pure diff: restore what is no longer wanted, apply what is new or different."""
-    in_scope = set(scope) if scope is not None else None
+    """Pure diff: restore what is no longer wanted, apply what is new or different.
+
+    `scope` limits which plugins' applied settings may be restored (None: all; an empty
+    scope only adds settings for new targets); `restore` names more to restore.
+    """
     result = Plan()
-    if in_scope is None or in_scope:  # an empty scope (new targets only) restores nothing
-        for sid in applied:
-            if (in_scope is None or sid[0] in in_scope) and sid not in wanted:
-                result.restore.append(sid)
+    for sid in applied:
+        if sid not in wanted and (scope is None or sid[0] in scope or sid in restore):
+            result.restore.append(sid)
     for sid, value in wanted.items():
         if sid in applied and applied[sid] == value:
             result.keep.append(sid)
@@ -58,56 +126,94 @@ def plan(
     return result
 
 
+@dataclass(frozen=True)
+class Section:
+    """An applied profile section: its options and its expansion, whose rules tune the
+    targets that appear later."""
+
+    options: Options
+    expansion: Expansion = field(default_factory=Expansion)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A setting this machine cannot take: what was wanted, and why not."""
+
+    wanted: Value
+    reason: str
+
+
 @dataclass
 class StepReport:
     applied: int = 0
     restored: int = 0
     unchanged: int = 0
-    not_applicable: dict[SettingId, str] = field(default_factory=dict)
+    not_applicable: dict[SettingId, Refused] = field(default_factory=dict)
     seconds: float = 0.0
 
 
 class Engine:
-    def __init__(self, plugins: Mapping[str, Plugin], journal: Journal) -> None:
+    def __init__(self, plugins: Mapping[str, Plugin[Any]], journal: Journal) -> None:
         self.plugins = plugins
         self.journal = journal
         self.applied: dict[SettingId, Value] = {}
         self.originals: dict[SettingId, Value] = {}
-        self.not_applicable: dict[SettingId, str] = {}
+        self.not_applicable: dict[SettingId, Refused] = {}
+        self.sections: dict[str, Section] = {}
         self.profile: str | None = None
         self.last_step: StepReport | None = None
 
     # -- what a profile wants -------------------------------------------------
-    def wanted(self, profile: Profile, only: Iterable[str] | None = None) -> dict[SettingId, Value]:
-        sections = profile.sections
-        names = list(sections) if only is None else [n for n in only if n in sections]
-        result: dict[SettingId, Value] = {}
+    def owned(self, name: str) -> dict[Target, Value]:
+        return {t: v for (p, t), v in self.applied.items() if p == name}
+
+    def expand(self, profile: Profile, only: Iterable[str] | None = None) -> dict[str, Expansion]:
+        """Each section's expansion (reads the machine, changes nothing)."""
+        names = (
+            list(profile.sections) if only is None else [n for n in only if n in profile.sections]
+        )
+        out: dict[str, Expansion] = {}
         for name in names:
             try:
-                settings = self.plugins[name].expand(sections[name])
+                options = plugin_options(profile.sections[name])
+                out[name] = self.plugins[name].expand(options, self.owned(name))
+            except NotApplicable as exc:
+                out[name] = Expansion(refused={SECTION: str(exc)})
             except LatencydError as exc:
                 raise ApplyFailed(f"[{name}]: {exc}") from exc
-            for key, value in settings.items():
-                result[(name, key)] = value
-        return result
+        return out
+
+    def apply(self, profile: Profile, only: Collection[str] | None = None) -> StepReport:
+        """Make the kernel match `profile` (or re-expand only some of its sections)."""
+        expansions = self.expand(profile, only)
+        wanted = {(n, t): v for n, e in expansions.items() for t, v in e.settings.items()}
+        scope = None if only is None else set(only)
+        report = self.switch(wanted, profile.name, scope, recheck=only is not None)
+        if only is None:
+            self.sections = {}
+        for name, exp in expansions.items():
+            self.sections[name] = Section(profile.sections[name], exp)
+        return report
 
     # -- one transaction ------------------------------------------------------
     def switch(
         self,
         wanted: Mapping[SettingId, Value],
         profile: str | None,
-        scope: Iterable[str] | None = None,
-        recheck: bool = False,
+        scope: Collection[str] | None = None,
+        recheck: bool | Collection[SettingId] = False,
+        restore: Collection[SettingId] = (),
     ) -> StepReport:
         """Make the kernel match `wanted` (for plugins in `scope`, or all); all or nothing.
 
-        With `recheck`, settings the plan would keep are read back and re-applied if
-        the kernel lost them (an IRQ that vanished and came back with a default mask).
+        `recheck` (all kept settings, or the given ones) reads kept settings back and
+        re-applies those the kernel lost (an IRQ that vanished and came back).
+        `restore` names owned settings to give back even outside `scope`.
         """
         started = time.perf_counter()
-        step = plan(self.applied, wanted, scope)
+        step = plan(self.applied, wanted, scope, restore)
         if recheck:
-            self._recheck(step)
+            self._recheck(step, None if recheck is True else recheck)
         report = StepReport(unchanged=len(step.keep))
         try:
             self._capture_originals(step, report)
@@ -115,8 +221,8 @@ class Engine:
             self._forget_unapplied()  # originals read for a step that never ran
             raise
         previous_profile = self.profile
-
         undo: list[Callable[[], None]] = []
+        done: dict[SettingId, Value] = {}  # what this step owns afterwards, by sid
         try:
             self.profile = profile
             self._save()
@@ -126,8 +232,10 @@ class Engine:
             for sid, value in step.apply.items():
                 if sid in report.not_applicable:
                     continue
-                if self._apply_one(sid, value, undo, report):
-                    report.applied += 1
+                outcome = self._apply_one(sid, value, undo, report)
+                if outcome is not None:
+                    done[sid] = value
+                    report.applied += outcome
         except Exception as exc:  # a plugin's bug must not leave a half-applied step either
             self._roll_back(undo)
             self.profile = previous_profile
@@ -139,35 +247,47 @@ class Engine:
         for sid in step.restore:
             self.applied.pop(sid, None)
             self.originals.pop(sid, None)
-        for sid, value in step.apply.items():
-            if sid in report.not_applicable:
+        for sid in step.apply:
+            if sid in done:
+                self.applied[sid] = done[sid]
+            else:  # not applicable, or the target vanished
                 self.applied.pop(sid, None)
                 self.originals.pop(sid, None)
-            else:
-                self.applied[sid] = value
-        in_scope = set(scope) if scope is not None else None
         self.not_applicable = {
             s: r
             for s, r in self.not_applicable.items()
-            if in_scope is not None and s[0] not in in_scope
-        } | {s: r for s, r in report.not_applicable.items()}
+            if scope is not None and s[0] not in scope and s not in step.apply
+        } | report.not_applicable
         self._save()
         report.seconds = time.perf_counter() - started
         self.last_step = report
         return report
 
-    def extend(self, wanted: Mapping[SettingId, Value]) -> StepReport:
-        """Settings for new targets (a thread, an IRQ): applied, nothing else touched."""
-        return self.switch(wanted, self.profile, scope=())
+    def extend(self, plugin: str, settings: Settings) -> StepReport:
+        """Settings for new targets (a thread, a NIC): applied, nothing else touched."""
+        return self.switch({(plugin, t): v for t, v in settings.items()}, self.profile, scope=())
 
-    def _recheck(self, step: Plan) -> None:
+    def update(
+        self,
+        plugin: str,
+        wanted: Mapping[SettingId, Value],
+        drop: Collection[SettingId],
+        recheck: Collection[SettingId],
+    ) -> StepReport:
+        """One device's settings: apply `wanted`, give back `drop`, re-read `recheck`
+        (a device that came back has its defaults again); the rest is left alone."""
+        return self.switch(wanted, self.profile, scope=(), recheck=recheck, restore=drop)
+
+    def _recheck(self, step: Plan, only: Collection[SettingId] | None) -> None:
         for sid in list(step.keep):
-            plugin, key = self.plugins[sid[0]], sid[1]
+            if only is not None and sid not in only:
+                continue
+            plugin, target = self.plugins[sid[0]], sid[1]
             try:
-                actual = plugin.capture(key)
+                actual = plugin.read(target)
             except LatencydError:
                 continue
-            if not plugin.same(key, self.applied[sid], actual):
+            if not plugin.same(target, self.applied[sid], actual):
                 step.keep.remove(sid)
                 step.apply[sid] = self.applied[sid]
 
@@ -175,64 +295,78 @@ class Engine:
         self.originals = {s: v for s, v in self.originals.items() if s in self.applied}
 
     def _capture_originals(self, step: Plan, report: StepReport) -> None:
-        for sid, _ in step.apply.items():
+        for sid in list(step.apply):
             if sid in self.originals:
                 continue
-            plugin, key = self.plugins[sid[0]], sid[1]
+            plugin, target = self.plugins[sid[0]], sid[1]
             try:
-                self.originals[sid] = plugin.capture(key)
+                self.originals[sid] = plugin.read(target)
             except (KernelRefused, NotApplicable) as exc:
-                if isinstance(exc, NotApplicable) or plugin.optional(key):
-                    report.not_applicable[sid] = _reason(exc)
+                if not plugin.exists(target):
+                    del step.apply[sid]  # gone between expand and now: nothing to tune
+                    continue
+                if _not_applicable(target, exc):
+                    report.not_applicable[sid] = Refused(step.apply[sid], _reason(target, exc))
                     continue
                 raise ApplyFailed(
-                    f"[{sid[0]}] cannot read {key} before changing it: {exc}"
+                    f"[{sid[0]}] cannot read {plugin.describe(target, step.apply[sid])} "
+                    f"before changing it: {exc}"
                 ) from exc
 
     def _apply_one(
         self, sid: SettingId, value: Value, undo: list[Callable[[], None]], report: StepReport
-    ) -> bool:
-        plugin, key = self.plugins[sid[0]], sid[1]
+    ) -> int | None:
+        """1 if written, 0 if already as wanted, None if dropped (not applicable, gone)."""
+        plugin, target = self.plugins[sid[0]], sid[1]
         original = self.originals[sid]
         previous = self.applied.get(sid, original)
-        if sid not in self.applied and plugin.same(key, value, original):
-            report.unchanged += 1  # already as wanted: record it, write nothing
-            return False
         wrote = False
         try:
-            plugin.apply(key, value)
+            if previous is ADOPTED:  # after a restart: what is there now is what we undo to
+                previous = plugin.read(target)
+            if (sid not in self.applied or self.applied[sid] is ADOPTED) and plugin.same(
+                target, value, previous
+            ):
+                report.unchanged += 1  # already as wanted: record it, write nothing
+                return 0
+            plugin.write(target, value)
             wrote = True
-            undo.append(lambda: plugin.apply(key, previous))
-            actual = plugin.capture(key)
-            if not plugin.same(key, value, actual):
+            undo.append(lambda: plugin.write(target, previous))
+            actual = plugin.read(target)
+            if not plugin.same(target, value, actual):
                 raise KernelRefused(
-                    f"[{sid[0]}] {plugin.describe(key, value)}",
+                    f"[{sid[0]}] {plugin.describe(target, value)}",
                     f"the kernel accepted the write but kept {actual!r}",
                 )
         except (KernelRefused, NotApplicable) as exc:
-            if isinstance(exc, NotApplicable) or plugin.optional(key):
-                report.not_applicable[sid] = _reason(exc)
+            gone = not plugin.exists(target)
+            if gone or _not_applicable(target, exc):
+                if not gone:
+                    report.not_applicable[sid] = Refused(value, _reason(target, exc))
                 if wrote:
                     undo.pop()
                 # The step drops this setting: put the original back (also when an earlier
                 # step applied it), or it would stay changed with nobody tracking it.
-                if wrote or sid in self.applied:
-                    _quietly(lambda: plugin.restore(key, original))
-                if sid in self.applied:
-                    undo.append(lambda: plugin.apply(key, previous))
-                return False
+                if not gone and (wrote or sid in self.applied):
+                    _quietly(lambda: plugin.restore(target, original))
+                    if sid in self.applied:
+                        undo.append(lambda: plugin.write(target, previous))
+                return None
             if isinstance(exc, KernelRefused) and not exc.what.startswith("["):
-                raise KernelRefused(f"[{sid[0]}] {plugin.describe(key, value)}", str(exc)) from exc
+                raise KernelRefused(
+                    f"[{sid[0]}] {plugin.describe(target, value)}", str(exc)
+                ) from exc
             raise
-        return True
+        return 1
 
     def _restore_one(self, sid: SettingId, undo: list[Callable[[], None]]) -> None:
-        plugin, key = self.plugins[sid[0]], sid[1]
+        plugin, target = self.plugins[sid[0]], sid[1]
         current = self.applied[sid]
-        if not plugin.exists(key):
+        if not plugin.exists(target):
             return
-        plugin.restore(key, self.originals[sid])
-        undo.append(lambda: plugin.apply(key, current))
+        plugin.restore(target, self.originals[sid])
+        if current is not ADOPTED:
+            undo.append(lambda: plugin.write(target, current))
 
     def _roll_back(self, undo: list[Callable[[], None]]) -> None:
         for action in reversed(undo):
@@ -244,86 +378,133 @@ class Engine:
     # -- restoring everything ---------------------------------------------------
     def off(self) -> list[str]:
         """Restore every original, newest first; empty the journal. Returns problems, if any."""
-        problems = self._restore_all(reversed(list(self.applied)), self.originals)
+        problems = []
+        for sid in reversed(list(self.applied)):
+            plugin, target = self.plugins[sid[0]], sid[1]
+            if not plugin.exists(target):
+                continue  # the thread/IRQ/device is gone: nothing to restore
+            try:
+                plugin.restore(target, self.originals[sid])
+            except LatencydError as exc:
+                original = self.originals[sid]
+                problems.append(f"[{sid[0]}] restoring {plugin.describe(target, original)}: {exc}")
+        for p in problems:
+            log.error("%s", p)
         self.applied.clear()
         self.originals.clear()
         self.not_applicable.clear()
+        self.sections.clear()
         self.profile = None
         self.journal.clear()
         return problems
 
-    def recover(self) -> list[str] | None:
-        """After an unclean exit: restore what the journal holds. None if there was nothing."""
-        state = self.journal.load()
+    def adopt(self) -> JournalState | None:
+        """Take over what a previous run left in the journal (a crash, `kill -9`, a restart
+        with on_stop = "keep"): we own those settings and know their originals. The next
+        apply changes only what it wants differently and restores only what it does not
+        want, so a restart flips nothing back, even for a moment. None: nothing to adopt."""
+        try:
+            state = self.journal.load()
+        except JournalError as exc:
+            aside = self.journal.set_aside()
+            log.error("%s; moved it to %s and started without it", exc, aside)
+            return None
         if state is None:
             return None
-        log.warning(
-            "found a journal from an unclean exit (profile %s): restoring %d originals",
-            state.profile,
-            len(state.originals),
-        )
-        problems = self._restore_all(list(state.originals), state.originals)
-        self.journal.clear()
-        return problems
-
-    def _restore_all(
-        self, sids: Iterable[SettingId], originals: Mapping[SettingId, Any]
-    ) -> list[str]:
-        problems = []
-        for sid in sids:
-            plugin = self.plugins.get(sid[0])
-            if plugin is None:
-                problems.append(f"[{sid[0]}] {sid[1]}: plugin not installed, cannot restore")
-                continue
-            if not plugin.exists(sid[1]):
-                continue  # the thread/IRQ/device is gone: nothing to restore
+        stranded = []
+        for (name, key), original in state.originals.items():
+            plugin = self.plugins.get(name)
             try:
-                plugin.restore(sid[1], originals[sid])
-            except LatencydError as exc:
-                problems.append(f"[{sid[0]}] restoring {sid[1]}: {exc}")
-        for p in problems:
-            log.error("%s", p)
-        return problems
+                if plugin is None:
+                    raise ValueError("plugin not installed")
+                target = decode_target(target_kinds(plugin), json.loads(key))
+            except ValueError as exc:
+                stranded.append(f"[{name}] {key}: {exc}")
+                continue
+            self.originals[(name, target)] = original
+            self.applied[(name, target)] = ADOPTED
+        self.profile = state.profile
+        for line in stranded:
+            log.error("journal entry cannot be restored: %s", line)
+        log.warning(
+            "adopted %d settings from the journal of a previous run (profile %s)",
+            len(self.applied),
+            state.profile or "none",
+        )
+        return state
 
     # -- checking -------------------------------------------------------------
-    def verify(self, scope: Iterable[str] | None = None) -> list[Drift]:
-        in_scope = set(scope) if scope is not None else None
+    def verify(self, sids: Iterable[SettingId] | None = None) -> list[Drift]:
+        """Settings whose kernel value differs from the profile's (vanished ones are dropped)."""
         drifts = []
-        for sid, wanted in list(self.applied.items()):
-            if in_scope is not None and sid[0] not in in_scope:
+        for sid in list(self.applied if sids is None else sids):
+            wanted = self.applied.get(sid, ADOPTED)
+            if wanted is ADOPTED:
                 continue
-            plugin, key = self.plugins[sid[0]], sid[1]
+            plugin, target = self.plugins[sid[0]], sid[1]
             try:
-                actual = plugin.capture(key)
+                actual = plugin.read(target)
             except LatencydError as exc:
-                if not plugin.exists(key):
+                if not plugin.exists(target):
                     self.applied.pop(sid)
                     self.originals.pop(sid, None)
                     continue
-                actual = f"<unreadable: {exc}>"
-            if not plugin.same(key, wanted, actual):
-                drifts.append(Drift(sid[0], key, wanted, actual))
+                text = plugin.describe(target, wanted)
+                drifts.append(Drift(sid[0], target, wanted, f"<unreadable: {exc}>", text))
+                continue
+            if not plugin.same(target, wanted, actual):
+                drifts.append(
+                    Drift(sid[0], target, wanted, actual, plugin.describe(target, wanted))
+                )
         return drifts
 
-    def reapply(self, drifts: Iterable[Drift]) -> list[str]:
-        problems = []
+    def on_drift(self, plugin: str) -> str:
+        section = self.sections.get(plugin)
+        return str(section.options.get("on_drift", "reapply")) if section else "reapply"
+
+    def handle_drift(self, drifts: Iterable[Drift]) -> list[dict[str, Any]]:
+        """Put drifted settings back or report them, as each section's `on_drift` says."""
+        records = []
         for d in drifts:
-            try:
-                self.plugins[d.plugin].apply(d.key, d.wanted)
-            except LatencydError as exc:
-                problems.append(f"[{d.plugin}] re-applying {d.key}: {exc}")
-        return problems
+            record = d.as_json() | {"action": "reported"}
+            if self.on_drift(d.plugin) == "reapply":
+                plugin = self.plugins[d.plugin]
+                try:
+                    plugin.write(d.target, d.wanted)
+                    record["action"] = "reapplied"
+                except LatencydError as exc:
+                    record["action"] = f"failed: {exc}"
+            log.warning(
+                "drift: [%s] %s, but it is %r: %s", d.plugin, d.text, d.actual, record["action"]
+            )
+            records.append(record)
+        return records
 
     def _save(self) -> None:
         """Make the journal hold the current originals (it writes only what changed)."""
         if self.originals:
-            self.journal.save(JournalState(dict(self.originals), self.profile))
+            originals: dict[JournalKey, Value] = {
+                (p, _key(t)): v for (p, t), v in self.originals.items()
+            }
+            self.journal.save(JournalState(originals, self.profile))
         else:
             self.journal.clear()
 
 
-def _reason(exc: LatencydError) -> str:
-    return exc.reason if isinstance(exc, KernelRefused) else str(exc)
+def _key(target: Target) -> str:
+    return json.dumps(encode_target(target), sort_keys=True, separators=(",", ":"))
+
+
+def _not_applicable(target: Target, exc: LatencydError) -> bool:
+    return isinstance(exc, NotApplicable) or type(target).refusal_means is not None
+
+
+def _reason(target: Target, exc: LatencydError) -> str:
+    if isinstance(exc, NotApplicable):
+        return str(exc)
+    reason = exc.reason if isinstance(exc, KernelRefused) else str(exc)
+    meaning = type(target).refusal_means
+    return f"{meaning}: {reason}" if meaning else reason
 
 
 def _quietly(action: Callable[[], None]) -> None:

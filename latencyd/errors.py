@@ -85,3 +85,12 @@ class NoSuchHold(LatencydError):
 
 class JournalError(LatencydError):
     dbus_name = "org.latencyd.Error.Journal"
+
+
+class Internal(LatencydError):
+    """A bug in latencyd: logged in full, answered without internals."""
+
+    dbus_name = "org.latencyd.Error.Internal"
+
+    def __init__(self) -> None:
+        super().__init__("internal error in latencyd; the details are in its log")

@@ -7,6 +7,7 @@ from typing import Any
 
 from latencyd.config import CONFIG_FILE, load_config, search_path
 from latencyd.cpuset import CpuSet
+from latencyd.engine import section_schemas
 from latencyd.plugin import load_plugins
 from latencyd.profile import ProfileLibrary
 from latencyd.schema import Schema
@@ -29,7 +30,7 @@ def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dic
     plugins = load_plugins(system)
     library = ProfileLibrary(
         search_path(profile_dirs, load_config(CONFIG_FILE)),
-        {n: p.schema for n, p in plugins.items()},
+        section_schemas(plugins),
         system.machine(),
     )
     profile = library.load(name_or_path)
@@ -91,7 +92,8 @@ def schema_doc(schema: Schema, section: str) -> list[dict[str, Any]]:
 def plugin_docs(root: str = "/") -> dict[str, Any]:
     """Every installed plugin's options: type, unit, default and a one-line doc."""
     plugins = load_plugins(System(root))
+    schemas = section_schemas(plugins)
     return {
-        name: {"summary": p.summary, "options": schema_doc(p.schema, name)}
+        name: {"summary": p.summary, "options": schema_doc(schemas[name], name)}
         for name, p in sorted(plugins.items())
     }

@@ -15,20 +15,22 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from latencyd.errors import JournalError
 
-FORMAT = 2
-SettingId = tuple[str, str]  # (plugin, key)
+# 3: keys are targets in canonical JSON (2 had plugin-specific string keys).
+FORMAT = 3
+JournalKey = tuple[str, str]  # (plugin, the target as canonical JSON)
 COMPACT_SLACK = 256  # appended lines allowed beyond the number of originals
 
 
 @dataclass
 class JournalState:
-    originals: dict[SettingId, Any] = field(default_factory=dict)
+    originals: dict[JournalKey, Any] = field(default_factory=dict)
     profile: str | None = None
 
 
@@ -172,6 +174,19 @@ class Journal:
         self._written = None
         self._lines = 0
         self._cleared = True
+
+    def set_aside(self) -> Path:
+        """Move an unreadable journal out of the way (kept for a human to read) so the
+        daemon can start; returns where it went."""
+        aside = self.path.with_name(f"{self.path.name}.unreadable-{int(time.time())}")
+        try:
+            os.replace(self.path, aside)
+            self._sync_dir()
+        except OSError as exc:
+            raise JournalError(f"cannot move unreadable journal {self.path} aside: {exc}") from exc
+        self._written = None
+        self._lines = 0
+        return aside
 
     def _sync_dir(self) -> None:
         if not self.state_dir.exists():

@@ -12,65 +12,61 @@ from pathlib import Path
 
 from latencyd.config import CONFIG_FILE, DEFAULT_STATE_DIR, Config, load_config, search_path
 from latencyd.daemon import Daemon
-from latencyd.engine import Engine
+from latencyd.engine import Engine, SettingId, section_schemas
 from latencyd.errors import LatencydError
 from latencyd.journal import Journal
 from latencyd.mainloop import PRIORITY_HIGH, MainLoop
 from latencyd.plugin import load_plugins
 from latencyd.profile import Profile, ProfileLibrary
+from latencyd.sdnotify import FdStore
 from latencyd.system import System
 from latencyd.taskevents import TaskSource
-from latencyd.watchers import DEVICE_EVENT_KINDS, UdevWatcher
+from latencyd.watchers import FileWatcher, UdevWatcher
 
 log = logging.getLogger("latencyd")
-COALESCE_MS = 5  # a device burst (bind, queues, links) becomes one refresh
 
 
 class DeviceWatch:
-    """udev events, open only while the profile has a section for a plugin that reacts to
-    devices or CPUs: otherwise every uevent on the machine (a loop device, a USB stick)
-    would wake the daemon for nothing. Bursts are coalesced into one refresh."""
+    """udev events for exactly the subsystems the active profile's plugins follow, open
+    only while there are any: otherwise every uevent on the machine (a loop device, a USB
+    stick) would wake the daemon for nothing."""
 
     def __init__(self, daemon: Daemon, loop: MainLoop) -> None:
         self.daemon = daemon
         self.loop = loop
         self.watcher: UdevWatcher | None = None
         self.source = -1
-        self.pending: set[str] = set()
         daemon.before_apply.append(self.sync)
 
     def sync(self, profile: Profile | None) -> None:
-        wanted = profile is not None and any(
-            self.daemon.plugins[n].events & DEVICE_EVENT_KINDS for n in profile.sections
-        )
-        if wanted and self.watcher is None:
-            try:
-                self.watcher = UdevWatcher()
-            except Exception as exc:  # no netlink access: the monitor tick still catches it
-                log.warning("device events unavailable (%s); relying on the periodic check", exc)
-                return
-            self.source = self.loop.fd_add(self.watcher.fileno(), self._readable)
-        elif not wanted and self.watcher is not None:
+        wanted: set[str] = set()
+        for name in profile.sections if profile is not None else ():
+            wanted.update(self.daemon.plugins[name].follows.udev)
+        current = self.watcher.subsystems if self.watcher is not None else frozenset()
+        if wanted == current:
+            return
+        if self.watcher is not None:
             self.loop.source_remove(self.source)
             self.watcher.close()
             self.watcher = None
             log.info("device events closed")
-
-    def _flush(self) -> bool:
-        kinds = set(self.pending)
-        self.pending.clear()
-        self.daemon.on_events(kinds)
-        return False
+        if not wanted:
+            return
+        try:
+            self.watcher = UdevWatcher(wanted)
+        except Exception as exc:  # no netlink access: the monitor tick still catches it
+            log.warning("device events unavailable (%s); relying on the periodic check", exc)
+            return
+        self.source = self.loop.fd_add(self.watcher.fileno(), self._readable, PRIORITY_HIGH)
 
     def _readable(self) -> bool:
         if self.watcher is None:
             return False
         events = self.watcher.read()
-        if events and not self.pending:
-            self.loop.timeout_add(COALESCE_MS, self._flush)
         for event in events:
             log.debug("device %s %s/%s", event.action, event.subsystem, event.name)
-            self.pending.update(event.kinds)
+        if events:
+            self.daemon.on_device_events(events)
         return True
 
 
@@ -92,7 +88,7 @@ class TaskWatch:
         followers = [
             p
             for n, p in self.daemon.plugins.items()
-            if "thread" in p.events and profile is not None and n in profile.sections
+            if p.follows.threads and profile is not None and n in profile.sections
         ]
         user_execs = profile is not None and any(
             p.follows_user_tasks(profile.sections[p.name]) for p in followers
@@ -134,13 +130,64 @@ class TaskWatch:
         log.info("task events closed")
 
 
-def build(args: argparse.Namespace, config: Config) -> Daemon:
-    system = System(args.root)
+class DriftWatch:
+    """Drift, found as it happens: inotify on every file that holds an owned setting, so
+    a rewrite by anyone is put back (or reported) at once and idle costs nothing. Owned
+    settings that live in no file (thread affinities, NIC settings, the PM QoS request)
+    are read back every `poll_interval_s`, and only while there are any."""
+
+    def __init__(self, daemon: Daemon, loop: MainLoop, poll_interval_s: float) -> None:
+        self.daemon = daemon
+        self.loop = loop
+        self.poll_ms = int(poll_interval_s * 1000)
+        self.files = FileWatcher()
+        self.by_path: dict[str, list[SettingId]] = {}
+        self.unwatched: list[SettingId] = []
+        self.poll_source: int | None = None
+        loop.fd_add(self.files.fileno(), self._readable)
+        daemon.after_step.append(self.sync)
+
+    def sync(self) -> None:
+        by_path: dict[str, list[SettingId]] = {}
+        unwatched: list[SettingId] = []
+        system = self.daemon.system
+        for sid in self.daemon.engine.applied:
+            files = self.daemon.plugins[sid[0]].watch_files(sid[1])
+            for rel in files:
+                by_path.setdefault(str(system.path(rel)), []).append(sid)
+            if not files:
+                unwatched.append(sid)
+        self.by_path = by_path
+        self.unwatched = unwatched
+        self.files.sync(by_path)
+        polling = bool(unwatched) and self.poll_ms > 0
+        if polling and self.poll_source is None:
+            self.poll_source = self.loop.timeout_add(self.poll_ms, self._poll)
+        elif not polling and self.poll_source is not None:
+            self.loop.source_remove(self.poll_source)
+            self.poll_source = None
+
+    def _readable(self) -> bool:
+        changed = self.files.read()
+        sids = {sid for path in changed for sid in self.by_path.get(path, ())}
+        if sids:
+            self.daemon.check_drift(sids)
+        return True
+
+    def _poll(self) -> bool:
+        self.daemon.check_drift(self.unwatched)
+        return True
+
+
+def build(args: argparse.Namespace, config: Config, fdstore: FdStore | None = None) -> Daemon:
+    system = System(args.root, fdstore=fdstore)
     plugins = load_plugins(system)
     library = ProfileLibrary(
         search_path(args.profile_dir, config),
-        {n: p.schema for n, p in plugins.items()},
+        section_schemas(plugins),
         system.machine(),
+        # As root, profiles must be root's (a local user must not plant settings).
+        trusted_only=os.geteuid() == 0 and system.is_real,
     )
     engine = Engine(plugins, Journal(args.state_dir))
     return Daemon(system, plugins, library, engine)
@@ -169,7 +216,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--root", default="/", help=argparse.SUPPRESS)  # tests: a fake /proc+/sys
     parser.add_argument(
-        "--no-profile", action="store_true", help="start without applying any profile"
+        "--no-profile",
+        action="store_true",
+        help="start without applying any profile (restores what a previous run left)",
     )
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
@@ -196,24 +245,23 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("not running as root: most settings will be refused")
 
     # D-Bus is imported here, not at module level, so the Daemon logic is testable without it.
-    import dbus
     import dbus.mainloop.glib
 
-    from latencyd.service import Service
+    from latencyd.service import BusLink, Service
 
     dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
-    daemon = build(args, config)
-    try:
-        bus = dbus.SystemBus()
-    except dbus.DBusException as exc:
-        log.error("cannot connect to the system bus: %s", exc.get_dbus_message())
-        return 3
+    daemon = build(args, config, FdStore.from_environment())
     loop = MainLoop()
-    service = Service(bus, daemon, config)
+    service = Service(daemon, config)
+    link = BusLink(service, loop)
 
     def on_terminate() -> bool:
-        log.info("stopping: restoring every original value")
-        daemon.stop()
+        keep = config.on_stop == "keep"
+        log.info(
+            "stopping: %s",
+            "keeping the tuning in place (on_stop = keep)" if keep else "restoring every original",
+        )
+        daemon.stop(restore=not keep)
         loop.quit()
         return False
 
@@ -232,21 +280,36 @@ def main(argv: list[str] | None = None) -> int:
     # Watch before applying, so threads and devices that appear meanwhile are not missed.
     DeviceWatch(daemon, loop)
     TaskWatch(daemon, loop, config.task_events)
+    DriftWatch(daemon, loop, config.poll_interval_s)
     daemon.start(None if args.no_profile else (args.profile or config.default_profile))
     # The name is claimed only now: whoever waits for it (systemd Type=dbus, scripts)
     # knows the start-up profile is applied and verified.
-    if not service.claim_name():
-        daemon.stop()
-        return 3
+    if link.connect():
+        if not service.claim_name():
+            daemon.stop()
+            return 3
+    else:
+        log.warning(
+            "no system bus at %s yet: tuning is applied; connecting when it is up", link.address
+        )
+        link.retry()
     log.info(
         "ready in %.0f ms; profile: %s",
         (time.perf_counter() - started) * 1000,
         daemon.active.name if daemon.active else "(none)",
     )
     if config.verify_interval_s > 0:
-        loop.timeout_add(int(config.verify_interval_s * 1000), service.tick)
+        loop.timeout_add(int(config.verify_interval_s * 1000), lambda: _tick(daemon))
     loop.run()
     return 0
+
+
+def _tick(daemon: Daemon) -> bool:
+    try:
+        daemon.check()
+    except LatencydError as exc:
+        log.error("periodic check failed: %s", exc)
+    return True
 
 
 if __name__ == "__main__":

@@ -1,20 +1,26 @@
-"""What a plugin is, and how plugins are found.
+"""The plugin contract, and how plugins are found.
 
-A plugin turns its profile section into *settings* (key -> wanted value) and
-knows how to read and write one setting. Everything else — diffing, the
-journal, rollback, verification, status — is the engine's, so every plugin
-gets it for free. Values are JSON-serialisable so the journal can hold them.
+A plugin is one file: its option schema, the typed targets it tunes, a pure
+`expand` from its profile section to wanted settings, and how to read and write
+one target. The engine owns everything else — journal, diffing, rollback, drift
+policy (`on_drift`), turning refusals into "not applicable, with the reason",
+hot-plug dispatch and the status tables — so every plugin gets it for free.
+
+Targets are frozen dataclasses of JSON scalars: they key the engine's state and
+round-trip through the journal, so no code ever parses a string key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from latencyd.schema import Schema
 from latencyd.system import System
@@ -24,80 +30,204 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "latencyd.plugins"
 
-Value = Any  # JSON-serialisable
+Value = Any  # JSON-serialisable: what a target is set to
+Options = Mapping[str, Any]  # one validated profile section
 
 
-class Plugin:
-    """Base of every plugin: override `expand`, `capture` and `apply`; the rest has defaults."""
+@dataclass(frozen=True)
+class Target:
+    """Where one setting lives (an IRQ, a thread, a NIC and option, a CPU and idle state).
+
+    Subclasses are frozen dataclasses whose fields are int, str or bool, and name their
+    `kind` (unique within the plugin). `refusal_means` declares what the kernel refusing
+    this kind of setting means when that is "not applicable here" (a kernel-managed IRQ,
+    a driver without the feature): it opens the reason shown in status. None: a refusal
+    fails the profile (and the step is rolled back).
+    """
+
+    kind: ClassVar[str] = ""
+    refusal_means: ClassVar[str | None] = None
+
+
+Settings = dict[Target, Value]
+T = TypeVar("T", bound=Target)
+
+
+def encode_target(target: Target) -> dict[str, Any]:
+    """{"kind": ..., field: value, ...}: the journal's and the D-Bus API's form of a target."""
+    return {"kind": type(target).kind} | {
+        f.name: getattr(target, f.name) for f in dataclasses.fields(target)
+    }
+
+
+def decode_target(kinds: Mapping[str, type[Target]], data: Any) -> Target:
+    """The inverse of encode_target; ValueError when `data` is not one of `kinds`."""
+    if not isinstance(data, dict) or data.get("kind") not in kinds:
+        raise ValueError(f"not a known target: {data!r}")
+    cls = kinds[data["kind"]]
+    values = {}
+    for f in dataclasses.fields(cls):
+        value = data.get(f.name)
+        type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        want = {"int": int, "str": str, "bool": bool}.get(type_name, object)
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise ValueError(f"target {data!r}: {f.name} is not a {f.type}")
+        values[f.name] = value
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """What a profile section wants on this machine, computed without changing anything.
+
+    `rules` is whatever the plugin needs later to tune targets that appear after the
+    profile was applied (new threads, hot-plugged NICs); the engine keeps it with the
+    applied profile, so a rejected switch leaves no trace. `notes` explain a setting in
+    `status` ("resolved from 'poll'"). `refused` lists parts of the section that cannot
+    apply on this machine, with the reason; the rest of the profile still applies.
+    """
+
+    settings: Settings = field(default_factory=dict)
+    rules: Any = None
+    notes: dict[Target, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    """One udev event: `old_name` is set for a rename (action "move")."""
+
+    subsystem: str
+    action: str
+    name: str
+    old_name: str = ""
+
+
+@dataclass(frozen=True)
+class Follows:
+    """Events a plugin reacts to. The watchers' filters are derived from these, and only
+    for plugins whose section is in the active profile."""
+
+    udev: Mapping[str, frozenset[str]] = field(default_factory=dict)  # subsystem -> actions
+    threads: bool = False  # new and renamed tasks (see latencyd.taskevents)
+    user_tasks: bool = False  # also exec events of user tasks (when the section asks)
+
+
+DEVICE_ACTIONS = frozenset({"add", "remove", "bind", "unbind", "move", "change"})
+CPU_ACTIONS = frozenset({"online", "offline", "add", "remove"})
+
+
+@dataclass(frozen=True)
+class Table:
+    """One monitoring table; `latencyctl status` and `--json` render the same structure."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"title": self.title, "columns": list(self.columns), "rows": [*map(list, self.rows)]}
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """What a plugin measured: tables, and named facts (JSON values) for everything else."""
+
+    tables: tuple[Table, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Plugin(Generic[T]):
+    """Base of every plugin, generic in its target type(s). Required: `name`, `summary`,
+    `schema`, `targets`, `expand`, `read`, `write` and `describe`; the rest has defaults."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
-    # An instance may replace its schema when checks need the machine (sysctl keys).
-    schema: Schema = Schema()
-    # Events that make the engine re-expand this plugin's section (see watchers).
-    events: ClassVar[frozenset[str]] = frozenset()
-    # How often `changed()` should force a full rescan; the daemon lowers it to every
-    # tick when no task-event source is available.
-    rescan_interval_s: float = 0.0
+    schema: Schema = Schema()  # an instance may refine it when checks need the machine
+    targets: ClassVar[tuple[type[Target], ...]] = ()
+    follows: ClassVar[Follows] = Follows()
 
     def __init__(self, system: System) -> None:
         self.system = system
+        # For plugins that follow events: how often `changed` should ask for a full
+        # rescan. The daemon sets it to 0 (every tick) when no event source is open.
+        self.rescan_interval_s = 60.0
 
-    def expand(self, options: Mapping[str, Any]) -> dict[str, Value]:
-        """Settings this section wants, by key. Reads the machine, changes nothing."""
+    # -- what a section wants (pure: reads the machine, changes nothing, stores nothing) --
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        """The section's wanted settings. `owned` are this plugin's settings currently
+        applied by the engine (a plugin that moves tasks must keep owning what it moved).
+        Raise NotApplicable when the whole section cannot apply on this machine."""
         raise NotImplementedError
 
-    def capture(self, key: str) -> Value:
-        """The current value of one setting (used to save originals and to verify)."""
+    # -- one target ------------------------------------------------------------------
+    def read(self, target: T) -> Value:
+        """The target's current value (to save the original, and to verify)."""
         raise NotImplementedError
 
-    def apply(self, key: str, value: Value) -> None:
-        """Write one setting. Raise KernelRefused (or NotApplicable) when the kernel says no."""
+    def write(self, target: T, value: Value) -> None:
+        """Set one target; raise KernelRefused (or NotApplicable) when the kernel says no."""
         raise NotImplementedError
 
-    def restore(self, key: str, original: Value) -> None:
-        """Put one captured original back; by default the same as applying it."""
-        self.apply(key, original)
+    def restore(self, target: T, original: Value) -> None:
+        """Put an original back; by default the same as writing it."""
+        self.write(target, original)
 
-    def same(self, key: str, wanted: Value, actual: Value) -> bool:
-        """Whether the kernel's value matches what was wanted (override to normalise)."""
+    def same(self, target: T, wanted: Value, actual: Value) -> bool:
+        """Whether the kernel's value is what was wanted (override to normalise)."""
         return bool(wanted == actual)
 
-    def optional(self, key: str) -> bool:
-        """A setting whose refusal means "not applicable here" rather than a failed profile."""
-        return False
-
-    def exists(self, key: str) -> bool:
-        """Whether the setting's target still exists (an IRQ, a thread); gone ones are dropped."""
+    def exists(self, target: T) -> bool:
+        """Whether the target is still there; vanished ones are dropped without error."""
         return True
 
-    def describe(self, key: str, value: Value) -> str:
-        return f"{key} = {value}"
+    def describe(self, target: T, value: Value) -> str:
+        raise NotImplementedError
 
-    def on_task(self, event: TaskEvent) -> dict[str, Value]:
-        """Settings a new or renamed task needs (plugins listening to "thread" events)."""
+    def watch_files(self, target: T) -> tuple[str, ...]:
+        """Files (under the System root) whose modification can change this target: a
+        write to any of them makes the engine check it at once. None: polled instead."""
+        return ()
+
+    # -- targets that appear later ---------------------------------------------------------
+    def root_only(self, options: Options) -> str | None:
+        """Why this section may be applied only for root, not for admin_group members (it
+        could hand out root, e.g. sysctl kernel.core_pattern), or None."""
+        return None
+
+    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+        """Settings a just-created or renamed task needs (plugins following threads)."""
         return {}
 
-    def follows_user_tasks(self, options: Mapping[str, Any]) -> bool:
-        """Whether this section needs exec events of user tasks (not just new kthreads)."""
+    def on_device(
+        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+    ) -> tuple[Settings, set[Target]] | None:
+        """A device event: (settings for the device, owned targets the event may have
+        reset or that belong to the device), or None to re-expand the whole section."""
+        return None
+
+    def changed(self, rules: Any) -> bool:
+        """Cheap check on the monitor tick: must the section be expanded again (new
+        IRQs, a rescan due)? The event sources do the real work; this is the safety net."""
         return False
 
-    def record_delay(self, event: TaskEvent) -> None:
-        """Note how long after the kernel's event the settings were in place."""
-
-    def on_profile_applied(self) -> None:
-        """A profile was just applied: reset monitoring baselines (counters "since apply")."""
-
-    def changed(self) -> bool:
-        """Cheap check on the monitor tick: has the set of targets changed (new IRQs)?"""
+    def follows_user_tasks(self, options: Options) -> bool:
+        """Whether this section needs exec events of user tasks, not just new kthreads."""
         return False
 
-    def status(self) -> dict[str, Any]:
-        """Plugin-specific monitoring data for `latencyctl status`."""
-        return {}
+    # -- monitoring -------------------------------------------------------------------------
+    def on_applied(self, rules: Any) -> None:
+        """The section was just applied: reset monitoring baselines ("since applied")."""
+
+    def monitor(self, rules: Any) -> Monitor:
+        return Monitor()
 
     def close(self) -> None:
-        """Release held resources (fds); called when the daemon stops."""
+        """Release held resources (perf counters); called when the daemon stops."""
+
+
+def target_kinds(plugin: Plugin[Any]) -> dict[str, type[Target]]:
+    return {cls.kind: cls for cls in plugin.targets}
 
 
 def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, str]:
@@ -131,9 +261,9 @@ def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, st
     return found
 
 
-def discover() -> dict[str, type[Plugin]]:
+def discover() -> dict[str, type[Plugin[Any]]]:
     """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too)."""
-    found: dict[str, type[Plugin]] = {}
+    found: dict[str, type[Plugin[Any]]] = {}
     for name, spec in entry_point_specs(ENTRY_POINT_GROUP).items():
         module, _, attr = spec.partition(":")
         try:
@@ -148,9 +278,9 @@ def discover() -> dict[str, type[Plugin]]:
     return found
 
 
-def load_plugins(system: System) -> dict[str, Plugin]:
+def load_plugins(system: System) -> dict[str, Plugin[Any]]:
     """One instance of every registered plugin, bound to `system`."""
-    plugins: dict[str, Plugin] = {}
+    plugins: dict[str, Plugin[Any]] = {}
     for name, cls in discover().items():
         try:
             plugins[name] = cls(system)

@@ -6,6 +6,7 @@ with a message that completes the sentence "<file>:<line>: <option>: ...".
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -228,7 +229,7 @@ class Option:
 
 
 @dataclass(frozen=True)
-class Table:
+class ArrayOfTables:
     """An array of tables (``[[irq.rule]]``): each entry validated against `schema`."""
 
     name: str
@@ -239,7 +240,7 @@ class Table:
 @dataclass(frozen=True)
 class Schema:
     options: tuple[Option, ...] = ()
-    tables: tuple[Table, ...] = ()
+    tables: tuple[ArrayOfTables, ...] = ()
     # Sections like [sysctl] take arbitrary keys; `free_keys` checks each key name
     # (returns an error message or None) and `free_kind` parses its value.
     free_keys: Callable[[str], str | None] | None = None
@@ -249,10 +250,14 @@ class Schema:
     # file both is an error; across includes, the later file's choice wins.
     exclusive: tuple[tuple[str, ...], ...] = ()
 
+    def extended(self, options: tuple[Option, ...]) -> Schema:
+        """This schema with more options (the engine's `on_drift` in every section)."""
+        return dataclasses.replace(self, options=self.options + options)
+
     def option(self, name: str) -> Option | None:
         return next((o for o in self.options if o.name == name), None)
 
-    def table(self, name: str) -> Table | None:
+    def table(self, name: str) -> ArrayOfTables | None:
         return next((t for t in self.tables if t.name == name), None)
 
     def names(self) -> Sequence[str]:

@@ -3,57 +3,108 @@
 Reads are open to everyone; mutating calls are checked here against the
 caller's uid (root, or a member of the configured admin group) in addition to
 the bus policy file, so a permissive policy alone cannot open the door.
+
+Every error a caller sees is a declared `org.latencyd.Error.*` or a standard
+`org.freedesktop.DBus.Error.*` with one human line: internal errors are logged in
+full and answered as `org.latencyd.Error.Internal` without internals.
+
+Losing the bus loses no control: the tuning stays and is still monitored, and the
+connection is re-made (and the name re-owned) when the bus comes back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import logging
+import os
 import pwd
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import dbus
+import dbus.lowlevel
 import dbus.service
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 from latencyd.config import Config
-from latencyd.daemon import Daemon, drift_dict
+from latencyd.daemon import Caller, Daemon
 from latencyd.engine import StepReport
-from latencyd.errors import LatencydError, PermissionDenied
+from latencyd.errors import Internal, LatencydError, PermissionDenied
+from latencyd.mainloop import MainLoop
 
 log = logging.getLogger("latencyd.service")
 PROPERTIES = "org.freedesktop.DBus.Properties"
+INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 T = TypeVar("T")
 
 
-class LatencydDBusError(dbus.DBusException):
-    """Carries a LatencydError's D-Bus name and message to the caller."""
+class ServiceError(dbus.DBusException):
+    """An error reply with a declared name and one human line (never a traceback)."""
 
-    def __init__(self, exc: LatencydError) -> None:
-        super().__init__(str(exc))
-        self._dbus_error_name = exc.dbus_name
+    include_traceback = False
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self._dbus_error_name = name
 
 
 def _answer(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except LatencydError as exc:
-        raise LatencydDBusError(exc) from exc
+        raise ServiceError(exc.dbus_name, str(exc)) from exc
+    except dbus.DBusException:
+        raise
+    except Exception as exc:
+        log.exception("internal error while answering a D-Bus call")
+        internal = Internal()
+        raise ServiceError(internal.dbus_name, str(internal)) from exc
+
+
+def dbus_methods(cls: type) -> dict[tuple[str, str], str]:
+    """(interface, member) -> in-signature of every method a service class exports."""
+    table: dict[tuple[str, str], str] = {}
+    for name in dir(cls):
+        fn = getattr(cls, name, None)
+        if getattr(fn, "_dbus_is_method", False):
+            table[(fn._dbus_interface, name)] = fn._dbus_in_signature or ""  # type: ignore[union-attr]
+    return table
 
 
 class Service(dbus.service.Object):
-    def __init__(self, bus: dbus.Bus, daemon: Daemon, config: Config) -> None:
-        super().__init__(bus, OBJECT_PATH)
-        self.bus = bus
+    def __init__(self, daemon: Daemon, config: Config) -> None:
+        super().__init__()
         self.daemon = daemon
         self.config = config
+        self.bus: dbus.bus.BusConnection | None = None
         self._name: dbus.service.BusName | None = None
         self._holders: dict[str, Any] = {}  # holder's bus name -> its NameOwnerChanged watch
+        self._methods = dbus_methods(type(self))
         daemon.on_profile_changed.append(self._emit_changed)
+        daemon.on_drift.append(lambda records: self._emit(self.Drift, json.dumps(records)))
+
+    # -- the connection ----------------------------------------------------------
+    def attach(self, bus: dbus.bus.BusConnection) -> None:
+        """Export the object on a (new) connection; holds made on an old bus end."""
+        if self.bus is not None:
+            self.detach()
+        self.bus = bus
+        self.add_to_connection(bus, OBJECT_PATH)
+
+    def detach(self) -> None:
+        # Never exported, or the connection is already gone: nothing to remove.
+        with contextlib.suppress(LookupError, dbus.DBusException):
+            self.remove_from_connection()
+        for watch in self._holders.values():
+            watch.cancel()
+        self._holders.clear()
+        self._name = None
+        self.bus = None
 
     def claim_name(self) -> bool:
+        assert self.bus is not None
         try:
             self._name = dbus.service.BusName(BUS_NAME, self.bus, do_not_queue=True)
         except dbus.DBusException as exc:
@@ -61,19 +112,47 @@ class Service(dbus.service.Object):
             return False
         return True
 
+    def _message_cb(self, connection: Any, message: Any) -> None:
+        """Calls to unknown methods or with the wrong arguments get a standard error with
+        one line; dbus-python's own replies to those carry a Python traceback."""
+        if isinstance(message, dbus.lowlevel.MethodCallMessage):
+            member, interface = message.get_member(), message.get_interface()
+            found = [
+                sig
+                for (iface, name), sig in self._methods.items()
+                if name == member and (interface is None or iface == interface)
+            ]
+            problem = None
+            if not found:
+                problem = (
+                    "org.freedesktop.DBus.Error.UnknownMethod",
+                    f"no method {member} on interface {interface or '(none given)'}",
+                )
+            elif (message.get_signature() or "") not in found:
+                problem = (
+                    INVALID_ARGS,
+                    f"{member} takes arguments of type {found[0]!r}, "
+                    f"got {message.get_signature() or 'none'!r}",
+                )
+            if problem is not None:
+                if not message.get_no_reply():
+                    connection.send_message(dbus.lowlevel.ErrorMessage(message, *problem))
+                return
+        super()._message_cb(connection, message)
+
     # -- authorization ---------------------------------------------------------
-    def _authorize(self, sender: str | None, action: str) -> None:
-        if sender is None:  # a call from inside the process
-            return
+    def _authorize(self, sender: str | None, action: str) -> Caller:
+        if sender is None or self.bus is None:  # a call from inside the process
+            return Caller()
         uid = int(self.bus.get_unix_user(sender))
+        caller = Caller(uid, _user_name(uid))
         if uid == 0 or self._in_admin_group(uid):
-            return
-        who = _user_name(uid)
+            return caller
         group = (
             f" or members of group {self.config.admin_group!r}" if self.config.admin_group else ""
         )
         raise PermissionDenied(
-            f"{action} needs root{group}; user {who} (uid {uid}) may only read state. "
+            f"{action} needs root{group}; user {caller.name} (uid {uid}) may only read state. "
             "Run it with sudo."
         )
 
@@ -97,7 +176,7 @@ class Service(dbus.service.Object):
 
     @dbus.service.method(INTERFACE, in_signature="", out_signature="s")
     def ActiveProfile(self) -> str:
-        return self.daemon.active.name if self.daemon.active else ""
+        return _answer(lambda: self.daemon.active.name if self.daemon.active else "")
 
     @dbus.service.method(INTERFACE, in_signature="", out_signature="s")
     def Status(self) -> str:
@@ -107,19 +186,19 @@ class Service(dbus.service.Object):
     @dbus.service.method(INTERFACE, in_signature="", out_signature="s")
     def Verify(self) -> str:
         """JSON list of drifts: settings whose kernel value differs from the profile's."""
-        return _answer(lambda: json.dumps([drift_dict(d) for d in self.daemon.verify()]))
+        return _answer(lambda: json.dumps([d.as_json() for d in self.daemon.verify()]))
 
     # -- changes ---------------------------------------------------------------
     @dbus.service.method(INTERFACE, in_signature="s", out_signature="s", sender_keyword="sender")
     def SwitchProfile(self, name: str, sender: str | None = None) -> str:
         """Set the base profile; returns once it is applied and verified (a JSON step
         report). While a hold is in force the base is only checked, and applied when the
-        last hold ends ("held": true in the report)."""
+        last hold ends ("held": true in the report). Non-root callers name profiles on
+        the search path; root may also give a file path."""
 
         def run() -> str:
-            self._authorize(sender, "SwitchProfile")
-            report = self.daemon.switch(str(name))
-            return json.dumps(self._report(report))
+            caller = self._authorize(sender, "SwitchProfile")
+            return json.dumps(self._report(self.daemon.switch(str(name), caller)))
 
         return _answer(run)
 
@@ -129,9 +208,9 @@ class Service(dbus.service.Object):
         The hold also ends when the caller leaves the bus (exits or crashes)."""
 
         def run() -> int:
-            self._authorize(sender, "HoldProfile")
-            cookie, _ = self.daemon.hold(str(name), str(reason), sender or "")
-            if sender and sender not in self._holders:
+            caller = self._authorize(sender, "HoldProfile")
+            cookie, _ = self.daemon.hold(str(name), str(reason)[:256], sender or "", caller)
+            if sender and sender not in self._holders and self.bus is not None:
                 self._holders[sender] = self.bus.watch_name_owner(
                     sender, lambda owner, holder=sender: self._holder_changed(holder, owner)
                 )
@@ -155,31 +234,36 @@ class Service(dbus.service.Object):
         watch = self._holders.pop(holder, None)
         if watch is not None:
             watch.cancel()
-        self.daemon.release_owner(holder)
+        self.daemon.release_owners(lambda o: o == holder, "left the bus")
 
     def _report(self, report: StepReport | None) -> dict[str, Any]:
         active = self.daemon.active.name if self.daemon.active else ""
-        if report is None:
-            return {
-                "profile": active,
-                "base": self.daemon.base or "",
-                "held": True,
-                "applied": 0,
-                "restored": 0,
-                "unchanged": 0,
-                "not_applicable": {},
-                "apply_ms": 0.0,
-            }
-        return {
+        out: dict[str, Any] = {
             "profile": active,
             "base": self.daemon.base or "",
-            "held": False,
-            "applied": report.applied,
-            "restored": report.restored,
-            "unchanged": report.unchanged,
-            "not_applicable": {f"{p}:{k}": r for (p, k), r in report.not_applicable.items()},
-            "apply_ms": round(report.seconds * 1000, 3),
+            "held": report is None,
+            "applied": 0,
+            "restored": 0,
+            "unchanged": 0,
+            "not_applicable": [],
+            "apply_ms": 0.0,
         }
+        if report is not None:
+            out |= {
+                "applied": report.applied,
+                "restored": report.restored,
+                "unchanged": report.unchanged,
+                "not_applicable": [
+                    {
+                        "plugin": p,
+                        "setting": self.daemon.plugins[p].describe(t, r.wanted),
+                        "reason": r.reason,
+                    }
+                    for (p, t), r in report.not_applicable.items()
+                ],
+                "apply_ms": round(report.seconds * 1000, 3),
+            }
+        return out
 
     @dbus.service.method(INTERFACE, in_signature="", out_signature="", sender_keyword="sender")
     def Off(self, sender: str | None = None) -> None:
@@ -215,7 +299,8 @@ class Service(dbus.service.Object):
     @dbus.service.signal(INTERFACE, signature="s")
     def Drift(self, drifts_json: str) -> None:
         """Settings the profile owns were changed by someone else: a JSON list of
-        {plugin, key, wanted, actual, action}, action being "reapplied" or "reported"."""
+        {plugin, target, setting, wanted, actual, action}, action being "reapplied",
+        "reported" or "failed: ..."."""
 
     @dbus.service.signal(PROPERTIES, signature="sa{sv}as")
     def PropertiesChanged(
@@ -225,44 +310,44 @@ class Service(dbus.service.Object):
 
     @dbus.service.method(PROPERTIES, in_signature="ss", out_signature="v")
     def Get(self, interface: str, prop: str) -> Any:
-        return self.GetAll(interface)[prop] if prop in self._properties() else _no_property(prop)
+        properties = self._properties(interface)
+        if prop not in properties:
+            raise ServiceError(
+                "org.freedesktop.DBus.Error.UnknownProperty", f"no property {prop[:80]!r}"
+            )
+        return properties[prop]
 
     @dbus.service.method(PROPERTIES, in_signature="s", out_signature="a{sv}")
     def GetAll(self, interface: str) -> dict[str, Any]:
-        if interface != INTERFACE:
-            return {}
-        return self._properties()
+        return self._properties(interface)
 
     @dbus.service.method(PROPERTIES, in_signature="ssv", out_signature="")
     def Set(self, interface: str, prop: str, value: Any) -> None:
-        raise dbus.DBusException(
-            f"property {prop} is read-only", name="org.freedesktop.DBus.Error.PropertyReadOnly"
+        self._properties(interface)
+        raise ServiceError(
+            "org.freedesktop.DBus.Error.PropertyReadOnly", f"property {prop[:80]!r} is read-only"
         )
 
-    def _properties(self) -> dict[str, Any]:
+    def _properties(self, interface: str) -> dict[str, Any]:
+        if interface not in (INTERFACE, ""):
+            raise ServiceError(
+                "org.freedesktop.DBus.Error.UnknownInterface",
+                f"no interface {interface[:80]!r} (properties are on {INTERFACE})",
+            )
         active = self.daemon.active.name if self.daemon.active else ""
         return {"ActiveProfile": dbus.String(active)}
 
     def _emit_changed(self, name: str) -> None:
-        self.ProfileChanged(name)
-        self.PropertiesChanged(INTERFACE, {"ActiveProfile": dbus.String(name)}, [])
+        self._emit(self.ProfileChanged, name)
+        self._emit(self.PropertiesChanged, INTERFACE, {"ActiveProfile": dbus.String(name)}, [])
 
-    # -- the safety-net tick -------------------------------------------------------
-    def tick(self) -> bool:
+    def _emit(self, signal: Callable[..., None], *args: Any) -> None:
+        if self.bus is None:  # no bus right now: there is nobody to tell
+            return
         try:
-            records = self.daemon.check()
-        except LatencydError as exc:
-            log.error("periodic check failed: %s", exc)
-            return True
-        if records:
-            self.Drift(json.dumps(records))
-        return True
-
-
-def _no_property(prop: str) -> Any:
-    raise dbus.DBusException(
-        f"no property {prop}", name="org.freedesktop.DBus.Error.UnknownProperty"
-    )
+            signal(*args)
+        except dbus.DBusException as exc:
+            log.debug("signal not sent: %s", exc)
 
 
 def _user_name(uid: int) -> str:
@@ -270,3 +355,60 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def system_bus_address() -> str:
+    return os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
+
+
+class BusLink:
+    """The service's place on the system bus, kept: when the bus goes away (restarted,
+    crashed) the daemon goes on tuning and monitoring, and reconnects every second,
+    re-owning its name, until the bus is back."""
+
+    RETRY_MS = 1000
+
+    def __init__(self, service: Service, loop: MainLoop) -> None:
+        self.service = service
+        self.loop = loop
+        self.address = system_bus_address()
+        self.retrying = False
+
+    def connect(self) -> bool:
+        """Connect, export the service and own the name; False if the bus is not there."""
+        try:
+            bus = dbus.bus.BusConnection(self.address)
+        except dbus.DBusException as exc:
+            log.debug("system bus not reachable: %s", exc.get_dbus_message())
+            return False
+        bus.set_exit_on_disconnect(False)
+        bus.add_signal_receiver(
+            self._disconnected,
+            signal_name="Disconnected",
+            dbus_interface="org.freedesktop.DBus.Local",
+            path="/org/freedesktop/DBus/Local",
+        )
+        self.service.attach(bus)
+        return True
+
+    def _disconnected(self, *args: Any) -> None:
+        log.warning("lost the system bus: tuning stays in force; reconnecting every second")
+        self.service.detach()
+        self.retry()
+
+    def retry(self) -> None:
+        if not self.retrying:
+            self.retrying = True
+            self.loop.timeout_add(self.RETRY_MS, self._try_again)
+
+    def _try_again(self) -> bool:
+        if not self.connect():
+            return True
+        if not self.service.claim_name():
+            self.service.detach()
+            return True
+        self.retrying = False
+        log.warning("system bus is back: %s owned again", BUS_NAME)
+        # Holders were connections on the old bus; their unique names mean nothing now.
+        self.service.daemon.release_owners(lambda owner: bool(owner), "is gone: the bus restarted")
+        return False

@@ -12,6 +12,8 @@ import errno
 import os
 import platform
 import struct
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +22,7 @@ from typing import Any
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused
 from latencyd.schema import Machine
+from latencyd.sdnotify import FdStore
 
 
 def describe_oserror(exc: OSError) -> str:
@@ -28,17 +31,84 @@ def describe_oserror(exc: OSError) -> str:
     return f"{text} ({name})" if name else text
 
 
-class PmQosRequest:
-    """A CPU latency request on /dev/cpu_dma_latency; the kernel drops it when the fd closes."""
+class PmQos:
+    """The daemon's one CPU latency request on /dev/cpu_dma_latency.
 
-    def __init__(self, fd: int, value_us: int) -> None:
-        self.fd = fd
-        self.value_us = value_us
+    The kernel keeps a request only while its fd is open, so the fd is the request.
+    Changing the value opens the new request before closing the old one (make before
+    break). With systemd's fd store the fd is also handed to the service manager, which
+    passes it back on the next start: a restart or crash never drops the request.
+    """
 
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+    FD_PREFIX = "pmqos-"  # fd-store names: pmqos-<µs>-<sequence>
+
+    def __init__(self, device: Path, fdstore: FdStore | None = None) -> None:
+        self.device = device
+        self.fdstore = fdstore
+        self.fd = -1
+        self.value_us: int | None = None
+        self.name = ""
+        if fdstore is not None:
+            self._adopt(fdstore.take(self.FD_PREFIX))
+
+    def _adopt(self, passed: list[tuple[str, int]]) -> None:
+        """Keep the newest request a previous run stored; close any others."""
+        newest = max(passed, key=lambda p: int(p[0].rsplit("-", 1)[1]), default=None)
+        for name, fd in passed:
+            if (name, fd) != newest:
+                os.close(fd)
+                self._forget(name)
+        if newest is not None:
+            self.name, self.fd = newest
+            self.value_us = int(self.name.split("-")[1])
+
+    def held(self) -> int | None:
+        return self.value_us
+
+    def hold(self, value_us: int) -> None:
+        try:
+            fd = os.open(self.device, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise KernelRefused(f"opening {self.device}", describe_oserror(exc)) from exc
+        try:
+            # The kernel takes a binary s32 (a hex string also works, but binary is exact).
+            os.write(fd, struct.pack("=i", value_us))
+        except OSError as exc:
+            os.close(fd)
+            raise KernelRefused(
+                f"holding {value_us} µs on {self.device}", describe_oserror(exc)
+            ) from exc
+        old_fd, old_name = self.fd, self.name
+        self.fd, self.value_us = fd, value_us
+        self.name = f"{self.FD_PREFIX}{value_us}-{time.monotonic_ns()}"
+        if self.fdstore is not None:
+            self.fdstore.store(fd, self.name)
+        self._close(old_fd, old_name)
+
+    def release(self) -> None:
+        self._close(self.fd, self.name)
+        self.fd, self.value_us, self.name = -1, None, ""
+
+    def _close(self, fd: int, name: str) -> None:
+        if fd >= 0:
+            os.close(fd)
+            self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        if self.fdstore is not None and name:
+            self.fdstore.remove(name)
+
+    def effective(self) -> int | None:
+        """The kernel's aggregate CPU latency target (the minimum of every request)."""
+        try:
+            fd = os.open(self.device, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            data = os.read(fd, 4)
+        finally:
+            os.close(fd)
+        return int(struct.unpack("=i", data)[0]) if len(data) == 4 else None
 
 
 PF_KTHREAD = 0x00200000
@@ -85,11 +155,19 @@ def parse_stat(pid: int, text: str) -> Task:
 
 
 class System:
-    def __init__(self, root: Path | str = "/", sched: ModuleType | Any = os) -> None:
+    """The kernel, rooted at `root`. Backends for what is not a plain file: `sched`
+    (scheduler calls; the os module, or a fake with its functions), `pmqos` (the PM QoS
+    request fd, with systemd's fd store when given one)."""
+
+    def __init__(
+        self,
+        root: Path | str = "/",
+        sched: ModuleType | Any = os,
+        fdstore: FdStore | None = None,
+    ) -> None:
         self.root = Path(root)
-        # Scheduler calls (sched_*affinity, sched_*scheduler) cannot be rooted at a path;
-        # unit tests pass a fake with the same functions as the os module.
         self.sched = sched
+        self.pmqos = PmQos(self.path("dev/cpu_dma_latency"), fdstore)
 
     @property
     def is_real(self) -> bool:
@@ -101,6 +179,10 @@ class System:
     # -- files ---------------------------------------------------------------
     def exists(self, rel: str) -> bool:
         return self.path(rel).exists()
+
+    def realpath(self, rel: str) -> str:
+        """Where a symlink (a device's sysfs link) leads, as an absolute path."""
+        return os.path.realpath(self.path(rel))
 
     def listdir(self, rel: str) -> list[str]:
         try:
@@ -142,17 +224,6 @@ class System:
                 return int(line.split()[1]) * 1024
         raise KernelRefused("reading /proc/meminfo", "no MemTotal line")
 
-    # -- PM QoS ------------------------------------------------------------------
-    def hold_pm_qos(self, value_us: int) -> PmQosRequest:
-        dev = self.path("dev/cpu_dma_latency")
-        try:
-            fd = os.open(dev, os.O_WRONLY)
-            # The kernel takes a binary s32 (a hex string also works, but binary is exact).
-            os.write(fd, struct.pack("=i", value_us))
-        except OSError as exc:
-            raise KernelRefused(f"holding {value_us} µs on {dev}", describe_oserror(exc)) from exc
-        return PmQosRequest(fd, value_us)
-
     def replace_file(self, rel: str, text: str) -> None:
         """Replace a config file atomically (for files like /etc/default/irqbalance)."""
         path = self.path(rel)
@@ -165,6 +236,12 @@ class System:
             os.replace(tmp, path)
         except OSError as exc:
             raise KernelRefused(f"writing /{rel.lstrip('/')}", describe_oserror(exc)) from exc
+
+    def remove_file(self, rel: str) -> None:
+        try:
+            self.path(rel).unlink(missing_ok=True)
+        except OSError as exc:
+            raise KernelRefused(f"removing /{rel.lstrip('/')}", describe_oserror(exc)) from exc
 
     # -- tasks -------------------------------------------------------------------
     def task(self, pid: int) -> Task | None:
@@ -270,6 +347,11 @@ class System:
     @staticmethod
     def read_counter(fd: int) -> int:
         return int(struct.unpack("=Q", os.read(fd, 8))[0])
+
+    @staticmethod
+    def close_counters(fds: Iterable[int]) -> None:
+        for fd in fds:
+            os.close(fd)
 
 
 # perf_event_open(2): only the fields a plain counter needs; `size` tells the kernel.

@@ -36,6 +36,7 @@ class _Scanner:
 
     def __init__(self) -> None:
         self.depth = 0
+        self.max_depth = 0
         self.multiline = ""  # the open triple-quote delimiter, if any
 
     def feed(self, text: str) -> None:
@@ -63,6 +64,7 @@ class _Scanner:
                 continue
             if ch in "[{":
                 self.depth += 1
+                self.max_depth = max(self.max_depth, self.depth)
             elif ch in "]}":
                 self.depth -= 1
             i += 1
@@ -151,6 +153,27 @@ def key_lines(text: str) -> dict[KeyPath, int]:
                 lines.setdefault((*table, *keys[:n]), lineno)
             scan.feed(line[eq + 1 :])
     return lines
+
+
+def max_nesting(text: str, limit: int) -> int | None:
+    """The first line where arrays and inline tables nest deeper than `limit`, or None.
+
+    Run before tomllib, whose parser recurses once per level: a file nested thousands
+    deep would raise RecursionError there instead of a clear error.
+    """
+    scan = _Scanner()
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        if scan.busy:  # inside a value that spans lines
+            scan.feed(raw)
+        else:
+            line = raw.strip()
+            eq = _find_unquoted(line, "=")
+            if line.startswith(("[", "#")) or eq < 0:  # a table header, a comment, a blank line
+                continue
+            scan.feed(line[eq + 1 :])
+        if scan.max_depth > limit:
+            return lineno
+    return None
 
 
 def nearest_line(lines: dict[KeyPath, int], path: KeyPath) -> int | None:

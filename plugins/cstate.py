@@ -8,22 +8,30 @@ profile is active; closing the fd is the restore (and a crash restores it too).
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
-import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.plugin import Plugin, Value
-from latencyd.schema import Choice, Cpus, Int, ListOf, OneOf, Option, Pattern, Schema, Table
-from latencyd.system import PmQosRequest, System
+from latencyd.plugin import (
+    CPU_ACTIONS,
+    Expansion,
+    Follows,
+    Monitor,
+    Options,
+    Plugin,
+    Settings,
+    Table,
+    Target,
+    Value,
+)
+from latencyd.schema import ArrayOfTables, Choice, Cpus, Int, ListOf, OneOf, Option, Pattern, Schema
+from latencyd.system import System
 
 CPU = "sys/devices/system/cpu"
-PM_QOS = "pm_qos"
 SYMBOLIC = Pattern(r"poll|shallowest|state:.+", '"poll", "shallowest" or "state:NAME"')
 STATE_SELECTOR = Pattern(r"deeper-than:\d+|[^:]+", 'a state name (glob) or "deeper-than:µs"')
 # The kernel's resume-latency file inverts intuition: "0" means no constraint and
@@ -51,10 +59,40 @@ def state_matches(state: IdleState, selector: str) -> bool:
     return name == sel or fnmatch.fnmatchcase(name, sel) or name.split()[0] == sel
 
 
-class CstatePlugin(Plugin):
+@dataclass(frozen=True)
+class PmQosRequest(Target):
+    """The machine-wide CPU latency request, held on an open /dev/cpu_dma_latency fd;
+    its value is µs, or None for no request."""
+
+    kind: ClassVar[str] = "pm_qos"
+
+
+@dataclass(frozen=True)
+class ResumeLatency(Target):
+    kind: ClassVar[str] = "resume_latency"
+    cpu: int
+
+
+@dataclass(frozen=True)
+class StateDisable(Target):
+    kind: ClassVar[str] = "state_disable"
+    cpu: int
+    state: int
+
+
+CstateTarget = PmQosRequest | ResumeLatency | StateDisable
+
+
+@dataclass(frozen=True)
+class CstateRules:
+    resolved_from: str | None  # the symbolic force_latency_us, if one was given
+
+
+class CstatePlugin(Plugin[CstateTarget]):
     name = "cstate"
     summary = "C-states: PM QoS latency request, per-CPU resume latency, cpuidle state disables"
-    events = frozenset({"cpu"})
+    targets = (PmQosRequest, ResumeLatency, StateDisable)
+    follows = Follows(udev={"cpu": CPU_ACTIONS})
     schema = Schema(
         options=(
             Option(
@@ -67,7 +105,7 @@ class CstatePlugin(Plugin):
             ),
         ),
         tables=(
-            Table(
+            ArrayOfTables(
                 "cpus",
                 Schema(
                     options=(
@@ -93,8 +131,6 @@ class CstatePlugin(Plugin):
 
     def __init__(self, system: System) -> None:
         super().__init__(system)
-        self.request: PmQosRequest | None = None
-        self.resolved_from: str | None = None
         self.baseline: dict[int, dict[int, tuple[int, int]]] = {}
         self.baseline_at = 0.0
 
@@ -139,12 +175,18 @@ class CstatePlugin(Plugin):
         )
 
     # -- plugin verbs -----------------------------------------------------------------
-    def expand(self, options: Mapping[str, Any]) -> dict[str, Value]:
-        wanted: dict[str, Value] = {}
-        if "force_latency_us" in options:
-            raw = options["force_latency_us"]
-            wanted[PM_QOS] = self.resolve_latency(raw)
-            self.resolved_from = raw if isinstance(raw, str) else None
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        settings: Settings = {}
+        notes: dict[Target, str] = {}
+        refused: dict[str, str] = {}
+        raw = options.get("force_latency_us")
+        if raw is not None:
+            try:
+                settings[PmQosRequest()] = self.resolve_latency(raw)
+                if isinstance(raw, str):
+                    notes[PmQosRequest()] = f"resolved from {raw!r}"
+            except NotApplicable as exc:
+                refused["force_latency_us"] = str(exc)
         for entry in options.get("cpus", []):
             cpus: CpuSet = entry["cpus"]
             for cpu in cpus:
@@ -155,57 +197,54 @@ class CstatePlugin(Plugin):
                         if lat == "any"
                         else (ZERO_TOLERANCE if lat == 0 else str(lat))
                     )
-                    wanted[f"cpu{cpu}/resume_latency"] = value
+                    settings[ResumeLatency(cpu)] = value
                 if "disable_states" not in entry:
                     continue
                 # Later entries win: this entry's list replaces an earlier one's for this CPU.
-                for key in [k for k in wanted if k.startswith(f"cpu{cpu}/state")]:
-                    del wanted[key]
+                for target in [t for t in settings if isinstance(t, StateDisable)]:
+                    if target.cpu == cpu:
+                        del settings[target]
                 for state in self.states(cpu):
                     if any(state_matches(state, sel) for sel in entry["disable_states"]):
-                        wanted[f"cpu{cpu}/state{state.index}/disable"] = "1"
-        return wanted
+                        settings[StateDisable(cpu, state.index)] = "1"
+        rules = CstateRules(raw if isinstance(raw, str) else None)
+        return Expansion(settings, rules, notes, refused)
 
-    def _path(self, key: str) -> str:
-        cpu, _, rest = key.partition("/")
-        if rest == "resume_latency":
-            return f"{CPU}/{cpu}/power/pm_qos_resume_latency_us"
-        return f"{CPU}/{cpu}/cpuidle/{rest}"
+    @staticmethod
+    def _path(target: ResumeLatency | StateDisable) -> str:
+        if isinstance(target, ResumeLatency):
+            return f"{CPU}/cpu{target.cpu}/power/pm_qos_resume_latency_us"
+        return f"{CPU}/cpu{target.cpu}/cpuidle/state{target.state}/disable"
 
-    def capture(self, key: str) -> Value:
-        if key == PM_QOS:
-            return self.request.value_us if self.request else None
-        return self.system.read(self._path(key))
+    def read(self, target: CstateTarget) -> Value:
+        if isinstance(target, PmQosRequest):
+            return self.system.pmqos.held()
+        return self.system.read(self._path(target))
 
-    def apply(self, key: str, value: Value) -> None:
-        if key == PM_QOS:
-            old = self.request
-            # Make before break: the new request is in force before the old one goes.
-            self.request = self.system.hold_pm_qos(int(value)) if value is not None else None
-            if old is not None:
-                old.close()
+    def write(self, target: CstateTarget, value: Value) -> None:
+        if isinstance(target, PmQosRequest):
+            if value is None:
+                self.system.pmqos.release()
+            else:
+                self.system.pmqos.hold(int(value))
             return
-        self.system.write(self._path(key), str(value))
+        self.system.write(self._path(target), str(value))
 
-    def exists(self, key: str) -> bool:
-        return key == PM_QOS or self.system.exists(self._path(key))
+    def exists(self, target: CstateTarget) -> bool:
+        return isinstance(target, PmQosRequest) or self.system.exists(self._path(target))
 
-    def describe(self, key: str, value: Value) -> str:
-        if key == PM_QOS:
+    def watch_files(self, target: CstateTarget) -> tuple[str, ...]:
+        return () if isinstance(target, PmQosRequest) else (self._path(target),)
+
+    def describe(self, target: CstateTarget, value: Value) -> str:
+        if isinstance(target, PmQosRequest):
             if value is None:
                 return "no PM QoS request held"
-            via = f" (resolved from {self.resolved_from!r})" if self.resolved_from else ""
-            return f"PM QoS CPU latency request held at {value} µs{via}"
-        cpu, _, rest = key.partition("/")
-        if rest == "resume_latency":
+            return f"PM QoS CPU latency request held at {value} µs"
+        if isinstance(target, ResumeLatency):
             meaning = {ZERO_TOLERANCE: "0 µs: polling only", NO_CONSTRAINT: "no limit"}
-            return f"{cpu} resume latency = {meaning.get(str(value), f'{value} µs')}"
-        return f"{cpu} {rest} = {value}"
-
-    def close(self) -> None:
-        if self.request is not None:
-            self.request.close()
-            self.request = None
+            return f"cpu{target.cpu} resume latency = {meaning.get(str(value), f'{value} µs')}"
+        return f"cpu{target.cpu} state{target.state}/disable = {value}"
 
     # -- monitoring ---------------------------------------------------------------------
     def counters(self) -> dict[int, dict[int, tuple[int, int]]]:
@@ -222,23 +261,14 @@ class CstatePlugin(Plugin):
                 )
         return out
 
-    def on_profile_applied(self) -> None:
-        self.baseline = self.counters()
+    def on_applied(self, rules: Any) -> None:
+        try:
+            self.baseline = self.counters()
+        except KernelRefused:  # no cpuidle counters here: monitor() says so
+            self.baseline = {}
         self.baseline_at = time.monotonic()
 
-    def effective_latency_us(self) -> int | None:
-        """The kernel's aggregate CPU latency target (the minimum of all requests)."""
-        try:
-            fd = os.open(self.system.path("dev/cpu_dma_latency"), os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            data = os.read(fd, 4)
-        finally:
-            os.close(fd)
-        return int(struct.unpack("=i", data)[0]) if len(data) == 4 else None
-
-    def residency(self) -> dict[str, Any]:
+    def residency(self) -> Table:
         now = self.counters()
         elapsed_us = max((time.monotonic() - self.baseline_at) * 1e6, 1.0)
         cpu0 = min(now) if now else 0
@@ -249,7 +279,6 @@ class CstatePlugin(Plugin):
         rows = []
         for cpu, states in sorted(now.items()):
             base = self.baseline.get(cpu, {})
-            row: list[Any] = [cpu]
             cells: list[Any] = []
             idle = 0.0
             for idx in sorted(names):
@@ -258,25 +287,24 @@ class CstatePlugin(Plugin):
                 share = 100.0 * (t - t0) / elapsed_us
                 idle += share
                 cells += [round(share, 2), u - u0]
-            row.append(round(max(0.0, 100.0 - idle), 2))
-            rows.append(row + cells)
-        return {
-            "title": f"C-state residency since the profile was applied ({elapsed_us / 1e6:.1f} s)",
-            "columns": columns,
-            "rows": rows,
-        }
+            rows.append((cpu, round(max(0.0, 100.0 - idle), 2), *cells))
+        return Table(
+            f"C-state residency since the profile was applied ({elapsed_us / 1e6:.1f} s)",
+            tuple(columns),
+            tuple(rows),
+        )
 
-    def status(self) -> dict[str, Any]:
-        info: dict[str, Any] = {}
-        if self.request is not None:
-            info["pm_qos_requested_us"] = self.request.value_us
-            if self.resolved_from:
-                info["pm_qos_resolved_from"] = self.resolved_from
-        effective = self.effective_latency_us()
+    def monitor(self, rules: Any) -> Monitor:
+        facts: dict[str, Any] = {}
+        held = self.system.pmqos.held()
+        if held is not None:
+            facts["pm_qos_requested_us"] = held
+            if isinstance(rules, CstateRules) and rules.resolved_from:
+                facts["pm_qos_resolved_from"] = rules.resolved_from
+        effective = self.system.pmqos.effective()
         if effective is not None:
-            info["pm_qos_effective_us"] = effective
+            facts["pm_qos_effective_us"] = effective
         try:
-            info["tables"] = [self.residency()]
+            return Monitor((self.residency(),), facts)
         except KernelRefused as exc:
-            info["residency_error"] = str(exc)
-        return info
+            return Monitor((), facts | {"residency_error": str(exc)})

@@ -9,22 +9,31 @@ a cheap /proc/irq listing on the monitor tick.
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.plugin import Plugin, Value
-from latencyd.schema import Bool, Choice, Cpus, Option, Schema, Str, Table
+from latencyd.plugin import (
+    CPU_ACTIONS,
+    DEVICE_ACTIONS,
+    Expansion,
+    Follows,
+    Monitor,
+    Options,
+    Plugin,
+    Settings,
+    Table,
+    Target,
+    Value,
+)
+from latencyd.schema import ArrayOfTables, Bool, Cpus, Option, Schema, Str
 from latencyd.system import System
 
 PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
-DEFAULT = "default_affinity"
-BANNED = "irqbalance/banned"
 IRQBALANCE_FILES = ("etc/default/irqbalance", "etc/sysconfig/irqbalance")
 BANNED_VAR = "IRQBALANCE_BANNED_CPULIST"
 
@@ -64,10 +73,53 @@ def parse_interrupts(text: str) -> tuple[list[int], list[Irq]]:
     return cpus, irqs
 
 
-class IrqPlugin(Plugin):
+@dataclass(frozen=True)
+class IrqAffinity(Target):
+    """One IRQ's CPUs. Kernel-managed and per-queue IRQs refuse: not applicable."""
+
+    kind: ClassVar[str] = "irq"
+    refusal_means: ClassVar[str | None] = (
+        "the kernel will not move this IRQ (kernel-managed or per-queue interrupt)"
+    )
+    irq: int
+
+
+@dataclass(frozen=True)
+class DefaultAffinity(Target):
+    kind: ClassVar[str] = "default_affinity"
+
+
+@dataclass(frozen=True)
+class IrqbalanceBan(Target):
+    """IRQBALANCE_BANNED_CPULIST in irqbalance's config (None: the line is absent)."""
+
+    kind: ClassVar[str] = "irqbalance_banned"
+
+
+IrqTarget = IrqAffinity | DefaultAffinity | IrqbalanceBan
+
+
+@dataclass(frozen=True)
+class IrqRules:
+    rules: tuple[tuple[str, CpuSet], ...]  # (match, cpus), first match wins
+    isolate: CpuSet
+    known_irqs: frozenset[int]  # the IRQs there were when expanded (new ones mean: again)
+
+
+class IrqPlugin(Plugin[IrqTarget]):
     name = "irq"
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"
-    events = frozenset({"irq", "pci", "net", "block"})
+    targets = (IrqAffinity, DefaultAffinity, IrqbalanceBan)
+    # A device added, removed, bound or unbound allocates or frees IRQs.
+    follows = Follows(
+        udev={
+            "pci": DEVICE_ACTIONS,
+            "virtio": DEVICE_ACTIONS,
+            "net": DEVICE_ACTIONS,
+            "block": DEVICE_ACTIONS,
+            "cpu": CPU_ACTIONS,
+        }
+    )
     schema = Schema(
         options=(
             Option(
@@ -78,12 +130,6 @@ class IrqPlugin(Plugin):
             ),
             Option("isolate", Cpus(), "Move every movable IRQ off these CPUs (rules still win)"),
             Option(
-                "on_drift",
-                Choice(("reapply", "report")),
-                "When something else rewrites a mask this profile owns",
-                default="reapply",
-            ),
-            Option(
                 "coordinate_irqbalance",
                 Bool(),
                 "If irqbalance runs, ban the isolated CPUs in its config instead of fighting "
@@ -92,7 +138,7 @@ class IrqPlugin(Plugin):
             ),
         ),
         tables=(
-            Table(
+            ArrayOfTables(
                 "rule",
                 Schema(
                     options=(
@@ -115,8 +161,6 @@ class IrqPlugin(Plugin):
 
     def __init__(self, system: System) -> None:
         super().__init__(system)
-        self.known_irqs: frozenset[int] = frozenset()
-        self.isolated = CpuSet()
         self.baseline: dict[int, tuple[int, ...]] = {}
         self.columns: list[int] = []
         self.baseline_at = 0.0
@@ -126,16 +170,17 @@ class IrqPlugin(Plugin):
         self.counter_note = "unavailable: no profile applied"
 
     # -- the machine's IRQs ----------------------------------------------------------
-    def inventory(self) -> list[Irq]:
-        self.columns, irqs = parse_interrupts(self.system.read("proc/interrupts"))
-        return [i for i in irqs if self.system.exists(f"proc/irq/{i.number}/smp_affinity_list")]
+    def inventory(self) -> tuple[list[int], list[Irq]]:
+        """(CPU columns of /proc/interrupts, the IRQs whose affinity can be read)."""
+        columns, irqs = parse_interrupts(self.system.read("proc/interrupts"))
+        movable = [i for i in irqs if self.system.exists(f"proc/irq/{i.number}/smp_affinity_list")]
+        return columns, movable
 
     def device_address(self, name: str) -> str | None:
         """PCI address behind a net or block device name (walks up its sysfs device link)."""
         for cls in ("sys/class/net", "sys/block"):
-            link = self.system.path(f"{cls}/{name}/device")
-            if link.exists():
-                found = PCI_ADDR.findall(os.path.realpath(link))
+            if self.system.exists(f"{cls}/{name}/device"):
+                found = PCI_ADDR.findall(self.system.realpath(f"{cls}/{name}/device"))
                 return found[-1] if found else None
         return None
 
@@ -156,79 +201,82 @@ class IrqPlugin(Plugin):
         return any(fnmatch.fnmatchcase(a, value) for a in irq.actions)
 
     # -- plugin verbs --------------------------------------------------------------------
-    def expand(self, options: Mapping[str, Any]) -> dict[str, Value]:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
         online = self.system.online_cpus()
         isolate: CpuSet = options.get("isolate", CpuSet())
-        self.isolated = isolate
         housekeeping = online - isolate
         if isolate and not housekeeping:
             raise NotApplicable(f"isolate = {isolate} leaves no CPU for interrupts")
-        wanted: dict[str, Value] = {}
+        settings: Settings = {}
         if "default_affinity" in options:
-            wanted[DEFAULT] = options["default_affinity"].to_list()
+            settings[DefaultAffinity()] = options["default_affinity"].to_list()
         elif isolate:
-            wanted[DEFAULT] = housekeeping.to_list()
-        irqs = self.inventory()
-        self.known_irqs = frozenset(i.number for i in irqs)
+            settings[DefaultAffinity()] = housekeeping.to_list()
+        _, irqs = self.inventory()
+        rules = tuple((r["match"], r["cpus"]) for r in options.get("rule", []))
         for irq in irqs:
-            rule = next((r for r in options.get("rule", []) if self.matches(irq, r["match"])), None)
-            if rule is not None:
-                wanted[f"irq/{irq.number}"] = rule["cpus"].to_list()
+            cpus = next((c for m, c in rules if self.matches(irq, m)), None)
+            if cpus is not None:
+                settings[IrqAffinity(irq.number)] = cpus.to_list()
             elif isolate:
-                wanted[f"irq/{irq.number}"] = housekeeping.to_list()
+                settings[IrqAffinity(irq.number)] = housekeeping.to_list()
         if isolate and options.get("coordinate_irqbalance", True) and self.irqbalance_pid():
-            wanted[BANNED] = isolate.to_list()
-        return wanted
+            settings[IrqbalanceBan()] = isolate.to_list()
+        known = frozenset(i.number for i in irqs)
+        return Expansion(settings, IrqRules(rules, isolate, known))
 
-    def _path(self, key: str) -> str:
-        if key == DEFAULT:
+    @staticmethod
+    def _path(target: IrqAffinity | DefaultAffinity) -> str:
+        if isinstance(target, DefaultAffinity):
             return "proc/irq/default_smp_affinity"
-        return f"proc/irq/{key.split('/')[1]}/smp_affinity_list"
+        return f"proc/irq/{target.irq}/smp_affinity_list"
 
-    def capture(self, key: str) -> Value:
-        if key == BANNED:
+    def read(self, target: IrqTarget) -> Value:
+        if isinstance(target, IrqbalanceBan):
             return self.read_banned()
-        raw = self.system.read(self._path(key))
-        cpus = CpuSet.from_mask(raw) if key == DEFAULT else CpuSet.from_list(raw)
+        raw = self.system.read(self._path(target))
+        cpus = (
+            CpuSet.from_mask(raw) if isinstance(target, DefaultAffinity) else CpuSet.from_list(raw)
+        )
         return cpus.to_list()
 
-    def apply(self, key: str, value: Value) -> None:
-        if key == BANNED:
+    def write(self, target: IrqTarget, value: Value) -> None:
+        if isinstance(target, IrqbalanceBan):
             self.write_banned(value)
-            return
-        if key == DEFAULT:
-            nr = len(self.columns) or max(self.system.online_cpus()) + 1
-            self.system.write(self._path(key), CpuSet.from_list(value).to_mask(nr))
-            return
-        try:
-            self.system.write(self._path(key), value)
-        except KernelRefused as exc:
-            raise NotApplicable(
-                f"the kernel will not move IRQ {key.split('/')[1]} (kernel-managed or per-queue "
-                f"interrupt): {exc.reason}"
-            ) from exc
+        elif isinstance(target, DefaultAffinity):
+            nr = max(self.system.online_cpus()) + 1
+            self.system.write(self._path(target), CpuSet.from_list(value).to_mask(nr))
+        else:
+            self.system.write(self._path(target), value)
 
-    def same(self, key: str, wanted: Value, actual: Value) -> bool:
-        if key == BANNED:
+    def same(self, target: IrqTarget, wanted: Value, actual: Value) -> bool:
+        if isinstance(target, IrqbalanceBan):
             return bool(wanted == actual)
         return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
 
-    def optional(self, key: str) -> bool:
-        return key.startswith("irq/")
+    def exists(self, target: IrqTarget) -> bool:
+        return not isinstance(target, IrqAffinity) or self.system.exists(self._path(target))
 
-    def exists(self, key: str) -> bool:
-        return key in (DEFAULT, BANNED) or self.system.exists(self._path(key))
+    def watch_files(self, target: IrqTarget) -> tuple[str, ...]:
+        if isinstance(target, IrqbalanceBan):
+            return (self.irqbalance_file(),)
+        if isinstance(target, DefaultAffinity):
+            return (self._path(target),)
+        # The mask can be written in either form.
+        return (self._path(target), f"proc/irq/{target.irq}/smp_affinity")
 
-    def changed(self) -> bool:
-        """New or vanished IRQs since the last expand (same filter as inventory())."""
-        return frozenset(i.number for i in self.inventory()) != self.known_irqs
+    def changed(self, rules: Any) -> bool:
+        """New or vanished IRQs since the section was expanded (same filter as inventory)."""
+        if not isinstance(rules, IrqRules):  # the section was refused: nothing to follow
+            return False
+        return frozenset(i.number for i in self.inventory()[1]) != rules.known_irqs
 
-    def describe(self, key: str, value: Value) -> str:
-        if key == DEFAULT:
+    def describe(self, target: IrqTarget, value: Value) -> str:
+        if isinstance(target, DefaultAffinity):
             return f"default IRQ affinity = {value}"
-        if key == BANNED:
+        if isinstance(target, IrqbalanceBan):
             return f"irqbalance banned CPUs = {value}"
-        return f"IRQ {key.split('/')[1]} affinity = {value}"
+        return f"IRQ {target.irq} affinity = {value}"
 
     # -- irqbalance coordination ----------------------------------------------------------
     def irqbalance_pid(self) -> int | None:
@@ -261,13 +309,17 @@ class IrqPlugin(Plugin):
         kept = [ln for ln in lines if not re.match(rf"\s*{BANNED_VAR}\s*=", ln)]
         if value is not None:
             kept.append(f'{BANNED_VAR}="{value}"  # set by latencyd; restored when it stops')
-        self.system.replace_file(path, "\n".join(kept) + "\n" if kept else "")
+        if kept:
+            self.system.replace_file(path, "\n".join(kept) + "\n")
+        else:  # only our line was there: the file was ours, so it goes
+            self.system.remove_file(path)
         # irqbalance reads IRQBALANCE_BANNED_CPULIST only when it starts.
         self.restarted_irqbalance = self.system.restart_service("irqbalance.service")
 
     # -- monitoring -------------------------------------------------------------------------
-    def on_profile_applied(self) -> None:
-        self.baseline = {i.number: i.counts for i in self.inventory()}
+    def on_applied(self, rules: Any) -> None:
+        self.columns, irqs = self.inventory()
+        self.baseline = {i.number: i.counts for i in irqs}
         self.baseline_at = time.monotonic()
         self._open_handler_counters()
 
@@ -295,13 +347,13 @@ class IrqPlugin(Plugin):
         }
 
     def close(self) -> None:
-        for fd in self.counters.values():
-            os.close(fd)
+        self.system.close_counters(self.counters.values())
         self.counters = {}
 
-    def status(self) -> dict[str, Any]:
-        irqs = self.inventory()
-        rows = []
+    def monitor(self, rules: Any) -> Monitor:
+        isolated = rules.isolate if isinstance(rules, IrqRules) else CpuSet()
+        self.columns, irqs = self.inventory()
+        rows: list[tuple[Any, ...]] = []
         per_cpu = [0] * len(self.columns)
         on_isolated = 0
         for irq in irqs:
@@ -309,46 +361,43 @@ class IrqPlugin(Plugin):
             delta = [c - b for c, b in zip(irq.counts, base, strict=False)]
             for i, d in enumerate(delta):
                 per_cpu[i] += d
-                if self.columns[i] in self.isolated:
+                if self.columns[i] in isolated:
                     on_isolated += d
             affinity = self.system.read(f"proc/irq/{irq.number}/smp_affinity_list")
-            rows.append([irq.number, irq.label, affinity, *delta])
-        rows.append(["all", "", "", *per_cpu])
-        info: dict[str, Any] = {
-            "tables": [
-                {
-                    "title": f"interrupts per CPU since the profile was applied "
-                    f"({time.monotonic() - self.baseline_at:.1f} s)",
-                    "columns": ["IRQ", "name", "affinity", *(f"CPU{c}" for c in self.columns)],
-                    "rows": rows,
-                }
-            ],
-        }
-        if self.isolated:
-            info["isolated_cpus"] = self.isolated.to_list()
-            info["irqs_on_isolated_cpus_since_apply"] = on_isolated
+            rows.append((irq.number, irq.label, affinity, *delta))
+        rows.append(("all", "", "", *per_cpu))
+        table = Table(
+            "interrupts per CPU since the profile was applied "
+            f"({time.monotonic() - self.baseline_at:.1f} s)",
+            ("IRQ", "name", "affinity", *(f"CPU{c}" for c in self.columns)),
+            tuple(rows),
+        )
+        facts: dict[str, Any] = {}
+        if isolated:
+            facts["isolated_cpus"] = isolated.to_list()
+            facts["irqs_on_isolated_cpus_since_apply"] = on_isolated
         if self.counters:
             counts = self.handler_counts()
-            info["perf_irq_handler_entry_per_cpu_since_apply"] = {
+            facts["perf_irq_handler_entry_per_cpu_since_apply"] = {
                 f"CPU{c}": n for c, n in sorted(counts.items())
             }
-            if self.isolated:
-                info["perf_irq_handlers_on_isolated_cpus_since_apply"] = sum(
-                    n for c, n in counts.items() if c in self.isolated
+            if isolated:
+                facts["perf_irq_handlers_on_isolated_cpus_since_apply"] = sum(
+                    n for c, n in counts.items() if c in isolated
                 )
         else:
-            info["perf_irq_handler_counts"] = self.counter_note
+            facts["perf_irq_handler_counts"] = self.counter_note
         pid = self.irqbalance_pid()
         if pid:
             banned = self.read_banned()
-            info["irqbalance"] = (
+            facts["irqbalance"] = (
                 f"running (pid {pid}); banned CPUs in /{self.irqbalance_file()}: {banned or 'none'}"
             )
             if banned and not self.restarted_irqbalance:
-                info["irqbalance"] += (
+                facts["irqbalance"] += (
                     " (it reads this only at start and systemd could not "
                     "restart it here: restart irqbalance to apply)"
                 )
         else:
-            info["irqbalance"] = "not running"
-        return info
+            facts["irqbalance"] = "not running"
+        return Monitor((table,), facts)

@@ -20,21 +20,73 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.plugin import Plugin, Value
-from latencyd.schema import Choice, Cpus, Int, ListOf, Option, Regex, Schema, Str, Table
+from latencyd.plugin import (
+    CPU_ACTIONS,
+    Expansion,
+    Follows,
+    Monitor,
+    Options,
+    Plugin,
+    Settings,
+    Target,
+    Value,
+)
+from latencyd.schema import ArrayOfTables, Choice, Cpus, Int, ListOf, Option, Regex, Schema, Str
 from latencyd.system import POLICIES, System, Task
 from latencyd.taskevents import TaskEvent
 
 WORKQUEUES = {
-    "workqueue/writeback": "sys/devices/virtual/workqueue/writeback/cpumask",
-    "workqueue/unbound": "sys/devices/virtual/workqueue/cpumask",
+    "writeback": "sys/devices/virtual/workqueue/writeback/cpumask",
+    "unbound": "sys/devices/virtual/workqueue/cpumask",
 }
 RT_POLICIES = ("fifo", "rr")
-RESCAN_WITH_EVENTS_S = 60.0
+MOVE_REFUSED = "the kernel will not move this thread"
+
+
+@dataclass(frozen=True)
+class Workqueue(Target):
+    """An unbound workqueue's cpumask ("writeback", or "unbound" for all of them)."""
+
+    kind: ClassVar[str] = "workqueue"
+    name: str
+
+
+@dataclass(frozen=True)
+class ThreadAffinity(Target):
+    """A kernel thread's CPUs; pid and start time tell a recycled pid from the thread."""
+
+    kind: ClassVar[str] = "thread_affinity"
+    refusal_means: ClassVar[str | None] = MOVE_REFUSED
+    pid: int
+    start: int
+
+
+@dataclass(frozen=True)
+class ThreadPolicy(Target):
+    """A kernel thread's scheduling policy and priority, as [policy, priority]."""
+
+    kind: ClassVar[str] = "thread_policy"
+    refusal_means: ClassVar[str | None] = "the kernel will not change this thread's policy"
+    pid: int
+    start: int
+
+
+@dataclass(frozen=True)
+class TaskAffinity(Target):
+    """One thread (tid) of a user process (pid, start) moved off isolated CPUs."""
+
+    kind: ClassVar[str] = "task_affinity"
+    refusal_means: ClassVar[str | None] = MOVE_REFUSED
+    pid: int
+    start: int
+    tid: int
+
+
+KthreadTarget = Workqueue | ThreadAffinity | ThreadPolicy | TaskAffinity
 
 
 @dataclass(frozen=True)
@@ -45,11 +97,19 @@ class Rule:
     priority: int
 
 
-def rules_from(options: Mapping[str, Any]) -> list[Rule]:
-    return [
+@dataclass(frozen=True)
+class KthreadRules:
+    rules: tuple[Rule, ...]
+    isolate_tasks: CpuSet
+    allow: tuple[str, ...]
+    scanned_at: float  # monotonic time of the expansion: the next rescan is due from here
+
+
+def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
+    return tuple(
         Rule(re.compile(r["match"]), r["cpus"], r.get("policy"), r.get("priority", 0))
         for r in options.get("rule", [])
-    ]
+    )
 
 
 def _require_movable(task: Task) -> None:
@@ -60,10 +120,11 @@ def _require_movable(task: Task) -> None:
         )
 
 
-class KthreadPlugin(Plugin):
+class KthreadPlugin(Plugin[KthreadTarget]):
     name = "kthread"
     summary = "Kernel-thread affinity and policy by name, following threads as they come and go"
-    events = frozenset({"thread", "block"})
+    targets = (Workqueue, ThreadAffinity, ThreadPolicy, TaskAffinity)
+    follows = Follows(threads=True, udev={"cpu": CPU_ACTIONS})
     schema = Schema(
         options=(
             Option(
@@ -87,15 +148,9 @@ class KthreadPlugin(Plugin):
                 ListOf(Str()),
                 "Name patterns (globs) of user tasks that may stay on isolate_tasks CPUs",
             ),
-            Option(
-                "on_drift",
-                Choice(("reapply", "report")),
-                "When something else moves a thread or workqueue this profile owns",
-                default="reapply",
-            ),
         ),
         tables=(
-            Table(
+            ArrayOfTables(
                 "rule",
                 Schema(
                     options=(
@@ -117,74 +172,74 @@ class KthreadPlugin(Plugin):
 
     def __init__(self, system: System) -> None:
         super().__init__(system)
-        self.options: Mapping[str, Any] = {}
-        self.rules: list[Rule] = []
-        self.last_scan = 0.0
-        self.pinned_delays_ns: list[int] = []  # event timestamp -> pinned, for status/bench
         self.young_kthreads: set[int] = set()  # forked by kthreadd, maybe not named yet
-        self.moved_tasks: set[str] = set()  # user-task keys we own (scans and events)
 
     # -- deciding what a task wants --------------------------------------------------
-    def kthread_settings(self, task: Task) -> dict[str, Value]:
+    @staticmethod
+    def kthread_settings(rules: KthreadRules, task: Task) -> Settings:
         if not task.is_kthread or task.pid == 2:
             return {}
-        rule = next((r for r in self.rules if r.pattern.search(task.comm)), None)
+        rule = next((r for r in rules.rules if r.pattern.search(task.comm)), None)
         if rule is None:
             return {}
-        wanted: dict[str, Value] = {f"thread/{task.ident}/affinity": rule.cpus.to_list()}
+        settings: Settings = {ThreadAffinity(task.pid, task.start_time): rule.cpus.to_list()}
         if rule.policy is not None:
-            prio = rule.priority if rule.policy in RT_POLICIES else 0
-            wanted[f"thread/{task.ident}/sched"] = [
+            realtime = rule.policy in RT_POLICIES
+            settings[ThreadPolicy(task.pid, task.start_time)] = [
                 rule.policy,
-                max(prio, 1) if rule.policy in RT_POLICIES else 0,
+                max(rule.priority, 1) if realtime else 0,
             ]
-        return wanted
+        return settings
 
-    def user_task_settings(self, task: Task, threads: list[int] | None = None) -> dict[str, Value]:
-        isolate: CpuSet | None = self.options.get("isolate_tasks")
+    def user_task_settings(
+        self, rules: KthreadRules, task: Task, tids: list[int], owned: Mapping[Target, Value]
+    ) -> Settings:
+        isolate = rules.isolate_tasks
         if not isolate or task.is_kthread:
             return {}
-        if any(fnmatch.fnmatchcase(task.comm, p) for p in self.options.get("allow", [])):
+        if any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow):
             return {}
         housekeeping = self.system.online_cpus() - isolate
-        wanted: dict[str, Value] = {}
-        for tid in threads if threads is not None else [task.pid]:
+        settings: Settings = {}
+        for tid in tids:
             try:
                 current = self.system.affinity(tid)
             except KernelRefused:
                 continue
-            key = f"task/{task.pid}@{task.start_time}/{tid}/affinity"
+            target = TaskAffinity(task.pid, task.start_time, tid)
             if current & isolate:
-                wanted[key] = ((current - isolate) or housekeeping).to_list()
-                self.moved_tasks.add(key)
-            elif key in self.moved_tasks:
-                # Already moved by us: keep owning it, or the next rescan would restore it.
-                wanted[key] = current.to_list()
-        return wanted
+                settings[target] = ((current - isolate) or housekeeping).to_list()
+            elif target in owned:
+                # Moved by us earlier: keep owning it, or this rescan would restore it.
+                settings[target] = owned[target]
+        return settings
 
-    def expand(self, options: Mapping[str, Any]) -> dict[str, Value]:
-        self.options = options
-        self.rules = rules_from(options)
-        wanted: dict[str, Value] = {}
-        if "writeback_cpumask" in options:
-            wanted["workqueue/writeback"] = options["writeback_cpumask"].to_list()
-        if "unbound_cpumask" in options:
-            wanted["workqueue/unbound"] = options["unbound_cpumask"].to_list()
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        rules = KthreadRules(
+            rules_from(options),
+            options.get("isolate_tasks", CpuSet()),
+            tuple(options.get("allow", ())),
+            time.monotonic(),
+        )
+        settings: Settings = {}
+        for name in ("writeback", "unbound"):
+            if f"{name}_cpumask" in options:
+                settings[Workqueue(name)] = options[f"{name}_cpumask"].to_list()
         for task in self.system.tasks():
             if task.is_kthread:
-                wanted.update(self.kthread_settings(task))
-            elif options.get("isolate_tasks"):
+                settings.update(self.kthread_settings(rules, task))
+            elif rules.isolate_tasks:
                 tids = [int(t) for t in self.system.listdir(f"proc/{task.pid}/task") if t.isdigit()]
-                wanted.update(self.user_task_settings(task, tids))
-        self.moved_tasks = {k for k in wanted if k.startswith("task/")}
-        self.last_scan = time.monotonic()
-        return wanted
+                settings.update(self.user_task_settings(rules, task, tids, owned))
+        return Expansion(settings, rules)
 
-    def follows_user_tasks(self, options: Mapping[str, Any]) -> bool:
+    def follows_user_tasks(self, options: Options) -> bool:
         return bool(options.get("isolate_tasks"))
 
-    def on_task(self, event: TaskEvent) -> dict[str, Value]:
+    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
         """Settings a just-created or renamed task needs; filters early so forks stay cheap."""
+        if not isinstance(rules, KthreadRules):
+            return {}
         if event.kind == "fork":
             if event.ppid != 2:  # user forks inherit their parent's (already right) affinity
                 return {}
@@ -194,125 +249,97 @@ class KthreadPlugin(Plugin):
             self.young_kthreads.add(task.pid)
             if len(self.young_kthreads) > 4096:
                 self.young_kthreads.clear()
-            return self.kthread_settings(task)
+            return self.kthread_settings(rules, task)
         if event.kind == "comm":
             if event.tid in self.young_kthreads:  # older kernels name kthreads after the fork
                 self.young_kthreads.discard(event.tid)
                 task = self.system.task(event.tid)
-                return self.kthread_settings(task) if task is not None else {}
-            if self.options.get("isolate_tasks"):
+                return self.kthread_settings(rules, task) if task is not None else {}
+            if rules.isolate_tasks:
                 task = self.system.task(event.pid)
                 if task is not None and not task.is_kthread:
-                    return self.user_task_settings(task, [event.tid])
+                    return self.user_task_settings(rules, task, [event.tid], owned)
         return {}
 
-    # -- plugin verbs ------------------------------------------------------------------
-    @staticmethod
-    def _split(key: str) -> tuple[str, int, int, str]:
-        """thread/PID@START/WHAT or task/PID@START/TID/WHAT -> (kind, tid, start, WHAT)."""
-        parts = key.split("/")
-        pid, _, start = parts[1].partition("@")
-        tid = int(parts[2]) if parts[0] == "task" else int(pid)
-        return parts[0], tid, int(start), parts[-1]
+    def changed(self, rules: Any) -> bool:
+        """A periodic rescan: the safety net behind task events."""
+        scanned = rules.scanned_at if isinstance(rules, KthreadRules) else 0.0
+        return time.monotonic() - scanned >= self.rescan_interval_s
 
-    def _task(self, key: str) -> Task:
-        kind, tid, start, _ = self._split(key)
-        pid = tid if kind == "thread" else int(key.split("/")[1].partition("@")[0])
-        task = self.system.task(pid)
-        if task is None or task.start_time != start:
-            raise NotApplicable(f"pid {pid} has exited")
+    # -- plugin verbs ------------------------------------------------------------------
+    def _task(self, target: ThreadAffinity | ThreadPolicy | TaskAffinity) -> Task:
+        task = self.system.task(target.pid)
+        if task is None or task.start_time != target.start:
+            raise NotApplicable(f"pid {target.pid} has exited")
         return task
 
-    def _require_workqueue(self, key: str) -> None:
-        if not self.system.exists(WORKQUEUES[key]):
+    @staticmethod
+    def _tid(target: ThreadAffinity | ThreadPolicy | TaskAffinity) -> int:
+        return target.tid if isinstance(target, TaskAffinity) else target.pid
+
+    def _require_workqueue(self, target: Workqueue) -> str:
+        path = WORKQUEUES[target.name]
+        if not self.system.exists(path):
             raise NotApplicable(
-                f"this kernel has no /{WORKQUEUES[key]} (before Linux 3.10, "
-                "writeback runs in flush-* threads: match them with a rule)"
+                f"this kernel has no /{path} (before Linux 3.10, writeback runs in flush-* "
+                "threads: match them with a rule)"
             )
+        return path
 
-    def capture(self, key: str) -> Value:
-        if key in WORKQUEUES:
-            # Checked here too: the engine captures the original before it applies.
-            self._require_workqueue(key)
-            return CpuSet.from_mask(self.system.read(WORKQUEUES[key])).to_list()
-        _, tid, _, what = self._split(key)
-        task = self._task(key)
-        if what == "affinity":
-            _require_movable(task)
-            return self.system.affinity(tid).to_list()
-        return list(self.system.scheduler(tid))
+    def read(self, target: KthreadTarget) -> Value:
+        if isinstance(target, Workqueue):
+            return CpuSet.from_mask(self.system.read(self._require_workqueue(target))).to_list()
+        task = self._task(target)
+        if isinstance(target, ThreadPolicy):
+            return list(self.system.scheduler(target.pid))
+        _require_movable(task)
+        return self.system.affinity(self._tid(target)).to_list()
 
-    def apply(self, key: str, value: Value) -> None:
-        if key in WORKQUEUES:
-            self._require_workqueue(key)
+    def write(self, target: KthreadTarget, value: Value) -> None:
+        if isinstance(target, Workqueue):
             nr = max(self.system.online_cpus()) + 1
-            self.system.write(WORKQUEUES[key], CpuSet.from_list(value).to_mask(nr))
+            path = self._require_workqueue(target)
+            self.system.write(path, CpuSet.from_list(value).to_mask(nr))
             return
-        task = self._task(key)
-        _, tid, _, what = self._split(key)
-        if what == "affinity":
-            _require_movable(task)
-            try:
-                self.system.set_affinity(tid, CpuSet.from_list(value))
-            except KernelRefused as exc:
-                if self.system.task(task.pid) is None:
-                    raise NotApplicable(f"pid {tid} exited before it could be pinned") from exc
-                raise NotApplicable(f"{task.comm} (pid {tid}): {exc.reason}") from exc
-        else:
+        task = self._task(target)
+        if isinstance(target, ThreadPolicy):
             policy, priority = value
-            try:
-                self.system.set_scheduler(tid, policy, int(priority))
-            except KernelRefused as exc:
-                raise NotApplicable(f"{task.comm} (pid {tid}): {exc.reason}") from exc
+            self.system.set_scheduler(target.pid, policy, int(priority))
+            return
+        _require_movable(task)
+        self.system.set_affinity(self._tid(target), CpuSet.from_list(value))
 
-    def same(self, key: str, wanted: Value, actual: Value) -> bool:
-        if key in WORKQUEUES or key.endswith("/affinity"):
-            return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
-        return list(wanted) == list(actual)
+    def same(self, target: KthreadTarget, wanted: Value, actual: Value) -> bool:
+        if isinstance(target, ThreadPolicy):
+            return list(wanted) == list(actual)
+        return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
 
-    def optional(self, key: str) -> bool:
-        return key not in WORKQUEUES
-
-    def exists(self, key: str) -> bool:
-        if key in WORKQUEUES:
-            return self.system.exists(WORKQUEUES[key])
+    def exists(self, target: KthreadTarget) -> bool:
+        if isinstance(target, Workqueue):
+            return True  # a kernel facility: missing means not supported (read says so)
         try:
-            self._task(key)
+            self._task(target)
         except NotApplicable:
             return False
-        return True
+        return not isinstance(target, TaskAffinity) or self.system.exists(
+            f"proc/{target.pid}/task/{target.tid}"
+        )
 
-    def changed(self) -> bool:
-        """The periodic rescan: the safety net behind task events."""
-        return time.monotonic() - self.last_scan >= self.rescan_interval_s
+    def watch_files(self, target: KthreadTarget) -> tuple[str, ...]:
+        return (WORKQUEUES[target.name],) if isinstance(target, Workqueue) else ()
 
-    def describe(self, key: str, value: Value) -> str:
-        if key in WORKQUEUES:
-            return f"{key} cpumask = {value}"
-        kind, tid, _, what = self._split(key)
-        task = self.system.task(tid) if kind == "thread" else None
-        name = task.comm if task else f"pid {tid}"
-        if kind == "task":
-            name = f"task {tid}"
-        if what == "affinity":
-            return f"{name} (pid {tid}) CPUs = {value}"
-        return f"{name} (pid {tid}) policy = {value[0]} priority {value[1]}"
+    def describe(self, target: KthreadTarget, value: Value) -> str:
+        if isinstance(target, Workqueue):
+            return f"workqueue {target.name} cpumask = {value}"
+        if isinstance(target, TaskAffinity):
+            return f"task {target.pid} thread {target.tid} CPUs = {value}"
+        task = self.system.task(target.pid)
+        name = f"{task.comm} (pid {target.pid})" if task else f"pid {target.pid}"
+        if isinstance(target, ThreadPolicy):
+            return f"{name} policy = {value[0]} priority {value[1]}"
+        return f"{name} CPUs = {value}"
 
-    def record_delay(self, event: TaskEvent) -> None:
-        if event.time_ns:
-            self.pinned_delays_ns.append(
-                time.clock_gettime_ns(time.CLOCK_MONOTONIC) - event.time_ns
-            )
-            del self.pinned_delays_ns[:-1000]
-
-    def status(self) -> dict[str, Any]:
-        info: dict[str, Any] = {}
-        if self.pinned_delays_ns:
-            d = sorted(self.pinned_delays_ns)
-            info["pin_delay_us"] = {
-                "count": len(d),
-                "p50": round(d[len(d) // 2] / 1000, 1),
-                "p99": round(d[min(len(d) - 1, int(len(d) * 0.99))] / 1000, 1),
-                "max": round(d[-1] / 1000, 1),
-            }
-        return info
+    def monitor(self, rules: Any) -> Monitor:
+        if not isinstance(rules, KthreadRules):
+            return Monitor()
+        return Monitor(facts={"rules": len(rules.rules), "rescan_every_s": self.rescan_interval_s})

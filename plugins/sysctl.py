@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from latencyd.plugin import Plugin, Value
+from latencyd.plugin import Expansion, Options, Plugin, Target, Value
 from latencyd.schema import Int, OneOf, Schema, Str
 from latencyd.system import System
+
+# Sysctls that hand out root: each names a program the kernel runs as root, or
+# switches off a protection against privilege escalation. A profile setting one is
+# applied only for root callers (not for members of admin_group). See README.
+ROOT_ONLY_SYSCTLS = (
+    # programs the kernel executes as root
+    "kernel.core_pattern",  # "|/path" pipes core dumps to a program
+    "kernel.modprobe",  # run on every module request
+    "kernel.hotplug",  # the uevent helper
+    "kernel.poweroff_cmd",
+    "kernel.usermodehelper.*",  # capabilities of every kernel-spawned helper
+    "fs.binfmt_misc.*",  # registers interpreters for executables
+    # protections whose loss turns a local user into root
+    "kernel.kptr_restrict",
+    "kernel.dmesg_restrict",
+    "kernel.perf_event_paranoid",
+    "kernel.unprivileged_bpf_disabled",
+    "kernel.yama.ptrace_scope",
+    "kernel.kexec_load_disabled",
+    "kernel.modules_disabled",
+    "kernel.randomize_va_space",
+    "kernel.unprivileged_userns_clone",
+    "kernel.sysrq",
+    "vm.mmap_min_addr",
+    "fs.protected_*",
+    "fs.suid_dumpable",
+    "user.*",
+)
 
 
 def sysctl_path(key: str) -> str:
@@ -20,14 +50,41 @@ def sysctl_path(key: str) -> str:
     return f"proc/sys/{rel}"
 
 
+def key_parts(key: str) -> list[str] | None:
+    """The path components a key names, or None if it is not a plain key: every part
+    non-empty and not "." or ".." (so no spelling reaches a file another key names)."""
+    parts = key.strip("/").split("/") if "/" in key else key.split(".")
+    if any(p in ("", ".", "..") or "\0" in p for p in parts):
+        return None
+    return parts
+
+
+def root_only_reason(key: str) -> str | None:
+    parts = key_parts(key)
+    if parts is None:
+        return f"sysctl key {key!r} is not a plain key"
+    name = ".".join(parts)
+    for pattern in ROOT_ONLY_SYSCTLS:
+        if fnmatch.fnmatchcase(name, pattern):
+            return f"sysctl {key!r} can hand out root (matches {pattern!r})"
+    return None
+
+
 def normalize(value: Any) -> str:
     """Multi-field sysctls read back tab-separated; compare them field by field."""
     return " ".join(str(value).split())
 
 
-class SysctlPlugin(Plugin):
+@dataclass(frozen=True)
+class Sysctl(Target):
+    kind: ClassVar[str] = "sysctl"
+    key: str
+
+
+class SysctlPlugin(Plugin[Sysctl]):
     name = "sysctl"
     summary = "Any kernel sysctl under /proc/sys"
+    targets = (Sysctl,)
 
     def __init__(self, system: System) -> None:
         super().__init__(system)
@@ -36,28 +93,41 @@ class SysctlPlugin(Plugin):
     @classmethod
     def schema_for(cls, system: System) -> Schema:
         def check_key(key: str) -> str | None:
-            path = system.path(sysctl_path(key))
-            if ".." in key.split("/") or ".." in key.split("."):
+            if key_parts(key) is None:
                 return f"sysctl key {key!r} is not a plain key"
-            if not path.exists():
-                return f"unknown sysctl {key!r}: /{sysctl_path(key)} does not exist on this kernel"
-            if path.is_dir():
-                return f"sysctl {key!r} is a directory, not a setting"
+            if len(key) > 255:
+                return f"sysctl key is {len(key)} characters long; no sysctl is"
+            path = system.path(sysctl_path(key))
+            try:
+                if not path.exists():
+                    return (
+                        f"unknown sysctl {key!r}: /{sysctl_path(key)} does not exist on this kernel"
+                    )
+                if path.is_dir():
+                    return f"sysctl {key!r} is a directory, not a setting"
+            except OSError as exc:
+                return f"sysctl key {key!r} is not usable: {exc.strerror}"
             return None
 
         return Schema(free_keys=check_key, free_kind=OneOf((Int(), Str())))
 
-    def expand(self, options: Mapping[str, Any]) -> dict[str, Value]:
-        return {key: normalize(value) for key, value in options.items()}
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        return Expansion({Sysctl(key): normalize(value) for key, value in options.items()})
 
-    def capture(self, key: str) -> Value:
-        return normalize(self.system.read(sysctl_path(key)))
+    def root_only(self, options: Options) -> str | None:
+        return next(filter(None, map(root_only_reason, options)), None)
 
-    def apply(self, key: str, value: Value) -> None:
-        self.system.write(sysctl_path(key), str(value))
+    def read(self, target: Sysctl) -> Value:
+        return normalize(self.system.read(sysctl_path(target.key)))
 
-    def same(self, key: str, wanted: Value, actual: Value) -> bool:
+    def write(self, target: Sysctl, value: Value) -> None:
+        self.system.write(sysctl_path(target.key), str(value))
+
+    def same(self, target: Sysctl, wanted: Value, actual: Value) -> bool:
         return normalize(wanted) == normalize(actual)
 
-    def describe(self, key: str, value: Value) -> str:
-        return f"sysctl {key} = {value}"
+    def describe(self, target: Sysctl, value: Value) -> str:
+        return f"sysctl {target.key} = {value}"
+
+    def watch_files(self, target: Sysctl) -> tuple[str, ...]:
+        return (sysctl_path(target.key),)

@@ -9,9 +9,10 @@ exactly, not just a number.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
-from latencyd.plugin import Plugin, Value
+from latencyd.plugin import Expansion, Options, Plugin, Settings, Target, Value
 from latencyd.schema import Int, Option, Schema, Size
 
 VM = "proc/sys/vm"
@@ -22,9 +23,25 @@ PAIRS = {
 PLAIN = ("dirty_expire_centisecs", "dirty_writeback_centisecs")
 
 
-class WritebackPlugin(Plugin):
+@dataclass(frozen=True)
+class DirtyLimit(Target):
+    """One ratio/bytes pair ("dirty" or "dirty_background"): one setting whose value names
+    its mode ({"ratio": 20} or {"bytes": 67108864})."""
+
+    kind: ClassVar[str] = "dirty_limit"
+    pair: str
+
+
+@dataclass(frozen=True)
+class VmKnob(Target):
+    kind: ClassVar[str] = "vm"
+    name: str
+
+
+class WritebackPlugin(Plugin[DirtyLimit | VmKnob]):
     name = "writeback"
     summary = "Dirty-page writeback thresholds and timing (vm.dirty_*)"
+    targets = (DirtyLimit, VmKnob)
     schema = Schema(
         options=(
             Option(
@@ -68,38 +85,43 @@ class WritebackPlugin(Plugin):
         exclusive=tuple(PAIRS.values()),
     )
 
-    def expand(self, options: Mapping[str, Any]) -> dict[str, Value]:
-        wanted: dict[str, Value] = {}
-        for key, (ratio, size) in PAIRS.items():
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        settings: Settings = {}
+        for pair, (ratio, size) in PAIRS.items():
             if ratio in options:
-                wanted[key] = {"ratio": options[ratio]}
+                settings[DirtyLimit(pair)] = {"ratio": options[ratio]}
             elif size in options:
-                wanted[key] = {"bytes": options[size]}
-        for key in PLAIN:
-            if key in options:
-                wanted[key] = options[key]
-        return wanted
+                settings[DirtyLimit(pair)] = {"bytes": options[size]}
+        for name in PLAIN:
+            if name in options:
+                settings[VmKnob(name)] = options[name]
+        return Expansion(settings)
 
-    def capture(self, key: str) -> Value:
-        if key in PAIRS:
-            ratio, size = PAIRS[key]
+    def read(self, target: DirtyLimit | VmKnob) -> Value:
+        if isinstance(target, DirtyLimit):
+            ratio, size = PAIRS[target.pair]
             nbytes = int(self.system.read(f"{VM}/{size}"))
             if nbytes:
                 return {"bytes": nbytes}
             return {"ratio": int(self.system.read(f"{VM}/{ratio}"))}
-        return int(self.system.read(f"{VM}/{key}"))
+        return int(self.system.read(f"{VM}/{target.name}"))
 
-    def apply(self, key: str, value: Value) -> None:
-        if key in PAIRS:
-            ratio, size = PAIRS[key]
+    def write(self, target: DirtyLimit | VmKnob, value: Value) -> None:
+        if isinstance(target, DirtyLimit):
+            ratio, size = PAIRS[target.pair]
             ((mode, number),) = value.items()
             self.system.write(f"{VM}/{ratio if mode == 'ratio' else size}", str(number))
         else:
-            self.system.write(f"{VM}/{key}", str(value))
+            self.system.write(f"{VM}/{target.name}", str(value))
 
-    def describe(self, key: str, value: Value) -> str:
-        if key in PAIRS:
+    def describe(self, target: DirtyLimit | VmKnob, value: Value) -> str:
+        if isinstance(target, DirtyLimit):
             ((mode, number),) = value.items()
-            ratio, size = PAIRS[key]
+            ratio, size = PAIRS[target.pair]
             return f"vm.{ratio} = {number}" if mode == "ratio" else f"vm.{size} = {number}"
-        return f"vm.{key} = {value}"
+        return f"vm.{target.name} = {value}"
+
+    def watch_files(self, target: DirtyLimit | VmKnob) -> tuple[str, ...]:
+        # Writing either file of a pair changes the pair (the kernel zeroes the other).
+        names = PAIRS[target.pair] if isinstance(target, DirtyLimit) else (target.name,)
+        return tuple(f"{VM}/{name}" for name in names)

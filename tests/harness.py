@@ -105,6 +105,18 @@ class Latencyd:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
+    def recover(self) -> None:
+        """If a killed daemon left a journal, restore it: start on the same state dir
+        without a profile (the start restores what it adopts), then stop."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        if not (self.state_dir / "journal.jsonl").exists():
+            return
+        self.profile = None
+        self.extra = [a for a in self.extra if a != "--no-profile"] + ["--no-profile"]
+        self.start()
+        self.stop()
+
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
 

@@ -74,3 +74,5 @@ def start_daemon(
     yield start
     for d in started:
         d.stop()
+    for d in started:  # a test that failed after kill -9 must not leave its settings
+        d.recover()

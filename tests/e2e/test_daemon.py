@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from latencyd.journal import Journal
-from tests.harness import Latencyd
+from tests.harness import Latencyd, wait_for
 
 # Every sysctl the test-a profile changes.
 TEST_A_KEYS = (
@@ -40,10 +40,11 @@ def test_start_applies_profile_and_status_reports_it(start_daemon: Callable[...,
     assert (r.returncode, r.stdout.strip()) == (0, "test-a")
     status = json.loads(d.ctl("status", "--json").stdout)
     assert status["active_profile"] == "test-a"
-    applied = {i["key"]: i for i in status["plugins"]["sysctl"]["applied"]}
+    applied = {i["target"]["key"]: i for i in status["plugins"]["sysctl"]["applied"]}
     assert applied["vm.swappiness"]["value"] == "11"
     assert applied["vm.swappiness"]["original"] == before["vm.swappiness"]
-    dirty = {i["key"]: i for i in status["plugins"]["writeback"]["applied"]}["dirty"]
+    writeback = status["plugins"]["writeback"]["applied"]
+    dirty = next(i for i in writeback if i["target"] == {"kind": "dirty_limit", "pair": "dirty"})
     assert dirty["value"] == {"bytes": 64 << 20}
     assert dirty["original"] == {"ratio": int(before["vm.dirty_ratio"])}
     text = d.ctl("status").stdout
@@ -107,17 +108,33 @@ def test_kernel_refusal_rolls_back_whole_step(
     assert d.ctl("verify").returncode == 0
 
 
-def test_verify_reports_drift(start_daemon: Callable[..., Latencyd]) -> None:
-    d = start_daemon("test-a")
+def test_verify_reports_drift_when_the_profile_says_report(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    (profiles / "report.toml").write_text(
+        '[main]\ninclude = ["test-a"]\n[sysctl]\non_drift = "report"\n'
+    )
+    d = start_daemon("report")
     assert d.ctl("verify").returncode == 0
     Path("/proc/sys/vm/swappiness").write_text("33")
+    wait_for(lambda: "drift: [sysctl] sysctl vm.swappiness = 11" in d.log(), timeout=2)
     r = d.ctl("verify", "--json")
     assert r.returncode == 1
     drift = json.loads(r.stdout)["drift"]
-    assert drift == [{"plugin": "sysctl", "key": "vm.swappiness", "wanted": "11", "actual": "33"}]
+    assert drift == [
+        {
+            "plugin": "sysctl",
+            "target": {"kind": "sysctl", "key": "vm.swappiness"},
+            "setting": "sysctl vm.swappiness = 11",
+            "wanted": "11",
+            "actual": "33",
+        }
+    ]
+    assert "but it is '33': reported" in d.log()
+    assert d.ctl("verify").stdout.startswith("drift: [sysctl] sysctl vm.swappiness = 11")
 
 
-def test_kill9_then_restart_restores_every_original(
+def test_kill9_then_restart_adopts_and_stop_restores_every_original(
     start_daemon: Callable[..., Latencyd], kernel_guard: None
 ) -> None:
     before = {k: sysctl(k) for k in TEST_A_KEYS}
@@ -126,9 +143,11 @@ def test_kill9_then_restart_restores_every_original(
     assert sysctl("vm.swappiness") == "11"  # nobody restored: the process died
     journal = Journal(d.state_dir).load()
     assert journal is not None
-    assert journal.originals[("sysctl", "vm.swappiness")] == before["vm.swappiness"]
-    d.start()  # same state dir; it also re-applies test-a afterwards
-    assert "unclean exit" in d.log()
+    key = ("sysctl", '{"key":"vm.swappiness","kind":"sysctl"}')
+    assert journal.originals[key] == before["vm.swappiness"]
+    d.start()  # same state dir and profile: it adopts, and changes nothing
+    assert "adopted 4 settings from the journal of a previous run (profile test-a)" in d.log()
+    assert "profile test-a active: 0 applied, 0 restored, 4 unchanged" in d.log()
     d.stop()
     after = {k: sysctl(k) for k in before}
     assert after == before

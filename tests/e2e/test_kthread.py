@@ -80,7 +80,7 @@ def test_new_jbd2_threads_are_pinned_as_they_appear(
         wait_for(lambda p=pids: not any(Path(f"/proc/{x}").exists() for x in p), timeout=5)
         assert not set(pids) & set(earlier)
         earlier = pids
-    refused = {i["key"]: i["reason"] for i in status["not_applicable"]}
+    refused = {i["text"]: i["reason"] for i in status["not_applicable"]}
     assert any("ksoftirqd" in r and "PF_NO_SETAFFINITY" in r for r in refused.values())
     assert Path("/sys/devices/virtual/workqueue/writeback/cpumask").read_text().strip() == "1"
 

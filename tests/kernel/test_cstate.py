@@ -14,6 +14,7 @@ from latencyd.engine import Engine
 from latencyd.journal import Journal
 from latencyd.system import System
 from tests.machine_state import pm_qos_holders
+from tests.wanted import wanted
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
 CPU1 = Path("/sys/devices/system/cpu/cpu1")
@@ -54,15 +55,15 @@ def test_symbolic_targets_resolve_from_this_machines_idle_table(plugin: CstatePl
 def test_force_latency_is_held_while_applied_and_released_on_restore(
     engine: Engine, plugin: CstatePlugin
 ) -> None:
-    before = plugin.effective_latency_us()
+    before = plugin.system.pmqos.effective()
     assert os.getpid() not in pm_qos_holders()
-    engine.switch(engine_wanted(plugin, {"force_latency_us": "poll"}), "t")
-    assert plugin.effective_latency_us() == 0
+    engine.switch(wanted(plugin, {"force_latency_us": "poll"}), "t")
+    assert plugin.system.pmqos.effective() == 0
     holders = [int(p) for p in os.listdir("/proc/self/fd") if _is_qos(f"/proc/self/fd/{p}")]
     assert holders, "the request must live on an fd we hold open"
     assert engine.verify() == []
     engine.off()
-    assert plugin.effective_latency_us() == before
+    assert plugin.system.pmqos.effective() == before
     assert not [p for p in os.listdir("/proc/self/fd") if _is_qos(f"/proc/self/fd/{p}")]
 
 
@@ -73,17 +74,11 @@ def _is_qos(link: str) -> bool:
         return False
 
 
-def engine_wanted(
-    plugin: CstatePlugin, options: dict[str, object]
-) -> dict[tuple[str, str], object]:
-    return {("cstate", k): v for k, v in plugin.expand(options).items()}
-
-
 def test_holding_poll_moves_cpu1_into_the_polling_state(
     engine: Engine, plugin: CstatePlugin
 ) -> None:
     idle_before = poll_share(1, 0.5)
-    engine.switch(engine_wanted(plugin, {"force_latency_us": "poll"}), "t")
+    engine.switch(wanted(plugin, {"force_latency_us": "poll"}), "t")
     try:
         held = poll_share(1, 0.5)
     finally:
@@ -107,7 +102,7 @@ def test_per_cpu_resume_latency_and_state_disable_are_applied_and_restored(
     options = {
         "cpus": [{"cpus": CpuSet([1]), "resume_latency_us": 0, "disable_states": ["deeper-than:0"]}]
     }
-    engine.switch(engine_wanted(plugin, options), "t")
+    engine.switch(wanted(plugin, options), "t")
     assert resume.read_text().strip() == "n/a"  # the kernel's spelling of "0 µs tolerated"
     for s in deep:
         assert (CPU1 / f"cpuidle/state{s.index}/disable").read_text().strip() == "1"
@@ -122,15 +117,14 @@ def test_per_cpu_resume_latency_and_state_disable_are_applied_and_restored(
 
 
 def test_residency_table_counts_since_apply(engine: Engine, plugin: CstatePlugin) -> None:
-    engine.switch(engine_wanted(plugin, {"force_latency_us": "poll"}), "t")
+    engine.switch(wanted(plugin, {"force_latency_us": "poll"}), "t")
     try:
-        plugin.on_profile_applied()
+        plugin.on_applied(None)
         time.sleep(0.3)
-        table = plugin.status()["tables"][0]
+        table = plugin.monitor(None).tables[0]
     finally:
         engine.off()
-    cols = table["columns"]
-    row1 = next(r for r in table["rows"] if r[0] == 1)
-    assert cols[:3] == ["CPU", "busy%", "POLL %"]
+    row1 = next(r for r in table.rows if r[0] == 1)
+    assert table.columns[:3] == ("CPU", "busy%", "POLL %")
     assert row1[2] > 50  # POLL share in percent while "poll" is held
     assert row1[3] > 0  # POLL usage count since apply

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from latencyd.plugins.irq import IrqPlugin, parse_interrupts
+from latencyd.plugins.irq import IrqAffinity, IrqPlugin, parse_interrupts
 
 from latencyd.cpuset import CpuSet
 from latencyd.engine import Engine
 from latencyd.journal import Journal
 from latencyd.system import System
+from tests.wanted import wanted
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
 
@@ -35,10 +36,6 @@ def engine(plugin: IrqPlugin, tmp_path: Path) -> Engine:
     return Engine({"irq": plugin}, Journal(tmp_path / "state"))
 
 
-def wanted(plugin: IrqPlugin, options: dict) -> dict:
-    return {("irq", k): v for k, v in plugin.expand(options).items()}
-
-
 def test_rule_by_action_glob_moves_and_restores(engine: Engine, plugin: IrqPlugin) -> None:
     target = next(i for i in irqs() if any(a.startswith("virtio4-") for a in i.actions))
     before = mask(target.number)
@@ -57,12 +54,12 @@ def test_kernel_managed_irq_is_not_applicable_with_reason(
     if not blk:
         pytest.skip("no virtio-blk vda here")
     report = engine.switch(wanted(plugin, {"rule": [{"match": "vda", "cpus": CpuSet([1])}]}), "t")
-    refused = {k: r for (_, k), r in report.not_applicable.items()}
-    managed = [i.number for i in blk if f"irq/{i.number}" in refused]
+    refused = {t: r.reason for (_, t), r in report.not_applicable.items()}
+    managed = [i.number for i in blk if IrqAffinity(i.number) in refused]
     assert managed, f"expected the managed virtio-blk IRQ to be refused; got {refused}"
     for n in managed:
-        assert "kernel-managed" in refused[f"irq/{n}"]
-        assert "EPERM" in refused[f"irq/{n}"] or "EIO" in refused[f"irq/{n}"]
+        assert "kernel-managed" in refused[IrqAffinity(n)]
+        assert "EPERM" in refused[IrqAffinity(n)] or "EIO" in refused[IrqAffinity(n)]
     movable = [i.number for i in blk if i.number not in managed]
     for n in movable:
         assert mask(n) == "1"
@@ -72,9 +69,9 @@ def test_kernel_managed_irq_is_not_applicable_with_reason(
 
 def test_isolate_moves_every_movable_irq_off_the_cpu(engine: Engine, plugin: IrqPlugin) -> None:
     report = engine.switch(wanted(plugin, {"isolate": CpuSet([1])}), "t")
-    refused = {k for (_, k), _ in report.not_applicable.items()}
+    refused = {t for (_, t) in report.not_applicable}
     for irq in irqs():
-        if f"irq/{irq.number}" not in refused:
+        if IrqAffinity(irq.number) not in refused:
             assert mask(irq.number) == "0", irq
     assert CpuSet.from_mask(Path("/proc/irq/default_smp_affinity").read_text()) == CpuSet([0])
     engine.off()
@@ -85,9 +82,9 @@ def test_drift_is_detected_and_reapplied(engine: Engine, plugin: IrqPlugin) -> N
     engine.switch(wanted(plugin, {"rule": [{"match": "virtio4-*", "cpus": CpuSet([1])}]}), "t")
     Path(f"/proc/irq/{target.number}/smp_affinity_list").write_text("0")
     drifts = engine.verify()
-    assert [(d.key, d.wanted, d.actual) for d in drifts if d.key == f"irq/{target.number}"] == [
-        (f"irq/{target.number}", "1", "0")
+    assert [(d.target, d.wanted, d.actual) for d in drifts] == [
+        (IrqAffinity(target.number), "1", "0")
     ]
-    engine.reapply(drifts)
+    assert [r["action"] for r in engine.handle_drift(drifts)] == ["reapplied"]
     assert mask(target.number) == "1"
     engine.off()

@@ -26,16 +26,16 @@ from latencyd.plugins.irq import IrqPlugin, parse_interrupts
 
 system = System("/")
 plugin = IrqPlugin(system)
-plugin.expand({})
-plugin.on_profile_applied()
-before = {i.number: sum(i.counts) for i in plugin.inventory()}
+rules = plugin.expand({}, {}).rules
+plugin.on_applied(rules)
+before = {i.number: sum(i.counts) for i in plugin.inventory()[1]}
 # Make the disk interrupt: write and fsync a file (virtio-blk completion IRQs).
 with open(sys.argv[2], "wb") as f:
     for _ in range(20):
         f.write(os.urandom(65536)); f.flush(); os.fsync(f.fileno())
 time.sleep(0.1)
-after = {i.number: sum(i.counts) for i in plugin.inventory()}
-status = plugin.status()
+after = {i.number: sum(i.counts) for i in plugin.inventory()[1]}
+status = dict(plugin.monitor(rules).facts)
 plugin.close()
 print(json.dumps({"status": status, "proc_delta": sum(after[n] - before.get(n, 0) for n in after)}))
 """
@@ -81,7 +81,8 @@ def test_without_tracefs_status_says_why() -> None:
     if System("/").tracepoint_id("irq", "irq_handler_entry") is not None:
         pytest.skip("tracefs is mounted on this machine")
     plugin = IrqPlugin(System("/"))
-    plugin.expand({})
-    plugin.on_profile_applied()
-    assert plugin.status()["perf_irq_handler_counts"] == "unavailable: tracefs is not mounted"
+    rules = plugin.expand({}, {}).rules
+    plugin.on_applied(rules)
+    facts = plugin.monitor(rules).facts
+    assert facts["perf_irq_handler_counts"] == "unavailable: tracefs is not mounted"
     plugin.close()

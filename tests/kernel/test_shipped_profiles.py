@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from latencyd.config import shipped_profiles_dir
-from latencyd.engine import Engine
+from latencyd.engine import Engine, section_schemas
 from latencyd.journal import Journal
 from latencyd.plugin import load_plugins
 from latencyd.profile import ProfileLibrary
@@ -22,7 +22,7 @@ def setup(tmp_path: Path) -> tuple[ProfileLibrary, Engine]:
     plugins = load_plugins(system)
     library = ProfileLibrary(
         [shipped_profiles_dir()],
-        {n: p.schema for n, p in plugins.items()},
+        section_schemas(plugins),
         system.machine(),
     )
     return library, Engine(plugins, Journal(tmp_path / "state"))
@@ -42,7 +42,7 @@ def test_shipped_profile_applies_verifies_and_restores(
 ) -> None:
     library, engine = setup
     profile = library.load(name)
-    report = engine.switch(engine.wanted(profile), profile.name)
+    report = engine.apply(profile)
     try:
         assert report.applied + report.unchanged > 0
         assert engine.verify() == []

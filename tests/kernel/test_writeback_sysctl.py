@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from latencyd.plugins.sysctl import SysctlPlugin
-from latencyd.plugins.writeback import WritebackPlugin
+from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
+from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.engine import Engine
 from latencyd.errors import ApplyFailed, KernelRefused
 from latencyd.journal import Journal
 from latencyd.system import System
+
+DIRTY = DirtyLimit("dirty")
 
 VM = Path("/proc/sys/vm")
 
@@ -33,20 +35,20 @@ def engine(tmp_path: Path) -> Engine:
 
 def test_kernel_keeps_only_one_of_ratio_and_bytes_and_restore_brings_back_the_mode() -> None:
     plugin = WritebackPlugin(System("/"))
-    original = plugin.capture("dirty")
-    plugin.apply("dirty", {"bytes": 32 << 20})
+    original = plugin.read(DIRTY)
+    plugin.write(DIRTY, {"bytes": 32 << 20})
     try:
         assert vm("dirty_bytes") == str(32 << 20)
         assert vm("dirty_ratio") == "0"
-        assert plugin.capture("dirty") == {"bytes": 32 << 20}
+        assert plugin.read(DIRTY) == {"bytes": 32 << 20}
     finally:
-        plugin.restore("dirty", original)
-    assert plugin.capture("dirty") == original
+        plugin.restore(DIRTY, original)
+    assert plugin.read(DIRTY) == original
 
 
 def test_percent_of_ram_resolves_to_bytes_on_the_real_kernel(engine: Engine) -> None:
     total = System("/").mem_total_bytes()
-    wanted = {("writeback", "dirty_background"): {"bytes": total * 3 // 100}}
+    wanted = {("writeback", DirtyLimit("dirty_background")): {"bytes": total * 3 // 100}}
     engine.switch(wanted, "t")
     assert int(vm("dirty_background_bytes")) == total * 3 // 100
     assert vm("dirty_background_ratio") == "0"
@@ -59,9 +61,9 @@ def test_engine_round_trip_restores_exact_originals(engine: Engine) -> None:
     }
     engine.switch(
         {
-            ("writeback", "dirty"): {"bytes": 48 << 20},
-            ("writeback", "dirty_expire_centisecs"): 1234,
-            ("sysctl", "vm.swappiness"): "13",
+            ("writeback", DIRTY): {"bytes": 48 << 20},
+            ("writeback", VmKnob("dirty_expire_centisecs")): 1234,
+            ("sysctl", Sysctl("vm.swappiness")): "13",
         },
         "t",
     )
@@ -76,7 +78,11 @@ def test_refused_sysctl_is_a_clear_error_and_rolls_back_the_step(engine: Engine)
     before = vm("stat_interval")
     with pytest.raises(ApplyFailed) as err:
         engine.switch(
-            {("sysctl", "vm.stat_interval"): "9", ("sysctl", "vm.swappiness"): "500"}, "t"
+            {
+                ("sysctl", Sysctl("vm.stat_interval")): "9",
+                ("sysctl", Sysctl("vm.swappiness")): "500",
+            },
+            "t",
         )
     message = str(err.value)
     assert "vm.swappiness" in message and "Invalid argument (EINVAL)" in message
@@ -95,13 +101,13 @@ def test_system_write_error_names_errno() -> None:
 def test_multi_field_sysctl_compares_field_by_field(engine: Engine) -> None:
     key = "net.ipv4.ip_local_port_range"
     plugin = SysctlPlugin(System("/"))
-    current = plugin.capture(key)
+    current = plugin.read(Sysctl(key))
     low, high = current.split()
-    engine.switch({("sysctl", key): f"{int(low) + 1}   {high}"}, "t")
+    engine.switch({("sysctl", Sysctl(key)): f"{int(low) + 1}   {high}"}, "t")
     assert Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split() == [
         str(int(low) + 1),
         high,
     ]
     assert engine.verify() == []
     engine.off()
-    assert plugin.capture(key) == current
+    assert plugin.read(Sysctl(key)) == current

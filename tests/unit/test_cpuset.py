@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from latencyd.cpuset import CpuSet, CpuSetError
+from latencyd.cpuset import MAX_CPUS, CpuSet, CpuSetError
 
 ALL4 = CpuSet.from_list("0-3")
 
@@ -250,3 +250,19 @@ def test_parse_errors(expr: str, message: str) -> None:
     with pytest.raises(CpuSetError) as info:
         CpuSet.parse(expr, ALL4)
     assert message in str(info.value)
+
+
+def test_sizes_are_checked_before_sets_are_built() -> None:
+    """Hostile input is refused before it costs memory or stack."""
+    all_cpus = CpuSet.from_list("0-3")
+    for expr, message in [
+        ("0-200000000", "beyond the largest CPU number"),
+        ("0x" + "f" * 3000, "longer than any CPU count"),
+        ("0x1" + "0" * 2100, "beyond the largest"),
+        ("~" * 100 + "1", "nests more than 32 deep"),
+        ("(" * 100 + "1" + ")" * 100, "nests more than 32 deep"),
+    ]:
+        with pytest.raises(CpuSetError, match=message):
+            CpuSet.parse(expr, all_cpus)
+    assert CpuSet.parse("~" * 32 + "1", all_cpus) == CpuSet([1])
+    assert len(CpuSet.from_list(f"0-{MAX_CPUS - 1}")) == MAX_CPUS

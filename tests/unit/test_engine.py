@@ -6,24 +6,35 @@ stored as files under the same tree) raises the refusals a real kernel would.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-from latencyd.plugins.sysctl import SysctlPlugin
-from latencyd.plugins.writeback import WritebackPlugin
+from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
+from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.cpuset import CpuSet
-from latencyd.engine import Drift, Engine, Plan, plan
+from latencyd.engine import SECTION, Engine, Plan, Refused, Section, plan, section_schemas
 from latencyd.errors import ApplyFailed, KernelRefused, LatencydError, NotApplicable
 from latencyd.journal import Journal, JournalState
-from latencyd.plugin import Plugin
+from latencyd.plugin import (
+    Expansion,
+    Options,
+    Plugin,
+    Target,
+    Value,
+    decode_target,
+    target_kinds,
+)
 from latencyd.profile import ProfileLibrary
 from latencyd.schema import Machine
 from latencyd.system import System
 from tests.unit.fakesys import (
     KernelLikeSystem,
+    RefusingSystem,
     make_fake_root,
     read_sysctl,
     sysctl_values,
@@ -33,55 +44,84 @@ from tests.unit.fakesys import (
 FAKE_KEYS = {f"fake/{k}": "0" for k in ("a", "b", "c", "d", "bad", "na", "stuck")}
 
 
+@dataclass(frozen=True)
+class Knob(Target):
+    """A file /proc/sys/fake/<name>; the kernel refusing one fails the profile."""
+
+    kind: ClassVar[str] = "knob"
+    name: str
+
+
+@dataclass(frozen=True)
+class SoftKnob(Target):
+    """The same kind of file, but a refusal means "not applicable here"."""
+
+    kind: ClassVar[str] = "soft"
+    refusal_means: ClassVar[str | None] = "this knob cannot be set here"
+    name: str
+
+
 class Crash(BaseException):
     """Stands in for SIGKILL: nothing in latencyd may catch it."""
 
 
-class FakePlugin(Plugin):
-    """Settings are files /proc/sys/fake/<key>; chosen keys misbehave like a kernel can."""
+class FakePlugin(Plugin[Knob | SoftKnob]):
+    """Settings are files /proc/sys/fake/<name>; chosen ones misbehave like a kernel can."""
 
     name = "fake"
     summary = "test double with programmable refusals"
+    targets = (Knob, SoftKnob)
 
     def __init__(self, system: System, journal: Journal | None = None) -> None:
         super().__init__(system)
         self.journal = journal
-        # key, or (key, value) to refuse only that value
-        self.refuse_apply: dict[str | tuple[str, Any], Exception] = {}
-        self.refuse_capture: dict[str, Exception] = {}
+        # name, or (name, value) to refuse only that value
+        self.refuse_write: dict[str | tuple[str, Any], Exception] = {}
+        self.refuse_read: dict[str, Exception] = {}
         self.crash_on: set[str] = set()
         self.stuck: set[str] = set()  # writes "succeed" but the value stays
-        self.optional_keys: set[str] = set()
         self.gone: set[str] = set()
         self.writes: list[tuple[str, Any]] = []
-        self.journal_at_apply: dict[str, Any] = {}
+        self.journal_at_write: dict[str, Any] = {}
 
-    def expand(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: str(v) for k, v in options.items()}
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        return Expansion({Knob(k): str(v) for k, v in options.items()})
 
-    def capture(self, key: str) -> Any:
-        if key in self.refuse_capture:
-            raise self.refuse_capture[key]
-        return self.system.read(f"proc/sys/fake/{key}")
+    def read(self, target: Knob | SoftKnob) -> Any:
+        if target.name in self.refuse_read:
+            raise self.refuse_read[target.name]
+        return self.system.read(f"proc/sys/fake/{target.name}")
 
-    def apply(self, key: str, value: Any) -> None:
+    def write(self, target: Knob | SoftKnob, value: Any) -> None:
+        name = target.name
         if self.journal is not None:
             state = self.journal.load()
-            self.journal_at_apply[key] = state and state.originals.get(("fake", key))
-        self.writes.append((key, value))
-        if key in self.crash_on:
-            raise Crash(key)
-        for refused in (key, (key, value)):
-            if refused in self.refuse_apply:
-                raise self.refuse_apply[refused]
-        if key not in self.stuck:
-            self.system.write(f"proc/sys/fake/{key}", str(value))
+            originals = decoded(state, {"fake": self}) if state else {}
+            self.journal_at_write[name] = originals.get(("fake", target))
+        self.writes.append((name, value))
+        if name in self.crash_on:
+            raise Crash(name)
+        for refused in (name, (name, value)):
+            if refused in self.refuse_write:
+                raise self.refuse_write[refused]
+        if name not in self.stuck:
+            self.system.write(f"proc/sys/fake/{name}", str(value))
 
-    def optional(self, key: str) -> bool:
-        return key in self.optional_keys
+    def exists(self, target: Knob | SoftKnob) -> bool:
+        return target.name not in self.gone
 
-    def exists(self, key: str) -> bool:
-        return key not in self.gone
+    def describe(self, target: Knob | SoftKnob, value: Any) -> str:
+        return f"{target.name} = {value}"
+
+
+def decoded(state: JournalState, plugins: Mapping[str, Plugin[Any]]) -> dict[Any, Any]:
+    """A journal's originals with their targets decoded, as the engine reads them (for
+    the plugins given)."""
+    return {
+        (p, decode_target(target_kinds(plugins[p]), json.loads(key))): value
+        for (p, key), value in state.originals.items()
+        if p in plugins
+    }
 
 
 class Rig:
@@ -98,12 +138,12 @@ class Rig:
         self.system = KernelLikeSystem(self.root)
         self.journal = Journal(self.state_dir)
         self.fake = FakePlugin(self.system, self.journal)
-        plugins: dict[str, Plugin] = {
+        self.plugins: dict[str, Plugin[Any]] = {
             "writeback": WritebackPlugin(self.system),
             "sysctl": SysctlPlugin(self.system),
             "fake": self.fake,
         }
-        return Engine(plugins, self.journal)
+        return Engine(self.plugins, self.journal)
 
     def values(self) -> dict[str, str]:
         return sysctl_values(self.root)
@@ -113,8 +153,9 @@ class Rig:
         now = self.values()
         return {k: v for k, v in now.items() if self.original[k] != v}
 
-    def journal_on_disk(self) -> JournalState | None:
-        return Journal(self.state_dir).load()
+    def journal_on_disk(self) -> tuple[dict[Any, Any], str | None] | None:
+        state = Journal(self.state_dir).load()
+        return None if state is None else (decoded(state, self.plugins), state.profile)
 
     def reset_writes(self) -> None:
         self.system.writes.clear()
@@ -126,21 +167,26 @@ def rig(tmp_path: Path) -> Rig:
     return Rig(tmp_path)
 
 
+SWAP, STAT = Sysctl("vm.swappiness"), Sysctl("vm.stat_interval")
+DIRTY, BACKGROUND = DirtyLimit("dirty"), DirtyLimit("dirty_background")
+EXPIRE = VmKnob("dirty_expire_centisecs")
+KA, KB, KC = Knob("a"), Knob("b"), Knob("c")
+
 A = {
-    ("sysctl", "vm.swappiness"): "10",
-    ("sysctl", "vm.stat_interval"): "10",
-    ("writeback", "dirty"): {"bytes": 64 << 20},
-    ("writeback", "dirty_expire_centisecs"): 1000,
-    ("fake", "a"): "1",
-    ("fake", "b"): "1",
+    ("sysctl", SWAP): "10",
+    ("sysctl", STAT): "10",
+    ("writeback", DIRTY): {"bytes": 64 << 20},
+    ("writeback", EXPIRE): 1000,
+    ("fake", KA): "1",
+    ("fake", KB): "1",
 }
 B = {
-    ("sysctl", "vm.swappiness"): "10",  # same as A
-    ("sysctl", "vm.stat_interval"): "5",  # differs
-    ("writeback", "dirty"): {"bytes": 64 << 20},  # same
-    ("writeback", "dirty_background"): {"ratio": 3},  # new
-    ("fake", "a"): "1",  # same
-    ("fake", "c"): "2",  # new
+    ("sysctl", SWAP): "10",  # same as A
+    ("sysctl", STAT): "5",  # differs
+    ("writeback", DIRTY): {"bytes": 64 << 20},  # same
+    ("writeback", BACKGROUND): {"ratio": 3},  # new
+    ("fake", KA): "1",  # same
+    ("fake", KC): "2",  # new
     # only in A: dirty_expire_centisecs, fake b
 }
 A_FILES = {
@@ -152,25 +198,35 @@ A_FILES = {
     "fake/a": "1",
     "fake/b": "1",
 }
+A_ORIGINALS = {
+    ("sysctl", SWAP): "60",
+    ("sysctl", STAT): "1",
+    ("writeback", DIRTY): {"ratio": 20},
+    ("writeback", EXPIRE): 3000,
+    ("fake", KA): "0",
+    ("fake", KB): "0",
+}
 
 
 # -- plan ----------------------------------------------------------------------
 
 
 def test_plan_is_a_pure_diff() -> None:
-    applied = {("p", "same"): 1, ("p", "diff"): 1, ("p", "gone"): 1, ("q", "gone"): 1}
-    wanted = {("p", "same"): 1, ("p", "diff"): 2, ("p", "new"): 3}
+    same, diff, gone, new, other = Knob("same"), Knob("diff"), Knob("gone"), Knob("new"), Knob("o")
+    applied = {("p", same): 1, ("p", diff): 1, ("p", gone): 1, ("q", other): 1}
+    wanted = {("p", same): 1, ("p", diff): 2, ("p", new): 3}
     snapshot = (dict(applied), dict(wanted))
     result = plan(applied, wanted)
     assert result == Plan(
-        restore=[("p", "gone"), ("q", "gone")],
-        apply={("p", "diff"): 2, ("p", "new"): 3},
-        keep=[("p", "same")],
+        restore=[("p", gone), ("q", other)],
+        apply={("p", diff): 2, ("p", new): 3},
+        keep=[("p", same)],
     )
     assert (applied, wanted) == snapshot
-    # Out-of-scope settings are left alone, not restored.
-    assert plan(applied, wanted, scope=["p"]).restore == [("p", "gone")]
+    # Out-of-scope settings are left alone, not restored, unless named.
+    assert plan(applied, wanted, scope=["p"]).restore == [("p", gone)]
     assert plan(applied, {}, scope=[]).restore == []
+    assert plan(applied, {}, scope=[], restore=[("q", other)]).restore == [("q", other)]
     assert plan({}, {}) == Plan()
 
 
@@ -185,28 +241,28 @@ def test_first_switch_applies_and_journals_originals(rig: Rig) -> None:
     assert rig.engine.applied == A
     assert rig.engine.profile == "A"
     assert rig.engine.last_step is report
-    assert rig.journal_on_disk() == JournalState(
-        {
-            ("sysctl", "vm.swappiness"): "60",
-            ("sysctl", "vm.stat_interval"): "1",
-            ("writeback", "dirty"): {"ratio": 20},
-            ("writeback", "dirty_expire_centisecs"): 3000,
-            ("fake", "a"): "0",
-            ("fake", "b"): "0",
-        },
-        "A",
-    )
+    assert rig.journal_on_disk() == (A_ORIGINALS, "A")
+
+
+def test_journal_keys_are_targets_in_canonical_json(rig: Rig) -> None:
+    rig.engine.switch({("fake", KA): "1", ("writeback", DIRTY): {"ratio": 5}}, "A")
+    state = Journal(rig.state_dir).load()
+    assert state is not None
+    assert set(state.originals) == {
+        ("fake", '{"kind":"knob","name":"a"}'),
+        ("writeback", '{"kind":"dirty_limit","pair":"dirty"}'),
+    }
 
 
 def test_originals_are_on_disk_before_the_first_write(rig: Rig) -> None:
-    rig.engine.switch({("fake", "a"): "1", ("fake", "b"): "2"}, "A")
-    # At the moment each apply ran, the journal file already held that key's original.
-    assert rig.fake.journal_at_apply == {"a": "0", "b": "0"}
+    rig.engine.switch({("fake", KA): "1", ("fake", KB): "2"}, "A")
+    # At the moment each write ran, the journal file already held that target's original.
+    assert rig.fake.journal_at_write == {"a": "0", "b": "0"}
 
 
 def test_setting_already_as_wanted_is_not_written(rig: Rig) -> None:
-    report = rig.engine.switch({("sysctl", "vm.swappiness"): "60", ("fake", "a"): "1"}, "A")
-    assert report.applied == 1
+    report = rig.engine.switch({("sysctl", SWAP): "60", ("fake", KA): "1"}, "A")
+    assert (report.applied, report.unchanged) == (1, 1)
     assert rig.system.writes == [("proc/sys/fake/a", "1")]
     rig.reset_writes()
     assert rig.engine.off() == []
@@ -240,17 +296,18 @@ def test_incremental_switch_touches_only_what_differs(rig: Rig) -> None:
         "fake/c": "2",
     }
     assert rig.engine.applied == B
-    state = rig.journal_on_disk()
-    assert state is not None and state.profile == "B"
     # The journal keeps the true originals (not A's values) for exactly B's settings.
-    assert state.originals == {
-        ("sysctl", "vm.swappiness"): "60",
-        ("sysctl", "vm.stat_interval"): "1",
-        ("writeback", "dirty"): {"ratio": 20},
-        ("writeback", "dirty_background"): {"ratio": 10},
-        ("fake", "a"): "0",
-        ("fake", "c"): "0",
-    }
+    assert rig.journal_on_disk() == (
+        {
+            ("sysctl", SWAP): "60",
+            ("sysctl", STAT): "1",
+            ("writeback", DIRTY): {"ratio": 20},
+            ("writeback", BACKGROUND): {"ratio": 10},
+            ("fake", KA): "0",
+            ("fake", KC): "0",
+        },
+        "B",
+    )
 
 
 def test_switch_back_and_off_restore_the_originals(rig: Rig) -> None:
@@ -277,7 +334,7 @@ def test_switch_to_nothing_restores_and_clears_the_journal(rig: Rig) -> None:
 def test_scoped_switch_leaves_other_plugins_alone(rig: Rig) -> None:
     rig.engine.switch(A, "A")
     rig.reset_writes()
-    report = rig.engine.switch({("sysctl", "vm.swappiness"): "20"}, "A", scope=["sysctl"])
+    report = rig.engine.switch({("sysctl", SWAP): "20"}, "A", scope=["sysctl"])
     assert (report.applied, report.restored) == (1, 1)
     assert sorted(rig.system.writes) == [
         ("proc/sys/vm/stat_interval", "1"),
@@ -288,49 +345,114 @@ def test_scoped_switch_leaves_other_plugins_alone(rig: Rig) -> None:
     assert rig.changed() == expected
     assert rig.engine.applied == {
         **{sid: v for sid, v in A.items() if sid[0] != "sysctl"},
-        ("sysctl", "vm.swappiness"): "20",
+        ("sysctl", SWAP): "20",
     }
 
 
-# -- off / recover -------------------------------------------------------------------
-
-
-def test_recover_after_a_crash_restores_originals(rig: Rig) -> None:
+def test_update_of_one_device_gives_back_only_what_it_names(rig: Rig) -> None:
     rig.engine.switch(A, "A")
-    rig.engine.switch(B, "B")
-    # The daemon dies here; a new one starts on the same state dir.
-    engine = rig.new_engine()
-    assert engine.recover() == []
+    rig.reset_writes()
+    wanted = {("fake", KA): "1", ("fake", KC): "3"}
+    report = rig.engine.update("fake", wanted, [("fake", KB)], [("fake", KA)])
+    assert (report.applied, report.restored, report.unchanged) == (1, 1, 1)
+    assert sorted(rig.fake.writes) == [("b", "0"), ("c", "3")]
+    assert rig.engine.applied == {
+        **{sid: v for sid, v in A.items() if sid != ("fake", KB)},
+        ("fake", KC): "3",
+    }
+
+
+# -- restart: adopt, not revert -----------------------------------------------------------
+
+
+def test_restart_with_the_same_profile_writes_nothing(rig: Rig) -> None:
+    rig.engine.switch(A, "A")
+    engine = rig.new_engine()  # the daemon died; a new one starts on the same state dir
+    state = engine.adopt()
+    assert state is not None and state.profile == "A"
+    report = engine.switch(A, "A")
+    assert rig.system.writes == [] and rig.fake.writes == []
+    assert (report.applied, report.restored, report.unchanged) == (0, 0, len(A))
+    assert rig.changed() == A_FILES
+    # The originals are still the true ones: off brings the machine back.
+    assert engine.off() == []
     assert rig.values() == rig.original
-    assert not rig.journal.path.exists()
-    assert engine.recover() is None  # a clean state: nothing to do
 
 
-def test_recover_after_a_crash_in_the_middle_of_a_step(rig: Rig) -> None:
+def test_restart_with_another_profile_changes_only_the_differences(rig: Rig) -> None:
+    rig.engine.switch(A, "A")
+    engine = rig.new_engine()
+    engine.adopt()
+    report = engine.switch(B, "B")
+    assert sorted(rig.system.writes) == sorted(
+        [
+            ("proc/sys/vm/stat_interval", "5"),
+            ("proc/sys/vm/dirty_background_ratio", "3"),
+            ("proc/sys/fake/c", "2"),
+            ("proc/sys/vm/dirty_expire_centisecs", "3000"),
+            ("proc/sys/fake/b", "0"),
+        ]
+    )
+    assert (report.applied, report.restored) == (3, 2)
+    assert rig.journal_on_disk() is not None
+    engine.off()
+    assert rig.values() == rig.original
+
+
+def test_adopted_settings_that_drifted_meanwhile_are_put_right(rig: Rig) -> None:
+    rig.engine.switch(A, "A")
+    write_sysctl(rig.root, "vm/swappiness", "33")  # changed while no daemon ran
+    engine = rig.new_engine()
+    engine.adopt()
+    engine.switch(A, "A")
+    assert rig.system.writes == [("proc/sys/vm/swappiness", "10")]
+    engine.off()
+    assert read_sysctl(rig.root, "vm/swappiness") == "60"  # the true original
+
+
+def test_adopt_then_off_restores_everything(rig: Rig) -> None:
     rig.fake.crash_on.add("c")
-    wanted = {("sysctl", "vm.swappiness"): "10", ("writeback", "dirty"): {"bytes": 4096}}
-    with pytest.raises(Crash):
-        rig.engine.switch({**wanted, ("fake", "c"): "5"}, "A")
+    with pytest.raises(Crash):  # the daemon is killed half-way through a step
+        rig.engine.switch(
+            {("sysctl", SWAP): "10", ("writeback", DIRTY): {"bytes": 4096}, ("fake", KC): "5"}, "A"
+        )
     assert rig.changed() == {"vm/swappiness": "10", "vm/dirty_bytes": "4096", "vm/dirty_ratio": "0"}
     engine = rig.new_engine()
-    assert engine.recover() == []
+    assert engine.adopt() is not None
+    assert engine.off() == []
     assert rig.values() == rig.original  # dirty is back in ratio mode: 20, bytes 0
     assert not rig.journal.path.exists()
+    assert rig.new_engine().adopt() is None  # a clean state: nothing to adopt
 
 
-def test_recover_reports_plugins_that_are_gone(rig: Rig) -> None:
-    rig.engine.switch({("fake", "a"): "1", ("sysctl", "vm.swappiness"): "1"}, "A")
+def test_adopt_skips_entries_of_plugins_that_are_gone(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig.engine.switch({("fake", KA): "1", ("sysctl", SWAP): "1"}, "A")
     engine = Engine({"sysctl": SysctlPlugin(System(rig.root))}, Journal(rig.state_dir))
-    assert engine.recover() == ["[fake] a: plugin not installed, cannot restore"]
+    engine.adopt()
+    assert list(engine.applied) == [("sysctl", SWAP)]
+    assert "journal entry cannot be restored: [fake]" in caplog.text
+    engine.off()
     assert read_sysctl(rig.root, "vm/swappiness") == "60"
 
 
+def test_an_unreadable_journal_is_set_aside(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    rig.state_dir.mkdir(parents=True)
+    rig.journal.path.write_text("{not json\n")
+    assert rig.engine.adopt() is None
+    assert not rig.journal.path.exists()
+    aside = list(rig.state_dir.glob("journal.jsonl.unreadable-*"))
+    assert len(aside) == 1 and aside[0].read_text() == "{not json\n"
+    assert "moved it to" in caplog.text
+
+
 def test_off_skips_targets_that_vanished_and_reports_failures(rig: Rig) -> None:
-    rig.engine.switch({("fake", "a"): "1", ("fake", "b"): "1", ("fake", "c"): "1"}, "A")
+    rig.engine.switch({("fake", KA): "1", ("fake", KB): "1", ("fake", KC): "1"}, "A")
     rig.fake.gone.add("a")
-    rig.fake.refuse_apply["b"] = KernelRefused("writing fake/b", "Device busy (EBUSY)")
+    rig.fake.refuse_write["b"] = KernelRefused("writing fake/b", "Device busy (EBUSY)")
     problems = rig.engine.off()
-    assert problems == ["[fake] restoring b: writing fake/b: Device busy (EBUSY)"]
+    assert problems == ["[fake] restoring b = 0: writing fake/b: Device busy (EBUSY)"]
     assert rig.changed() == {"fake/a": "1", "fake/b": "1"}
     assert not rig.journal.path.exists()
 
@@ -342,10 +464,10 @@ def test_mid_step_failure_rolls_back_everything(rig: Rig) -> None:
     rig.engine.switch(A, "A")
     after_a = rig.values()
     journal_a = rig.journal_on_disk()
-    rig.fake.refuse_apply["bad"] = KernelRefused(
+    rig.fake.refuse_write["bad"] = KernelRefused(
         "writing 'x' to /proc/sys/fake/bad", "Invalid argument (EINVAL)"
     )
-    failing = {**B, ("fake", "bad"): "x"}  # bad comes last: everything else ran first
+    failing = {**B, ("fake", Knob("bad")): "x"}  # bad comes last: everything else ran first
     with pytest.raises(ApplyFailed) as info:
         rig.engine.switch(failing, "B")
     assert str(info.value) == (
@@ -363,9 +485,9 @@ def test_mid_step_failure_rolls_back_everything(rig: Rig) -> None:
 
 
 def test_failure_in_the_first_step_leaves_nothing_behind(rig: Rig) -> None:
-    rig.fake.refuse_apply["bad"] = KernelRefused("writing", "Operation not permitted (EPERM)")
+    rig.fake.refuse_write["bad"] = KernelRefused("writing", "Operation not permitted (EPERM)")
     with pytest.raises(ApplyFailed, match="Nothing was changed"):
-        rig.engine.switch({**A, ("fake", "bad"): "1"}, "A")
+        rig.engine.switch({**A, ("fake", Knob("bad")): "1"}, "A")
     assert rig.values() == rig.original
     assert rig.engine.applied == {} and rig.engine.originals == {}
     assert rig.engine.profile is None
@@ -373,16 +495,16 @@ def test_failure_in_the_first_step_leaves_nothing_behind(rig: Rig) -> None:
 
 
 def test_kernel_refusal_without_plugin_prefix_names_the_setting(rig: Rig) -> None:
-    rig.fake.refuse_apply["bad"] = KernelRefused("writing", "EPERM")
+    rig.fake.refuse_write["bad"] = KernelRefused("writing", "EPERM")
     with pytest.raises(ApplyFailed) as info:
-        rig.engine.switch({("fake", "bad"): "7"}, "A")
+        rig.engine.switch({("fake", Knob("bad")): "7"}, "A")
     assert str(info.value).startswith("[fake] bad = 7: writing: EPERM. Nothing was changed")
 
 
 def test_write_accepted_but_value_kept_is_a_failure(rig: Rig) -> None:
     rig.fake.stuck.add("stuck")
     with pytest.raises(ApplyFailed) as info:
-        rig.engine.switch({("sysctl", "vm.swappiness"): "1", ("fake", "stuck"): "9"}, "A")
+        rig.engine.switch({("sysctl", SWAP): "1", ("fake", Knob("stuck")): "9"}, "A")
     assert str(info.value) == (
         "[fake] stuck = 9: the kernel accepted the write but kept '0'. "
         "Nothing was changed: the step was rolled back."
@@ -394,19 +516,19 @@ def test_write_accepted_but_value_kept_is_a_failure(rig: Rig) -> None:
 def test_plugin_bug_mid_step_still_rolls_back(rig: Rig) -> None:
     rig.engine.switch(A, "A")
     after_a = rig.values()
-    rig.fake.refuse_apply["bad"] = RuntimeError("plugin bug")
+    rig.fake.refuse_write["bad"] = RuntimeError("plugin bug")
     with pytest.raises(ApplyFailed, match="plugin bug"):
-        rig.engine.switch({**B, ("fake", "bad"): "1"}, "B")
+        rig.engine.switch({**B, ("fake", Knob("bad")): "1"}, "B")
     assert rig.values() == after_a
     assert rig.engine.applied == A
 
 
 def test_unreadable_original_fails_before_anything_is_written(rig: Rig) -> None:
-    rig.fake.refuse_capture["bad"] = KernelRefused("reading /proc/sys/fake/bad", "EIO")
+    rig.fake.refuse_read["bad"] = KernelRefused("reading /proc/sys/fake/bad", "EIO")
     with pytest.raises(ApplyFailed) as info:
-        rig.engine.switch({("fake", "a"): "5", ("fake", "bad"): "1"}, "A")
+        rig.engine.switch({("fake", KA): "5", ("fake", Knob("bad")): "1"}, "A")
     assert str(info.value) == (
-        "[fake] cannot read bad before changing it: reading /proc/sys/fake/bad: EIO"
+        "[fake] cannot read bad = 1 before changing it: reading /proc/sys/fake/bad: EIO"
     )
     assert rig.fake.writes == []
     assert rig.values() == rig.original
@@ -414,10 +536,9 @@ def test_unreadable_original_fails_before_anything_is_written(rig: Rig) -> None:
     # Someone else changes `a`; a later step must journal that value as the original,
     # not the one read before the failed step.
     write_sysctl(rig.root, "fake/a", "7")
-    del rig.fake.refuse_capture["bad"]
-    rig.engine.switch({("fake", "a"): "5"}, "A")
-    state = rig.journal_on_disk()
-    assert state is not None and state.originals == {("fake", "a"): "7"}
+    del rig.fake.refuse_read["bad"]
+    rig.engine.switch({("fake", KA): "5"}, "A")
+    assert rig.journal_on_disk() == ({("fake", KA): "7"}, "A")
     rig.engine.off()
     assert read_sysctl(rig.root, "fake/a") == "7"
 
@@ -425,92 +546,100 @@ def test_unreadable_original_fails_before_anything_is_written(rig: Rig) -> None:
 # -- not applicable ----------------------------------------------------------------------
 
 
-def test_not_applicable_is_recorded_not_failed(rig: Rig) -> None:
-    rig.fake.refuse_apply["na"] = NotApplicable("IRQ 24 is kernel-managed")
-    rig.fake.refuse_capture["d"] = NotApplicable("no such queue on this NIC")
-    rig.fake.refuse_apply["bad"] = KernelRefused("writing", "Operation not supported")
-    rig.fake.optional_keys.add("bad")
+def test_refusal_is_not_applicable_only_for_kinds_that_say_so(rig: Rig) -> None:
+    """The target kind declares what a refusal means; the engine says it, with the reason."""
+    rig.fake.refuse_write["na"] = NotApplicable("IRQ 24 is kernel-managed")
+    rig.fake.refuse_read["d"] = NotApplicable("no such queue on this NIC")
+    rig.fake.refuse_write["bad"] = KernelRefused("writing", "Operation not supported")
     rig.fake.stuck.add("stuck")
-    rig.fake.optional_keys.add("stuck")
     wanted = {
-        ("fake", "a"): "1",
-        ("fake", "na"): "1",
-        ("fake", "d"): "1",
-        ("fake", "bad"): "1",
-        ("fake", "stuck"): "1",
+        ("fake", KA): "1",
+        ("fake", Knob("na")): "1",  # NotApplicable is always not applicable
+        ("fake", Knob("d")): "1",
+        ("fake", SoftKnob("bad")): "1",  # a refusal, on a kind where that means n/a
+        ("fake", SoftKnob("stuck")): "1",
     }
     report = rig.engine.switch(wanted, "A")
     assert report.applied == 1
+    soft = "this knob cannot be set here: "
     assert report.not_applicable == {
-        ("fake", "na"): "IRQ 24 is kernel-managed",
-        ("fake", "d"): "no such queue on this NIC",
-        ("fake", "bad"): "Operation not supported",
-        ("fake", "stuck"): "the kernel accepted the write but kept '0'",
+        ("fake", Knob("na")): Refused("1", "IRQ 24 is kernel-managed"),
+        ("fake", Knob("d")): Refused("1", "no such queue on this NIC"),
+        ("fake", SoftKnob("bad")): Refused("1", soft + "Operation not supported"),
+        ("fake", SoftKnob("stuck")): Refused(
+            "1", soft + "the kernel accepted the write but kept '0'"
+        ),
     }
     assert rig.engine.not_applicable == report.not_applicable
     # `d` (refused when reading its original) was never written; `stuck` was put back.
     assert [k for k, _ in rig.fake.writes] == ["a", "na", "bad", "stuck", "stuck"]
     assert rig.changed() == {"fake/a": "1"}
-    assert rig.engine.applied == {("fake", "a"): "1"}
-    state = rig.journal_on_disk()
-    assert state is not None and state.originals == {("fake", "a"): "0"}
+    assert rig.engine.applied == {("fake", KA): "1"}
+    assert rig.journal_on_disk() == ({("fake", KA): "0"}, "A")
     # Not-applicable settings are not drift.
     assert rig.engine.verify() == []
 
 
+def test_a_vanished_target_is_dropped_without_a_reason(rig: Rig) -> None:
+    rig.fake.refuse_write["b"] = KernelRefused("writing", "No such process (ESRCH)")
+    rig.fake.gone.add("b")
+    report = rig.engine.switch({("fake", KA): "1", ("fake", KB): "1"}, "A")
+    assert report.applied == 1 and report.not_applicable == {}
+    assert rig.engine.applied == {("fake", KA): "1"}
+
+
 def test_not_applicable_after_a_write_puts_the_original_back(rig: Rig) -> None:
     class RefusesOnReadback(FakePlugin):
-        def capture(self, key: str) -> Any:
-            value = super().capture(key)
-            if key == "na" and value != "0":
+        def read(self, target: Knob | SoftKnob) -> Any:
+            value = super().read(target)
+            if target.name == "na" and value != "0":
                 raise NotApplicable("driver ignores it")
             return value
 
-    rig.engine.plugins["fake"] = plugin = RefusesOnReadback(rig.system)  # type: ignore[index]
-    report = rig.engine.switch({("fake", "na"): "3"}, "A")
-    assert report.not_applicable == {("fake", "na"): "driver ignores it"}
+    rig.plugins["fake"] = plugin = RefusesOnReadback(rig.system)
+    report = rig.engine.switch({("fake", Knob("na")): "3"}, "A")
+    assert report.not_applicable == {("fake", Knob("na")): Refused("3", "driver ignores it")}
     assert plugin.writes == [("na", "3"), ("na", "0")]
     assert rig.values() == rig.original
 
 
 def test_setting_that_becomes_not_applicable_is_not_left_behind(rig: Rig) -> None:
-    rig.engine.switch({("fake", "a"): "1", ("fake", "b"): "1"}, "A")
-    rig.fake.refuse_apply[("a", "2")] = NotApplicable("not on this hardware")
-    report = rig.engine.switch({("fake", "a"): "2", ("fake", "b"): "2"}, "B")
-    assert report.not_applicable == {("fake", "a"): "not on this hardware"}
+    rig.engine.switch({("fake", KA): "1", ("fake", KB): "1"}, "A")
+    rig.fake.refuse_write[("a", "2")] = NotApplicable("not on this hardware")
+    report = rig.engine.switch({("fake", KA): "2", ("fake", KB): "2"}, "B")
+    assert report.not_applicable == {("fake", KA): Refused("2", "not on this hardware")}
     # B does not get `a`: it goes back to its original, not stay at A's value untracked.
     assert rig.changed() == {"fake/b": "2"}
-    assert rig.engine.applied == {("fake", "b"): "2"}
-    state = rig.journal_on_disk()
-    assert state is not None and state.originals == {("fake", "b"): "0"}
+    assert rig.engine.applied == {("fake", KB): "2"}
+    assert rig.journal_on_disk() == ({("fake", KB): "0"}, "B")
     rig.engine.off()
     assert rig.values() == rig.original
 
 
 def test_rollback_reapplies_a_setting_dropped_as_not_applicable(rig: Rig) -> None:
-    rig.engine.switch({("fake", "a"): "1", ("fake", "b"): "1"}, "A")
+    rig.engine.switch({("fake", KA): "1", ("fake", KB): "1"}, "A")
     after_a = rig.values()
-    rig.fake.refuse_apply[("a", "2")] = NotApplicable("not on this hardware")
-    rig.fake.refuse_apply["bad"] = KernelRefused("writing bad", "EINVAL")
+    rig.fake.refuse_write[("a", "2")] = NotApplicable("not on this hardware")
+    rig.fake.refuse_write["bad"] = KernelRefused("writing bad", "EINVAL")
     with pytest.raises(ApplyFailed):
-        rig.engine.switch({("fake", "a"): "2", ("fake", "bad"): "1"}, "B")
+        rig.engine.switch({("fake", KA): "2", ("fake", Knob("bad")): "1"}, "B")
     assert rig.values() == after_a
-    assert rig.engine.applied == {("fake", "a"): "1", ("fake", "b"): "1"}
+    assert rig.engine.applied == {("fake", KA): "1", ("fake", KB): "1"}
 
 
 def test_not_applicable_kept_for_out_of_scope_plugins(rig: Rig) -> None:
-    rig.fake.refuse_apply["na"] = NotApplicable("kernel-managed")
-    rig.engine.switch({("fake", "na"): "1", ("sysctl", "vm.swappiness"): "1"}, "A")
-    rig.engine.switch({("sysctl", "vm.swappiness"): "2"}, "A", scope=["sysctl"])
-    assert rig.engine.not_applicable == {("fake", "na"): "kernel-managed"}
-    rig.engine.switch({("sysctl", "vm.swappiness"): "2"}, "A")
+    rig.fake.refuse_write["na"] = NotApplicable("kernel-managed")
+    rig.engine.switch({("fake", Knob("na")): "1", ("sysctl", SWAP): "1"}, "A")
+    rig.engine.switch({("sysctl", SWAP): "2"}, "A", scope=["sysctl"])
+    assert rig.engine.not_applicable == {("fake", Knob("na")): Refused("1", "kernel-managed")}
+    rig.engine.switch({("sysctl", SWAP): "2"}, "A")
     assert rig.engine.not_applicable == {}
 
 
-# -- verify ------------------------------------------------------------------------------
+# -- verify and drift --------------------------------------------------------------------
 
 
-def test_verify_reports_drift_and_reapply_fixes_it(rig: Rig) -> None:
+def test_verify_reports_drift_and_handle_drift_puts_it_back(rig: Rig) -> None:
     rig.engine.switch(A, "A")
     assert rig.engine.verify() == []
     write_sysctl(rig.root, "vm/swappiness", "30")
@@ -518,66 +647,80 @@ def test_verify_reports_drift_and_reapply_fixes_it(rig: Rig) -> None:
     write_sysctl(rig.root, "vm/dirty_bytes", "0")
     write_sysctl(rig.root, "fake/b", "9")
     drifts = rig.engine.verify()
-    assert drifts == [
-        Drift("sysctl", "vm.swappiness", "10", "30"),
-        Drift("writeback", "dirty", {"bytes": 64 << 20}, {"ratio": 20}),
-        Drift("fake", "b", "1", "9"),
+    assert [(d.plugin, d.target, d.wanted, d.actual) for d in drifts] == [
+        ("sysctl", SWAP, "10", "30"),
+        ("writeback", DIRTY, {"bytes": 64 << 20}, {"ratio": 20}),
+        ("fake", KB, "1", "9"),
     ]
-    assert rig.engine.verify(scope=["fake"]) == [Drift("fake", "b", "1", "9")]
-    assert rig.engine.reapply(drifts) == []
+    assert drifts[0].text == "sysctl vm.swappiness = 10"
+    assert rig.engine.verify([("fake", KB)]) == [drifts[2]]
+    records = rig.engine.handle_drift(drifts)  # no section options: the default, reapply
+    assert [r["action"] for r in records] == ["reapplied"] * 3
+    assert records[0]["target"] == {"kind": "sysctl", "key": "vm.swappiness"}
     assert rig.engine.verify() == []
     assert rig.changed() == A_FILES
 
 
+def test_on_drift_report_leaves_the_value_and_says_so(rig: Rig) -> None:
+    rig.engine.switch({("fake", KA): "1"}, "A")
+    rig.engine.sections["fake"] = Section({"on_drift": "report"})
+    write_sysctl(rig.root, "fake/a", "5")
+    records = rig.engine.handle_drift(rig.engine.verify())
+    assert [(r["action"], r["actual"]) for r in records] == [("reported", "5")]
+    assert read_sysctl(rig.root, "fake/a") == "5"
+
+
+def test_drift_that_cannot_be_put_back_says_why(rig: Rig) -> None:
+    rig.engine.switch({("fake", KA): "1"}, "A")
+    write_sysctl(rig.root, "fake/a", "0")
+    rig.fake.refuse_write["a"] = KernelRefused("writing a", "EBUSY")
+    records = rig.engine.handle_drift(rig.engine.verify())
+    assert [r["action"] for r in records] == ["failed: writing a: EBUSY"]
+
+
 def test_verify_normalises_multi_field_sysctls(rig: Rig) -> None:
-    rig.engine.switch({("sysctl", "net.ipv4.tcp_rmem"): "4096 87380 6291456"}, "A")
+    rig.engine.switch({("sysctl", Sysctl("net.ipv4.tcp_rmem")): "4096 87380 6291456"}, "A")
     write_sysctl(rig.root, "net/ipv4/tcp_rmem", "4096\t87380\t6291456")
     assert rig.engine.verify() == []
 
 
 def test_verify_drops_vanished_targets_and_flags_unreadable_ones(rig: Rig) -> None:
-    rig.engine.switch({("fake", "a"): "1", ("fake", "b"): "1"}, "A")
-    rig.fake.refuse_capture["a"] = KernelRefused("reading a", "ENOENT")
+    rig.engine.switch({("fake", KA): "1", ("fake", KB): "1"}, "A")
+    rig.fake.refuse_read["a"] = KernelRefused("reading a", "ENOENT")
     rig.fake.gone.add("a")
-    rig.fake.refuse_capture["b"] = KernelRefused("reading b", "EIO")
-    assert rig.engine.verify() == [Drift("fake", "b", "1", "<unreadable: reading b: EIO>")]
-    assert rig.engine.applied == {("fake", "b"): "1"}
-    assert rig.engine.originals == {("fake", "b"): "0"}
-
-
-def test_reapply_reports_refusals(rig: Rig) -> None:
-    rig.engine.switch({("fake", "a"): "1"}, "A")
-    rig.fake.refuse_apply["a"] = KernelRefused("writing a", "EBUSY")
-    assert rig.engine.reapply([Drift("fake", "a", "1", "0")]) == [
-        "[fake] re-applying a: writing a: EBUSY"
-    ]
+    rig.fake.refuse_read["b"] = KernelRefused("reading b", "EIO")
+    drifts = rig.engine.verify()
+    assert [(d.target, d.actual) for d in drifts] == [(KB, "<unreadable: reading b: EIO>")]
+    assert rig.engine.applied == {("fake", KB): "1"}
+    assert rig.engine.originals == {("fake", KB): "0"}
 
 
 # -- from a profile ----------------------------------------------------------------------
 
 
-def test_wanted_from_a_loaded_profile(rig: Rig, tmp_path: Path) -> None:
+def library_for(rig: Rig, pdir: Path) -> ProfileLibrary:
+    plugins = {n: p for n, p in rig.plugins.items() if n != "fake"}
+    return ProfileLibrary(
+        [pdir], section_schemas(plugins), Machine(CpuSet.from_list("0-3"), 8 << 30)
+    )
+
+
+def test_apply_a_loaded_profile_and_keep_its_sections(rig: Rig, tmp_path: Path) -> None:
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "p.toml").write_text(
-        '[writeback]\ndirty_bytes = "1%"\ndirty_expire_centisecs = 500\n'
+        '[writeback]\ndirty_bytes = "1%"\ndirty_expire_centisecs = 500\non_drift = "report"\n'
         '[sysctl]\n"vm.swappiness" = 5\n"net.ipv4.tcp_rmem" = "1  2 3"\n'
     )
-    schemas = {n: p.schema for n, p in rig.engine.plugins.items() if n != "fake"}
-    library = ProfileLibrary([pdir], schemas, Machine(CpuSet.from_list("0-3"), 8 << 30))
-    profile = library.load("p")
-    wanted = rig.engine.wanted(profile)
-    assert wanted == {
-        ("writeback", "dirty"): {"bytes": int((8 << 30) / 100)},
-        ("writeback", "dirty_expire_centisecs"): 500,
-        ("sysctl", "vm.swappiness"): "5",
-        ("sysctl", "net.ipv4.tcp_rmem"): "1 2 3",
+    profile = library_for(rig, pdir).load("p")
+    expansions = rig.engine.expand(profile)
+    # The engine's own option is not the plugin's business (sysctl would take it for a key).
+    assert {n: e.settings for n, e in expansions.items()} == {
+        "writeback": {DIRTY: {"bytes": int((8 << 30) / 100)}, EXPIRE: 500},
+        "sysctl": {SWAP: "5", Sysctl("net.ipv4.tcp_rmem"): "1 2 3"},
     }
-    assert rig.engine.wanted(profile, only=["sysctl", "irq"]) == {
-        ("sysctl", "vm.swappiness"): "5",
-        ("sysctl", "net.ipv4.tcp_rmem"): "1 2 3",
-    }
-    rig.engine.switch(wanted, profile.name)
+    assert set(rig.engine.expand(profile, only=["sysctl", "irq"])) == {"sysctl"}
+    rig.engine.apply(profile)
     assert rig.changed() == {
         "vm/dirty_bytes": str(int((8 << 30) / 100)),
         "vm/dirty_ratio": "0",
@@ -585,19 +728,49 @@ def test_wanted_from_a_loaded_profile(rig: Rig, tmp_path: Path) -> None:
         "vm/swappiness": "5",
         "net/ipv4/tcp_rmem": "1 2 3",
     }
+    assert rig.engine.on_drift("writeback") == "report"
+    assert rig.engine.on_drift("sysctl") == "reapply"  # the default, in every section
+    assert set(rig.engine.sections) == {"writeback", "sysctl"}
 
 
-def test_wanted_wraps_expand_errors(rig: Rig) -> None:
+def test_a_rejected_profile_leaves_the_sections_of_the_applied_one(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """The rules a section keeps for later targets are committed only with the profile."""
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "good.toml").write_text('[sysctl]\n"vm.swappiness" = 5\n')
+    (pdir / "bad.toml").write_text('[sysctl]\n"vm.swappiness" = 6\n"vm.stat_interval" = 9\n')
+    library = library_for(rig, pdir)
+    rig.engine.apply(library.load("good"))
+    before = dict(rig.engine.sections)
+    system = RefusingSystem(rig.root)
+    system.refuse["proc/sys/vm/stat_interval"] = "the kernel refused it: EINVAL"
+    rig.plugins["sysctl"].system = system
+    with pytest.raises(ApplyFailed):
+        rig.engine.apply(library.load("bad"))
+    assert rig.engine.sections == before
+    assert read_sysctl(rig.root, "vm/swappiness") == "5"
+
+
+def test_expand_errors_fail_the_profile_and_not_applicable_refuses_the_section(
+    rig: Rig,
+) -> None:
     class Broken(FakePlugin):
-        def expand(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+            if options.get("x") == "na":
+                raise NotApplicable("no cpufreq on this machine")
             raise KernelRefused("listing IRQs", "EACCES")
 
-    rig.engine.plugins["fake"] = Broken(rig.system)  # type: ignore[index]
+    rig.plugins["fake"] = Broken(rig.system)
     from latencyd.profile import Profile
 
     profile = Profile("p", rig.root / "p.toml", "", {"fake": {"x": 1}}, {})
     with pytest.raises(ApplyFailed, match=r"^\[fake\]: listing IRQs: EACCES$"):
-        rig.engine.wanted(profile)
+        rig.engine.expand(profile)
+    profile = Profile("p", rig.root / "p.toml", "", {"fake": {"x": "na"}}, {})
+    rig.engine.apply(profile)
+    assert rig.engine.sections["fake"].expansion.refused == {SECTION: "no cpufreq on this machine"}
 
 
 def test_nothing_is_written_when_the_journal_cannot_be(tmp_path: Path) -> None:
@@ -622,8 +795,8 @@ def test_recheck_reapplies_kept_settings_the_kernel_lost(rig: Rig) -> None:
     assert rig.system.writes == [("proc/sys/vm/swappiness", "10")]
     assert (report.applied, report.unchanged) == (1, len(A) - 1)
     assert rig.changed() == A_FILES
-    state = rig.journal_on_disk()
-    assert state is not None and state.originals[("sysctl", "vm.swappiness")] == "60"
+    journal = rig.journal_on_disk()
+    assert journal is not None and journal[0][("sysctl", SWAP)] == "60"
 
 
 def test_journal_is_written_again_after_off(rig: Rig) -> None:
@@ -631,6 +804,5 @@ def test_journal_is_written_again_after_off(rig: Rig) -> None:
     rig.engine.off()
     assert not rig.journal.path.exists()
     rig.engine.switch(A, "A")
-    state = rig.journal_on_disk()
-    assert state is not None and state.profile == "A" and len(state.originals) == len(A)
-    assert rig.fake.journal_at_apply == {"a": "0", "b": "0"}
+    assert rig.journal_on_disk() == (A_ORIGINALS, "A")
+    assert rig.fake.journal_at_write == {"a": "0", "b": "0"}

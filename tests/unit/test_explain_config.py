@@ -63,8 +63,12 @@ def test_explain_gives_values_and_their_origin(tmp_path: Path) -> None:
             {"option": "dirty_writeback_centisecs", "value": 500, "from": f"{base}:6"},
             {"option": "dirty_bytes", "value": int((4 << 30) / 100), "from": f"{top}:9"},
             {"option": "dirty_expire_centisecs", "value": 700, "from": f"{top}:10"},
+            {"option": "on_drift", "value": "reapply", "from": "(default)"},
         ],
-        "sysctl": [{"option": "vm.swappiness", "value": 10, "from": f"{top}:13"}],
+        "sysctl": [
+            {"option": "vm.swappiness", "value": 10, "from": f"{top}:13"},
+            {"option": "on_drift", "value": "reapply", "from": "(default)"},
+        ],
     }
 
 
@@ -83,7 +87,8 @@ def test_explain_by_path_and_errors(tmp_path: Path) -> None:
     # The sysctl check follows the given root: with the key in the tree, it loads.
     root2 = make_fake_root(tmp_path / "other", sysctls={"vm/not_here": "0"})
     result = explain(str(bad), [], root=str(root2))
-    assert [s["option"] for s in result["sections"]["sysctl"]] == ["vm.swappiness", "vm.not_here"]
+    options = [s["option"] for s in result["sections"]["sysctl"]]
+    assert options == ["vm.swappiness", "vm.not_here", "on_drift"]
 
 
 def test_plain_turns_cpusets_into_cpulists() -> None:
@@ -106,9 +111,16 @@ def test_config_values(tmp_path: Path) -> None:
     path.write_text(
         'default_profile = "network-latency"\nadmin_group = "tuning"\n'
         'verify_interval_s = 2\nprofile_dirs = ["/srv/profiles", "/opt/p"]\n'
+        'poll_interval_s = 0.5\non_stop = "keep"\ntask_events = "none"\n'
     )
     assert load_config(path) == Config(
-        "network-latency", "tuning", 2.0, (Path("/srv/profiles"), Path("/opt/p"))
+        default_profile="network-latency",
+        admin_group="tuning",
+        verify_interval_s=2.0,
+        poll_interval_s=0.5,
+        profile_dirs=(Path("/srv/profiles"), Path("/opt/p")),
+        task_events="none",
+        on_stop="keep",
     )
 
 
@@ -120,6 +132,8 @@ def test_config_values(tmp_path: Path) -> None:
         ("verify_interval_s = true\n", "verify_interval_s has the wrong type (True)"),
         ("verify_interval_s = '5'\n", "verify_interval_s has the wrong type ('5')"),
         ('profile_dirs = "/srv"\n', "profile_dirs has the wrong type ('/srv')"),
+        ('on_stop = "flip"\n', "on_stop must be one of restore, keep (got 'flip')"),
+        ("poll_interval_s = -1\n", "poll_interval_s cannot be negative (-1)"),
         ("default_profile = \n", "Invalid value (at line 1, column 19)"),
     ],
 )

@@ -4,18 +4,38 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import latencyd.plugins.irq as irq_module
 import pytest
-from latencyd.plugins.irq import Irq, IrqPlugin, parse_interrupts
+from latencyd.plugins.irq import (
+    DefaultAffinity,
+    Irq,
+    IrqAffinity,
+    IrqbalanceBan,
+    IrqPlugin,
+    IrqRules,
+    parse_interrupts,
+)
 
 from latencyd.cpuset import CpuSet
-from latencyd.engine import Engine
-from latencyd.errors import NotApplicable
+from latencyd.engine import (
+    SECTION,
+    ApplyFailed,
+    Engine,
+    Refused,
+    Section,
+    SettingId,
+    plugin_options,
+    section_schemas,
+)
+from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.journal import Journal
+from latencyd.plugin import Expansion, Value
+from latencyd.profile import Profile
 from latencyd.schema import Machine, SchemaError, validate
 from latencyd.system import System
 from tests.unit.fakesys import (
@@ -74,6 +94,7 @@ ENABLED="1"
 # Balance the IRQs only once?
 ONESHOT="0"
 """
+NOT_MOVABLE = "the kernel will not move this IRQ (kernel-managed or per-queue interrupt)"
 
 
 @pytest.fixture
@@ -97,16 +118,43 @@ def plugin(root: Path) -> IrqPlugin:
     return IrqPlugin(System(root))
 
 
-def expand(plugin: IrqPlugin, machine: Machine, section: dict[str, Any]) -> dict[str, Any]:
-    return plugin.expand(validate(plugin.schema, section, machine))
+def section(plugin: IrqPlugin, machine: Machine, raw: dict[str, Any]) -> dict[str, Any]:
+    """A section as a profile holds it: validated, with the engine's `on_drift` too."""
+    return validate(section_schemas({"irq": plugin})["irq"], raw, machine)
 
 
-def wanted(plugin: IrqPlugin, machine: Machine, section: dict[str, Any]) -> dict[Any, Any]:
-    return {("irq", k): v for k, v in expand(plugin, machine, section).items()}
+def expand(plugin: IrqPlugin, machine: Machine, raw: dict[str, Any]) -> Expansion:
+    """What the engine asks the plugin: the section without its own options, nothing owned."""
+    return plugin.expand(plugin_options(section(plugin, machine, raw)), {})
+
+
+def wanted(plugin: IrqPlugin, machine: Machine, raw: dict[str, Any]) -> dict[SettingId, Value]:
+    return {("irq", t): v for t, v in expand(plugin, machine, raw).settings.items()}
+
+
+def profile(plugin: IrqPlugin, machine: Machine, name: str, raw: dict[str, Any]) -> Profile:
+    return Profile(name, Path(f"{name}.toml"), "", {"irq": section(plugin, machine, raw)}, {})
+
+
+def engine_for(tmp_path: Path, plugin: IrqPlugin) -> Engine:
+    return Engine({"irq": plugin}, Journal(tmp_path / "state"))
+
+
+def state(plugin: IrqPlugin) -> dict[str, Any]:
+    """Everything the instance holds (deep copies; the System by identity)."""
+    return {k: v if k == "system" else copy.deepcopy(v) for k, v in vars(plugin).items()}
 
 
 def affinity(root: Path, irq: int) -> str:
     return (root / f"proc/irq/{irq}/smp_affinity_list").read_text().strip()
+
+
+def add_irq_50(root: Path, mask: str = "0-3") -> None:
+    """A device appeared: IRQ 50 in /proc/interrupts (before the arch rows) and /proc/irq."""
+    interrupts = root / "proc/interrupts"
+    lines = interrupts.read_text().splitlines()
+    interrupts.write_text("\n".join([*lines[:15], NEW_LINE, *lines[15:]]) + "\n")
+    put(root, "proc/irq/50/smp_affinity_list", mask)
 
 
 def set_counts(root: Path, number: int, counts: tuple[int, ...]) -> None:
@@ -203,7 +251,7 @@ def test_parse_interrupts_arm_gic_level_column() -> None:
     ],
 )
 def test_rule_matching(plugin: IrqPlugin, match: str, numbers: set[int]) -> None:
-    assert {i.number for i in plugin.inventory() if plugin.matches(i, match)} == numbers
+    assert {i.number for i in plugin.inventory()[1] if plugin.matches(i, match)} == numbers
 
 
 def test_device_address_follows_the_sysfs_link(plugin: IrqPlugin) -> None:
@@ -214,8 +262,9 @@ def test_device_address_follows_the_sysfs_link(plugin: IrqPlugin) -> None:
 
 def test_inventory_skips_irqs_without_an_affinity_file(root: Path, plugin: IrqPlugin) -> None:
     (root / "proc/irq/0/smp_affinity_list").unlink()
-    assert [i.number for i in plugin.inventory()] == ALL_IRQS[1:]
-    assert plugin.columns == [0, 1, 2, 3]
+    columns, irqs = plugin.inventory()
+    assert [i.number for i in irqs] == ALL_IRQS[1:]
+    assert columns == [0, 1, 2, 3]
 
 
 # -- expand ------------------------------------------------------------------------------------
@@ -224,7 +273,7 @@ def test_inventory_skips_irqs_without_an_affinity_file(root: Path, plugin: IrqPl
 def test_rules_first_match_wins_and_others_are_left_alone(
     plugin: IrqPlugin, machine: Machine
 ) -> None:
-    section = {
+    raw = {
         "rule": [
             {"match": "25", "cpus": "2"},
             {"match": "virtio3-*", "cpus": "3"},
@@ -232,35 +281,48 @@ def test_rules_first_match_wins_and_others_are_left_alone(
             {"match": "40-41", "cpus": "0-1"},
         ]
     }
-    assert expand(plugin, machine, section) == {
-        "irq/25": "2",
-        "irq/24": "3",
-        "irq/26": "3",
-        "irq/40": "0-1",
-        "irq/41": "0-1",
+    exp = expand(plugin, machine, raw)
+    assert exp.settings == {
+        IrqAffinity(25): "2",
+        IrqAffinity(24): "3",
+        IrqAffinity(26): "3",
+        IrqAffinity(40): "0-1",
+        IrqAffinity(41): "0-1",
     }
+    # What IRQs appearing later are matched against, and the IRQs there were.
+    assert exp.rules == IrqRules(
+        (
+            ("25", CpuSet([2])),
+            ("virtio3-*", CpuSet([3])),
+            ("eth0", CpuSet([1])),
+            ("40-41", CpuSet([0, 1])),
+        ),
+        CpuSet(),
+        frozenset(ALL_IRQS),
+    )
+    assert exp.notes == {} and exp.refused == {}
 
 
 def test_isolate_moves_every_unmatched_irq_and_sets_the_default(
     plugin: IrqPlugin, machine: Machine
 ) -> None:
-    section = {"isolate": "1", "rule": [{"match": "vda", "cpus": "1"}]}
-    settings = expand(plugin, machine, section)
-    assert settings == {
-        "default_affinity": "0,2-3",
-        **{f"irq/{n}": "0,2-3" for n in ALL_IRQS if n not in (27, 28)},
-        "irq/27": "1",  # rules still win, even onto an isolated CPU
-        "irq/28": "1",
+    exp = expand(plugin, machine, {"isolate": "1", "rule": [{"match": "vda", "cpus": "1"}]})
+    assert exp.settings == {
+        DefaultAffinity(): "0,2-3",
+        **{IrqAffinity(n): "0,2-3" for n in ALL_IRQS if n not in (27, 28)},
+        IrqAffinity(27): "1",  # rules still win, even onto an isolated CPU
+        IrqAffinity(28): "1",
     }
-    assert "irqbalance/banned" not in settings  # irqbalance is not running
+    assert IrqbalanceBan() not in exp.settings  # irqbalance is not running
+    assert exp.rules.isolate == CpuSet([1])
 
 
 def test_explicit_default_affinity(plugin: IrqPlugin, machine: Machine) -> None:
-    assert expand(plugin, machine, {"default_affinity": "0-1"}) == {"default_affinity": "0-1"}
-    assert (
-        expand(plugin, machine, {"isolate": "3", "default_affinity": "0"})["default_affinity"]
-        == "0"
-    )
+    assert expand(plugin, machine, {"default_affinity": "0-1"}).settings == {
+        DefaultAffinity(): "0-1"
+    }
+    exp = expand(plugin, machine, {"isolate": "3", "default_affinity": "0"})
+    assert exp.settings[DefaultAffinity()] == "0"
 
 
 def test_isolating_every_cpu_is_not_applicable(plugin: IrqPlugin, machine: Machine) -> None:
@@ -268,48 +330,75 @@ def test_isolating_every_cpu_is_not_applicable(plugin: IrqPlugin, machine: Machi
         expand(plugin, machine, {"isolate": "all"})
 
 
-# -- capture / apply -----------------------------------------------------------------------
+def test_expand_stores_nothing_on_the_plugin(plugin: IrqPlugin, machine: Machine) -> None:
+    """A rejected switch must leave no trace: everything an expansion needs later is in it."""
+    first = {"isolate": "1", "rule": [{"match": "eth0", "cpus": "2"}]}
+    second = {"default_affinity": "0-1", "rule": [{"match": "nvme*", "cpus": "3"}]}
+    before = state(plugin)
+    expanded = expand(plugin, machine, first)
+    expand(plugin, machine, second)
+    assert state(plugin) == before
+    assert expand(plugin, machine, first) == expanded
+
+
+# -- read / write ------------------------------------------------------------------------------
 
 
 def test_default_affinity_is_written_and_read_as_a_mask(root: Path, plugin: IrqPlugin) -> None:
-    assert plugin.capture("default_affinity") == "0-3"  # the file holds "f"
-    plugin.inventory()
-    plugin.apply("default_affinity", "0,2-3")
+    assert plugin.read(DefaultAffinity()) == "0-3"  # the file holds "f"
+    plugin.write(DefaultAffinity(), "0,2-3")  # no expand first (a restore after a restart)
     assert (root / "proc/irq/default_smp_affinity").read_text() == "d"
-    assert plugin.capture("default_affinity") == "0,2-3"
-    assert plugin.describe("default_affinity", "0,2-3") == "default IRQ affinity = 0,2-3"
+    assert plugin.read(DefaultAffinity()) == "0,2-3"
+    assert plugin.describe(DefaultAffinity(), "0,2-3") == "default IRQ affinity = 0,2-3"
 
 
 def test_default_affinity_mask_beyond_32_cpus(tmp_path: Path) -> None:
     root = make_fake_root(tmp_path, cpus="0-39")
     put(root, "proc/irq/default_smp_affinity", "ff,ffffffff")
     plugin = IrqPlugin(System(root))
-    assert plugin.capture("default_affinity") == "0-39"
-    plugin.apply("default_affinity", "0,2-39")
+    assert plugin.read(DefaultAffinity()) == "0-39"
+    plugin.write(DefaultAffinity(), "0,2-39")
     assert (root / "proc/irq/default_smp_affinity").read_text() == "ff,fffffffd"
-    assert plugin.capture("default_affinity") == "0,2-39"
+    assert plugin.read(DefaultAffinity()) == "0,2-39"
 
 
 def test_irq_affinity_is_a_cpulist(root: Path, plugin: IrqPlugin) -> None:
-    plugin.apply("irq/25", "0,2-3")
+    plugin.write(IrqAffinity(25), "0,2-3")
     assert affinity(root, 25) == "0,2-3"
-    assert plugin.capture("irq/25") == "0,2-3"
-    assert plugin.same("irq/25", "0,2,3", "0,2-3")
-    assert not plugin.same("irq/25", "0-1", "0-3")
-    assert plugin.optional("irq/25") and not plugin.optional("default_affinity")
-    assert plugin.exists("irq/25") and not plugin.exists("irq/99")
-    assert plugin.describe("irq/25", "1") == "IRQ 25 affinity = 1"
+    assert plugin.read(IrqAffinity(25)) == "0,2-3"
+    assert plugin.same(IrqAffinity(25), "0,2,3", "0,2-3")
+    assert not plugin.same(IrqAffinity(25), "0-1", "0-3")
+    assert plugin.exists(IrqAffinity(25)) and not plugin.exists(IrqAffinity(99))
+    assert plugin.exists(DefaultAffinity()) and plugin.exists(IrqbalanceBan())
+    assert plugin.describe(IrqAffinity(25), "1") == "IRQ 25 affinity = 1"
+
+
+def test_only_an_irq_refusing_means_not_applicable() -> None:
+    # Kernel-managed IRQs refuse; the default mask or irqbalance's config refusing is a failure.
+    assert IrqAffinity.refusal_means == NOT_MOVABLE
+    assert DefaultAffinity.refusal_means is None
+    assert IrqbalanceBan.refusal_means is None
+
+
+def test_watch_files(plugin: IrqPlugin) -> None:
+    # The mask can be written in either form, so both files are watched.
+    assert plugin.watch_files(IrqAffinity(25)) == (
+        "proc/irq/25/smp_affinity_list",
+        "proc/irq/25/smp_affinity",
+    )
+    assert plugin.watch_files(DefaultAffinity()) == ("proc/irq/default_smp_affinity",)
+    assert plugin.watch_files(IrqbalanceBan()) == ("etc/default/irqbalance",)
 
 
 @pytest.mark.parametrize("reason", [EPERM_REASON, EIO_REASON])
-def test_refused_irq_write_is_not_applicable(root: Path, reason: str) -> None:
+def test_refused_irq_write_is_the_kernels_refusal(root: Path, reason: str) -> None:
+    """The plugin reports the refusal as it is; the engine decides it means "not applicable"."""
     system = RefusingSystem(root)
     system.refuse["proc/irq/28/smp_affinity_list"] = reason
-    with pytest.raises(NotApplicable) as info:
-        IrqPlugin(system).apply("irq/28", "1")
-    assert str(info.value) == (
-        f"the kernel will not move IRQ 28 (kernel-managed or per-queue interrupt): {reason}"
-    )
+    with pytest.raises(KernelRefused) as info:
+        IrqPlugin(system).write(IrqAffinity(28), "1")
+    assert info.value.what == "writing '1' to /proc/irq/28/smp_affinity_list"
+    assert info.value.reason == reason
 
 
 # -- through the engine ----------------------------------------------------------------------
@@ -320,14 +409,37 @@ def test_engine_round_trip_restores_every_mask(
 ) -> None:
     put(root, "proc/irq/41/smp_affinity_list", "1")
     before = tree_values(root, "proc/irq")
-    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
-    section = {"isolate": "1", "rule": [{"match": "nvme*", "cpus": "2-3"}]}
-    report = engine.switch(wanted(plugin, machine, section), "p")
-    assert report.not_applicable == {}
+    engine = engine_for(tmp_path, plugin)
+    raw = {"isolate": "1", "rule": [{"match": "nvme*", "cpus": "2-3"}]}
+    p = profile(plugin, machine, "p", raw)
+    report = engine.apply(p)
+    assert report.not_applicable == {} and engine.not_applicable == {}
+    assert report.applied == len(ALL_IRQS) + 1  # every IRQ and the default mask
     assert affinity(root, 0) == "0,2-3" and affinity(root, 41) == "2-3"
     assert (root / "proc/irq/default_smp_affinity").read_text() == "d"
+    exp = expand(plugin, machine, raw)
+    assert engine.sections == {"irq": Section(p.sections["irq"], exp)}
+    assert engine.on_drift("irq") == "reapply"
     assert engine.verify() == []
     assert engine.off() == []
+    assert tree_values(root, "proc/irq") == before
+    assert Journal(tmp_path / "state").load() is None
+
+
+def test_restart_adopts_the_journal_and_restores_every_mask(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    """Targets round-trip through the journal: a new daemon can give back what the last set."""
+    before = tree_values(root, "proc/irq")
+    engine_for(tmp_path, plugin).apply(profile(plugin, machine, "p", {"isolate": "1"}))
+    assert affinity(root, 25) == "0,2-3"
+    after_restart = engine_for(tmp_path, IrqPlugin(System(root)))
+    adopted = after_restart.adopt()
+    assert adopted is not None and adopted.profile == "p"
+    assert set(after_restart.applied) == {("irq", DefaultAffinity())} | {
+        ("irq", IrqAffinity(n)) for n in ALL_IRQS
+    }
+    assert after_restart.off() == []
     assert tree_values(root, "proc/irq") == before
 
 
@@ -338,11 +450,11 @@ def test_engine_records_refused_irqs_and_still_applies_the_profile(
     system = RefusingSystem(root)
     system.refuse["proc/irq/28/smp_affinity_list"] = reason
     plugin = IrqPlugin(system)
-    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
-    report = engine.switch(wanted(plugin, machine, {"isolate": "1"}), "p")
-    assert list(report.not_applicable) == [("irq", "irq/28")]
-    assert "kernel-managed" in report.not_applicable[("irq", "irq/28")]
-    assert reason in report.not_applicable[("irq", "irq/28")]
+    engine = engine_for(tmp_path, plugin)
+    report = engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
+    refused = {("irq", IrqAffinity(28)): Refused("0,2-3", f"{NOT_MOVABLE}: {reason}")}
+    assert report.not_applicable == refused
+    assert engine.not_applicable == refused
     assert engine.profile == "p"
     assert report.applied == len(ALL_IRQS)  # the other 13 IRQs and the default mask
     assert affinity(root, 28) == "0-3" and affinity(root, 27) == "0,2-3"
@@ -358,12 +470,64 @@ def test_engine_write_accepted_but_mask_kept_is_not_applicable(
     system = RefusingSystem(root)
     system.ignore.add("proc/irq/25/smp_affinity_list")
     plugin = IrqPlugin(system)
-    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
+    engine = engine_for(tmp_path, plugin)
     report = engine.switch(wanted(plugin, machine, {"rule": [{"match": "eth0", "cpus": "2"}]}), "p")
     assert report.not_applicable == {
-        ("irq", "irq/25"): "the kernel accepted the write but kept '0-3'"
+        ("irq", IrqAffinity(25)): Refused(
+            "2", f"{NOT_MOVABLE}: the kernel accepted the write but kept '0-3'"
+        )
     }
     assert affinity(root, 24) == "2" and affinity(root, 26) == "2"
+    assert ("irq", IrqAffinity(25)) not in engine.applied
+
+
+def test_engine_refused_default_mask_fails_and_rolls_back(
+    tmp_path: Path, root: Path, machine: Machine
+) -> None:
+    """Only IRQs declare a refusal "not applicable": the default mask refusing fails the step."""
+    system = RefusingSystem(root)
+    system.refuse["proc/irq/default_smp_affinity"] = EPERM_REASON
+    plugin = IrqPlugin(system)
+    before = tree_values(root, "proc/irq")
+    engine = engine_for(tmp_path, plugin)
+    # The default mask last, so the IRQ masks written before it must be rolled back.
+    settings = wanted(plugin, machine, {"isolate": "1"})
+    default = settings.pop(("irq", DefaultAffinity()))
+    with pytest.raises(ApplyFailed, match=r"default IRQ affinity = 0,2-3.*EPERM"):
+        engine.switch({**settings, ("irq", DefaultAffinity()): default}, "p")
+    assert ("proc/irq/25/smp_affinity_list", "0,2-3") in system.writes
+    assert tree_values(root, "proc/irq") == before
+    assert engine.applied == {} and engine.profile is None
+    assert Journal(tmp_path / "state").load() is None
+
+
+def test_engine_section_refused_as_a_whole_gives_back_what_it_had(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    before = tree_values(root, "proc/irq")
+    engine = engine_for(tmp_path, plugin)
+    engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
+    report = engine.apply(profile(plugin, machine, "q", {"isolate": "all"}))
+    assert report.restored == len(ALL_IRQS) + 1
+    assert engine.sections["irq"].expansion.refused == {
+        SECTION: "isolate = 0-3 leaves no CPU for interrupts"
+    }
+    assert engine.profile == "q" and engine.applied == {}
+    assert tree_values(root, "proc/irq") == before
+
+
+def test_verify_reports_an_unreadable_mask_as_drift(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    """A mask that exists but cannot be read is drift to report, not a crash of the check."""
+    engine = engine_for(tmp_path, plugin)
+    engine.apply(profile(plugin, machine, "p", {"rule": [{"match": "25", "cpus": "2"}]}))
+    mask = root / "proc/irq/25/smp_affinity_list"
+    mask.unlink()
+    mask.mkdir()  # still there, but reading it fails (EISDIR)
+    [drift] = engine.verify()
+    assert (drift.target, drift.wanted) == (IrqAffinity(25), "2")
+    assert str(drift.actual).startswith("<unreadable: reading /proc/irq/25/smp_affinity_list")
 
 
 # -- new IRQs -----------------------------------------------------------------------------------
@@ -372,20 +536,29 @@ def test_engine_write_accepted_but_mask_kept_is_not_applicable(
 def test_changed_when_the_set_of_irqs_changes(
     root: Path, plugin: IrqPlugin, machine: Machine
 ) -> None:
-    expand(plugin, machine, {"isolate": "1"})
-    assert not plugin.changed()
-    interrupts = root / "proc/interrupts"
-    original = interrupts.read_text()
-    lines = original.splitlines()
-    interrupts.write_text("\n".join([*lines[:15], NEW_LINE, *lines[15:]]) + "\n")
-    put(root, "proc/irq/50/smp_affinity_list", "0-3")
-    assert plugin.changed()
-    assert expand(plugin, machine, {"isolate": "1"})["irq/50"] == "0,2-3"
-    assert not plugin.changed()
+    first = expand(plugin, machine, {"isolate": "1"})
+    assert not plugin.changed(first.rules)
+    original = (root / "proc/interrupts").read_text()
+    add_irq_50(root)
+    assert plugin.changed(first.rules)
+    again = expand(plugin, machine, {"isolate": "1"})
+    assert again.settings[IrqAffinity(50)] == "0,2-3"
+    assert not plugin.changed(again.rules)
     set_counts(root, 50, (9, 9, 9, 9))  # counters moving is not a change
-    assert not plugin.changed()
-    interrupts.write_text(original)  # the IRQ went away again
-    assert plugin.changed()
+    assert not plugin.changed(again.rules)
+    (root / "proc/interrupts").write_text(original)  # the IRQ went away again
+    assert plugin.changed(again.rules)
+    assert not plugin.changed(first.rules)  # each expansion knows its own IRQs
+
+
+def test_section_refused_as_a_whole_is_not_expanded_again_on_every_tick(
+    tmp_path: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    """No IRQ came or went: the safety-net tick has nothing to pick up for this section."""
+    engine = engine_for(tmp_path, plugin)
+    engine.apply(profile(plugin, machine, "p", {"isolate": "all"}))
+    assert engine.sections["irq"].expansion.refused
+    assert not plugin.changed(engine.sections["irq"].expansion.rules)
 
 
 # -- irqbalance ---------------------------------------------------------------------------------
@@ -399,28 +572,27 @@ def test_irqbalance_running_bans_the_isolated_cpus(
     put(root, "etc/default/irqbalance", IRQBALANCE_CONFIG.rstrip("\n"))
     original = config.read_text()
     assert plugin.irqbalance_pid() == 812
-    settings = expand(plugin, machine, {"isolate": "1"})
-    assert settings["irqbalance/banned"] == "1"
-    assert "irqbalance/banned" not in expand(
-        plugin, machine, {"isolate": "1", "coordinate_irqbalance": False}
-    )
-    assert "irqbalance/banned" not in expand(plugin, machine, {"rule": [{"match": "1", "cpus": 0}]})
+    assert expand(plugin, machine, {"isolate": "1"}).settings[IrqbalanceBan()] == "1"
+    off = expand(plugin, machine, {"isolate": "1", "coordinate_irqbalance": False})
+    assert IrqbalanceBan() not in off.settings
+    no_isolation = expand(plugin, machine, {"rule": [{"match": "1", "cpus": 0}]})
+    assert IrqbalanceBan() not in no_isolation.settings
 
-    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
-    report = engine.switch(wanted(plugin, machine, {"isolate": "1"}), "p")
+    engine = engine_for(tmp_path, plugin)
+    report = engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
     assert report.not_applicable == {}
     lines = config.read_text().splitlines()
     assert lines[:-1] == original.splitlines()  # every other line is kept as it was
     assert lines[-1].startswith('IRQBALANCE_BANNED_CPULIST="1"')
-    assert plugin.capture("irqbalance/banned") == "1"
+    assert plugin.read(IrqbalanceBan()) == "1"
     assert engine.verify() == []
-    assert plugin.status()["irqbalance"] == (
+    assert plugin.monitor(engine.sections["irq"].expansion.rules).facts["irqbalance"] == (
         "running (pid 812); banned CPUs in /etc/default/irqbalance: 1 (it reads this only at "
         "start and systemd could not restart it here: restart irqbalance to apply)"
     )
     assert engine.off() == []
     assert config.read_text() == original
-    assert plugin.capture("irqbalance/banned") is None
+    assert plugin.read(IrqbalanceBan()) is None
 
 
 def test_irqbalance_original_ban_is_put_back(
@@ -429,14 +601,15 @@ def test_irqbalance_original_ban_is_put_back(
     add_task(root, 812, "irqbalance")
     put(root, "etc/sysconfig/irqbalance", "IRQBALANCE_ARGS=\nIRQBALANCE_BANNED_CPULIST=3")
     assert plugin.irqbalance_file() == "etc/sysconfig/irqbalance"
-    assert plugin.capture("irqbalance/banned") == "3"
-    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
-    engine.switch(wanted(plugin, machine, {"isolate": "1-2"}), "p")
+    assert plugin.watch_files(IrqbalanceBan()) == ("etc/sysconfig/irqbalance",)
+    assert plugin.read(IrqbalanceBan()) == "3"
+    engine = engine_for(tmp_path, plugin)
+    engine.apply(profile(plugin, machine, "p", {"isolate": "1-2"}))
     text = (root / "etc/sysconfig/irqbalance").read_text()
     assert text.count("IRQBALANCE_BANNED_CPULIST") == 1
-    assert plugin.capture("irqbalance/banned") == "1-2"
+    assert plugin.read(IrqbalanceBan()) == "1-2"
     assert engine.off() == []
-    assert plugin.capture("irqbalance/banned") == "3"
+    assert plugin.read(IrqbalanceBan()) == "3"
     assert (root / "etc/sysconfig/irqbalance").read_text().startswith("IRQBALANCE_ARGS=\n")
     assert not (root / "etc/default/irqbalance").exists()
 
@@ -447,63 +620,79 @@ def test_without_irqbalance_nothing_is_written(
     add_task(root, 700, "irqbalancer")  # a name that only looks alike
     put(root, "proc/701/comm", "sshd")
     assert plugin.irqbalance_pid() is None
-    engine = Engine({"irq": plugin}, Journal(tmp_path / "state"))
-    engine.switch(wanted(plugin, machine, {"isolate": "1"}), "p")
+    engine = engine_for(tmp_path, plugin)
+    engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
     assert not (root / "etc").exists()
-    assert plugin.status()["irqbalance"] == "not running"
-    engine.off()
+    assert (
+        plugin.monitor(engine.sections["irq"].expansion.rules).facts["irqbalance"] == "not running"
+    )
+    assert engine.off() == []
     assert not (root / "etc").exists()
 
 
-# -- status -----------------------------------------------------------------------------------
+# -- monitoring ---------------------------------------------------------------------------------
 
 
-def test_status_counts_interrupts_per_cpu_since_apply(
+def test_monitor_counts_interrupts_per_cpu_since_apply(
     root: Path, plugin: IrqPlugin, machine: Machine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [50.0]
     monkeypatch.setattr(irq_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    expand(plugin, machine, {"isolate": "1"})
-    plugin.on_profile_applied()
+    rules = expand(plugin, machine, {"isolate": "1"}).rules
+    assert plugin.monitor(rules).facts["perf_irq_handler_counts"] == (
+        "unavailable: no profile applied"
+    )
+    plugin.on_applied(rules)
     set_counts(root, 25, (1300, 0, 20, 0))
     set_counts(root, 43, (0, 2, 300, 0))  # 2 more on isolated CPU1
-    lines = (root / "proc/interrupts").read_text().splitlines()
-    (root / "proc/interrupts").write_text("\n".join([*lines[:15], NEW_LINE, *lines[15:]]) + "\n")
-    put(root, "proc/irq/50/smp_affinity_list", "1")  # new since apply: all 4 counts are new
+    add_irq_50(root, "1")  # new since apply: all 4 counts are new
     put(root, "proc/irq/25/smp_affinity_list", "0,2-3")
     now[0] = 52.5
-    info = plugin.status()
-    table = info["tables"][0]
-    assert table["title"] == "interrupts per CPU since the profile was applied (2.5 s)"
-    assert table["columns"] == ["IRQ", "name", "affinity", "CPU0", "CPU1", "CPU2", "CPU3"]
-    rows = {r[0]: r for r in table["rows"]}
-    assert rows[25] == [25, "virtio3-input.0", "0,2-3", 100, 0, 5, 0]
-    assert rows[43] == [43, "nvme0q3", "0-3", 0, 2, 0, 0]
-    assert rows[50] == [50, "virtio5-config", "1", 0, 4, 0, 0]
-    assert rows[0] == [0, "timer", "0-3", 0, 0, 0, 0]
-    assert table["rows"][-1] == ["all", "", "", 100, 6, 5, 0]
-    assert info["isolated_cpus"] == "1"
-    assert info["irqs_on_isolated_cpus_since_apply"] == 6
-    assert info["irqbalance"] == "not running"
+    monitor = plugin.monitor(rules)
+    [table] = monitor.tables
+    assert table.title == "interrupts per CPU since the profile was applied (2.5 s)"
+    assert table.columns == ("IRQ", "name", "affinity", "CPU0", "CPU1", "CPU2", "CPU3")
+    rows = {r[0]: r for r in table.rows}
+    assert rows[25] == (25, "virtio3-input.0", "0,2-3", 100, 0, 5, 0)
+    assert rows[43] == (43, "nvme0q3", "0-3", 0, 2, 0, 0)
+    assert rows[50] == (50, "virtio5-config", "1", 0, 4, 0, 0)
+    assert rows[0] == (0, "timer", "0-3", 0, 0, 0, 0)
+    assert table.rows[-1] == ("all", "", "", 100, 6, 5, 0)
+    assert monitor.facts == {
+        "isolated_cpus": "1",
+        "irqs_on_isolated_cpus_since_apply": 6,
+        "perf_irq_handler_counts": "unavailable: tracefs is not mounted",
+        "irqbalance": "not running",
+    }
 
 
-def test_status_without_isolation(plugin: IrqPlugin, machine: Machine) -> None:
-    expand(plugin, machine, {"rule": [{"match": "25", "cpus": "0"}]})
-    plugin.on_profile_applied()
-    info = plugin.status()
-    assert "irqs_on_isolated_cpus_since_apply" not in info
-    assert info["tables"][0]["rows"][-1] == ["all", "", "", 0, 0, 0, 0]
+def test_monitor_takes_the_isolated_cpus_from_the_rules(
+    plugin: IrqPlugin, machine: Machine
+) -> None:
+    isolating = expand(plugin, machine, {"isolate": "1"}).rules
+    plain = expand(plugin, machine, {"rule": [{"match": "25", "cpus": "0"}]}).rules
+    plugin.on_applied(plain)
+    for rules in (plain, None):
+        monitor = plugin.monitor(rules)
+        assert "isolated_cpus" not in monitor.facts
+        assert "irqs_on_isolated_cpus_since_apply" not in monitor.facts
+        assert monitor.tables[0].rows[-1] == ("all", "", "", 0, 0, 0, 0)
+    # The rules of an earlier expansion still say what they isolated.
+    assert plugin.monitor(isolating).facts["isolated_cpus"] == "1"
 
 
 # -- schema ---------------------------------------------------------------------------------------
 
 
 def test_schema_defaults_and_errors(plugin: IrqPlugin, machine: Machine) -> None:
-    out = validate(plugin.schema, {"isolate": "1", "rule": {"match": "eth0", "cpus": 0}}, machine)
+    out = section(plugin, machine, {"isolate": "1", "rule": {"match": "eth0", "cpus": 0}})
     assert out["on_drift"] == "reapply" and out["coordinate_irqbalance"] is True
     assert out["rule"][0]["cpus"] == CpuSet([0])
+    assert "on_drift" not in plugin_options(out)  # the engine's option, not the plugin's
     with pytest.raises(SchemaError) as info:
-        validate(plugin.schema, {"rule": [{"match": "eth0"}]}, machine)
+        section(plugin, machine, {"rule": [{"match": "eth0"}]})
     assert (info.value.path, info.value.message) == (("rule", 0), "missing required option 'cpus'")
     with pytest.raises(SchemaError, match="on_drift: expected one of reapply, report"):
-        validate(plugin.schema, {"on_drift": "ignore"}, machine)
+        section(plugin, machine, {"on_drift": "ignore"})
+    with pytest.raises(SchemaError, match="unknown option 'on_drift'"):
+        validate(plugin.schema, {"on_drift": "report"}, machine)

@@ -5,22 +5,45 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
+from collections.abc import Mapping
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import latencyd.plugins.kthread as kthread_module
 import pytest
-from latencyd.plugins.kthread import KthreadPlugin
+from latencyd.plugins.kthread import (
+    MOVE_REFUSED,
+    KthreadPlugin,
+    KthreadRules,
+    TaskAffinity,
+    ThreadAffinity,
+    ThreadPolicy,
+    Workqueue,
+    rules_from,
+)
 
-from latencyd.engine import Engine
-from latencyd.errors import NotApplicable
+from latencyd.daemon import Daemon, Delays
+from latencyd.engine import Engine, Refused, SettingId, section_schemas
+from latencyd.errors import ApplyFailed, KernelRefused, NotApplicable
 from latencyd.journal import Journal
+from latencyd.plugin import (
+    CPU_ACTIONS,
+    Expansion,
+    Monitor,
+    Target,
+    Value,
+    decode_target,
+    encode_target,
+    target_kinds,
+)
+from latencyd.profile import Profile, ProfileLibrary
 from latencyd.schema import Machine, SchemaError, validate
 from latencyd.system import PF_KTHREAD, System, Task
 from latencyd.taskevents import TaskEvent
 from tests.unit.fakesys import (
+    EPERM_REASON,
     FakeSched,
+    RefusingSystem,
     add_kthread,
     add_task,
     make_fake_root,
@@ -38,6 +61,14 @@ KTHREADS = {
     14: "kswapd0",
     15: "flush-254:0",
 }
+PER_CPU = (
+    "ksoftirqd/1 (pid 12) is a per-CPU kernel thread (PF_NO_SETAFFINITY): "
+    "the kernel does not let anyone move it"
+)
+NO_WRITEBACK_WQ = (
+    "this kernel has no /sys/devices/virtual/workqueue/writeback/cpumask (before "
+    "Linux 3.10, writeback runs in flush-* threads: match them with a rule)"
+)
 
 
 class Machinery:
@@ -64,11 +95,27 @@ class Machinery:
         self.system = System(root, sched=self.sched)
         self.plugin = KthreadPlugin(self.system)
 
-    def expand(self, machine: Machine, section: dict[str, Any]) -> dict[str, Any]:
-        return self.plugin.expand(validate(self.plugin.schema, section, machine))
+    def options(self, machine: Machine, section: dict[str, Any]) -> dict[str, Any]:
+        return validate(self.plugin.schema, section, machine)
 
-    def wanted(self, machine: Machine, section: dict[str, Any]) -> dict[Any, Any]:
-        return {("kthread", k): v for k, v in self.expand(machine, section).items()}
+    def expand(
+        self,
+        machine: Machine,
+        section: dict[str, Any],
+        owned: Mapping[Target, Value] | None = None,
+    ) -> Expansion:
+        return self.plugin.expand(self.options(machine, section), owned or {})
+
+    def settings(self, machine: Machine, section: dict[str, Any]) -> dict[Target, Value]:
+        return self.expand(machine, section).settings
+
+    def wanted(self, machine: Machine, section: dict[str, Any]) -> dict[SettingId, Value]:
+        return {("kthread", t): v for t, v in self.settings(machine, section).items()}
+
+    def profile(self, machine: Machine, section: dict[str, Any]) -> Profile:
+        return Profile(
+            "p", self.root / "p.toml", "", {"kthread": self.options(machine, section)}, {}
+        )
 
     def engine(self) -> Engine:
         return Engine({"kthread": self.plugin}, Journal(self.state_dir))
@@ -88,6 +135,7 @@ RULES = {
         {"match": "^ksoftirqd/", "cpus": "0"},
     ]
 }
+ISOLATE = {"isolate_tasks": "1", "allow": ["sshd"]}
 
 
 # -- /proc/PID/stat ---------------------------------------------------------------------------
@@ -115,25 +163,52 @@ def test_fake_stat_line_has_the_kernels_52_fields() -> None:
     assert (fields[1], fields[3], fields[8], fields[21]) == ("(x)", "2", str(PF_KTHREAD), "99")
 
 
+# -- targets -------------------------------------------------------------------------------------
+
+
+def test_targets_round_trip_through_the_journal_form(m: Machinery) -> None:
+    """The journal keeps targets as JSON: each kind must decode back to the same target."""
+    targets = [Workqueue("writeback"), ThreadAffinity(10, 10), ThreadPolicy(10, 10)]
+    targets.append(TaskAffinity(400, 1000, 401))
+    kinds = target_kinds(m.plugin)
+    for target in targets:
+        assert decode_target(kinds, encode_target(target)) == target
+    assert encode_target(TaskAffinity(400, 1000, 401)) == {
+        "kind": "task_affinity",
+        "pid": 400,
+        "start": 1000,
+        "tid": 401,
+    }
+    # The same thread's CPUs and policy are two settings, never one.
+    assert ThreadAffinity(10, 10) != ThreadPolicy(10, 10)
+
+
+def test_refusal_means_not_applicable_for_threads_but_not_workqueues() -> None:
+    """A thread the kernel will not move is reported; a refused workqueue fails the profile."""
+    assert ThreadAffinity.refusal_means == TaskAffinity.refusal_means == MOVE_REFUSED
+    assert ThreadPolicy.refusal_means == "the kernel will not change this thread's policy"
+    assert Workqueue.refusal_means is None
+
+
 # -- rules -------------------------------------------------------------------------------------
 
 
 def test_rules_match_kernel_threads_first_rule_wins(m: Machinery, machine: Machine) -> None:
-    assert m.expand(machine, RULES) == {
-        "thread/10@10/affinity": "0-1",
-        "thread/10@10/sched": ["fifo", 2],
-        "thread/11@10/affinity": "0,2",
-        "thread/11@10/sched": ["batch", 0],
-        "thread/12@10/affinity": "0",  # wanted; capture will say it cannot be moved
-        "thread/13@10/affinity": "0",
-        "thread/14@10/affinity": "3",  # the first rule, not the second
-        "thread/15@10/affinity": "0",
+    assert m.settings(machine, RULES) == {
+        ThreadAffinity(10, 10): "0-1",
+        ThreadPolicy(10, 10): ["fifo", 2],
+        ThreadAffinity(11, 10): "0,2",
+        ThreadPolicy(11, 10): ["batch", 0],
+        ThreadAffinity(12, 10): "0",  # wanted; read will say it cannot be moved
+        ThreadAffinity(13, 10): "0",
+        ThreadAffinity(14, 10): "3",  # the first rule, not the second
+        ThreadAffinity(15, 10): "0",
     }
 
 
 def test_rules_never_match_kthreadd_or_user_tasks(m: Machinery, machine: Machine) -> None:
     section = {"rule": [{"match": "^(kthreadd|sshd|myapp|systemd)$", "cpus": "0"}]}
-    assert m.expand(machine, section) == {}
+    assert m.settings(machine, section) == {}
 
 
 @pytest.mark.parametrize(
@@ -148,50 +223,61 @@ def test_rules_never_match_kthreadd_or_user_tasks(m: Machinery, machine: Machine
 def test_policy_and_priority(
     m: Machinery, machine: Machine, rule: dict[str, Any], sched: list[Any]
 ) -> None:
-    settings = m.expand(machine, {"rule": [{"match": "^kswapd", "cpus": "0", **rule}]})
-    assert settings["thread/14@10/sched"] == sched
-    m.plugin.apply("thread/14@10/sched", sched)
-    assert m.plugin.capture("thread/14@10/sched") == sched
+    settings = m.settings(machine, {"rule": [{"match": "^kswapd", "cpus": "0", **rule}]})
+    assert settings[ThreadPolicy(14, 10)] == sched
+    m.plugin.write(ThreadPolicy(14, 10), sched)
+    assert m.plugin.read(ThreadPolicy(14, 10)) == sched
 
 
-def test_apply_and_capture_go_through_the_scheduler(m: Machinery) -> None:
-    assert m.plugin.capture("thread/13@10/affinity") == "0-3"
-    assert m.plugin.capture("thread/10@10/sched") == ["fifo", 1]
-    m.plugin.apply("thread/13@10/affinity", "0,2")
-    m.plugin.apply("thread/10@10/sched", ["rr", 3])
+def test_write_and_read_go_through_the_scheduler(m: Machinery) -> None:
+    assert m.plugin.read(ThreadAffinity(13, 10)) == "0-3"
+    assert m.plugin.read(ThreadPolicy(10, 10)) == ["fifo", 1]
+    m.plugin.write(ThreadAffinity(13, 10), "0,2")
+    m.plugin.write(ThreadPolicy(10, 10), ["rr", 3])
     assert m.sched.affinity[13] == {0, 2}
     assert m.sched.policy[10] == (os.SCHED_RR, 3)
-    assert m.plugin.capture("thread/10@10/sched") == ["rr", 3]
+    assert m.plugin.read(ThreadPolicy(10, 10)) == ["rr", 3]
     m.sched.policy[10] = (os.SCHED_FIFO | 0x40000000, 3)  # SCHED_RESET_ON_FORK is or-ed in
-    assert m.plugin.capture("thread/10@10/sched") == ["fifo", 3]
-    assert m.plugin.same("thread/13@10/affinity", "0,2", "0,2")
-    assert m.plugin.same("thread/13@10/affinity", "2,0", "0,2")
-    assert not m.plugin.same("thread/10@10/sched", ["rr", 3], ["rr", 4])
-    assert m.plugin.optional("thread/13@10/affinity")
-    assert not m.plugin.optional("workqueue/writeback")
+    assert m.plugin.read(ThreadPolicy(10, 10)) == ["fifo", 3]
+    assert m.plugin.same(ThreadAffinity(13, 10), "0,2", "0,2")
+    assert m.plugin.same(ThreadAffinity(13, 10), "2,0", "0,2")
+    assert not m.plugin.same(ThreadAffinity(13, 10), "0", "0,2")
+    assert not m.plugin.same(ThreadPolicy(10, 10), ["rr", 3], ["rr", 4])
+    assert m.plugin.exists(ThreadAffinity(13, 10)) and m.plugin.exists(Workqueue("writeback"))
 
 
 def test_describe(m: Machinery) -> None:
-    assert m.plugin.describe("thread/13@10/affinity", "0") == "jbd2/vda1-8 (pid 13) CPUs = 0"
+    assert m.plugin.describe(ThreadAffinity(13, 10), "0") == "jbd2/vda1-8 (pid 13) CPUs = 0"
     assert (
-        m.plugin.describe("thread/10@10/sched", ["fifo", 2])
+        m.plugin.describe(ThreadPolicy(10, 10), ["fifo", 2])
         == "rcu_preempt (pid 10) policy = fifo priority 2"
     )
-    assert m.plugin.describe("thread/99@10/affinity", "0") == "pid 99 (pid 99) CPUs = 0"
-    assert m.plugin.describe("workqueue/unbound", "0") == "workqueue/unbound cpumask = 0"
+    assert m.plugin.describe(ThreadAffinity(99, 10), "0") == "pid 99 CPUs = 0"
+    assert m.plugin.describe(Workqueue("unbound"), "0") == "workqueue unbound cpumask = 0"
+    assert m.plugin.describe(TaskAffinity(400, 1000, 401), "0") == "task 400 thread 401 CPUs = 0"
 
 
 # -- what the kernel will not do ---------------------------------------------------------------
 
 
-def test_per_cpu_kthread_is_not_applicable_at_capture(m: Machinery) -> None:
+def test_per_cpu_kthread_is_not_applicable_without_asking_the_kernel(m: Machinery) -> None:
     with pytest.raises(NotApplicable) as info:
-        m.plugin.capture("thread/12@10/affinity")
-    assert str(info.value) == (
-        "ksoftirqd/1 (pid 12) is a per-CPU kernel thread (PF_NO_SETAFFINITY): "
-        "the kernel does not let anyone move it"
-    )
+        m.plugin.read(ThreadAffinity(12, 10))
+    assert str(info.value) == PER_CPU
+    with pytest.raises(NotApplicable, match=r"PF_NO_SETAFFINITY"):
+        m.plugin.write(ThreadAffinity(12, 10), "0")
     assert ("getaffinity", 12) not in m.sched.calls
+    assert ("setaffinity", 12) not in m.sched.calls
+    # Its policy is not pinned to the CPU: that one may still be read (and changed).
+    assert m.plugin.read(ThreadPolicy(12, 10)) == ["other", 0]
+
+
+def test_write_refusal_is_kernel_refused_for_the_engine(m: Machinery) -> None:
+    """The plugin reports the errno as it is; turning it into "not applicable" is the engine's."""
+    m.sched.refuse[13] = errno.EPERM
+    with pytest.raises(KernelRefused) as info:
+        m.plugin.write(ThreadAffinity(13, 10), "0")
+    assert info.value.reason == "Operation not permitted (EPERM)"
 
 
 def test_engine_records_per_cpu_and_refused_threads(m: Machinery, machine: Machine) -> None:
@@ -199,33 +285,57 @@ def test_engine_records_per_cpu_and_refused_threads(m: Machinery, machine: Machi
     m.sched.refuse[10] = errno.EPERM
     engine = m.engine()
     report = engine.switch(m.wanted(machine, RULES), "p")
+    policy_refused = "the kernel will not change this thread's policy"
     assert report.not_applicable == {
-        ("kthread", "thread/12@10/affinity"): (
-            "ksoftirqd/1 (pid 12) is a per-CPU kernel thread (PF_NO_SETAFFINITY): "
-            "the kernel does not let anyone move it"
+        ("kthread", ThreadAffinity(12, 10)): Refused("0", PER_CPU),
+        ("kthread", ThreadAffinity(15, 10)): Refused(
+            "0", f"{MOVE_REFUSED}: Invalid argument (EINVAL)"
         ),
-        ("kthread", "thread/15@10/affinity"): "flush-254:0 (pid 15): Invalid argument (EINVAL)",
-        (
-            "kthread",
-            "thread/10@10/affinity",
-        ): "rcu_preempt (pid 10): Operation not permitted (EPERM)",
-        ("kthread", "thread/10@10/sched"): "rcu_preempt (pid 10): Operation not permitted (EPERM)",
+        ("kthread", ThreadAffinity(10, 10)): Refused(
+            "0-1", f"{MOVE_REFUSED}: Operation not permitted (EPERM)"
+        ),
+        ("kthread", ThreadPolicy(10, 10)): Refused(
+            ["fifo", 2], f"{policy_refused}: Operation not permitted (EPERM)"
+        ),
     }
+    assert engine.not_applicable == report.not_applicable
     assert engine.profile == "p"
     assert m.sched.affinity[13] == {0} and m.sched.affinity[14] == {3}
     assert ("setaffinity", 12) not in m.sched.calls
+    assert ("kthread", ThreadAffinity(15, 10)) not in engine.applied
     assert engine.verify() == []
 
 
-def test_thread_exiting_while_being_pinned(m: Machinery) -> None:
+def test_thread_exiting_while_being_pinned_is_dropped(m: Machinery) -> None:
+    """A thread that exits mid-write is gone, not refused: no error, nothing to restore."""
+
     def exit_now() -> None:
         shutil.rmtree(m.root / "proc/13")
         del m.sched.affinity[13]
 
     m.sched.before_set[13] = exit_now
-    with pytest.raises(NotApplicable, match=r"^pid 13 exited before it could be pinned$"):
-        m.plugin.apply("thread/13@10/affinity", "0")
-    assert not m.plugin.exists("thread/13@10/affinity")
+    engine = m.engine()
+    report = engine.switch(
+        {("kthread", ThreadAffinity(13, 10)): "0", ("kthread", ThreadAffinity(14, 10)): "3"}, "p"
+    )
+    assert not m.plugin.exists(ThreadAffinity(13, 10))
+    assert report.applied == 1 and report.not_applicable == {}
+    assert engine.applied == {("kthread", ThreadAffinity(14, 10)): "3"}
+    assert list(engine.originals) == [("kthread", ThreadAffinity(14, 10))]
+    with pytest.raises(NotApplicable, match=r"^pid 13 has exited$"):
+        m.plugin.write(ThreadAffinity(13, 10), "0")
+
+
+def test_thread_gone_before_the_step_is_dropped(m: Machinery, machine: Machine) -> None:
+    """Expanded, then exited before its original could be read: skipped, not an error."""
+    wanted = m.wanted(machine, RULES)
+    shutil.rmtree(m.root / "proc/13")
+    del m.sched.affinity[13]
+    engine = m.engine()
+    report = engine.switch(wanted, "p")
+    assert ("kthread", ThreadAffinity(13, 10)) not in engine.applied
+    assert ("kthread", ThreadAffinity(13, 10)) not in report.not_applicable
+    assert m.sched.affinity[14] == {3}
 
 
 def test_recycled_pid_is_a_different_thread(m: Machinery, machine: Machine) -> None:
@@ -235,10 +345,10 @@ def test_recycled_pid_is_a_different_thread(m: Machinery, machine: Machine) -> N
     # jbd2 exits; a user process gets pid 13 (later start time) and its own affinity.
     add_task(m.root, 13, "bash", ppid=1, start_time=777777)
     m.sched.add(13, {1})
-    assert not m.plugin.exists("thread/13@10/affinity")
-    assert m.plugin.exists("thread/14@10/affinity")
+    assert not m.plugin.exists(ThreadAffinity(13, 10))
+    assert m.plugin.exists(ThreadAffinity(14, 10))
     with pytest.raises(NotApplicable, match="pid 13 has exited"):
-        m.plugin.capture("thread/13@10/affinity")
+        m.plugin.read(ThreadAffinity(13, 10))
     m.sched.calls.clear()
     assert engine.off() == []
     assert m.sched.affinity[13] == {1}  # the new task was left alone
@@ -252,7 +362,46 @@ def test_thread_gone_entirely_is_skipped_on_restore(m: Machinery, machine: Machi
     shutil.rmtree(m.root / "proc/14")
     del m.sched.affinity[14]
     assert engine.verify() == []  # dropped, not drift
+    assert ("kthread", ThreadAffinity(14, 10)) not in engine.applied
     assert engine.off() == []
+
+
+# -- expand is pure ------------------------------------------------------------------------------
+
+
+def test_expand_stores_nothing_on_the_plugin(m: Machinery, machine: Machine) -> None:
+    """Rules travel in the Expansion, so a rejected switch cannot leave its rules behind."""
+    before = {k: repr(v) for k, v in vars(m.plugin).items()}
+    first = m.expand(machine, RULES)
+    second = m.expand(machine, {**ISOLATE, "writeback_cpumask": "0"})
+    assert {k: repr(v) for k, v in vars(m.plugin).items()} == before
+    assert first.settings != second.settings
+    assert m.expand(machine, RULES).settings == first.settings
+    assert isinstance(first.rules, KthreadRules) and isinstance(second.rules, KthreadRules)
+    assert first.rules.rules == rules_from(m.options(machine, RULES))
+    assert second.rules.rules == () and second.rules.allow == ("sshd",)
+    # The first section's rules still decide for a new thread after the second expansion.
+    add_kthread(m.root, 40, "kswapd1", start_time=9000)
+    assert m.plugin.on_task(first.rules, TaskEvent("fork", 40, 40, ppid=2), {}) == {
+        ThreadAffinity(40, 9000): "3"
+    }
+    assert m.plugin.on_task(second.rules, TaskEvent("fork", 40, 40, ppid=2), {}) == {}
+
+
+def test_moved_user_task_stays_owned_only_through_owned(m: Machinery, machine: Machine) -> None:
+    """A rescan sees a moved task off the isolated CPUs; only `owned` says it is ours."""
+    add_task(m.root, 700, "late", start_time=9000)
+    m.sched.add(700, {1})
+    target = TaskAffinity(700, 9000, 700)
+    assert m.settings(machine, ISOLATE)[target] == "0,2-3"
+    m.plugin.write(target, "0,2-3")
+    assert m.sched.affinity[700] == {0, 2, 3}
+    assert target not in m.settings(machine, ISOLATE)
+    rescan = m.expand(machine, ISOLATE, owned={target: "0,2-3"}).settings
+    assert rescan[target] == "0,2-3"
+    # Owning something else does not make the task wanted.
+    other = m.expand(machine, ISOLATE, owned={TaskAffinity(700, 9000, 701): "0"}).settings
+    assert target not in other
 
 
 # -- task events --------------------------------------------------------------------------------
@@ -285,58 +434,78 @@ class Counting(System):
 def test_user_forks_cost_nothing(m: Machinery, machine: Machine) -> None:
     system = Counting(m.root, m.sched)
     plugin = KthreadPlugin(system)
-    plugin.expand(validate(plugin.schema, {**RULES, "isolate_tasks": "1"}, machine))
+    options = validate(plugin.schema, {**RULES, "isolate_tasks": "1"}, machine)
+    rules = plugin.expand(options, {}).rules
     system.looks = 0
     m.sched.calls.clear()
     for pid in range(1000, 1100):
-        assert plugin.on_task(TaskEvent("fork", pid, pid, ppid=400)) == {}
-    assert plugin.on_task(TaskEvent("fork", 400, 1200, ppid=400)) == {}  # a new thread
-    assert plugin.on_task(TaskEvent("exit", 400, 401)) == {}
+        assert plugin.on_task(rules, TaskEvent("fork", pid, pid, ppid=400), {}) == {}
+    assert plugin.on_task(rules, TaskEvent("fork", 400, 1200, ppid=400), {}) == {}  # a thread
+    assert plugin.on_task(rules, TaskEvent("exit", 400, 401), {}) == {}
     assert system.looks == 0 and m.sched.calls == []
 
 
+def test_no_rules_no_settings(m: Machinery) -> None:
+    """Events before any section was applied (no rules yet) pin nothing."""
+    add_kthread(m.root, 20, "kswapd1", start_time=5000)
+    assert m.plugin.on_task(None, TaskEvent("fork", 20, 20, ppid=2), {}) == {}
+
+
 def test_kthreadd_fork_gets_its_settings(m: Machinery, machine: Machine) -> None:
-    m.expand(machine, RULES)
+    rules = m.expand(machine, RULES).rules
     add_kthread(m.root, 20, "jbd2/vdb1-8", start_time=5000)
     m.sched.add(20)
-    assert m.plugin.on_task(TaskEvent("fork", 20, 20, ppid=2, time_ns=1)) == {
-        "thread/20@5000/affinity": "0"
+    assert m.plugin.on_task(rules, TaskEvent("fork", 20, 20, ppid=2, time_ns=1), {}) == {
+        ThreadAffinity(20, 5000): "0"
     }
     add_kthread(m.root, 21, "kworker/3:0", start_time=5001)  # no rule for it
-    assert m.plugin.on_task(TaskEvent("fork", 21, 21, ppid=2)) == {}
-    assert m.plugin.on_task(TaskEvent("fork", 22, 22, ppid=2)) == {}  # gone already
+    assert m.plugin.on_task(rules, TaskEvent("fork", 21, 21, ppid=2), {}) == {}
+    assert m.plugin.on_task(rules, TaskEvent("fork", 22, 22, ppid=2), {}) == {}  # gone already
 
 
 def test_comm_after_a_kthreadd_fork_gets_the_settings(m: Machinery, machine: Machine) -> None:
     # Older kernels: the child shows as "kthreadd" at fork and is named just after.
-    m.expand(machine, RULES)
+    rules = m.expand(machine, RULES).rules
     add_kthread(m.root, 30, "kthreadd", start_time=6000)
-    assert m.plugin.on_task(TaskEvent("fork", 30, 30, ppid=2)) == {}
+    assert m.plugin.on_task(rules, TaskEvent("fork", 30, 30, ppid=2), {}) == {}
     add_kthread(m.root, 30, "flush-254:16", start_time=6000)
-    assert m.plugin.on_task(TaskEvent("comm", 30, 30)) == {"thread/30@6000/affinity": "0"}
+    assert m.plugin.on_task(rules, TaskEvent("comm", 30, 30), {}) == {ThreadAffinity(30, 6000): "0"}
     # Only once per fork: a later rename is not a new kernel thread.
-    assert m.plugin.on_task(TaskEvent("comm", 30, 30)) == {}
+    assert m.plugin.on_task(rules, TaskEvent("comm", 30, 30), {}) == {}
 
 
 def test_comm_of_a_user_task_with_isolate_tasks(m: Machinery, machine: Machine) -> None:
-    m.expand(machine, {"isolate_tasks": "1", "allow": ["ssh*", "trading-?"]})
+    rules = m.expand(machine, {"isolate_tasks": "1", "allow": ["ssh*", "trading-?"]}).rules
     add_task(m.root, 500, "worker", start_time=7000, threads=(501,))
     m.sched.add(500)
     m.sched.add(501, {1})  # only on the isolated CPU: goes to the housekeeping CPUs
-    assert m.plugin.on_task(TaskEvent("comm", 500, 500)) == {"task/500@7000/500/affinity": "0,2-3"}
-    assert m.plugin.on_task(TaskEvent("comm", 500, 501)) == {"task/500@7000/501/affinity": "0,2-3"}
+
+    def on_comm(pid: int, tid: int) -> dict[Target, Value]:
+        return m.plugin.on_task(rules, TaskEvent("comm", pid, tid), {})
+
+    assert on_comm(500, 500) == {TaskAffinity(500, 7000, 500): "0,2-3"}
+    assert on_comm(500, 501) == {TaskAffinity(500, 7000, 501): "0,2-3"}
     add_task(m.root, 500, "trading-1", start_time=7000)  # exec'd into an allowed name
-    assert m.plugin.on_task(TaskEvent("comm", 500, 500)) == {}
+    assert on_comm(500, 500) == {}
     add_task(m.root, 500, "trading-10", start_time=7000)  # the glob does not match this
-    assert m.plugin.on_task(TaskEvent("comm", 500, 500)) != {}
-    assert m.plugin.on_task(TaskEvent("comm", 402, 402)) == {}  # not on CPU 1: nothing to do
-    assert m.plugin.on_task(TaskEvent("comm", 10, 10)) == {}  # kernel threads are not tasks
-    assert m.plugin.on_task(TaskEvent("comm", 999, 999)) == {}  # exited
+    assert on_comm(500, 500) == {TaskAffinity(500, 7000, 500): "0,2-3"}
+    assert on_comm(402, 402) == {}  # not on CPU 1: nothing to do
+    assert on_comm(10, 10) == {}  # kernel threads are not tasks
+    assert on_comm(999, 999) == {}  # exited
 
 
 def test_comm_without_isolate_tasks_is_ignored(m: Machinery, machine: Machine) -> None:
-    m.expand(machine, RULES)
-    assert m.plugin.on_task(TaskEvent("comm", 400, 400)) == {}
+    rules = m.expand(machine, RULES).rules
+    assert m.plugin.on_task(rules, TaskEvent("comm", 400, 400), {}) == {}
+
+
+def test_follows_threads_and_cpus_and_user_tasks_only_when_asked(
+    m: Machinery, machine: Machine
+) -> None:
+    assert m.plugin.follows.threads
+    assert m.plugin.follows.udev == {"cpu": CPU_ACTIONS}
+    assert m.plugin.follows_user_tasks(m.options(machine, ISOLATE))
+    assert not m.plugin.follows_user_tasks(m.options(machine, RULES))
 
 
 # -- isolate_tasks ----------------------------------------------------------------------------
@@ -346,54 +515,83 @@ def test_isolate_tasks_moves_user_threads_off_the_cpus(m: Machinery, machine: Ma
     add_task(m.root, 600, "pinned", start_time=8000)
     m.sched.add(600, {1})
     add_task(m.root, 610, "exiting", start_time=8001)  # its thread is gone from the scheduler
-    settings = m.expand(machine, {"isolate_tasks": "1", "allow": ["sshd"]})
+    settings = m.settings(machine, ISOLATE)
     assert settings == {
-        "task/1@5/1/affinity": "0,2-3",
-        "task/400@1000/400/affinity": "0,2-3",
-        "task/400@1000/401/affinity": "0,2-3",
-        "task/600@8000/600/affinity": "0,2-3",  # nothing left: all housekeeping CPUs
+        TaskAffinity(1, 5, 1): "0,2-3",
+        TaskAffinity(400, 1000, 400): "0,2-3",
+        TaskAffinity(400, 1000, 401): "0,2-3",
+        TaskAffinity(600, 8000, 600): "0,2-3",  # nothing left: all housekeeping CPUs
     }
-    m.plugin.apply("task/400@1000/401/affinity", "0,2-3")
+    target = TaskAffinity(400, 1000, 401)
+    m.plugin.write(target, "0,2-3")
     assert m.sched.affinity[401] == {0, 2, 3}
-    assert m.plugin.capture("task/400@1000/401/affinity") == "0,2-3"
-    assert m.plugin.describe("task/400@1000/401/affinity", "0") == "task 401 (pid 401) CPUs = 0"
-    # A task this profile moved stays owned: its key is still wanted, at its current value.
-    assert (
-        m.expand(machine, {"isolate_tasks": "1", "allow": ["sshd"]})["task/400@1000/401/affinity"]
-        == "0,2-3"
-    )
+    assert m.sched.affinity[400] == {0, 1, 2, 3}  # one thread, not the whole process
+    assert m.plugin.read(target) == "0,2-3"
+    assert m.plugin.exists(target) and not m.plugin.exists(TaskAffinity(400, 1000, 403))
+    # A task this profile moved stays owned: still wanted, at the value it was given.
+    assert m.expand(machine, ISOLATE, owned={target: "0,2-3"}).settings[target] == "0,2-3"
 
 
 # -- workqueues --------------------------------------------------------------------------------
 
 
 def test_workqueue_cpumasks_are_hex_masks(m: Machinery, machine: Machine) -> None:
-    settings = m.expand(machine, {"writeback_cpumask": "0", "unbound_cpumask": "all - 1"})
-    assert settings == {"workqueue/writeback": "0", "workqueue/unbound": "0,2-3"}
-    assert m.plugin.capture("workqueue/writeback") == "0-3"
-    m.plugin.apply("workqueue/writeback", "0")
-    m.plugin.apply("workqueue/unbound", "0,2-3")
+    settings = m.settings(machine, {"writeback_cpumask": "0", "unbound_cpumask": "all - 1"})
+    assert settings == {Workqueue("writeback"): "0", Workqueue("unbound"): "0,2-3"}
+    assert m.plugin.read(Workqueue("writeback")) == "0-3"
+    m.plugin.write(Workqueue("writeback"), "0")
+    m.plugin.write(Workqueue("unbound"), "0,2-3")
     assert (m.root / WRITEBACK).read_text() == "1"
     assert (m.root / UNBOUND).read_text() == "d"
-    assert m.plugin.capture("workqueue/unbound") == "0,2-3"
-    assert m.plugin.exists("workqueue/unbound")
+    assert m.plugin.read(Workqueue("unbound")) == "0,2-3"
+    assert m.plugin.exists(Workqueue("unbound"))
 
 
-def test_missing_workqueue_file_is_not_applicable(m: Machinery, machine: Machine) -> None:
+def test_watch_files_name_workqueue_files_and_no_thread_files(m: Machinery) -> None:
+    """Workqueue masks are files (inotify); thread affinities are not and must be polled."""
+    assert m.plugin.watch_files(Workqueue("writeback")) == (WRITEBACK,)
+    assert m.plugin.watch_files(Workqueue("unbound")) == (UNBOUND,)
+    for target in (ThreadAffinity(13, 10), ThreadPolicy(10, 10), TaskAffinity(400, 1000, 401)):
+        assert m.plugin.watch_files(target) == ()
+
+
+def test_missing_workqueue_file_is_not_applicable(m: Machinery) -> None:
     (m.root / WRITEBACK).unlink()
-    message = (
-        "this kernel has no /sys/devices/virtual/workqueue/writeback/cpumask (before "
-        "Linux 3.10, writeback runs in flush-* threads: match them with a rule)"
-    )
     with pytest.raises(NotApplicable) as info:
-        m.plugin.apply("workqueue/writeback", "0")
-    assert str(info.value) == message
-    assert not m.plugin.exists("workqueue/writeback")
-    report = m.engine().switch(
+        m.plugin.write(Workqueue("writeback"), "0")
+    assert str(info.value) == NO_WRITEBACK_WQ
+    with pytest.raises(NotApplicable, match=r"before Linux 3\.10"):
+        m.plugin.read(Workqueue("writeback"))
+    assert m.plugin.exists(Workqueue("writeback"))  # unsupported here, not vanished
+
+
+def test_engine_reports_a_missing_workqueue_file_as_not_applicable(
+    m: Machinery, machine: Machine
+) -> None:
+    """The reason must reach status: the file never existed, nothing vanished."""
+    (m.root / WRITEBACK).unlink()
+    engine = m.engine()
+    report = engine.switch(
         m.wanted(machine, {"writeback_cpumask": "0", "unbound_cpumask": "0"}), "p"
     )
-    assert report.not_applicable == {("kthread", "workqueue/writeback"): message}
     assert (m.root / UNBOUND).read_text() == "1"
+    assert report.not_applicable == {
+        ("kthread", Workqueue("writeback")): Refused("0", NO_WRITEBACK_WQ)
+    }
+
+
+def test_refused_workqueue_write_fails_the_step(m: Machinery) -> None:
+    """A workqueue mask has no refusal_means: the kernel saying no rolls the step back."""
+    files_before = tree_values(m.root, "sys")
+    system = RefusingSystem(m.root, m.sched)
+    system.refuse[WRITEBACK] = EPERM_REASON
+    engine = Engine({"kthread": KthreadPlugin(system)}, Journal(m.state_dir))
+    wanted = {("kthread", Workqueue("unbound")): "0", ("kthread", Workqueue("writeback")): "0"}
+    with pytest.raises(ApplyFailed, match=r"\[kthread\] workqueue writeback cpumask = 0"):
+        engine.switch(wanted, "p")
+    assert (UNBOUND, "1") in system.writes  # applied, then rolled back
+    assert tree_values(m.root, "sys") == files_before
+    assert engine.applied == {} and engine.not_applicable == {}
 
 
 # -- through the engine ----------------------------------------------------------------------
@@ -402,16 +600,10 @@ def test_missing_workqueue_file_is_not_applicable(m: Machinery, machine: Machine
 def test_engine_round_trip_restores_everything(m: Machinery, machine: Machine) -> None:
     sched_before = m.sched.state()
     files_before = tree_values(m.root, "sys")
-    section = {
-        **RULES,
-        "writeback_cpumask": "0",
-        "unbound_cpumask": "0,2-3",
-        "isolate_tasks": "1",
-        "allow": ["sshd"],
-    }
+    section = {**RULES, "writeback_cpumask": "0", "unbound_cpumask": "0,2-3", **ISOLATE}
     engine = m.engine()
     report = engine.switch(m.wanted(machine, section), "p")
-    assert list(report.not_applicable) == [("kthread", "thread/12@10/affinity")]
+    assert list(report.not_applicable) == [("kthread", ThreadAffinity(12, 10))]
     assert m.sched.affinity[14] == {3} and m.sched.affinity[400] == {0, 2, 3}
     assert m.sched.policy[10] == (os.SCHED_FIFO, 2)
     assert m.sched.policy[11] == (os.SCHED_BATCH, 0)
@@ -425,37 +617,94 @@ def test_engine_round_trip_restores_everything(m: Machinery, machine: Machine) -
 
 def test_engine_adds_a_new_thread_from_an_event(m: Machinery, machine: Machine) -> None:
     engine = m.engine()
-    engine.switch(m.wanted(machine, RULES), "p")
+    expansion = m.expand(machine, RULES)
+    engine.switch({("kthread", t): v for t, v in expansion.settings.items()}, "p")
     add_kthread(m.root, 40, "kswapd1", start_time=9000)
     m.sched.add(40)
-    settings = m.plugin.on_task(TaskEvent("fork", 40, 40, ppid=2))
-    report = engine.extend({("kthread", k): v for k, v in settings.items()})
+    settings = m.plugin.on_task(expansion.rules, TaskEvent("fork", 40, 40, ppid=2), {})
+    report = engine.extend("kthread", settings)
     assert report.applied == 1 and m.sched.affinity[40] == {3}
     assert engine.off() == []
     assert m.sched.affinity[40] == {0, 1, 2, 3}
+
+
+def test_a_task_moved_by_an_event_stays_owned_across_rescans(
+    m: Machinery, machine: Machine
+) -> None:
+    """Moved by the watcher, then a rescan: it must not be handed back to the isolated CPU."""
+    section = {"isolate_tasks": "1"}
+    engine = m.engine()
+    engine.apply(m.profile(machine, section))
+    add_task(m.root, 700, "late", start_time=9000)
+    m.sched.add(700, {1})
+    event = TaskEvent("comm", 700, 700)
+    moved = m.plugin.on_task(
+        engine.sections["kthread"].expansion.rules, event, engine.owned("kthread")
+    )
+    engine.extend("kthread", moved)
+    assert m.sched.affinity[700] == {0, 2, 3}
+    engine.apply(m.profile(machine, section), only=["kthread"])  # the periodic rescan
+    assert m.sched.affinity[700] == {0, 2, 3}
+    assert ("kthread", TaskAffinity(700, 9000, 700)) in engine.applied
+    assert engine.off() == []
+    assert m.sched.affinity[700] == {1}
 
 
 # -- monitoring -----------------------------------------------------------------------------------
 
 
 def test_rescan_interval(m: Machinery, machine: Machine) -> None:
-    m.expand(machine, RULES)
+    rules = m.expand(machine, RULES).rules
     m.plugin.rescan_interval_s = 60.0
-    assert not m.plugin.changed()
+    assert not m.plugin.changed(rules)
     m.plugin.rescan_interval_s = 0.0  # no task events: rescan on every tick
-    assert m.plugin.changed()
+    assert m.plugin.changed(rules)
+    m.plugin.rescan_interval_s = 60.0
+    stale = KthreadRules(rules.rules, rules.isolate_tasks, rules.allow, time.monotonic() - 61)
+    assert m.plugin.changed(stale)  # scanned over a minute ago: due again
 
 
-def test_pin_delays_in_status(m: Machinery, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = SimpleNamespace(CLOCK_MONOTONIC=1, clock_gettime_ns=lambda _: 1_000_000)
-    monkeypatch.setattr(kthread_module, "time", clock)
-    assert m.plugin.status() == {}
+def test_monitor_facts(m: Machinery, machine: Machine) -> None:
+    assert m.plugin.monitor(m.expand(machine, RULES).rules) == Monitor(
+        facts={"rules": 5, "rescan_every_s": 60.0}
+    )
+    assert m.plugin.monitor(None) == Monitor()
+
+
+def test_delay_summary() -> None:
+    delays = Delays()
     for delay_us in (30, 10, 20, 400):
-        m.plugin.record_delay(TaskEvent("fork", 1, 1, 2, time_ns=1_000_000 - delay_us * 1000))
-    m.plugin.record_delay(TaskEvent("fork", 1, 1, 2, time_ns=0))  # no timestamp: not counted
-    assert m.plugin.status() == {
-        "pin_delay_us": {"count": 4, "p50": 30.0, "p99": 400.0, "max": 400.0}
-    }
+        delays.add(delay_us * 1000)
+    assert delays.summary() == {"count": 4, "p50": 30.0, "p99": 400.0, "max": 400.0}
+    for _ in range(1200):
+        delays.add(1000)
+    assert len(delays.ns) == 1000  # bounded: the newest thousand
+
+
+def test_pin_delays_are_measured_by_the_daemon(
+    m: Machinery, machine: Machine, tmp_path: Path
+) -> None:
+    """Event timestamp -> pinned, per plugin, in status; events without a timestamp do not count."""
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "p.toml").write_text('[[kthread.rule]]\nmatch = "^kswapd"\ncpus = "3"\n')
+    plugins = {"kthread": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+    daemon = Daemon(m.system, plugins, library, m.engine())
+    daemon.switch("p")
+    add_kthread(m.root, 40, "kswapd1", start_time=9000)
+    add_kthread(m.root, 41, "kswapd2", start_time=9001)
+    m.sched.add(40)
+    m.sched.add(41)
+    started = time.clock_gettime_ns(time.CLOCK_MONOTONIC) - 250_000
+    daemon.on_task_events([TaskEvent("fork", 40, 40, ppid=2, time_ns=started)])
+    daemon.on_task_events([TaskEvent("fork", 41, 41, ppid=2)])
+    assert m.sched.affinity[40] == {3} and m.sched.affinity[41] == {3}
+    facts = daemon.status()["plugins"]["kthread"]["facts"]
+    assert facts["rules"] == 1
+    delay = facts["event_to_applied_us"]
+    assert delay["count"] == 1
+    assert delay["p50"] == delay["max"] >= 250.0
 
 
 # -- schema -------------------------------------------------------------------------------------
@@ -474,21 +723,3 @@ def test_schema_errors(m: Machinery, machine: Machine, rule: dict[str, Any], mes
     with pytest.raises(SchemaError) as info:
         validate(m.plugin.schema, {"rule": [rule]}, machine)
     assert info.value.message.startswith(message)
-
-
-def test_a_task_moved_by_an_event_stays_owned_across_rescans(
-    m: Machinery, machine: Machine
-) -> None:
-    """Moved by the watcher, then a rescan: it must not be handed back to the isolated CPU."""
-    section = {"isolate_tasks": "1"}
-    engine = m.engine()
-    engine.switch(m.wanted(machine, section), "p")
-    add_task(m.root, 700, "late", start_time=9000)
-    m.sched.add(700, {1})
-    moved = {("kthread", k): v for k, v in m.plugin.on_task(TaskEvent("comm", 700, 700)).items()}
-    engine.extend(moved)
-    assert m.sched.affinity[700] == {0, 2, 3}
-    engine.switch(m.wanted(machine, section), "p", scope=["kthread"])  # the periodic rescan
-    assert m.sched.affinity[700] == {0, 2, 3}
-    engine.off()
-    assert m.sched.affinity[700] == {1}

@@ -2,24 +2,53 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
-from latencyd.plugins.sysctl import SysctlPlugin, normalize, sysctl_path
-from latencyd.plugins.writeback import WritebackPlugin
+from latencyd.plugins.kthread import KthreadPlugin, Workqueue
+from latencyd.plugins.sysctl import Sysctl, SysctlPlugin, key_parts, normalize, sysctl_path
+from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.cpuset import CpuSet
-from latencyd.errors import KernelRefused
-from latencyd.plugin import Plugin, discover, load_plugins
-from latencyd.schema import SchemaError, validate
+from latencyd.daemon import Caller, Daemon
+from latencyd.engine import ENGINE_OPTIONS, Engine, plugin_options, section_schemas
+from latencyd.errors import KernelRefused, PermissionDenied
+from latencyd.journal import Journal
+from latencyd.plugin import (
+    DeviceEvent,
+    Expansion,
+    Follows,
+    Monitor,
+    Plugin,
+    Target,
+    decode_target,
+    discover,
+    encode_target,
+    load_plugins,
+    target_kinds,
+)
+from latencyd.profile import ProfileLibrary
+from latencyd.schema import Machine, SchemaError, validate
 from latencyd.system import System
+from latencyd.taskevents import TaskEvent
 from tests.unit.fakesys import (
     KernelLikeSystem,
     make_fake_root,
+    put,
     read_sysctl,
     sysctl_values,
+    tree_values,
     write_sysctl,
 )
+
+ROOT_ONLY_KEYS = {
+    "kernel/core_pattern": "core",
+    "kernel/usermodehelper/bset": "4294967295\t63",
+    "fs/binfmt_misc/register": "",
+}
 
 # -- System ------------------------------------------------------------------
 
@@ -29,6 +58,7 @@ def test_system_machine_facts(tmp_path: Path) -> None:
     system = System(root)
     assert system.online_cpus() == CpuSet([0, 1, 2, 5])
     assert system.mem_total_bytes() == 2048 * 1024
+    assert system.machine() == Machine(CpuSet([0, 1, 2, 5]), 2048 * 1024)
     assert not system.is_real and System().is_real
     assert system.path("/proc/sys/vm") == root / "proc/sys/vm"
 
@@ -62,40 +92,49 @@ def test_system_errors_are_kernel_refused(fake_root: Path) -> None:
 # -- writeback -----------------------------------------------------------------
 
 
-def test_writeback_expand_pairs_name_their_mode(fake_root: Path, machine) -> None:
+def test_writeback_expand_pairs_name_their_mode(fake_root: Path, machine: Machine) -> None:
     plugin = WritebackPlugin(System(fake_root))
     options = validate(
         plugin.schema,
         {"dirty_bytes": "64M", "dirty_background_ratio": 5, "dirty_expire_centisecs": 1000},
         machine,
     )
-    assert plugin.expand(options) == {
-        "dirty": {"bytes": 64 << 20},
-        "dirty_background": {"ratio": 5},
-        "dirty_expire_centisecs": 1000,
-    }
-    assert plugin.expand({}) == {}
+    assert plugin.expand(options, {}) == Expansion(
+        {
+            DirtyLimit("dirty"): {"bytes": 64 << 20},
+            DirtyLimit("dirty_background"): {"ratio": 5},
+            VmKnob("dirty_expire_centisecs"): 1000,
+        }
+    )
+    assert plugin.expand({}, {}) == Expansion()
 
 
-def test_writeback_capture_detects_mode(fake_root: Path) -> None:
+def test_writeback_schema_keeps_a_pair_to_one_mode(fake_root: Path, machine: Machine) -> None:
+    """One pair is one setting: asking for both ratio and bytes is a profile error."""
     plugin = WritebackPlugin(System(fake_root))
-    assert plugin.capture("dirty") == {"ratio": 20}
-    assert plugin.capture("dirty_background") == {"ratio": 10}
-    assert plugin.capture("dirty_expire_centisecs") == 3000
+    with pytest.raises(SchemaError):
+        validate(plugin.schema, {"dirty_ratio": 5, "dirty_bytes": "64M"}, machine)
+
+
+def test_writeback_read_detects_mode(fake_root: Path) -> None:
+    plugin = WritebackPlugin(System(fake_root))
+    assert plugin.read(DirtyLimit("dirty")) == {"ratio": 20}
+    assert plugin.read(DirtyLimit("dirty_background")) == {"ratio": 10}
+    assert plugin.read(VmKnob("dirty_expire_centisecs")) == 3000
     write_sysctl(fake_root, "vm/dirty_bytes", "1048576")
     write_sysctl(fake_root, "vm/dirty_ratio", "0")
-    assert plugin.capture("dirty") == {"bytes": 1048576}
+    assert plugin.read(DirtyLimit("dirty")) == {"bytes": 1048576}
     # dirty_bytes non-zero means bytes mode whatever dirty_ratio says.
     write_sysctl(fake_root, "vm/dirty_ratio", "20")
-    assert plugin.capture("dirty") == {"bytes": 1048576}
+    assert plugin.read(DirtyLimit("dirty")) == {"bytes": 1048576}
 
 
-def test_writeback_apply_writes_the_file_of_the_mode(fake_root: Path) -> None:
+def test_writeback_write_writes_the_file_of_the_mode(fake_root: Path) -> None:
     plugin = WritebackPlugin(System(fake_root))
     before = sysctl_values(fake_root)
-    plugin.apply("dirty", {"bytes": 4096})
-    plugin.apply("dirty_background", {"ratio": 3})
-    plugin.apply("dirty_writeback_centisecs", 100)
+    plugin.write(DirtyLimit("dirty"), {"bytes": 4096})
+    plugin.write(DirtyLimit("dirty_background"), {"ratio": 3})
+    plugin.write(VmKnob("dirty_writeback_centisecs"), 100)
     after = sysctl_values(fake_root)
     changed = {k: v for k, v in after.items() if before[k] != v}
     assert changed == {
@@ -108,36 +147,46 @@ def test_writeback_apply_writes_the_file_of_the_mode(fake_root: Path) -> None:
 def test_writeback_restore_of_ratio_writes_dirty_ratio(fake_root: Path) -> None:
     plugin = WritebackPlugin(System(fake_root))
     write_sysctl(fake_root, "vm/dirty_ratio", "7")
-    plugin.restore("dirty", {"ratio": 20})
+    plugin.restore(DirtyLimit("dirty"), {"ratio": 20})
     assert read_sysctl(fake_root, "vm/dirty_ratio") == "20"
-    plugin.restore("dirty_background", {"bytes": 8192})
+    plugin.restore(DirtyLimit("dirty_background"), {"bytes": 8192})
     assert read_sysctl(fake_root, "vm/dirty_background_bytes") == "8192"
 
 
 def test_writeback_round_trip_on_kernel_like_tree(fake_root: Path) -> None:
-    # With the kernel's exclusivity emulated, capture -> apply -> restore comes back exactly.
+    # With the kernel's exclusivity emulated, read -> write -> restore comes back exactly.
     plugin = WritebackPlugin(KernelLikeSystem(fake_root))
     original = sysctl_values(fake_root)
-    saved = plugin.capture("dirty")
-    plugin.apply("dirty", {"bytes": 1 << 20})
-    assert plugin.capture("dirty") == {"bytes": 1 << 20}
+    saved = plugin.read(DirtyLimit("dirty"))
+    plugin.write(DirtyLimit("dirty"), {"bytes": 1 << 20})
+    assert plugin.read(DirtyLimit("dirty")) == {"bytes": 1 << 20}
     assert read_sysctl(fake_root, "vm/dirty_ratio") == "0"
-    plugin.restore("dirty", saved)
-    assert plugin.capture("dirty") == {"ratio": 20}
+    plugin.restore(DirtyLimit("dirty"), saved)
+    assert plugin.read(DirtyLimit("dirty")) == {"ratio": 20}
     assert sysctl_values(fake_root) == original
 
 
 def test_writeback_describe(fake_root: Path) -> None:
     plugin = WritebackPlugin(System(fake_root))
-    assert plugin.describe("dirty", {"bytes": 5}) == "vm.dirty_bytes = 5"
-    assert plugin.describe("dirty_background", {"ratio": 5}) == "vm.dirty_background_ratio = 5"
-    assert plugin.describe("dirty_expire_centisecs", 9) == "vm.dirty_expire_centisecs = 9"
+    assert plugin.describe(DirtyLimit("dirty"), {"bytes": 5}) == "vm.dirty_bytes = 5"
+    assert (
+        plugin.describe(DirtyLimit("dirty_background"), {"ratio": 5})
+        == "vm.dirty_background_ratio = 5"
+    )
+    assert plugin.describe(VmKnob("dirty_expire_centisecs"), 9) == "vm.dirty_expire_centisecs = 9"
 
 
-def test_writeback_capture_of_missing_file_is_refused(tmp_path: Path) -> None:
+def test_writeback_read_of_missing_file_is_refused(tmp_path: Path) -> None:
     root = make_fake_root(tmp_path, defaults=False, sysctls={"vm/dirty_ratio": "20"})
     with pytest.raises(KernelRefused, match="reading /proc/sys/vm/dirty_bytes"):
-        WritebackPlugin(System(root)).capture("dirty")
+        WritebackPlugin(System(root)).read(DirtyLimit("dirty"))
+
+
+def test_writeback_and_sysctl_refusals_fail_the_profile() -> None:
+    """No refusal_means: a kernel refusing a writeback or sysctl value is an error."""
+    assert DirtyLimit.refusal_means is None
+    assert VmKnob.refusal_means is None
+    assert Sysctl.refusal_means is None
 
 
 # -- sysctl ----------------------------------------------------------------------
@@ -156,27 +205,47 @@ def test_sysctl_path(key: str, path: str) -> None:
     assert sysctl_path(key) == path
 
 
+@pytest.mark.parametrize(
+    ("key", "parts"),
+    [
+        ("kernel.core_pattern", ["kernel", "core_pattern"]),
+        ("kernel/core_pattern", ["kernel", "core_pattern"]),
+        ("/kernel/usermodehelper/bset/", ["kernel", "usermodehelper", "bset"]),
+        ("net/ipv4/conf/eth0.100/rp_filter", ["net", "ipv4", "conf", "eth0.100", "rp_filter"]),
+        ("kernel//core_pattern", None),
+        ("kernel/./core_pattern", None),
+        ("kernel..core_pattern", None),
+        ("kernel.core_pattern.", None),
+        (".kernel.core_pattern", None),
+        ("kernel/../kernel/core_pattern", None),
+    ],
+)
+def test_sysctl_key_parts(key: str, parts: list[str] | None) -> None:
+    """One spelling per file: a key that could reach a file under another name is refused."""
+    assert key_parts(key) == parts
+
+
 def test_sysctl_normalize_and_same(fake_root: Path) -> None:
     plugin = SysctlPlugin(System(fake_root))
     assert normalize("4096\t131072  6291456\n") == "4096 131072 6291456"
     assert normalize(10) == "10"
-    assert plugin.same("net.ipv4.tcp_rmem", "4096 131072 6291456", "4096\t131072\t6291456")
-    assert not plugin.same("vm.swappiness", "10", "60")
-    assert plugin.capture("net.ipv4.tcp_rmem") == "4096 131072 6291456"
+    rmem = Sysctl("net.ipv4.tcp_rmem")
+    assert plugin.same(rmem, "4096 131072 6291456", "4096\t131072\t6291456")
+    assert not plugin.same(Sysctl("vm.swappiness"), "10", "60")
+    assert plugin.read(rmem) == "4096 131072 6291456"
 
 
-def test_sysctl_expand_apply_capture(fake_root: Path) -> None:
+def test_sysctl_expand_write_read(fake_root: Path) -> None:
     plugin = SysctlPlugin(System(fake_root))
-    assert plugin.expand({"vm.swappiness": 10, "net.ipv4.tcp_rmem": "1  2 3"}) == {
-        "vm.swappiness": "10",
-        "net.ipv4.tcp_rmem": "1 2 3",
-    }
-    plugin.apply("vm.swappiness", "10")
+    assert plugin.expand({"vm.swappiness": 10, "net.ipv4.tcp_rmem": "1  2 3"}, {}) == Expansion(
+        {Sysctl("vm.swappiness"): "10", Sysctl("net.ipv4.tcp_rmem"): "1 2 3"}
+    )
+    plugin.write(Sysctl("vm.swappiness"), "10")
     assert read_sysctl(fake_root, "vm/swappiness") == "10"
-    assert plugin.capture("vm.swappiness") == "10"
-    plugin.apply("net/core/busy_read", "50")
+    assert plugin.read(Sysctl("vm.swappiness")) == "10"
+    plugin.write(Sysctl("net/core/busy_read"), "50")
     assert read_sysctl(fake_root, "net/core/busy_read") == "50"
-    assert plugin.describe("vm.swappiness", "10") == "sysctl vm.swappiness = 10"
+    assert plugin.describe(Sysctl("vm.swappiness"), "10") == "sysctl vm.swappiness = 10"
 
 
 @pytest.mark.parametrize(
@@ -189,7 +258,7 @@ def test_sysctl_expand_apply_capture(fake_root: Path) -> None:
     ],
 )
 def test_sysctl_schema_checks_keys_against_the_tree(
-    fake_root: Path, machine, key: str, message: str
+    fake_root: Path, machine: Machine, key: str, message: str
 ) -> None:
     plugin = SysctlPlugin(System(fake_root))
     with pytest.raises(SchemaError) as info:
@@ -198,12 +267,194 @@ def test_sysctl_schema_checks_keys_against_the_tree(
     assert info.value.path == (key,)
 
 
-def test_sysctl_schema_values(fake_root: Path, machine) -> None:
+def test_sysctl_schema_values(fake_root: Path, machine: Machine) -> None:
     plugin = SysctlPlugin(System(fake_root))
     out = validate(plugin.schema, {"vm.swappiness": "10", "net.ipv4.tcp_rmem": "1 2 3"}, machine)
     assert out == {"vm.swappiness": 10, "net.ipv4.tcp_rmem": "1 2 3"}
     with pytest.raises(SchemaError, match=r"^vm.swappiness: expected an integer, got \[1\]"):
         validate(plugin.schema, {"vm.swappiness": [1]}, machine)
+
+
+# -- sysctls only root may set -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "pattern"),
+    [
+        ("kernel.core_pattern", "kernel.core_pattern"),
+        ("kernel.usermodehelper.bset", "kernel.usermodehelper.*"),
+        ("fs.binfmt_misc.register", "fs.binfmt_misc.*"),
+        ("kernel/core_pattern", "kernel.core_pattern"),
+    ],
+)
+def test_sysctl_root_only(fake_root: Path, key: str, pattern: str) -> None:
+    plugin = SysctlPlugin(System(fake_root))
+    assert plugin.root_only({key: "x"}) == (
+        f"sysctl {key!r} can hand out root (matches {pattern!r})"
+    )
+
+
+def test_sysctl_ordinary_keys_are_not_root_only(fake_root: Path) -> None:
+    plugin = SysctlPlugin(System(fake_root))
+    assert plugin.root_only({"vm.swappiness": 10}) is None
+    assert plugin.root_only({"net/core/busy_read": 50, "kernel.timer_migration": 0}) is None
+    assert plugin.root_only({}) is None
+    # One root-only key makes the whole section root-only, wherever it is.
+    reason = plugin.root_only({"vm.swappiness": 10, "kernel.core_pattern": "core"})
+    assert reason is not None and "kernel.core_pattern" in reason
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "kernel//core_pattern",
+        "kernel/./core_pattern",
+        "kernel..core_pattern",
+        "kernel.core_pattern.",
+        ".kernel.core_pattern",
+    ],
+)
+def test_sysctl_root_only_cannot_be_dodged_by_spelling(
+    tmp_path: Path, machine: Machine, key: str
+) -> None:
+    """Another spelling of the same file must be refused or be root-only, not a way around."""
+    root = make_fake_root(tmp_path, sysctls=ROOT_ONLY_KEYS)
+    plugin = SysctlPlugin(System(root))
+    try:
+        options = validate(plugin.schema, {key: "|/tmp/x"}, machine)
+    except SchemaError:
+        return  # refused as a key: fine
+    assert plugin.system.path(sysctl_path(key)) == root / "proc/sys/kernel/core_pattern"
+    assert plugin.root_only(options) is not None
+
+
+def test_other_plugins_are_never_root_only(fake_root: Path) -> None:
+    system = System(fake_root)
+    assert WritebackPlugin(system).root_only({"dirty_ratio": 5}) is None
+    assert KthreadPlugin(system).root_only({"isolate_tasks": CpuSet([1])}) is None
+
+
+def test_daemon_applies_root_only_sections_only_for_root(tmp_path: Path, machine: Machine) -> None:
+    """An admin_group member cannot point core dumps at a program; root can."""
+    root = make_fake_root(tmp_path, sysctls=ROOT_ONLY_KEYS)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "core.toml").write_text('[sysctl]\n"kernel.core_pattern" = "|/usr/bin/x %p"\n')
+    (pdir / "swap.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
+    system = System(root)
+    plugins: dict[str, Plugin[Any]] = {"sysctl": SysctlPlugin(system)}
+    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+    admin = Caller(uid=1000, name="alice")
+    with pytest.raises(PermissionDenied, match=r"\[sysctl\] sysctl 'kernel.core_pattern'"):
+        daemon.switch("core", admin)
+    assert read_sysctl(root, "kernel/core_pattern") == "core"
+    daemon.switch("swap", admin)
+    assert read_sysctl(root, "vm/swappiness") == "10"
+    daemon.switch("core")
+    assert read_sysctl(root, "kernel/core_pattern") == "|/usr/bin/x %p"
+    assert daemon.off() == []
+    assert read_sysctl(root, "kernel/core_pattern") == "core"
+
+
+# -- drift detection: the files each target lives in -------------------------------------------
+
+WORKQUEUE_FILES = (
+    "sys/devices/virtual/workqueue/writeback/cpumask",
+    "sys/devices/virtual/workqueue/cpumask",
+)
+
+
+def kthread_plugin(system: System) -> KthreadPlugin:
+    for rel in WORKQUEUE_FILES:
+        put(system.root, rel, "f")
+    return KthreadPlugin(system)
+
+
+@pytest.mark.parametrize(
+    ("make", "section"),
+    [
+        (
+            SysctlPlugin,
+            {"vm.swappiness": 10, "net/core/busy_read": 50, "net.ipv4.tcp_rmem": "1 2 3"},
+        ),
+        (
+            WritebackPlugin,
+            {
+                "dirty_bytes": "64M",
+                "dirty_background_ratio": 5,
+                "dirty_expire_centisecs": 1000,
+                "dirty_writeback_centisecs": 100,
+            },
+        ),
+        (WritebackPlugin, {"dirty_ratio": 15, "dirty_background_bytes": "16M"}),
+        (kthread_plugin, {"writeback_cpumask": "0", "unbound_cpumask": "0,2-3"}),
+    ],
+    ids=["sysctl", "writeback-bytes", "writeback-ratio", "kthread"],
+)
+def test_watch_files_exist_and_cover_every_change(
+    fake_root: Path,
+    machine: Machine,
+    make: Callable[[System], Plugin[Any]],
+    section: dict[str, Any],
+) -> None:
+    """inotify drift detection: each target's watched files exist, its own write touches no
+    other file, and someone else writing any of them changes what the target reads."""
+    system = KernelLikeSystem(fake_root)
+    plugin = make(system)
+    settings = plugin.expand(validate(plugin.schema, section, machine), {}).settings
+    assert settings
+    for target, value in settings.items():
+        files = plugin.watch_files(target)
+        assert files, target
+        for rel in files:
+            assert not rel.startswith("/") and (fake_root / rel).is_file(), (target, rel)
+        before = tree_values(fake_root)
+        plugin.write(target, value)
+        after = tree_values(fake_root)
+        assert {k for k in after if after[k] != before[k]} <= set(files), target
+        assert plugin.same(target, value, plugin.read(target))
+        for rel in files:
+            KernelLikeSystem(fake_root).write(rel, "7")  # another tool, behind our back
+            assert not plugin.same(target, value, plugin.read(target)), (target, rel)
+            plugin.write(target, value)
+
+
+# -- targets and the engine's own options ------------------------------------------------------
+
+
+def test_targets_round_trip_through_the_journal_form(fake_root: Path) -> None:
+    """The journal stores targets as JSON; each must come back as the same target."""
+    system = System(fake_root)
+    cases: list[tuple[Plugin[Any], Target]] = [
+        (SysctlPlugin(system), Sysctl("net/ipv4/conf/eth0.100/rp_filter")),
+        (WritebackPlugin(system), DirtyLimit("dirty_background")),
+        (WritebackPlugin(system), VmKnob("dirty_expire_centisecs")),
+        (KthreadPlugin(system), Workqueue("unbound")),
+    ]
+    for plugin, target in cases:
+        assert decode_target(target_kinds(plugin), encode_target(target)) == target
+    assert encode_target(DirtyLimit("dirty")) == {"kind": "dirty_limit", "pair": "dirty"}
+    with pytest.raises(ValueError, match="not a known target"):
+        decode_target(target_kinds(SysctlPlugin(system)), {"kind": "vm", "name": "x"})
+    with pytest.raises(ValueError, match="key is not a str"):
+        decode_target(target_kinds(SysctlPlugin(system)), {"kind": "sysctl", "key": 1})
+
+
+def test_on_drift_is_the_engines_option_in_every_section(fake_root: Path, machine: Machine) -> None:
+    """Every section may say on_drift; the plugins never see it."""
+    plugins = load_plugins(System(fake_root))
+    schemas = section_schemas(plugins)
+    assert [o.name for o in ENGINE_OPTIONS] == ["on_drift"]
+    for name, plugin in plugins.items():
+        assert plugin.schema.option("on_drift") is None, name
+        option = schemas[name].option("on_drift")
+        assert option is not None and option.default == "reapply", name
+    section = validate(schemas["writeback"], {"dirty_ratio": 5, "on_drift": "report"}, machine)
+    assert section["on_drift"] == "report"
+    assert plugin_options(section) == {"dirty_ratio": 5}
+    with pytest.raises(SchemaError):
+        validate(schemas["writeback"], {"on_drift": "ignore"}, machine)
 
 
 # -- plugin registry -----------------------------------------------------------------
@@ -213,34 +464,52 @@ def test_builtin_plugins_are_registered_through_entry_points(fake_root: Path) ->
     found = discover()
     assert found["writeback"] is WritebackPlugin
     assert found["sysctl"] is SysctlPlugin
+    assert found["kthread"] is KthreadPlugin
     plugins = load_plugins(System(fake_root))
     assert isinstance(plugins["sysctl"], SysctlPlugin)
     assert plugins["writeback"].system.root == fake_root
 
 
 def test_plugin_defaults(fake_root: Path) -> None:
-    class Minimal(Plugin):
+    @dataclass(frozen=True)
+    class Knob(Target):
+        kind: ClassVar[str] = "knob"
+        name: str
+
+    class Minimal(Plugin[Knob]):
         name = "minimal"
-        summary = "records applies"
+        summary = "records writes"
+        targets = (Knob,)
 
         def __init__(self, system: System) -> None:
             super().__init__(system)
-            self.writes: list[tuple[str, object]] = []
+            self.writes: list[tuple[Knob, object]] = []
 
-        def apply(self, key: str, value: object) -> None:
-            self.writes.append((key, value))
+        def write(self, target: Knob, value: object) -> None:
+            self.writes.append((target, value))
 
     plugin = Minimal(System(fake_root))
-    plugin.restore("k", 3)  # restore defaults to apply
-    assert plugin.writes == [("k", 3)]
-    assert plugin.same("k", 1, 1) and not plugin.same("k", 1, "1")
-    assert not plugin.optional("k") and plugin.exists("k")
-    assert plugin.describe("k", 2) == "k = 2"
-    assert plugin.status() == {}
-    with pytest.raises(NotImplementedError):
-        plugin.capture("k")
-    with pytest.raises(NotImplementedError):
-        plugin.expand({})
+    k = Knob("k")
+    plugin.restore(k, 3)  # restore defaults to write
+    assert plugin.writes == [(k, 3)]
+    assert plugin.same(k, 1, 1) and not plugin.same(k, 1, "1")
+    assert plugin.exists(k)
+    assert plugin.watch_files(k) == ()  # polled
+    assert plugin.root_only({"x": 1}) is None
+    assert plugin.follows == Follows() and not plugin.follows_user_tasks({})
+    assert plugin.on_task(None, TaskEvent("fork", 5, 5, ppid=2), {}) == {}
+    assert plugin.on_device(None, DeviceEvent("net", "add", "eth0"), {}) is None
+    assert not plugin.changed(None)
+    assert plugin.monitor(None) == Monitor()
+    assert plugin.rescan_interval_s == 60.0
+    assert Knob.refusal_means is None
+    for required in (
+        lambda: plugin.read(k),
+        lambda: plugin.describe(k, 2),
+        lambda: plugin.expand({}, {}),
+    ):
+        with pytest.raises(NotImplementedError):
+            required()
 
 
 def test_entry_point_specs_reads_installed_metadata_first_wins(tmp_path: Path) -> None:

@@ -11,10 +11,11 @@ from latencyd.plugins.writeback import WritebackPlugin
 
 from latencyd.config import shipped_profiles_dir
 from latencyd.cpuset import CpuSet
+from latencyd.engine import section_schemas
 from latencyd.errors import ProfileError, ProfileNotFound
 from latencyd.plugin import load_plugins
 from latencyd.profile import ProfileLibrary
-from latencyd.schema import Cpus, Machine, Option, Regex, Schema, Table
+from latencyd.schema import ArrayOfTables, Cpus, Machine, Option, Regex, Schema
 from latencyd.system import System
 from tests.unit.fakesys import make_fake_root
 
@@ -27,7 +28,7 @@ WRITEBACK_OPTIONS = (
 AFFINITY = Schema(
     options=(Option("cpus", Cpus(), "housekeeping CPUs"),),
     tables=(
-        Table(
+        ArrayOfTables(
             "rule",
             Schema(
                 options=(
@@ -329,7 +330,7 @@ def test_all_lists_invalid_profiles_with_their_error(lib: ProfileLibrary, pdir: 
 
 
 def test_shipped_profiles_load(fake_root: Path) -> None:
-    schemas = {name: p.schema for name, p in load_plugins(System(fake_root)).items()}
+    schemas = section_schemas(load_plugins(System(fake_root)))
     library = ProfileLibrary([shipped_profiles_dir()], schemas, MACHINE)
     infos = {i.name: i for i in library.all()}
     assert {"balanced", "latency-performance", "network-latency"} <= set(infos)

@@ -6,6 +6,7 @@ import pytest
 
 from latencyd.cpuset import CpuSet
 from latencyd.schema import (
+    ArrayOfTables,
     Bool,
     Choice,
     Cpus,
@@ -20,7 +21,6 @@ from latencyd.schema import (
     SchemaError,
     Size,
     Str,
-    Table,
     validate,
 )
 
@@ -196,7 +196,7 @@ SCHEMA = Schema(
         Option("ratio", Int(0, 100), "share"),
         Option("name", Str(), "a name"),
     ),
-    tables=(Table("rule", RULE, "thread rules"),),
+    tables=(ArrayOfTables("rule", RULE, "thread rules"),),
     exclusive=(("ratio", "size"),),
 )
 

@@ -1,0 +1,263 @@
+"""Hostile profiles: every one is refused with `file:line: what is wrong`, in bounded time
+and memory, and a seeded fuzz run finds no other outcome."""
+
+from __future__ import annotations
+
+import random
+import re
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from latencyd.config import shipped_profiles_dir
+from latencyd.cpuset import CpuSet
+from latencyd.engine import section_schemas
+from latencyd.errors import ProfileError, ProfileNotFound
+from latencyd.plugin import load_plugins
+from latencyd.profile import LIMITS, ProfileLibrary, check_name, check_trusted
+from latencyd.schema import Machine
+from latencyd.system import System
+from tests.unit.fakesys import add_cpuidle, add_irqs, make_fake_root
+
+MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)
+MEMORY_LIMIT = 50 << 20
+
+
+@pytest.fixture
+def lib(tmp_path: Path) -> ProfileLibrary:
+    root = make_fake_root(tmp_path)
+    add_cpuidle(root)
+    add_irqs(root, "           CPU0       CPU1\n 24:  1  0  IO-APIC   5-edge   ACPI:Ged\n")
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    return ProfileLibrary([pdir], section_schemas(load_plugins(System(root))), MACHINE)
+
+
+def write(lib: ProfileLibrary, name: str, text: str) -> Path:
+    path = lib.search_path[0] / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def refused(lib: ProfileLibrary, name: str) -> ProfileError:
+    """Load `name`, expecting a ProfileError, while measuring the memory it takes."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProfileError) as info:
+            lib.load(name)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < MEMORY_LIMIT, f"loading took {peak >> 20} MiB"
+    return info.value
+
+
+def at_line(error: ProfileError, path: Path) -> int:
+    m = re.match(rf"{re.escape(str(path))}:(\d+): \S", str(error))
+    assert m, f"no file:line in {error}"
+    return int(m.group(1))
+
+
+def test_a_long_include_chain_is_an_error_not_a_recursion(lib: ProfileLibrary) -> None:
+    for i in range(1000):
+        write(lib, f"p{i}", f'[main]\ninclude = ["p{i + 1}"]\n' if i < 999 else "")
+    error = refused(lib, "p0")
+    assert "includes nested more than 16 deep" in str(error)
+    at_line(error, lib.search_path[0] / "p15.toml")
+
+
+def test_a_wide_include_fan_is_bounded(lib: ProfileLibrary) -> None:
+    for i in range(100):
+        write(lib, f"leaf{i}", "")
+    names = ", ".join(f'"leaf{i}"' for i in range(100))
+    path = write(lib, "fan", f"[main]\ninclude = [{names}]\n")
+    error = refused(lib, "fan")
+    assert at_line(error, path) == 2 and "more than 64 files included" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("[sysctl]\n\n" + '"vm.x" = ' + "[" * 3000 + "]" * 3000 + "\n", 3, "nested more than 16"),
+        ("[irq]\nx = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n", 2, "nested more than 16"),
+        ("[irq]\nx = [\n" + "[\n" * 3000 + "]\n" * 3001, 18, "nested more than 16"),
+        ("[kthread]\n" + ".".join(f"k{i}" for i in range(3000)) + " = 1\n", 2, "nested more"),
+        ("[" + ".".join(f"k{i}" for i in range(3000)) + "]\n", 1, "nested more than 16"),
+        ('[irq]\nisolate = "0-200000000"\n', 2, "beyond the largest CPU number"),
+        ('[irq]\nisolate = "' + "~" * 3000 + '1"\n', 2, "nests more than 32 deep"),
+        ('[irq]\nisolate = "0x' + "f" * 100000 + '"\n', 2, "longer than 4096 characters"),
+        ("a = 1\na = 2", 2, "TOML syntax error: Cannot overwrite a value"),
+        ("[sysctl]\n" + '"vm.swappiness" = 1\n' * 2, 3, "TOML syntax error"),
+    ],
+)
+def test_hostile_structures_are_refused_with_their_line(
+    lib: ProfileLibrary, text: str, line: int, message: str
+) -> None:
+    path = write(lib, "hostile", text)
+    error = refused(lib, "hostile")
+    assert message in str(error)
+    assert at_line(error, path) == line
+
+
+def test_doubling_variables_stop_at_the_value_limit(lib: ProfileLibrary) -> None:
+    lines = [f'v{i} = "${{v{i + 1}}}${{v{i + 1}}}"' for i in range(40)] + ['v40 = "x"']
+    path = write(lib, "double", "[variables]\n" + "\n".join(lines) + "\n")
+    error = refused(lib, "double")
+    assert "longer than 4096 characters once variables are substituted" in str(error)
+    assert at_line(error, path) > 1
+
+
+def test_lists_multiplied_through_variables_are_bounded(lib: ProfileLibrary) -> None:
+    refs = ", ".join(['"${v2}"'] * 1000)
+    text = (
+        f"[variables]\nv1 = [{refs}]\nv2 = [{refs.replace('v2', 'v3')}]\nv3 = [1, 2]\n"
+        '[kthread]\nallow = "${v1}"\n'
+    )
+    path = write(lib, "multiply", text)
+    error = refused(lib, "multiply")
+    assert "too large once variables are substituted" in str(error)
+    at_line(error, path)
+
+
+def test_a_long_variable_chain_resolves_and_too_many_variables_is_an_error(
+    lib: ProfileLibrary,
+) -> None:
+    chain = [f'v{i} = "${{v{i + 1}}}"' for i in range(200)] + ['v200 = "1"']
+    write(lib, "chain", "[variables]\n" + "\n".join(chain) + '\n[irq]\nisolate = "${v0}"\n')
+    assert lib.load("chain").sections["irq"]["isolate"] == CpuSet([1])
+    many = [f'v{i} = "${{v{i + 1}}}"' for i in range(3000)] + ['v3000 = "1"']
+    path = write(lib, "many", "[variables]\n" + "\n".join(many) + "\n")
+    error = refused(lib, "many")
+    assert "3001 variables; at most 256" in str(error) and at_line(error, path) == 1
+
+
+def test_a_long_rule_list_is_refused(lib: ProfileLibrary) -> None:
+    rules = '[[kthread.rule]]\nmatch = "x"\ncpus = "0"\n' * 3000
+    path = write(lib, "rules", rules)
+    error = refused(lib, "rules")
+    assert "3000 entries; at most 1024 are allowed" in str(error) and at_line(error, path) == 1
+
+
+def test_an_oversized_file_is_refused_without_reading_it_all(lib: ProfileLibrary) -> None:
+    path = write(lib, "big", "# padding\n" * 100_000)
+    error = refused(lib, "big")
+    assert str(error) == f"{path}: profile is larger than 256 KiB"
+
+
+def test_long_names_are_errors_not_oserrors(lib: ProfileLibrary) -> None:
+    with pytest.raises(ProfileNotFound, match="1048576 characters long"):
+        lib.load("p" * (1 << 20))
+    path = write(lib, "inc", '[main]\ninclude = ["' + "x" * 10_000 + '"]\n')
+    error = refused(lib, "inc")
+    assert at_line(error, path) == 2 and "10000 characters long" in str(error)
+    path = write(lib, "incpath", '[main]\ninclude = ["/' + "x/" * 3000 + 'a.toml"]\n')
+    error = refused(lib, "incpath")
+    assert at_line(error, path) == 2 and "characters long" in str(error)
+
+
+def test_names_and_paths_a_caller_may_use() -> None:
+    check_name("network-latency", by_path=False)
+    check_name("my_profile.v2+rt@host", by_path=False)
+    check_name("/etc/latencyd/profiles/x.toml", by_path=True)
+    for bad in ("../../etc/shadow", "x.toml", "/etc/shadow", "a/b"):
+        with pytest.raises(ProfileNotFound, match="only root may apply profile files"):
+            check_name(bad, by_path=False)
+    for bad in (".hidden", "-flag", "sp ace", "a\0b", ""):
+        with pytest.raises(ProfileNotFound):
+            check_name(bad, by_path=False)
+
+
+def test_profiles_others_could_write_are_refused(tmp_path: Path) -> None:
+    d = tmp_path / "trusted"
+    d.mkdir(mode=0o755)
+    good = d / "good.toml"
+    good.write_text("")
+    check_trusted(good)
+    good.chmod(0o664)
+    with pytest.raises(ProfileError, match="writable by group or others"):
+        check_trusted(good)
+    good.chmod(0o644)
+    d.chmod(0o777)
+    with pytest.raises(ProfileError, match=r"directory .* writable by group or others"):
+        check_trusted(good)
+    d.chmod(0o755)
+    import os
+
+    os.chown(good, 65534, 65534)
+    with pytest.raises(ProfileError, match="owned by uid 65534, not root"):
+        check_trusted(good)
+
+
+def test_a_library_that_trusts_only_root_checks_includes_too(tmp_path: Path) -> None:
+    root = make_fake_root(tmp_path)
+    pdir = tmp_path / "p"
+    pdir.mkdir(mode=0o755)
+    (pdir / "base.toml").write_text("")
+    (pdir / "top.toml").write_text('[main]\ninclude = ["base"]\n')
+    lib = ProfileLibrary([pdir], section_schemas(load_plugins(System(root))), MACHINE, True)
+    lib.load("top")
+    (pdir / "base.toml").chmod(0o666)
+    with pytest.raises(ProfileError, match=r"base\.toml: writable by group or others"):
+        lib.load("top")
+
+
+# -- fuzz ----------------------------------------------------------------------------------
+
+SNIPPETS = [
+    "[", "]", "{", "}", "[[", "]]", '"', "'", '"""', "=", ".", ",", "\n", "#", "${", "}",
+    "${isolated_cores}", "${nope}", "[main]\n", "[variables]\n", "[[kthread.rule]]\n",
+    "[[cstate.cpus]]\n", "[irq]\n", "[sysctl]\n", "[writeback]\n", 'include = ["x"]\n',
+    'cpus = "all"\n', 'cpus = "0-99999999"\n', 'match = "("\n', "dirty_ratio = 500\n",
+    "\x00", "\udcff", "é", "0x", "~", "-", "1e999", "-0", "inf", "true", "[]", "{}",
+    'isolate = "' + "(" * 40 + '"\n', "a.b.c.d.e = 1\n", 'x = """\n', "\t", "\r\n",
+]  # fmt: skip
+
+
+def mutate(text: str, rng: random.Random) -> str:
+    for _ in range(rng.randint(1, 4)):
+        pos = rng.randint(0, len(text))
+        op = rng.random()
+        if op < 0.4:
+            text = text[:pos] + rng.choice(SNIPPETS) + text[pos:]
+        elif op < 0.6:
+            text = text[:pos] + text[pos + rng.randint(1, 8) :]
+        elif op < 0.8:
+            lines = text.splitlines(keepends=True)
+            if lines:
+                line = rng.choice(lines)
+                text = text[:pos] + line * rng.randint(1, 3) + text[pos:]
+        else:
+            text = text[:pos] + chr(rng.randint(1, 0x2FF)) + text[pos:]
+    return text
+
+
+def test_fuzzed_profiles_load_or_fail_with_file_and_line(lib: ProfileLibrary) -> None:
+    """3,000 mutations of the shipped profiles: each loads, or is refused with
+    `file:line: reason`; nothing else (no other exception, no error without a line)."""
+    rng = random.Random(20261123)
+    seeds = {p.stem: p.read_text() for p in shipped_profiles_dir().glob("*.toml")}
+    for name, text in seeds.items():
+        write(lib, name, text)  # includes resolve to the originals
+    outcomes: dict[str, int] = {"loaded": 0, "refused": 0}
+    for case in range(3000):
+        base = rng.choice(sorted(seeds))
+        text = mutate(seeds[base], rng)
+        path = lib.search_path[0] / "fuzz.toml"
+        path.write_text(text, errors="surrogateescape")
+        try:
+            lib.load("fuzz")
+            outcomes["loaded"] += 1
+        except ProfileError as error:
+            outcomes["refused"] += 1
+            message = str(error)
+            if message.startswith(f"{path}:"):
+                assert re.match(rf"{re.escape(str(path))}:\d+: \S", message), (case, message)
+            else:  # an error in an included (shipped) file names that file and line
+                assert re.match(r"/\S+\.toml:\d+: \S", message), (case, message, text)
+    assert outcomes["loaded"] > 100 and outcomes["refused"] > 1000, outcomes
+
+
+def test_limits_are_far_beyond_real_profiles() -> None:
+    for path in shipped_profiles_dir().glob("*.toml"):
+        assert path.stat().st_size < LIMITS.file_bytes // 16

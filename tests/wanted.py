@@ -1,0 +1,14 @@
+"""What a plugin's section wants, keyed the way the engine keys it (for tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from latencyd.engine import SettingId
+from latencyd.plugin import Plugin
+
+
+def wanted(plugin: Plugin[Any], options: Mapping[str, Any]) -> dict[SettingId, Any]:
+    """The section's settings as engine.switch takes them (nothing owned yet)."""
+    return {(plugin.name, t): v for t, v in plugin.expand(options, {}).settings.items()}
