@@ -5,7 +5,8 @@
 # non-interactively (CI=true, no stdin, no terminal) on a fresh Debian 12 machine.
 #
 #   1. Debian packages (only when dpkg-query reports some missing)
-#   2. .venv with `pip install -e '.[dev]'` (only when pyproject.toml/setup.py changed)
+#   2. .venv with `pip install -e '.[dev]'`, every version pinned by requirements.lock
+#      (only when pyproject.toml, setup.py or requirements.lock changed)
 #   3. the perf python bindings, built from Debian's linux-source-6.1 (only when
 #      `import perf` fails in the venv). A failed build is a warning, not an error:
 #      the daemon falls back to the proc connector and periodic rescans.
@@ -22,6 +23,9 @@ PERF_DIR=$ROOT/.perf-build
 LINUX_TARBALL=/usr/src/linux-source-6.1.tar.xz
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_PROGRESS_BAR=off
+# Exact versions for everything pip installs, build back-ends included (the variable
+# reaches the pip that fills each isolated build environment; -c would not).
+export PIP_CONSTRAINT=$ROOT/requirements.lock
 
 say() { printf 'setup: %s\n' "$*"; }
 die() {
@@ -103,7 +107,7 @@ fi
 BASE_PYTHON=$("$VENV/bin/python" -c 'import sys; print(sys._base_executable)')
 
 want_stamp=$({
-    cat pyproject.toml setup.py 2>/dev/null
+    cat pyproject.toml setup.py requirements.lock 2>/dev/null
     "$VENV/bin/python" -c 'import sys; print(sys.version)'
 } | sha256sum | cut -d' ' -f1)
 have_stamp=$(cat "$STAMP" 2>/dev/null || true)
