@@ -2,7 +2,9 @@
 
 ``python -m bench daemon --runs 20 --idle-seconds 60`` runs one benchmark with its own
 options; ``python -m bench [options]`` runs every registered benchmark in turn, passing the
-same options to each (so use only options they all accept, such as ``--json``).
+same options to each (so use only options they all accept: ``--json``, ``--quick``).
+``--quick`` runs each one briefly, to show it still runs (the suite does this); its
+figures are rough.
 
 A benchmark is a module with ``main(argv: list[str]) -> int``; register it in BENCHMARKS.
 Modules are imported only when run, so one that cannot import does not stop the others.

@@ -49,6 +49,7 @@ _glib.g_unix_fd_add_full.argtypes = [
     ctypes.c_void_p,
 ]
 _glib.g_source_remove.argtypes = [ctypes.c_uint]
+_glib.g_main_context_iteration.argtypes = [ctypes.c_void_p, ctypes.c_int]
 
 PRIORITY_HIGH = -100
 PRIORITY_DEFAULT = 0
@@ -68,6 +69,11 @@ class MainLoop:
 
     def quit(self) -> None:
         _glib.g_main_loop_quit(self._loop)
+
+    def dispatch_pending(self) -> None:
+        """Run every callback that is ready now, without waiting (outside run())."""
+        while _glib.g_main_context_iteration(None, 0):
+            pass
 
     def timeout_add(self, ms: int, fn: Callable[[], bool], priority: int = PRIORITY_DEFAULT) -> int:
         """Call fn every `ms` milliseconds while it returns True."""
