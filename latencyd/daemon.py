@@ -205,7 +205,7 @@ class Daemon:
         self._before_apply(profile)
         try:
             report = self.engine.apply(profile)
-        except LatencydError:
+        except Exception:
             self._before_apply(self.active)  # the old profile stays, with its watchers
             raise
         finally:

@@ -36,6 +36,9 @@ from latencyd.mainloop import MainLoop
 
 log = logging.getLogger("latencyd.service")
 PROPERTIES = "org.freedesktop.DBus.Properties"
+# Open to every caller (the policy file allows exactly these); every other method of
+# the interface changes state and checks the caller.
+READ_METHODS = frozenset({"ListProfiles", "ActiveProfile", "Status", "Verify"})
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 T = TypeVar("T")
 
@@ -74,6 +77,11 @@ def dbus_methods(cls: type) -> dict[tuple[str, str], str]:
 
 
 class Service(dbus.service.Object):
+    # Re-exported on a new connection after the bus comes back. (dbus-python 1.5's
+    # remove_from_connection leaves the old connection recorded, so without this the
+    # new export is refused; signals go only to the connections still exported on.)
+    SUPPORTS_MULTIPLE_CONNECTIONS = True
+
     def __init__(self, daemon: Daemon, config: Config) -> None:
         super().__init__()
         self.daemon = daemon

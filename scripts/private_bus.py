@@ -148,23 +148,40 @@ class PrivateBus:
         )
         self._proc: subprocess.Popen[bytes] | None = None
         try:
-            self._proc = subprocess.Popen(
-                [
-                    daemon,
-                    f"--config-file={self.config_file}",
-                    "--nofork",
-                    "--nosyslog",
-                    "--print-address",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                preexec_fn=_die_with_parent,
-            )
-            self._wait_ready()
+            self._start()
         except BaseException:
             self.stop()
             raise
+
+    def _start(self) -> None:
+        daemon = shutil.which(DBUS_DAEMON)
+        assert daemon is not None
+        self.socket_path.unlink(missing_ok=True)  # left by a daemon that was killed
+        self._proc = subprocess.Popen(
+            [
+                daemon,
+                f"--config-file={self.config_file}",
+                "--nofork",
+                "--nosyslog",
+                "--print-address",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+        )
+        self._wait_ready()
+
+    def go_away(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the bus (as a crash or a restart of dbus would) but keep its address."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self._end(proc, sig)
+
+    def come_back(self) -> None:
+        """Start the bus again at the same address, with the same policy."""
+        if self._proc is None:
+            self._start()
 
     @property
     def pid(self) -> int | None:
@@ -220,17 +237,21 @@ class PrivateBus:
         """Terminate the daemon and remove its temporary directory."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+            self._end(proc, signal.SIGTERM)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    @staticmethod
+    def _end(proc: subprocess.Popen[bytes], sig: int) -> None:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
     def __enter__(self) -> PrivateBus:
         return self

@@ -37,6 +37,7 @@ class Latencyd:
         profile_dirs: list[Path] | None = None,
         extra: list[str] | None = None,
         config: str = "",
+        environment: dict[str, str] | None = None,
     ) -> None:
         self.address = bus_address
         self.workdir = workdir
@@ -46,12 +47,15 @@ class Latencyd:
         self.profile = profile
         self.profile_dirs = profile_dirs or []
         self.extra = extra or []
+        self.environment = environment or {}
+        self.launcher: Callable[[list[str]], tuple[list[str], list[int], dict[str, str]]] | None
+        self.launcher = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "latencyd.log"
 
     @property
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = dict(os.environ) | self.environment
         env["DBUS_SYSTEM_BUS_ADDRESS"] = self.address
         return env
 
@@ -70,8 +74,13 @@ class Latencyd:
         return args + self.extra
 
     def start(self, timeout: float = 15.0) -> Latencyd:
+        argv, env = self.argv(), self.env
+        fds: list[int] = []
+        if self.launcher is not None:  # e.g. as systemd would, passing stored fds
+            argv, fds, extra = self.launcher(argv)
+            env = env | extra
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), env=self.env, stdout=log, stderr=log)
+            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, pass_fds=fds)
         deadline = time.monotonic() + timeout
         while not name_has_owner(self.address):
             if self.proc.poll() is not None:
@@ -88,6 +97,16 @@ class Latencyd:
             capture_output=True,
             text=True,
             timeout=60,
+        )
+
+    def spawn_ctl(self, *args: str) -> subprocess.Popen[str]:
+        """latencyctl running in the background (e.g. `hold PROFILE -- CMD`)."""
+        return subprocess.Popen(
+            [str(BIN / "latencyctl"), *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
     def signal(self, sig: int) -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pytest
 
 from latencyd.journal import Journal
 from tests.harness import Latencyd, wait_for
+from tests.nobody import PERMISSIVE_POLICY, cli_as_nobody
 
 # Every sysctl the test-a profile changes.
 TEST_A_KEYS = (
@@ -217,68 +216,20 @@ def test_explain_works_without_daemon(profiles: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and "test-bad.toml:7: unknown option" in r.stderr
 
 
-def _as_nobody(fn: Callable[[], int]) -> int:
-    """Run fn in a forked child that dropped to uid/gid 65534 (imports already done)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 99
-        try:
-            os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
-            code = fn()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
-def _cli_as_nobody(address: str, *args: str, capture: Path) -> int:
-    import dbus  # noqa: F401  (imported before dropping privileges)
-
-    from latencyd import cli
-
-    # Opened before dropping privileges: pytest's tmp dir is private to root.
-    fd = os.open(capture, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-
-    def run() -> int:
-        os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = address
-        out = open(fd, "w", closefd=False)  # noqa: SIM115  (pytest replaced sys.stdout)
-        sys.stdout = sys.stderr = out
-        code = cli.main(list(args))
-        out.flush()
-        return code
-
-    try:
-        return _as_nobody(run)
-    finally:
-        os.close(fd)
-
-
 def test_unprivileged_caller_denied_by_bus_policy_reads_allowed(
     start_daemon: Callable[..., Latencyd], tmp_path: Path
 ) -> None:
     d = start_daemon("test-a")
     out = tmp_path / "out.txt"
-    assert _cli_as_nobody(d.address, "active", capture=out) == 0
+    assert cli_as_nobody(d.address, "active", capture=out) == 0
     assert out.read_text().strip() == "test-a"
-    assert _cli_as_nobody(d.address, "status", capture=out) == 0
-    assert _cli_as_nobody(d.address, "verify", capture=out) == 0
-    assert _cli_as_nobody(d.address, "switch", "test-b", capture=out) == 4
+    assert cli_as_nobody(d.address, "status", capture=out) == 0
+    assert cli_as_nobody(d.address, "verify", capture=out) == 0
+    assert cli_as_nobody(d.address, "switch", "test-b", capture=out) == 4
     assert "permission denied" in out.read_text()
-    assert _cli_as_nobody(d.address, "off", capture=out) == 4
+    assert cli_as_nobody(d.address, "off", capture=out) == 4
     assert d.ctl("active").stdout.strip() == "test-a"
     assert sysctl("vm.swappiness") == "11"
-
-
-PERMISSIVE_POLICY = """<!DOCTYPE busconfig PUBLIC
- "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <policy user="root"><allow own="org.latencyd.Daemon1"/></policy>
-  <policy context="default"><allow send_destination="org.latencyd.Daemon1"/></policy>
-</busconfig>
-"""
 
 
 def test_daemon_checks_uid_even_when_bus_policy_allows(
@@ -293,7 +244,7 @@ def test_daemon_checks_uid_even_when_bus_policy_allows(
         d = Latencyd(bus.address, tmp_path, profile="test-a", profile_dirs=[profiles]).start()
         try:
             out = tmp_path / "out.txt"
-            assert _cli_as_nobody(bus.address, "switch", "test-b", capture=out) == 4
+            assert cli_as_nobody(bus.address, "switch", "test-b", capture=out) == 4
             text = out.read_text()
             assert "SwitchProfile needs root" in text and "uid 65534" in text
             assert d.ctl("active").stdout.strip() == "test-a"
@@ -319,9 +270,7 @@ def test_admin_group_member_may_switch(
         ).start()
         try:
             out = tmp_path / "out.txt"
-            assert _cli_as_nobody(bus.address, "switch", "test-b", capture=out) == 0, (
-                out.read_text()
-            )
+            assert cli_as_nobody(bus.address, "switch", "test-b", capture=out) == 0, out.read_text()
             assert d.ctl("active").stdout.strip() == "test-b"
         finally:
             d.stop()

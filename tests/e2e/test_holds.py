@@ -8,8 +8,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.test_daemon import _cli_as_nobody, sysctl
+from tests.e2e.test_daemon import sysctl
 from tests.harness import BIN, Latencyd, wait_for
+from tests.nobody import cli_as_nobody
 
 
 def active(d: Latencyd) -> str:
@@ -100,6 +101,6 @@ def test_unprivileged_caller_cannot_hold(
 ) -> None:
     d = start_daemon("test-a")
     out = tmp_path / "out.txt"
-    assert _cli_as_nobody(d.address, "hold", "test-b", "--", "true", capture=out) == 4
+    assert cli_as_nobody(d.address, "hold", "test-b", "--", "true", capture=out) == 4
     assert "permission denied" in out.read_text()
     assert active(d) == "test-a"

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `pytest` run without `python -m` from the repo root
     sys.path.insert(0, str(ROOT))
 
+from latencyd.service import READ_METHODS  # noqa: E402
 from scripts.private_bus import PrivateBus, PrivateBusError  # noqa: E402
 
 SYSTEMD = ROOT / "systemd"
@@ -37,7 +38,7 @@ CONFIG = SYSTEMD / "latencyd.conf"
 
 NAME = "org.latencyd.Daemon1"
 OBJECT_PATH = "/org/latencyd/Daemon1"
-READ_ONLY = ["ListProfiles", "ActiveProfile", "Status", "Verify", "Explain"]
+READ_ONLY = sorted(READ_METHODS)
 MUTATING = ["SwitchProfile", "Off", "Reload", "HoldProfile", "ReleaseProfile"]
 TIMEOUT_S = 10
 
@@ -105,6 +106,9 @@ def test_unit_keeps_what_the_daemon_needs() -> None:
     # The crash journal in /run/latencyd must survive a crash and the restart.
     assert settings["RuntimeDirectory"] == ["latencyd"]
     assert settings["RuntimeDirectoryPreserve"] == ["yes"]
+    # The PM QoS fd goes into systemd's fd store (sd_notify FDSTORE=1 from the main pid).
+    assert settings["NotifyAccess"] == ["main"]
+    assert int(settings["FileDescriptorStoreMax"][0]) >= 2
     # It writes /proc/sys, /sys and /proc/irq, sets SCHED_FIFO on other tasks, and
     # holds /dev/cpu_dma_latency open.
     for forbidden in (
@@ -237,8 +241,6 @@ class Fake(dbus.service.Object):
     def Status(self): return "ok"
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
     def Verify(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def Explain(self): return "ok"
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
     def SwitchProfile(self): return "ok"
     @dbus.service.method(IFACE, in_signature="", out_signature="s")

@@ -1,0 +1,237 @@
+"""A restart is not a revert: through `kill -9` and a restart, and through SIGTERM with
+on_stop = "keep" and a restart, a sampler reading every owned setting at well over
+1 kHz never sees an original value. The PM QoS request dies with its fd, except where
+a file-descriptor store keeps it (systemd's; here a stand-in speaking its protocol)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from latencyd.plugins.irq import parse_interrupts
+
+from tests.fdstore import FdStoreStandIn
+from tests.harness import Latencyd, wait_for
+from tests.machine_state import pm_qos_holders
+
+PROFILE = """
+[sysctl]
+"vm.swappiness" = 11
+"kernel.timer_migration" = 0
+
+[writeback]
+dirty_bytes = "64M"
+dirty_expire_centisecs = 1500
+
+[cstate]
+force_latency_us = 50
+
+[[cstate.cpus]]
+cpus = "1"
+resume_latency_us = 20
+
+[kthread]
+writeback_cpumask = "0"
+
+[irq]
+default_affinity = "0"
+"""
+
+
+def read(path: str) -> str:
+    return Path(path).read_text().strip()
+
+
+def pm_qos_us() -> int:
+    """The kernel's aggregate CPU latency target (2000000000 when nobody holds one)."""
+    fd = os.open("/dev/cpu_dma_latency", os.O_RDONLY)
+    try:
+        return int(struct.unpack("=i", os.read(fd, 4))[0])
+    finally:
+        os.close(fd)
+
+
+SETTINGS: dict[str, Callable[[], object]] = {
+    "vm.swappiness": lambda: read("/proc/sys/vm/swappiness"),
+    "kernel.timer_migration": lambda: read("/proc/sys/kernel/timer_migration"),
+    "vm.dirty_bytes": lambda: read("/proc/sys/vm/dirty_bytes"),
+    "vm.dirty_ratio": lambda: read("/proc/sys/vm/dirty_ratio"),
+    "vm.dirty_expire_centisecs": lambda: read("/proc/sys/vm/dirty_expire_centisecs"),
+    "cpu1 resume latency": lambda: read(
+        "/sys/devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"
+    ),
+    "writeback cpumask": lambda: read("/sys/devices/virtual/workqueue/writeback/cpumask"),
+    "default IRQ affinity": lambda: read("/proc/irq/default_smp_affinity"),
+    "PM QoS": pm_qos_us,
+}
+
+
+@dataclass
+class Sampler:
+    """Reads every setting in a tight loop; records each sample that shows an original."""
+
+    originals: dict[str, object]
+    samples: int = 0
+    seconds: float = 0.0
+    flips: dict[str, int] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self.stop.is_set():
+            for name, reader in SETTINGS.items():
+                if reader() == self.originals[name]:
+                    self.flips[name] = self.flips.get(name, 0) + 1
+            self.samples += 1
+        self.seconds = time.monotonic() - start
+
+    @property
+    def rate_hz(self) -> float:
+        return self.samples / self.seconds if self.seconds else 0.0
+
+
+@pytest.fixture
+def originals() -> dict[str, object]:
+    if not Path("/sys/devices/system/cpu/cpu1").exists():
+        pytest.skip("needs two CPUs")
+    return {name: reader() for name, reader in SETTINGS.items()}
+
+
+@pytest.fixture
+def sampling(originals: dict[str, object]) -> Iterator[Callable[[], Sampler]]:
+    started: list[tuple[Sampler, threading.Thread]] = []
+
+    def begin() -> Sampler:
+        sampler = Sampler(originals)
+        thread = threading.Thread(target=sampler.run)
+        thread.start()
+        started.append((sampler, thread))
+        return sampler
+
+    yield begin
+    for sampler, thread in started:
+        sampler.stop.set()
+        thread.join()
+
+
+def finish(sampler: Sampler) -> Sampler:
+    sampler.stop.set()
+    while sampler.seconds == 0.0:
+        time.sleep(0.001)
+    assert sampler.rate_hz > 1000, f"the sampler ran at {sampler.rate_hz:.0f} Hz"
+    return sampler
+
+
+def all_tuned(originals: dict[str, object]) -> bool:
+    return all(reader() != originals[name] for name, reader in SETTINGS.items())
+
+
+def test_kill9_and_restart_flips_nothing_back(
+    start_daemon: Callable[..., Latencyd],
+    profiles: Path,
+    originals: dict[str, object],
+    sampling: Callable[[], Sampler],
+) -> None:
+    (profiles / "restart.toml").write_text(PROFILE)
+    d = start_daemon("restart")
+    assert all_tuned(originals)
+    sampler = sampling()
+    d.kill9()
+    d.start()
+    wait_for(lambda: pm_qos_us() == 50, timeout=5)
+    finish(sampler)
+    # Without a file-descriptor store the PM QoS request died with the process.
+    assert set(sampler.flips) <= {"PM QoS"}, sampler.flips
+    assert "profile restart active: 1 applied, 0 restored, 7 unchanged" in d.log()
+
+
+def test_sigterm_with_on_stop_keep_and_restart_flips_nothing_back(
+    start_daemon: Callable[..., Latencyd],
+    profiles: Path,
+    originals: dict[str, object],
+    sampling: Callable[[], Sampler],
+) -> None:
+    (profiles / "restart.toml").write_text(PROFILE)
+    d = start_daemon("restart", config='on_stop = "keep"\n')
+    sampler = sampling()
+    assert d.stop() == 0
+    assert "keeping the tuning in place" in d.log()
+    assert (d.state_dir / "journal.jsonl").exists()
+    d.start()
+    wait_for(lambda: pm_qos_us() == 50, timeout=5)
+    finish(sampler)
+    assert set(sampler.flips) <= {"PM QoS"}, sampler.flips
+    # `latencyctl off` still restores everything the kept run changed.
+    assert d.ctl("off").returncode == 0
+    assert {n: r() for n, r in SETTINGS.items()} == originals
+
+
+def test_the_fd_store_keeps_the_pm_qos_request_through_a_crash(
+    start_daemon: Callable[..., Latencyd],
+    profiles: Path,
+    originals: dict[str, object],
+    sampling: Callable[[], Sampler],
+    tmp_path: Path,
+) -> None:
+    store = FdStoreStandIn(tmp_path)
+    try:
+        (profiles / "restart.toml").write_text(PROFILE)
+        d = start_daemon("restart", environment=store.environment())
+        wait_for(lambda: list(store.stored().values()) == [1], timeout=5)
+        (name,) = store.stored()
+        assert name.startswith("pmqos-50-")
+        sampler = sampling()
+        d.kill9()
+        assert pm_qos_us() == 50  # the store's copy of the fd holds the request
+        d.launcher = store.wrap
+        d.start()
+        finish(sampler)
+        assert sampler.flips == {}, sampler.flips  # not even the PM QoS request
+        assert d.proc is not None and d.proc.pid in pm_qos_holders()
+        assert "profile restart active: 0 applied, 0 restored, 8 unchanged" in d.log()
+        # Switching the request away makes before it breaks, and the store follows.
+        (profiles / "other.toml").write_text(PROFILE.replace("= 50", "= 40"))
+        assert d.ctl("switch", "other").returncode == 0
+        wait_for(lambda: [n.split("-")[1] for n in store.stored()] == ["40"], timeout=5)
+        assert pm_qos_us() == 40
+        d.stop()
+        wait_for(lambda: store.stored() == {}, timeout=5)  # FDSTOREREMOVE on restore
+        assert pm_qos_us() == originals["PM QoS"]
+    finally:
+        store.close()
+
+
+def test_irq_affinity_kept_through_a_restart(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    """Owned IRQ masks too: a kill -9 and restart rewrite none of them."""
+    _, irqs = parse_interrupts(Path("/proc/interrupts").read_text())
+    rng = [i.number for i in irqs if any(a.startswith("virtio4-") for a in i.actions)]
+    if not rng:
+        pytest.skip("needs the virtio4 (virtio-rng) IRQs of these VMs")
+    (profiles / "rng.toml").write_text('[[irq.rule]]\nmatch = "virtio4-*"\ncpus = "1"\n')
+    d = start_daemon("rng")
+    masks = [Path(f"/proc/irq/{n}/smp_affinity_list") for n in rng]
+    assert all(m.read_text().strip() == "1" for m in masks)
+    stop = threading.Event()
+    seen: set[str] = set()
+
+    def sample() -> None:
+        while not stop.is_set():
+            seen.update(m.read_text().strip() for m in masks)
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    try:
+        d.kill9()
+        d.start()
+    finally:
+        stop.set()
+        thread.join()
+    assert seen == {"1"}

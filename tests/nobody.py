@@ -1,0 +1,60 @@
+"""Calls as an unprivileged user (uid/gid 65534), for the least-privilege tests.
+
+The Python in use lives under /root (mode 700), so the child forks after its
+imports and drops privileges, instead of exec'ing a new interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+# A policy that lets anyone call anything: the daemon's own uid check must still hold.
+PERMISSIVE_POLICY = """<!DOCTYPE busconfig PUBLIC
+ "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <policy user="root"><allow own="org.latencyd.Daemon1"/></policy>
+  <policy context="default"><allow send_destination="org.latencyd.Daemon1"/></policy>
+</busconfig>
+"""
+
+
+def as_nobody(fn: Callable[[], int]) -> int:
+    """Run fn in a forked child that dropped to uid/gid 65534 (imports already done)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            code = fn()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def cli_as_nobody(address: str, *args: str, capture: Path) -> int:
+    import dbus  # noqa: F401  (imported before dropping privileges)
+
+    from latencyd import cli
+
+    # Opened before dropping privileges: pytest's tmp dir is private to root.
+    fd = os.open(capture, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def run() -> int:
+        os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = address
+        out = open(fd, "w", closefd=False)  # noqa: SIM115  (pytest replaced sys.stdout)
+        sys.stdout = sys.stderr = out
+        code = cli.main(list(args))
+        out.flush()
+        return code
+
+    try:
+        return as_nobody(run)
+    finally:
+        os.close(fd)
