@@ -13,7 +13,17 @@ from tests.machine_state import differences, snapshot
 IS_ROOT = os.geteuid() == 0
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reverse",
+        action="store_true",
+        help="run the tests in reverse order (a test must not depend on what ran before it)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--reverse"):
+        items.reverse()
     for item in items:
         path = Path(str(item.fspath))
         if "kernel" in path.parts:

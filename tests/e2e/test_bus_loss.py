@@ -54,7 +54,7 @@ def test_the_bus_going_away_and_coming_back(
 
         own_bus.come_back()
         wait_for(lambda: name_has_owner(own_bus.address), timeout=5)
-        assert "system bus is back: org.latencyd.Daemon1 owned again" in d.log()
+        wait_for(lambda: "system bus is back: org.latencyd.Daemon1 owned again" in d.log(), 2)
         wait_for(lambda: "hold 1 on held ended" in d.log(), timeout=5)
         assert d.ctl("active").stdout.strip() == "test-a"
         r = d.ctl("switch", "test-b")

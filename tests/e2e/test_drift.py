@@ -66,7 +66,7 @@ def test_a_rewritten_file_is_put_back_at_once(
     Path(path).write_text(rogue)
     wait_for(lambda: read(path) == wanted, timeout=2)
     assert read("/proc/sys/vm/dirty_bytes") == str(64 << 20)
-    assert "reapplied" in kept.log()
+    wait_for(lambda: "reapplied" in kept.log(), timeout=2)  # logged after the write
 
 
 def test_a_moved_thread_is_put_back_by_the_poll(kept: Latencyd, loopfs: LoopFs) -> None:
@@ -75,7 +75,8 @@ def test_a_moved_thread_is_put_back_by_the_poll(kept: Latencyd, loopfs: LoopFs) 
     wait_for(lambda: os.sched_getaffinity(pid) == {0}, timeout=2)
     os.sched_setaffinity(pid, {1})  # what `taskset` (or tuna) by someone else does
     wait_for(lambda: os.sched_getaffinity(pid) == {0}, timeout=3)
-    assert f"jbd2/{Path(loopfs.device).name}-8 (pid {pid}) CPUs = 0, but it is '1'" in kept.log()
+    line = f"jbd2/{Path(loopfs.device).name}-8 (pid {pid}) CPUs = 0, but it is '1'"
+    wait_for(lambda: line in kept.log(), timeout=2)  # logged after the write
 
 
 def test_without_file_less_settings_nothing_polls(

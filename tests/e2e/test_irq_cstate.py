@@ -84,7 +84,8 @@ def test_another_process_rewriting_an_owned_mask_is_put_back(isolated: Latencyd)
         monitor.terminate()
         out = monitor.communicate(timeout=5)[0]
     assert "member=Drift" in out and f'"irq": {irq}' in out and "reapplied" in out
-    assert f"drift: [irq] IRQ {irq} affinity = 1, but it is '0': reapplied" in isolated.log()
+    line = f"drift: [irq] IRQ {irq} affinity = 1, but it is '0': reapplied"
+    wait_for(lambda: line in isolated.log(), timeout=2)
 
 
 def test_irqs_that_reappear_get_the_rule_at_once(isolated: Latencyd) -> None:
