@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "daemon": "bench.daemon",
     "kthread": "bench.kthread",
     "drift": "bench.drift",
+    "loader": "bench.loader",
 }
 
 USAGE = """\

@@ -1,0 +1,193 @@
+"""loader benchmark: hostile profiles are refused in bounded time and memory.
+
+For each hostile profile an outside test built (a 1,000-file include chain, arrays
+nested 3,000 deep, a 3,000-variable chain, doubling variables, a huge CPU range, a
+3,000-entry rule list, names of 10 kB and 1 MB, a file of 1 MB) it prints the time and
+the peak memory (tracemalloc) of loading it, and the error's first words. Then it loads
+--cases seeded mutations of the shipped profiles and counts the outcomes.
+
+    python -m bench loader [--cases 10000] [--seed N] [--json] [--quick]
+
+Goals: every case <= 1 s and <= 50 MB; every refusal says `file:line: what is wrong`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from latencyd.config import shipped_profiles_dir
+from latencyd.cpuset import CpuSet
+from latencyd.engine import section_schemas
+from latencyd.errors import ProfileError
+from latencyd.plugin import load_plugins
+from latencyd.profile import ProfileLibrary
+from latencyd.schema import Machine
+from latencyd.system import System
+from tests.fuzzprofiles import mutate
+
+
+def hostile(pdir: Path) -> dict[str, Callable[[], str]]:
+    """name -> a function that writes the case's files and returns the name to load."""
+
+    def files(contents: dict[str, str], load: str) -> Callable[[], str]:
+        def write() -> str:
+            for name, text in contents.items():
+                (pdir / f"{name}.toml").write_text(text)
+            return load
+
+        return write
+
+    chain = {f"c{i}": f'[main]\ninclude = ["c{i + 1}"]\n' for i in range(999)} | {"c999": ""}
+    doubling = "[variables]\n" + "".join(
+        f'v{i} = "${{v{i + 1}}}${{v{i + 1}}}"\n' for i in range(40)
+    )
+    return {
+        "1,000-file include chain": files(chain, "c0"),
+        "array nested 3,000 deep": files(
+            {"deep": '[sysctl]\n"vm.x" = ' + "[" * 3000 + "]" * 3000 + "\n"}, "deep"
+        ),
+        "3,000-variable chain": files(
+            {
+                "vars": "[variables]\n"
+                + "".join(f'v{i} = "${{v{i + 1}}}"\n' for i in range(3000))
+                + 'v3000 = "1"\n'
+            },
+            "vars",
+        ),
+        "variables doubling 40 levels": files({"double": doubling + 'v40 = "x"\n'}, "double"),
+        'isolate = "0-200000000"': files({"range": '[irq]\nisolate = "0-200000000"\n'}, "range"),
+        "3,000-entry rule list": files(
+            {"rules": '[[kthread.rule]]\nmatch = "x"\ncpus = "0"\n' * 3000}, "rules"
+        ),
+        "10 kB include name": files({"inc": '[main]\ninclude = ["' + "x" * 10_000 + '"]\n'}, "inc"),
+        "1 MB profile name": lambda: "p" * (1 << 20),
+        "1 MB file": files({"big": "#" * (1 << 20)}, "big"),
+    }
+
+
+def measure(load: Callable[[], Any]) -> tuple[float, int, str]:
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        load()
+        outcome = "loaded"
+    except ProfileError as exc:
+        outcome = str(exc)
+    seconds = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return seconds, peak, outcome
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="latencyd-loader-") as tmp:
+        pdir = Path(tmp)
+        system = System("/")
+        library = ProfileLibrary(
+            [pdir], section_schemas(load_plugins(system)), Machine(CpuSet.from_list("0-3"), 8 << 30)
+        )
+        cases = []
+        for name, prepare in hostile(pdir).items():
+            ref = prepare()
+
+            def load(ref: str = ref) -> Any:
+                return library.load(ref)
+
+            seconds, peak, outcome = measure(load)
+            cases.append({"case": name, "seconds": seconds, "peak_bytes": peak, "outcome": outcome})
+        rng = random.Random(args.seed)
+        seeds = {p.stem: p.read_text() for p in shipped_profiles_dir().glob("*.toml")}
+        for name, text in seeds.items():
+            (pdir / f"{name}.toml").write_text(text)
+        outcomes = {
+            "loaded": 0,
+            "refused with file:line": 0,
+            "refused without a line": 0,
+            "other exception": 0,
+        }
+        slowest = 0.0
+        peak_max = 0
+        fuzz = pdir / "fuzz.toml"
+        for _ in range(args.cases):
+            fuzz.write_text(mutate(rng.choice(list(seeds.values())), rng), errors="surrogateescape")
+            tracemalloc.start()
+            started = time.perf_counter()
+            try:
+                library.load("fuzz")
+                outcomes["loaded"] += 1
+            except ProfileError as exc:
+                key = (
+                    "with file:line"
+                    if re.match(r"/\S+\.toml:\d+: ", str(exc))
+                    else "without a line"
+                )
+                outcomes[f"refused {key}"] += 1
+            except Exception:
+                outcomes["other exception"] += 1
+            slowest = max(slowest, time.perf_counter() - started)
+            peak_max = max(peak_max, tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+    return {
+        "benchmark": "loader",
+        "hostile": cases,
+        "fuzz": {
+            "cases": args.cases,
+            "seed": args.seed,
+            "outcomes": outcomes,
+            "slowest_seconds": slowest,
+            "peak_bytes_max": peak_max,
+        },
+    }
+
+
+def report(r: dict[str, Any]) -> None:
+    print("hostile profiles (goal: refused with file:line, <= 1 s, <= 50 MB each)")
+    for c in r["hostile"]:
+        ok = c["seconds"] <= 1 and c["peak_bytes"] <= 50 << 20
+        print(
+            f"  {c['case']:30} {c['seconds'] * 1000:8.1f} ms {c['peak_bytes'] / 2**20:7.2f} MiB"
+            f"  [{'PASS' if ok else 'MISS'}]  {c['outcome'][-90:]}"
+        )
+    f = r["fuzz"]
+    print(f"fuzz: {f['cases']} mutations of the shipped profiles (seed {f['seed']})")
+    for outcome, count in f["outcomes"].items():
+        print(f"  {outcome:26} {count}")
+    print(
+        f"  slowest case {f['slowest_seconds'] * 1000:.1f} ms, "
+        f"largest peak {f['peak_bytes_max'] / 2**20:.2f} MiB"
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench loader",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--cases", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=20261123)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="300 fuzz cases")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.cases = 300
+    result = run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        report(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
