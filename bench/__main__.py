@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "kthread": "bench.kthread",
     "drift": "bench.drift",
     "loader": "bench.loader",
+    "nic": "bench.nic",
 }
 
 USAGE = """\

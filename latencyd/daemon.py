@@ -270,71 +270,60 @@ class Daemon:
 
     def on_device_events(self, events: list[DeviceEvent]) -> None:
         """udev events: CPUs re-resolve the profile; devices go to the plugins that follow
-        them, as settings for just that device or as a re-expansion of the section."""
+        them, as settings for just those devices (one engine step per plugin for all the
+        events read together) or as a re-expansion of the section."""
         if self.active is None:
             return
         started = time.monotonic_ns()
         if any(e.subsystem == "cpu" for e in events):
             self.machine_changed()
             return
-        refresh: set[str] = set()
-        try:
-            for name in self.active.sections:
-                plugin = self.plugins[name]
-                mine = [e for e in events if e.action in plugin.follows.udev.get(e.subsystem, ())]
-                for event in mine:
-                    if not self._device_event(name, plugin, event):
-                        refresh.add(name)
-            if refresh:
-                report = self.refresh(refresh)
-                if report is not None and (report.applied or report.restored):
-                    log.info(
-                        "device events (%s): %d applied, %d restored in %.1f ms",
-                        ", ".join(sorted({e.subsystem for e in events})),
-                        report.applied,
-                        report.restored,
-                        report.seconds * 1000,
-                    )
-        except LatencydError as exc:
-            log.error("applying the profile to new devices failed: %s", exc)
-        for name in refresh:
-            self.delays.setdefault(name, Delays()).add(time.monotonic_ns() - started)
+        for name in list(self.active.sections):
+            plugin = self.plugins[name]
+            mine = [e for e in events if e.action in plugin.follows.udev.get(e.subsystem, ())]
+            if not mine:
+                continue
+            try:
+                report = self._device_step(name, plugin, mine)
+            except LatencydError as exc:
+                log.error("applying the profile to new devices failed: %s", exc)
+                continue
+            if report is not None and (report.applied or report.restored):
+                log.info(
+                    "[%s] %s: %d applied, %d restored in %.1f ms",
+                    name,
+                    ", ".join(f"{e.subsystem} {e.name} {e.action}" for e in mine),
+                    report.applied,
+                    report.restored,
+                    report.seconds * 1000,
+                )
+            delays = self.delays.setdefault(name, Delays())
+            for _ in mine:
+                delays.add(time.monotonic_ns() - started)
 
-    def _device_event(self, name: str, plugin: Plugin[Any], event: DeviceEvent) -> bool:
-        """Handle one event in place; False if the section must be expanded again."""
+    def _device_step(
+        self, name: str, plugin: Plugin[Any], events: list[DeviceEvent]
+    ) -> StepReport | None:
+        """The settings the events' devices need, in one step; the whole section is
+        expanded again if the plugin cannot handle an event in place."""
         section = self.engine.sections.get(name)
-        if section is None:
-            return True
-        started = time.monotonic_ns()
-        update = plugin.on_device(section.expansion.rules, event, self.engine.owned(name))
-        if update is None:
-            return False
-        settings, touched = update
-        wanted = {(name, t): v for t, v in settings.items()}
-        recheck = {(name, t) for t in touched} | set(wanted)
-        # Owned targets the event concerns that the device no longer wants (a rename
-        # that stops matching) are restored; the rest of the section is left alone.
-        for target in touched:
-            if (name, target) not in wanted and (name, target) in self.engine.applied:
-                wanted[(name, target)] = None
-        keep = {sid: v for sid, v in wanted.items() if v is not None}
-        drop = [sid for sid, v in wanted.items() if v is None]
+        owned = self.engine.owned(name)
+        wanted: dict[SettingId, Any] = {}
+        touched: set[SettingId] = set()
+        for event in events:
+            update = plugin.on_device(section.expansion.rules, event, owned) if section else None
+            if update is None:
+                return self.refresh([name])
+            settings, targets = update
+            wanted.update({(name, t): v for t, v in settings.items()})
+            touched.update((name, t) for t in targets)
+        # Owned targets the events concern that the devices no longer want (a rename that
+        # stops matching) are given back; the rest of the section is left alone.
+        drop = [sid for sid in touched if sid not in wanted and sid in self.engine.applied]
         try:
-            report = self.engine.update(name, keep, drop, recheck)
+            return self.engine.update(name, wanted, drop, touched | set(wanted))
         finally:
             self._stepped()
-        if report.applied or report.restored:
-            log.info(
-                "%s %s %s: %d applied, %d restored in %.1f ms",
-                event.subsystem,
-                event.name,
-                event.action,
-                report.applied,
-                report.restored,
-                report.seconds * 1000,
-            )
-        self.delays.setdefault(name, Delays()).add(time.monotonic_ns() - started)
-        return True
 
     def on_task_events(self, events: list[TaskEvent]) -> None:
         """New or renamed threads: give them their settings now; lost events mean rescan."""

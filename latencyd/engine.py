@@ -12,6 +12,7 @@ each applied section keeps for targets that appear later.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -223,9 +224,10 @@ class Engine:
         previous_profile = self.profile
         undo: list[Callable[[], None]] = []
         done: dict[SettingId, Value] = {}  # what this step owns afterwards, by sid
+        touched = [*step.apply, *step.restore]
         try:
             self.profile = profile
-            self._save()
+            self._save(touched)
             for sid in step.restore:
                 self._restore_one(sid, undo)
                 report.restored += 1
@@ -240,7 +242,7 @@ class Engine:
             self._roll_back(undo)
             self.profile = previous_profile
             self._forget_unapplied()
-            self._save()
+            self._save(touched)
             what = exc if isinstance(exc, LatencydError) else f"{type(exc).__name__}: {exc}"
             raise ApplyFailed(f"{what}. Nothing was changed: the step was rolled back.") from exc
 
@@ -258,7 +260,7 @@ class Engine:
             for s, r in self.not_applicable.items()
             if scope is not None and s[0] not in scope and s not in step.apply
         } | report.not_applicable
-        self._save()
+        self._save(touched)
         report.seconds = time.perf_counter() - started
         self.last_step = report
         return report
@@ -348,7 +350,7 @@ class Engine:
                 # The step drops this setting: put the original back (also when an earlier
                 # step applied it), or it would stay changed with nobody tracking it.
                 if not gone and (wrote or sid in self.applied):
-                    _quietly(lambda: plugin.restore(target, original))
+                    _quietly(lambda: _give_back(plugin, target, original))
                     if sid in self.applied:
                         undo.append(lambda: plugin.write(target, previous))
                 return None
@@ -364,7 +366,7 @@ class Engine:
         current = self.applied[sid]
         if not plugin.exists(target):
             return
-        plugin.restore(target, self.originals[sid])
+        _give_back(plugin, target, self.originals[sid])
         if current is not ADOPTED:
             undo.append(lambda: plugin.write(target, current))
 
@@ -384,7 +386,7 @@ class Engine:
             if not plugin.exists(target):
                 continue  # the thread/IRQ/device is gone: nothing to restore
             try:
-                plugin.restore(target, self.originals[sid])
+                _give_back(plugin, target, self.originals[sid])
             except LatencydError as exc:
                 original = self.originals[sid]
                 problems.append(f"[{sid[0]}] restoring {plugin.describe(target, original)}: {exc}")
@@ -424,6 +426,9 @@ class Engine:
             self.originals[(name, target)] = original
             self.applied[(name, target)] = ADOPTED
         self.profile = state.profile
+        # The journal, rewritten as what we now own (entries that cannot be restored
+        # are logged below and dropped).
+        self._save(list(self.originals))
         for line in stranded:
             log.error("journal entry cannot be restored: %s", line)
         log.warning(
@@ -480,18 +485,34 @@ class Engine:
             records.append(record)
         return records
 
-    def _save(self) -> None:
-        """Make the journal hold the current originals (it writes only what changed)."""
-        if self.originals:
-            originals: dict[JournalKey, Value] = {
-                (p, _key(t)): v for (p, t), v in self.originals.items()
-            }
-            self.journal.save(JournalState(originals, self.profile))
-        else:
-            self.journal.clear()
+    def _save(self, touched: Iterable[SettingId]) -> None:
+        """Make the journal hold the current originals of `touched` (and the profile)."""
+        updates: dict[JournalKey, Value] = {}
+        drops: list[JournalKey] = []
+        for sid in touched:
+            key = (sid[0], _key(sid[1]))
+            if sid in self.originals:
+                updates[key] = self.originals[sid]
+            else:
+                drops.append(key)
+        self.journal.record(updates, drops, self.profile)
 
 
+def _give_back(plugin: Plugin[Any], target: Target, original: Value) -> None:
+    """Restore an original, unless the kernel already holds it: a restore then writes
+    nothing (a setting found as wanted was never written, and a NIC or sysctl that is
+    already right is left alone)."""
+    try:
+        if plugin.same(target, original, plugin.read(target)):
+            return
+    except LatencydError:
+        pass  # unreadable now: try the write, which says why if it fails
+    plugin.restore(target, original)
+
+
+@functools.lru_cache(maxsize=16384)
 def _key(target: Target) -> str:
+    """A target in canonical JSON: the journal's key (each encoded once)."""
     return json.dumps(encode_target(target), sort_keys=True, separators=(",", ":"))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from latencyd.errors import JournalError
 FORMAT = 3
 JournalKey = tuple[str, str]  # (plugin, the target as canonical JSON)
 COMPACT_SLACK = 256  # appended lines allowed beyond the number of originals
+_NONE = object()
 
 
 @dataclass
@@ -45,7 +47,10 @@ class Journal:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / "journal.jsonl"
-        self._written: JournalState | None = None  # what the file holds, as we wrote it
+        # What the journal holds (as loaded, then as written); `_fresh` when the file is a
+        # snapshot we wrote followed by our appends, so a delta may be appended to it.
+        self._written = JournalState()
+        self._fresh = False
         self._lines = 0
         self._cleared = False  # we removed the file and wrote nothing since
 
@@ -107,29 +112,43 @@ class Journal:
             state.profile = delta["profile"]
 
     # -- writing ------------------------------------------------------------------
-    def save(self, state: JournalState) -> None:
-        """Make the file hold `state`: one appended delta, or a fresh snapshot."""
+    def record(
+        self,
+        updates: Mapping[JournalKey, Any],
+        drops: Iterable[JournalKey],
+        profile: str | None,
+    ) -> None:
+        """Change some originals (and the profile): one appended delta of what really
+        changed, a fresh snapshot when the file has grown (or was not written by us), or
+        no file at all once nothing is left. The cost follows the change, not the size."""
         written = self._written
-        if written is None or self._lines > len(state.originals) + COMPACT_SLACK:
-            self._write_snapshot(state)
-            return
+        state = written.originals
         delta: dict[str, Any] = {}
-        changed = [
-            [p, k, v]
-            for (p, k), v in state.originals.items()
-            if (p, k) not in written.originals or written.originals[(p, k)] != v
-        ]
-        dropped = [[p, k] for (p, k) in written.originals if (p, k) not in state.originals]
+        changed = [[p, k, v] for (p, k), v in updates.items() if state.get((p, k), _NONE) != v]
+        dropped = [[p, k] for (p, k) in drops if (p, k) in state]
+        for p, k, v in changed:
+            state[(p, k)] = v
+        for p, k in dropped:
+            del state[(p, k)]
         if changed:
             delta["set"] = changed
         if dropped:
             delta["drop"] = dropped
-        if state.profile != written.profile:
-            delta["profile"] = state.profile
-        if not delta:
+        if profile != written.profile:
+            delta["profile"] = profile
+        written.profile = profile
+        if not state:
+            self.clear()
             return
-        self._append(json.dumps(delta, separators=(",", ":")) + "\n")
-        self._written = JournalState(dict(state.originals), state.profile)
+        if not self._fresh or self._lines > len(state) + COMPACT_SLACK:
+            self._write_snapshot(written)
+        elif delta:
+            self._append(json.dumps(delta, separators=(",", ":")) + "\n")
+
+    def save(self, state: JournalState) -> None:
+        """Make the file hold exactly `state`."""
+        held = self._written.originals
+        self.record(state.originals, [k for k in held if k not in state.originals], state.profile)
 
     def _write_snapshot(self, state: JournalState) -> None:
         data = (json.dumps(_snapshot(state), sort_keys=True, separators=(",", ":")) + "\n").encode()
@@ -146,7 +165,9 @@ class Journal:
             self._sync_dir()
         except OSError as exc:
             raise JournalError(f"cannot write journal {self.path}: {exc}") from exc
-        self._written = JournalState(dict(state.originals), state.profile)
+        if state is not self._written:
+            self._written = JournalState(dict(state.originals), state.profile)
+        self._fresh = True
         self._lines = 1
         self._cleared = False
 
@@ -171,7 +192,8 @@ class Journal:
             self._sync_dir()
         except OSError as exc:
             raise JournalError(f"cannot remove journal {self.path}: {exc}") from exc
-        self._written = None
+        self._written = JournalState()
+        self._fresh = False
         self._lines = 0
         self._cleared = True
 
@@ -184,7 +206,8 @@ class Journal:
             self._sync_dir()
         except OSError as exc:
             raise JournalError(f"cannot move unreadable journal {self.path} aside: {exc}") from exc
-        self._written = None
+        self._written = JournalState()
+        self._fresh = False
         self._lines = 0
         return aside
 

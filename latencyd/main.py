@@ -141,26 +141,35 @@ class DriftWatch:
         self.loop = loop
         self.poll_ms = int(poll_interval_s * 1000)
         self.files = FileWatcher()
-        self.by_path: dict[str, list[SettingId]] = {}
-        self.unwatched: list[SettingId] = []
+        self.watched: dict[SettingId, tuple[str, ...]] = {}  # owned setting -> its files
+        self.by_path: dict[str, set[SettingId]] = {}
+        self.unwatched: set[SettingId] = set()
         self.poll_source: int | None = None
         loop.fd_add(self.files.fileno(), self._readable)
         daemon.after_step.append(self.sync)
 
     def sync(self) -> None:
-        by_path: dict[str, list[SettingId]] = {}
-        unwatched: list[SettingId] = []
+        """Follow what the engine owns: only settings new since the last step are asked
+        for their files (a step that pins one new thread costs one lookup, not one per
+        owned setting)."""
+        applied = self.daemon.engine.applied
         system = self.daemon.system
-        for sid in self.daemon.engine.applied:
+        for sid in self.watched.keys() - applied.keys():
+            for path in self.watched.pop(sid):
+                self.by_path[path].discard(sid)
+                if not self.by_path[path]:
+                    del self.by_path[path]
+            self.unwatched.discard(sid)
+        for sid in applied.keys() - self.watched.keys():
             files = self.daemon.plugins[sid[0]].watch_files(sid[1])
-            for rel in files:
-                by_path.setdefault(str(system.path(rel)), []).append(sid)
-            if not files:
-                unwatched.append(sid)
-        self.by_path = by_path
-        self.unwatched = unwatched
-        self.files.sync(by_path)
-        polling = bool(unwatched) and self.poll_ms > 0
+            paths = tuple(str(system.path(rel)) for rel in files)
+            self.watched[sid] = paths
+            for path in paths:
+                self.by_path.setdefault(path, set()).add(sid)
+            if not paths:
+                self.unwatched.add(sid)
+        self.files.sync(self.by_path)
+        polling = bool(self.unwatched) and self.poll_ms > 0
         if polling and self.poll_source is None:
             self.poll_source = self.loop.timeout_add(self.poll_ms, self._poll)
         elif not polling and self.poll_source is not None:

@@ -220,6 +220,44 @@ class Regex:
 
 
 @dataclass(frozen=True)
+class Fields:
+    """An inline table of named values (``{ rx-usecs = 0, adaptive-rx = false }``): the
+    names come from `fields` (name -> kind), or any name `check` accepts (it returns an
+    error message or None) with values of `kind`."""
+
+    fields: tuple[tuple[str, Kind], ...] = ()
+    check: Callable[[str], str | None] | None = None
+    kind: Kind | None = None
+    what: str = "key"
+
+    @property
+    def label(self) -> str:
+        names = f": {', '.join(n for n, _ in self.fields)}" if self.fields else ""
+        return f"table of {self.what}s{names}"
+
+    def parse(self, raw: Any, machine: Machine) -> dict[str, Any]:
+        if not isinstance(raw, dict):
+            raise ValueError(f"expected a table like {{ name = value }}, got {raw!r}")
+        known = dict(self.fields)
+        out = {}
+        for name, value in raw.items():
+            kind = known.get(name)
+            if kind is None and self.check is not None and self.kind is not None:
+                problem = self.check(name)
+                if problem:
+                    raise ValueError(problem)
+                kind = self.kind
+            if kind is None:
+                names = ", ".join(known)
+                raise ValueError(f"unknown {self.what} {name!r} (known: {names})")
+            try:
+                out[name] = kind.parse(value, machine)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from exc
+        return out
+
+
+@dataclass(frozen=True)
 class Option:
     name: str
     kind: Kind

@@ -17,11 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused
 from latencyd.schema import Machine
+
+if TYPE_CHECKING:
+    from latencyd.ethtool import Ethtool
 from latencyd.sdnotify import FdStore
 
 
@@ -157,17 +160,29 @@ def parse_stat(pid: int, text: str) -> Task:
 class System:
     """The kernel, rooted at `root`. Backends for what is not a plain file: `sched`
     (scheduler calls; the os module, or a fake with its functions), `pmqos` (the PM QoS
-    request fd, with systemd's fd store when given one)."""
+    request fd, with systemd's fd store when given one), `ethtool` (NIC settings over
+    netlink; unit tests pass a fake)."""
 
     def __init__(
         self,
         root: Path | str = "/",
         sched: ModuleType | Any = os,
         fdstore: FdStore | None = None,
+        ethtool: Ethtool | None = None,
     ) -> None:
         self.root = Path(root)
         self.sched = sched
         self.pmqos = PmQos(self.path("dev/cpu_dma_latency"), fdstore)
+        self._ethtool = ethtool
+
+    @property
+    def ethtool(self) -> Ethtool:
+        """NIC settings over ethtool netlink; its socket opens when a profile first needs it."""
+        if self._ethtool is None:
+            from latencyd.ethtool import NetlinkEthtool
+
+            self._ethtool = NetlinkEthtool()
+        return self._ethtool
 
     @property
     def is_real(self) -> bool:
@@ -192,7 +207,7 @@ class System:
 
     def read(self, rel: str) -> str:
         try:
-            return self.path(rel).read_text().strip()
+            return _read_text(self.path(rel)).strip()
         except OSError as exc:
             raise KernelRefused(f"reading /{rel.lstrip('/')}", describe_oserror(exc)) from exc
 
@@ -247,7 +262,7 @@ class System:
     def task(self, pid: int) -> Task | None:
         """The task's stat, or None if it has exited."""
         try:
-            return parse_stat(pid, self.path(f"proc/{pid}/stat").read_text())
+            return parse_stat(pid, _read_text(self.path(f"proc/{pid}/stat")))
         except (OSError, IndexError, ValueError):
             return None
 
@@ -352,6 +367,20 @@ class System:
     def close_counters(fds: Iterable[int]) -> None:
         for fd in fds:
             os.close(fd)
+
+
+def _read_text(path: Path) -> str:
+    """A kernel file's text, with plain syscalls: half the cost of Path.read_text, which
+    matters for the many small procfs/sysfs reads per event. Undecodable bytes (a task's
+    comm may hold any) are replaced, never an exception."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
 
 
 # perf_event_open(2): only the fields a plain counter needs; `size` tells the kernel.

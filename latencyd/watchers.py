@@ -89,7 +89,7 @@ class FileWatcher:
 
     def sync(self, paths: Iterable[str]) -> None:
         """Watch exactly `paths` (absolute); files that do not exist are skipped."""
-        wanted = set(paths)
+        wanted = paths if isinstance(paths, set | frozenset | dict) else set(paths)
         for path in [p for p in self.by_path if p not in wanted]:
             wd = self.by_path.pop(path)
             self.by_wd.pop(wd, None)

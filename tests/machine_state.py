@@ -64,6 +64,24 @@ def kthread_affinities() -> dict[str, str]:
     return out
 
 
+def nic_state() -> dict[str, str]:
+    """Every host NIC's ethtool settings and steering files: the suite never changes eth0
+    (beyond a no-op write) or any NIC it did not create."""
+    out: dict[str, str] = {}
+    for nic in sorted(os.listdir("/sys/class/net")):
+        for flag in ("-c", "-g", "-l", "-k") if nic != "lo" else ():
+            result = subprocess.run(["ethtool", flag, nic], capture_output=True, text=True)
+            out[f"{nic} ethtool {flag}"] = result.stdout + result.stderr
+        base = Path("/sys/class/net", nic)
+        for name in ("napi_defer_hard_irqs", "gro_flush_timeout"):
+            out[f"{nic} {name}"] = str(_read(base / name))
+        for queue in sorted((base / "queues").glob("*-*")):
+            for name in ("rps_cpus", "xps_cpus"):
+                if (queue / name).exists():
+                    out[f"{nic} {queue.name}/{name}"] = str(_read(queue / name))
+    return out
+
+
 def snapshot() -> dict[str, object]:
     files: dict[str, str | None] = {}
     for d in SYSCTL_DIRS:
@@ -93,6 +111,7 @@ def snapshot() -> dict[str, object]:
         "netns": sorted(netns.split()),
         "loop_devices": loops.strip(),
         "mounts": mounts,
+        "nics": nic_state(),
     }
 
 
@@ -109,6 +128,11 @@ def differences(before: dict[str, object], after: dict[str, object]) -> list[str
     for key in sorted(set(kb) & set(ka)):
         if kb[key] != ka[key]:
             diffs.append(f"kthread {key}: {kb[key]} -> {ka[key]}")
+    nb, na = before["nics"], after["nics"]
+    assert isinstance(nb, dict) and isinstance(na, dict)
+    for key in sorted(set(nb) | set(na)):
+        if nb.get(key) != na.get(key):
+            diffs.append(f"NIC {key}: {nb.get(key)!r} -> {na.get(key)!r}")
     for key in ("pm_qos_holders", "netns", "loop_devices", "mounts"):
         if before[key] != after[key]:
             diffs.append(f"{key}: {before[key]!r} -> {after[key]!r}")

@@ -60,7 +60,8 @@ def start_daemon(
     """Start latencyd processes; all are stopped (SIGTERM, restoring everything) afterwards."""
     started: list[Latencyd] = []
 
-    def start(profile: str | None = "test-a", **kwargs: object) -> Latencyd:
+    def start(profile: str | None = "test-a", launch: bool = True, **kwargs: object) -> Latencyd:
+        """A latencyd (started unless `launch` is false, to set it up further first)."""
         workdir = tmp_path / f"daemon{len(started)}"
         workdir.mkdir(exist_ok=True)
         kwargs.setdefault("profile_dirs", [profiles])
@@ -69,7 +70,7 @@ def start_daemon(
             extra.append("--no-profile")
         d = Latencyd(private_bus, workdir, profile=profile, extra=extra, **kwargs)  # type: ignore[arg-type]
         started.append(d)
-        return d.start()
+        return d.start() if launch else d
 
     yield start
     for d in started:

@@ -19,10 +19,12 @@ import errno
 import os
 import struct
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from latencyd.errors import KernelRefused
+from latencyd.ethtool import Features
 from latencyd.system import System
 
 GiB_KB = 1 << 20  # one GiB in /proc/meminfo's kB
@@ -322,3 +324,113 @@ class RefusingSystem(System):
         if rel in self.ignore:
             return
         super().write(rel, value)
+
+
+# -- NICs ----------------------------------------------------------------------------------
+
+
+def add_nic(
+    root: Path,
+    name: str,
+    ifindex: int,
+    mac: str = "",
+    assign: int = 1,
+    bus: str = "",
+    driver: str = "",
+    queues: int = 1,
+) -> None:
+    """sys/class/net/NAME with the files the net plugin reads; `bus` (a PCI address) and
+    `driver` make it a "physical" NIC with a device link (assign 0: a permanent MAC)."""
+    base = f"sys/class/net/{name}"
+    put(root, f"{base}/ifindex", str(ifindex))
+    put(root, f"{base}/address", mac or f"5a:00:00:00:00:{ifindex:02x}")
+    put(root, f"{base}/addr_assign_type", str(assign))
+    put(root, f"{base}/napi_defer_hard_irqs", "0")
+    put(root, f"{base}/gro_flush_timeout", "0")
+    for q in range(queues):
+        put(root, f"{base}/queues/rx-{q}/rps_cpus", "0")
+        put(root, f"{base}/queues/tx-{q}/xps_cpus", "0")
+    if bus:
+        device = root / f"sys/devices/pci0000:00/{bus}"
+        device.mkdir(parents=True, exist_ok=True)
+        (root / base / "device").symlink_to(device)
+        put(root, f"{base}/dev_port", "0")
+        if driver:
+            drv = root / f"sys/bus/pci/drivers/{driver}"
+            drv.mkdir(parents=True, exist_ok=True)
+            (device / "driver").symlink_to(drv)
+
+
+def rename_nic(root: Path, old: str, new: str) -> None:
+    (root / f"sys/class/net/{old}").rename(root / f"sys/class/net/{new}")
+
+
+@dataclass
+class FakeNic:
+    """What one driver reports and accepts, like a real one would.
+
+    `values`: group -> key -> value (only what the driver supports); `ignored`: (group,
+    key) pairs it accepts and keeps (virtio_net's adaptive-rx); `refused`: group -> errno
+    for every write to the group (veth's coalescing: EOPNOTSUPP); `limits`: (group, key)
+    -> maximum (ring sizes).
+    """
+
+    values: dict[str, dict[str, int | bool]] = field(default_factory=dict)
+    features: dict[str, bool] = field(default_factory=dict)
+    changeable: set[str] = field(default_factory=set)
+    ignored: set[tuple[str, str]] = field(default_factory=set)
+    refused: dict[str, int] = field(default_factory=dict)
+    limits: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+KERNEL_FEATURES = frozenset(
+    {"rx-gro", "rx-lro", "rx-checksum", "tx-scatter-gather", "tx-generic-segmentation",
+     "tx-tcp-segmentation", "tx-tcp6-segmentation", "rx-hashing", "rx-gro-hw"}
+)  # fmt: skip
+
+
+class FakeEthtool:
+    """The Ethtool backend over FakeNics by interface name, with refusals like drivers'."""
+
+    def __init__(self, nics: dict[str, FakeNic] | None = None) -> None:
+        self.nics = nics or {}
+        self.writes: list[tuple[str, str, str, int | bool]] = []
+
+    def _nic(self, ifname: str) -> FakeNic:
+        if ifname not in self.nics:
+            raise KernelRefused(f"reading {ifname}", "No such device (ENODEV)")
+        return self.nics[ifname]
+
+    def read(self, ifname: str, group: str) -> dict[str, int | bool]:
+        nic = self._nic(ifname)
+        if group not in nic.values:
+            raise KernelRefused(f"reading {ifname} {group}", "Operation not supported (ENOTSUP)")
+        return dict(nic.values[group])
+
+    def write(self, ifname: str, group: str, key: str, value: int | bool) -> None:
+        nic = self._nic(ifname)
+        self.writes.append((ifname, group, key, value))
+        what = f"setting {ifname} {group} {key} = {value}"
+        if group in nic.refused:
+            code = nic.refused[group]
+            raise KernelRefused(what, f"{os.strerror(code)} ({errno.errorcode[code]})")
+        if key not in nic.values.get(group, {}):
+            raise KernelRefused(
+                what, "cannot modify an unsupported parameter: Invalid argument (EINVAL)"
+            )
+        limit = nic.limits.get((group, key))
+        if limit is not None and int(value) > limit:
+            raise KernelRefused(what, "requested ring size exceeds maximum: Invalid argument")
+        if (group, key) not in nic.ignored:
+            nic.values[group][key] = value
+
+    def features(self, ifname: str) -> Features:
+        nic = self._nic(ifname)
+        active = frozenset(n for n, on in nic.features.items() if on)
+        return Features(active, frozenset(nic.changeable), KERNEL_FEATURES)
+
+    def set_feature(self, ifname: str, name: str, on: bool) -> None:
+        nic = self._nic(ifname)
+        self.writes.append((ifname, "feature", name, on))
+        if name in nic.changeable:
+            nic.features[name] = on

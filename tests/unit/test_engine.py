@@ -571,13 +571,23 @@ def test_refusal_is_not_applicable_only_for_kinds_that_say_so(rig: Rig) -> None:
         ),
     }
     assert rig.engine.not_applicable == report.not_applicable
-    # `d` (refused when reading its original) was never written; `stuck` was put back.
-    assert [k for k, _ in rig.fake.writes] == ["a", "na", "bad", "stuck", "stuck"]
+    # `d` (refused when reading its original) was never written; `stuck` kept its
+    # original, so there was nothing to put back.
+    assert [k for k, _ in rig.fake.writes] == ["a", "na", "bad", "stuck"]
     assert rig.changed() == {"fake/a": "1"}
     assert rig.engine.applied == {("fake", KA): "1"}
     assert rig.journal_on_disk() == ({("fake", KA): "0"}, "A")
     # Not-applicable settings are not drift.
     assert rig.engine.verify() == []
+
+
+def test_restoring_writes_nothing_where_the_original_is_already_there(rig: Rig) -> None:
+    rig.engine.switch({("fake", KA): "1", ("fake", KB): "1"}, "A")
+    write_sysctl(rig.root, "fake/a", "0")  # someone put `a` back already
+    rig.reset_writes()
+    assert rig.engine.off() == []
+    assert rig.fake.writes == [("b", "0")]
+    assert rig.values() == rig.original
 
 
 def test_a_vanished_target_is_dropped_without_a_reason(rig: Rig) -> None:

@@ -1,0 +1,464 @@
+"""net: NIC interrupt coalescing, rings, channels, pause, features, RPS/XPS and NAPI knobs.
+
+Every NIC a `[[net.nic]]` entry matches (by name, driver, bus address or MAC; the
+first matching entry wins) gets the entry's settings, virtual NICs included (veth,
+tap, bond, vlan: TuneD skips everything under /virtual/). ethtool settings go over
+netlink (latencyd.ethtool), never through ethtool's text. Every write is read back: a
+driver that does not support a key, or accepts a value and keeps another
+(virtio_net's adaptive-rx), makes the setting "not applicable, with the reason".
+
+A NIC is known by a stable identity — its permanent MAC, else its bus address and
+port, else its ifindex (virtual NICs) — not by its name, which can change: a rename
+keeps its settings, and the journal restores the right NIC after a crash. NICs that
+appear later (hot-plug, a driver rebind, a move into this namespace) and renames are
+tuned from udev events; a NIC that disappears is dropped without error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.ethtool import FEATURE_ALIASES, GROUPS
+from latencyd.plugin import (
+    DeviceEvent,
+    Expansion,
+    Follows,
+    Monitor,
+    Options,
+    Plugin,
+    Settings,
+    Table,
+    Target,
+    Value,
+)
+from latencyd.schema import ArrayOfTables, Bool, Cpus, Fields, Int, ListOf, Option, Schema, Str
+from latencyd.system import System
+
+NET = "sys/class/net"
+PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
+CPU_FILES = ("rps_cpus", "xps_cpus")  # per queue: rx-N/rps_cpus, tx-N/xps_cpus
+NIC_FILES = ("napi_defer_hard_irqs", "gro_flush_timeout")
+FEATURE_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+@dataclass(frozen=True)
+class NicSetting(Target):
+    """An ethtool setting of one NIC: group "coalesce", "ring", "channels", "pause" or
+    "feature", and its key (ethtool's name; for features the kernel's name)."""
+
+    kind: ClassVar[str] = "nic"
+    refusal_means: ClassVar[str | None] = "the NIC's driver does not support this"
+    nic: str  # stable identity, see nic_identity
+    group: str
+    key: str
+
+
+@dataclass(frozen=True)
+class NicFile(Target):
+    """A sysfs file of one NIC, relative to /sys/class/net/IF/ (queues/rx-0/rps_cpus)."""
+
+    kind: ClassVar[str] = "nic_file"
+    refusal_means: ClassVar[str | None] = "the kernel refused it for this NIC"
+    nic: str
+    path: str
+
+
+NetTarget = NicSetting | NicFile
+
+
+@dataclass(frozen=True)
+class Nic:
+    """One network interface as found in sysfs."""
+
+    name: str
+    identity: str
+    driver: str
+    bus: str
+    mac: str
+    rx_queues: tuple[str, ...]
+    tx_queues: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NicRule:
+    index: int  # its place among the section's [[net.nic]] entries, from 1
+    options: Mapping[str, Any]
+
+    def matches(self, nic: Nic) -> bool:
+        o = self.options
+        if any(fnmatch.fnmatchcase(nic.name, g) for g in o.get("exclude", ())):
+            return False
+        checks = [
+            ("match", nic.name),
+            ("driver", nic.driver),
+            ("bus", nic.bus),
+            ("mac", nic.mac),
+        ]
+        return all(
+            any(fnmatch.fnmatchcase(value, g) for g in _globs(o[k]))
+            for k, value in checks
+            if k in o
+        )
+
+
+@dataclass(frozen=True)
+class NetRules:
+    rules: tuple[NicRule, ...]
+
+    def rule_for(self, nic: Nic) -> NicRule | None:
+        return next((r for r in self.rules if r.matches(nic)), None)
+
+
+def _globs(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _group_fields(group: str) -> Fields:
+    kinds = tuple((k.name, Bool() if k.flag else Int(0, 2**32 - 1)) for k in GROUPS[group].keys)
+    return Fields(kinds, what=f"{group} key")
+
+
+def _feature_name(name: str) -> str | None:
+    if name in FEATURE_ALIASES or FEATURE_NAME.fullmatch(name):
+        return None
+    return f"{name!r} is not a feature name (ethtool's, like gro, or the kernel's, like rx-gro)"
+
+
+NIC_SCHEMA = Schema(
+    options=(
+        Option(
+            "match",
+            ListOf(Str()),
+            'Interface-name globs ("eth*", "enp3s0f*"); with driver, bus or mac, all must match',
+            default=["*"],
+        ),
+        Option("driver", ListOf(Str()), 'Driver-name globs ("mlx5_core", "ice")'),
+        Option("bus", ListOf(Str()), 'Bus-address globs ("0000:3b:00.*")'),
+        Option("mac", ListOf(Str()), 'MAC-address globs ("3c:fd:fe:*")'),
+        Option(
+            "exclude",
+            ListOf(Str()),
+            "Interface-name globs never tuned by this entry",
+            default=["lo"],
+        ),
+        Option("coalesce", _group_fields("coalesce"), "Interrupt coalescing (ethtool -C)"),
+        Option("ring", _group_fields("ring"), "Ring sizes (ethtool -G)"),
+        Option("channels", _group_fields("channels"), "Queue counts (ethtool -L)"),
+        Option("pause", _group_fields("pause"), "Pause frames (ethtool -A)"),
+        Option(
+            "features",
+            Fields(check=_feature_name, kind=Bool(), what="feature"),
+            'Offload features by ethtool name or kernel name ("gro", "rx-gro"; ethtool -K)',
+        ),
+        Option(
+            "rps_cpus",
+            Cpus(allow_empty=True),
+            'CPUs for receive packet steering on every rx queue ("none": off)',
+        ),
+        Option("xps_cpus", Cpus(allow_empty=True), "CPUs for transmit packet steering"),
+        Option(
+            "napi_defer_hard_irqs",
+            Int(0, 2**31 - 1),
+            "NAPI polls to run before re-enabling the NIC's interrupt (0: none)",
+        ),
+        Option(
+            "gro_flush_timeout",
+            Int(0, 2**63 - 1),
+            "How long GRO may hold packets and the IRQ stays off (0: flush at once)",
+            unit="ns",
+        ),
+    ),
+)
+
+
+class NetPlugin(Plugin[NetTarget]):
+    name = "net"
+    summary = "NIC coalescing, rings, channels, pause, features, RPS/XPS and NAPI knobs"
+    targets = (NicSetting, NicFile)
+    follows = Follows(udev={"net": frozenset({"add", "remove", "move"})})
+    schema = Schema(
+        tables=(
+            ArrayOfTables(
+                "nic",
+                NIC_SCHEMA,
+                "NIC entries: the first one that matches a NIC (all of match, driver, bus, "
+                "mac it names) gives it its settings",
+            ),
+        )
+    )
+
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        # identity -> (interface name, ifindex): a rename keeps the ifindex, so one read
+        # of it tells whether the name still belongs to the NIC.
+        self._names: dict[str, tuple[str, str]] = {}
+
+    # -- the machine's NICs ----------------------------------------------------------------
+    def nic_identity(self, ifname: str) -> str:
+        """The permanent MAC; else bus address and port; else the ifindex (virtual NICs)."""
+        base = f"{NET}/{ifname}"
+        assign = self.system.read(f"{base}/addr_assign_type")
+        mac = self.system.read(f"{base}/address")
+        if assign == "0" and mac.strip("0:"):
+            return f"mac:{mac}"
+        if self.system.exists(f"{base}/device"):
+            port = (
+                self.system.read(f"{base}/dev_port")
+                if self.system.exists(f"{base}/dev_port")
+                else "0"
+            )
+            return f"bus:{self._bus(ifname)}/{port}"
+        return f"ifindex:{self.system.read(f'{base}/ifindex')}"
+
+    def _bus(self, ifname: str) -> str:
+        if not self.system.exists(f"{NET}/{ifname}/device"):
+            return ""
+        path = self.system.realpath(f"{NET}/{ifname}/device")
+        found = PCI_ADDR.findall(path)
+        return found[-1] if found else path.rsplit("/", 1)[-1]
+
+    def nic(self, ifname: str) -> Nic | None:
+        base = f"{NET}/{ifname}"
+        try:
+            driver_link = f"{base}/device/driver"
+            driver = (
+                self.system.realpath(driver_link).rsplit("/", 1)[-1]
+                if self.system.exists(driver_link)
+                else ""
+            )
+            queues = self.system.listdir(f"{base}/queues")
+            return Nic(
+                ifname,
+                self.nic_identity(ifname),
+                driver,
+                self._bus(ifname),
+                self.system.read(f"{base}/address"),
+                tuple(q for q in queues if q.startswith("rx-")),
+                tuple(q for q in queues if q.startswith("tx-")),
+            )
+        except KernelRefused:  # it went away while we looked
+            return None
+
+    def nics(self) -> list[Nic]:
+        found = [self.nic(name) for name in self.system.listdir(NET)]
+        return [n for n in found if n is not None]
+
+    def ifname(self, identity: str) -> str | None:
+        """The NIC's current name (it may have been renamed), or None if it is gone."""
+        cached = self._names.get(identity)
+        if cached is not None:
+            name, ifindex = cached
+            try:
+                if self.system.read(f"{NET}/{name}/ifindex") == ifindex:
+                    return name
+            except KernelRefused:
+                pass
+        self._names = {}
+        for name in self.system.listdir(NET):
+            self._remember(name)
+        hit = self._names.get(identity)
+        return hit[0] if hit else None
+
+    def _remember(self, ifname: str) -> str | None:
+        try:
+            identity = self.nic_identity(ifname)
+            self._names[identity] = (ifname, self.system.read(f"{NET}/{ifname}/ifindex"))
+        except KernelRefused:
+            return None
+        return identity
+
+    def _name(self, target: NetTarget) -> str:
+        name = self.ifname(target.nic)
+        if name is None:
+            raise NotApplicable(f"NIC {target.nic} is gone")
+        return name
+
+    # -- what a section wants ----------------------------------------------------------------
+    @staticmethod
+    def nic_settings(rule: NicRule, nic: Nic) -> Settings:
+        o = rule.options
+        settings: Settings = {}
+        for group in GROUPS:
+            for key, value in o.get(group, {}).items():
+                settings[NicSetting(nic.identity, group, key)] = value
+        for feature, on in o.get("features", {}).items():
+            for name in FEATURE_ALIASES.get(feature, (feature,)):
+                settings[NicSetting(nic.identity, "feature", name)] = on
+        for option, queues in (("rps_cpus", nic.rx_queues), ("xps_cpus", nic.tx_queues)):
+            if option in o:
+                for queue in queues:
+                    settings[NicFile(nic.identity, f"queues/{queue}/{option}")] = o[
+                        option
+                    ].to_list()
+        for option in NIC_FILES:
+            if option in o:
+                settings[NicFile(nic.identity, option)] = str(o[option])
+        return settings
+
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        rules = NetRules(tuple(NicRule(i, r) for i, r in enumerate(options.get("nic", []), 1)))
+        settings: Settings = {}
+        for nic in self.nics():
+            rule = rules.rule_for(nic)
+            if rule is not None:
+                settings.update(self.nic_settings(rule, nic))
+        return Expansion(settings, rules)
+
+    def on_device(
+        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+    ) -> tuple[Settings, set[Target]] | None:
+        """Just the NIC the event is about: tuned as it appears or is renamed; its settings
+        dropped when it goes (or stops matching after a rename)."""
+        if not isinstance(rules, NetRules):
+            return None
+        if event.action == "remove":
+            gone: set[Target] = {
+                t for t in owned if isinstance(t, NicSetting | NicFile) and not self.exists(t)
+            }
+            return {}, gone
+        nic = self.nic(event.name)
+        if nic is None:
+            return {}, set()
+        self._remember(nic.name)
+        rule = rules.rule_for(nic)
+        settings = self.nic_settings(rule, nic) if rule is not None else {}
+        mine: set[Target] = {
+            t for t in owned if isinstance(t, NicSetting | NicFile) and t.nic == nic.identity
+        }
+        return settings, mine
+
+    # -- one target --------------------------------------------------------------------------
+    def read(self, target: NetTarget) -> Value:
+        name = self._name(target)
+        if isinstance(target, NicFile):
+            text = self.system.read(f"{NET}/{name}/{target.path}")
+            return CpuSet.from_mask(text).to_list() if _is_cpu_file(target) else text
+        if target.group == "feature":
+            features = self.system.ethtool.features(name)
+            if target.key not in features.known:
+                raise NotApplicable(f"this kernel has no NIC feature {target.key!r}")
+            return target.key in features.active
+        values = self.system.ethtool.read(name, target.group)
+        if target.key not in values:
+            raise NotApplicable(f"{name}'s driver does not report {target.group} {target.key}")
+        return values[target.key]
+
+    def write(self, target: NetTarget, value: Value) -> None:
+        name = self._name(target)
+        if isinstance(target, NicFile):
+            text = str(value)
+            if _is_cpu_file(target):
+                nr = max(self.system.online_cpus()) + 1
+                text = CpuSet.from_list(text).to_mask(nr)
+            self.system.write(f"{NET}/{name}/{target.path}", text)
+        elif target.group == "feature":
+            if target.key not in self.system.ethtool.features(name).changeable:
+                raise NotApplicable(f"{name}: feature {target.key} is fixed by its driver")
+            self.system.ethtool.set_feature(name, target.key, bool(value))
+        else:
+            self.system.ethtool.write(name, target.group, target.key, value)
+
+    def same(self, target: NetTarget, wanted: Value, actual: Value) -> bool:
+        if isinstance(target, NicFile) and _is_cpu_file(target):
+            return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+        return bool(wanted == actual)
+
+    def exists(self, target: NetTarget) -> bool:
+        name = self.ifname(target.nic)
+        if name is None:
+            return False
+        return not isinstance(target, NicFile) or self.system.exists(f"{NET}/{name}/{target.path}")
+
+    def watch_files(self, target: NetTarget) -> tuple[str, ...]:
+        if isinstance(target, NicSetting):
+            return ()
+        name = self.ifname(target.nic)
+        return (f"{NET}/{name}/{target.path}",) if name else ()
+
+    def describe(self, target: NetTarget, value: Value) -> str:
+        name = self.ifname(target.nic) or target.nic
+        if isinstance(target, NicFile):
+            return f"{name} {target.path} = {value}"
+        if target.group == "feature":
+            return f"{name} feature {target.key} {'on' if value else 'off'}"
+        shown = ("on" if value else "off") if isinstance(value, bool) else value
+        return f"{name} {target.group} {target.key} = {shown}"
+
+    # -- monitoring --------------------------------------------------------------------------
+    def queue_irqs(self, nic: Nic) -> list[tuple[int, str]]:
+        """(IRQ, its CPUs) of the NIC's queues: MSI vectors of its device, else IRQs named
+        after the interface or its virtio device."""
+        numbers: set[int] = set()
+        msi = f"{NET}/{nic.name}/device/msi_irqs"
+        device = ""
+        if self.system.exists(f"{NET}/{nic.name}/device"):
+            device = self.system.realpath(f"{NET}/{nic.name}/device").rsplit("/", 1)[-1]
+        numbers.update(int(n) for n in self.system.listdir(msi) if n.isdigit())
+        try:
+            interrupts = self.system.read("proc/interrupts").splitlines()[1:]
+        except KernelRefused:
+            interrupts = []
+        prefixes = tuple(p for p in (f"{nic.name}-", f"{device}-") if p != "-")
+        for line in interrupts:
+            label, _, rest = line.partition(":")
+            if (
+                label.strip().isdigit()
+                and prefixes
+                and any(word.startswith(prefixes) for word in rest.split())
+            ):
+                numbers.add(int(label))
+        out = []
+        for n in sorted(numbers):
+            try:
+                out.append((n, self.system.read(f"proc/irq/{n}/smp_affinity_list")))
+            except KernelRefused:
+                continue
+        return out
+
+    def monitor(self, rules: Any) -> Monitor:
+        if not isinstance(rules, NetRules):
+            return Monitor()
+        nic_rows = []
+        setting_rows = []
+        for nic in self.nics():
+            rule = rules.rule_for(nic)
+            irqs = ", ".join(f"{n}@{cpus}" for n, cpus in self.queue_irqs(nic)) or "-"
+            nic_rows.append(
+                (nic.name, nic.identity, nic.driver or "-", rule.index if rule else "-", irqs)
+            )
+            if rule is None:
+                continue
+            for target, wanted in self.nic_settings(rule, nic).items():
+                assert isinstance(target, NicSetting | NicFile)
+                try:
+                    actual: Any = self.read(target)
+                except (KernelRefused, NotApplicable) as exc:
+                    actual = f"n/a: {exc}"
+                what = (
+                    target.path if isinstance(target, NicFile) else (f"{target.group} {target.key}")
+                )
+                setting_rows.append((nic.name, what, wanted, actual))
+        return Monitor(
+            (
+                Table(
+                    "NICs: the [[net.nic]] entry that matched, and queue IRQs (IRQ@CPUs)",
+                    ("NIC", "identity", "driver", "entry", "queue IRQs"),
+                    tuple(nic_rows),
+                ),
+                Table(
+                    "NIC settings: wanted and actual",
+                    ("NIC", "setting", "wanted", "actual"),
+                    tuple(setting_rows),
+                ),
+            )
+        )
+
+
+def _is_cpu_file(target: NicFile) -> bool:
+    return target.path.rsplit("/", 1)[-1] in CPU_FILES
