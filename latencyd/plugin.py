@@ -139,13 +139,17 @@ class Monitor:
 
 class Plugin(Generic[T]):
     """Base of every plugin, generic in its target type(s). Required: `name`, `summary`,
-    `schema`, `targets`, `expand`, `read`, `write` and `describe`; the rest has defaults."""
+    `schema`, `targets`, `example`, `expand`, `read`, `write` and `describe`; the rest has
+    defaults."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
     schema: Schema = Schema()  # an instance may refine it when checks need the machine
     targets: ClassVar[tuple[type[Target], ...]] = ()
     follows: ClassVar[Follows] = Follows()
+    # A section that exercises the plugin: the contract test (tests/unit/test_contract.py)
+    # applies it on a fake machine, verifies it and restores it, for every plugin found.
+    example: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, system: System) -> None:
         self.system = system

@@ -92,6 +92,10 @@ class CstatePlugin(Plugin[CstateTarget]):
     name = "cstate"
     summary = "C-states: PM QoS latency request, per-CPU resume latency, cpuidle state disables"
     targets = (PmQosRequest, ResumeLatency, StateDisable)
+    example: ClassVar[dict[str, Any]] = {
+        "force_latency_us": 10,
+        "cpus": [{"cpus": "1", "resume_latency_us": 0, "disable_states": ["deeper-than:5"]}],
+    }
     follows = Follows(udev={"cpu": CPU_ACTIONS})
     schema = Schema(
         options=(

@@ -110,6 +110,7 @@ class IrqPlugin(Plugin[IrqTarget]):
     name = "irq"
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"
     targets = (IrqAffinity, DefaultAffinity, IrqbalanceBan)
+    example: ClassVar[dict[str, Any]] = {"isolate": "1"}
     # A device added, removed, bound or unbound allocates or frees IRQs.
     follows = Follows(
         udev={

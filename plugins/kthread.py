@@ -124,6 +124,10 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     name = "kthread"
     summary = "Kernel-thread affinity and policy by name, following threads as they come and go"
     targets = (Workqueue, ThreadAffinity, ThreadPolicy, TaskAffinity)
+    example: ClassVar[dict[str, Any]] = {
+        "writeback_cpumask": "0",
+        "rule": [{"match": "^kswapd", "cpus": "0", "policy": "fifo", "priority": 2}],
+    }
     follows = Follows(threads=True, udev={"cpu": CPU_ACTIONS})
     schema = Schema(
         options=(

@@ -181,6 +181,9 @@ class NetPlugin(Plugin[NetTarget]):
     name = "net"
     summary = "NIC coalescing, rings, channels, pause, features, RPS/XPS and NAPI knobs"
     targets = (NicSetting, NicFile)
+    example: ClassVar[dict[str, Any]] = {
+        "nic": [{"coalesce": {"rx-frames": 3}, "features": {"gro": True}, "rps_cpus": "1"}]
+    }
     follows = Follows(udev={"net": frozenset({"add", "remove", "move"})})
     schema = Schema(
         tables=(

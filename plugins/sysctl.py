@@ -85,6 +85,7 @@ class SysctlPlugin(Plugin[Sysctl]):
     name = "sysctl"
     summary = "Any kernel sysctl under /proc/sys"
     targets = (Sysctl,)
+    example: ClassVar[dict[str, Any]] = {"vm.swappiness": 5}
 
     def __init__(self, system: System) -> None:
         super().__init__(system)

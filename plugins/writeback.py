@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from latencyd.plugin import Expansion, Options, Plugin, Settings, Target, Value
 from latencyd.schema import Int, Option, Schema, Size
@@ -42,6 +42,7 @@ class WritebackPlugin(Plugin[DirtyLimit | VmKnob]):
     name = "writeback"
     summary = "Dirty-page writeback thresholds and timing (vm.dirty_*)"
     targets = (DirtyLimit, VmKnob)
+    example: ClassVar[dict[str, Any]] = {"dirty_bytes": "64M", "dirty_expire_centisecs": 500}
     schema = Schema(
         options=(
             Option(

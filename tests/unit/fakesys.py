@@ -109,8 +109,8 @@ class KernelLikeSystem(System):
     was touched and what was left alone.
     """
 
-    def __init__(self, root: Path | str = "/") -> None:
-        super().__init__(root)
+    def __init__(self, root: Path | str = "/", **backends: Any) -> None:
+        super().__init__(root, **backends)
         self.writes: list[tuple[str, str]] = []  # every write, as (path under root, value)
 
     def write(self, rel: str, value: str) -> None:
@@ -131,7 +131,7 @@ def tree_values(root: Path, under: str = "") -> dict[str, str]:
     (the kernel prints a newline that writes leave out): a snapshot to compare."""
     base = root / under if under else root
     return {
-        str(p.relative_to(root)): p.read_text().strip()
+        str(p.relative_to(root)): p.read_bytes().decode(errors="surrogateescape").strip()
         for p in sorted(base.rglob("*"))
         if p.is_file() and not p.is_symlink()
     }
@@ -434,3 +434,41 @@ class FakeEthtool:
         self.writes.append((ifname, "feature", name, on))
         if name in nic.changeable:
             nic.features[name] = on
+
+
+# -- one fake machine with everything the built-in plugins touch ---------------------------
+
+INTERRUPTS = """\
+           CPU0       CPU1       CPU2       CPU3
+ 24:          1          0          0          0   IO-APIC   5-edge      ACPI:Ged
+ 41:        696          0          0          0   PCI-MSIX-0000:00:04.0   1-edge      virtio3-rx
+"""
+
+
+def make_fake_machine(tmp_path: Path) -> System:
+    """A 4-CPU machine: sysctls, cpuidle and PM QoS, two IRQs, kthreadd and kswapd0, the
+    workqueue cpumasks, a NIC with a driver (FakeEthtool), and KSM."""
+    root = make_fake_root(tmp_path)
+    add_cpuidle(root)
+    add_irqs(root, INTERRUPTS)
+    sched = FakeSched({0, 1, 2, 3})
+    add_task(root, 1, "systemd", ppid=0, start_time=5)
+    add_task(root, 2, "kthreadd", ppid=0, flags=0x00208040, start_time=5)
+    add_kthread(root, 45, "kswapd0")
+    for pid in (1, 2, 45):
+        sched.add(pid)
+    put(root, "sys/devices/virtual/workqueue/writeback/cpumask", "f")
+    put(root, "sys/devices/virtual/workqueue/cpumask", "f")
+    add_nic(root, "eth0", 2, mac="52:54:00:12:34:56", assign=0, bus="0000:00:04.0",
+            driver="virtio_net")  # fmt: skip
+    ethtool = FakeEthtool(
+        {
+            "eth0": FakeNic(
+                values={"coalesce": {"rx-frames": 1, "rx-usecs": 0}, "channels": {"combined": 1}},
+                features={"rx-gro": False},
+                changeable={"rx-gro"},
+            )
+        }
+    )
+    put(root, "sys/kernel/mm/ksm/run", "0")
+    return KernelLikeSystem(root, sched=sched, ethtool=ethtool)

@@ -1,0 +1,113 @@
+"""The plugin contract, checked for every plugin found through the entry-point group
+(and for the example plugin in the README): documented options, targets that round-trip
+through the journal, and an example section that applies, verifies and restores on a
+fake machine leaving it exactly as it was."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from latencyd.engine import Engine, section_schemas
+from latencyd.journal import Journal
+from latencyd.plugin import Plugin, decode_target, discover, encode_target, target_kinds
+from latencyd.profile import Profile
+from latencyd.schema import ArrayOfTables, Schema, validate
+from tests.harness import REPO
+from tests.unit.fakesys import make_fake_machine, tree_values
+
+
+def readme_plugin() -> type[Plugin[Any]]:
+    """The "Writing a plugin" example, loaded from the README's code block as it stands."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Writing a plugin") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code, "the README's plugin example is missing"
+    spec = importlib.util.spec_from_loader("readme_plugin", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["readme_plugin"] = module
+    exec(compile(code.group(1), "README.md", "exec"), module.__dict__)
+    plugins = [
+        v for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, Plugin) and v is not Plugin
+    ]  # fmt: skip
+    assert len(plugins) == 1
+    return plugins[0]
+
+
+PLUGINS: dict[str, type[Plugin[Any]]] = discover() | {"readme": readme_plugin()}
+
+
+def every_option(schema: Schema) -> list[tuple[str, str]]:
+    out = [(o.name, o.doc) for o in schema.options]
+    for table in schema.tables:
+        out.append((table.name, table.doc))
+        out += [(f"{table.name}.{n}", d) for n, d in every_option(table.schema)]
+    return out
+
+
+@pytest.mark.parametrize("key", sorted(PLUGINS))
+def test_plugin_keeps_the_contract(key: str, tmp_path: Path) -> None:
+    system = make_fake_machine(tmp_path)
+    plugin = PLUGINS[key](system)
+    # Named, summarised, every option documented.
+    assert plugin.name and plugin.summary and plugin.targets
+    assert all(doc.strip() for _, doc in every_option(plugin.schema)), every_option(plugin.schema)
+    assert len({t.kind for t in plugin.targets}) == len(plugin.targets)
+    # The example is a valid section (with the engine's options added).
+    schema = section_schemas({plugin.name: plugin})[plugin.name]
+    assert plugin.example, f"{key}: no example section"
+    options = validate(schema, plugin.example, system.machine())
+    profile = Profile("example", tmp_path / "example.toml", "", {plugin.name: options}, {})
+    engine = Engine({plugin.name: plugin}, Journal(tmp_path / "state"))
+    expansion = engine.expand(profile)[plugin.name]
+    assert expansion.settings, f"{key}: the example wants nothing on the fake machine"
+    # Targets round-trip through the journal's form.
+    kinds = target_kinds(plugin)
+    for target in expansion.settings:
+        data = json.loads(json.dumps(encode_target(target)))
+        assert decode_target(kinds, data) == target
+        assert plugin.describe(target, expansion.settings[target])
+    # Applied, verified, restored: the machine is as it was.
+    nics = system.ethtool.nics  # type: ignore[attr-defined]  # the fake's
+    # (dev/cpu_dma_latency is a plain file in the fake: the request is checked by pmqos.)
+    before = (
+        tree_values(system.root, "proc"),
+        tree_values(system.root, "sys"),
+        (
+            system.sched.state(),
+            copy.deepcopy(nics),
+        ),
+    )
+    report = engine.apply(profile)
+    assert report.applied > 0, report
+    assert engine.verify() == []
+    assert engine.off() == []
+    after = tree_values(system.root, "proc"), tree_values(system.root, "sys")
+    assert after == before[:2]
+    assert (system.sched.state(), nics) == before[2]
+    assert system.pmqos.held() is None
+    assert not (tmp_path / "state" / "journal.jsonl").exists()
+
+
+def test_every_built_in_plugin_is_a_file_in_plugins_with_an_entry_point() -> None:
+    files = {p.stem for p in (REPO / "plugins").glob("*.py") if p.stem != "__init__"}
+    assert files <= set(discover())
+
+
+def test_the_schemas_tables_are_documented_in_plugin_docs() -> None:
+    from latencyd.explain import plugin_docs
+
+    docs = plugin_docs()
+    for name, cls in discover().items():
+        tables = [t.name for t in cls.schema.tables if isinstance(t, ArrayOfTables)]
+        listed = {o["option"] for o in docs[name]["options"]}
+        assert {f"[[{name}.{t}]]" for t in tables} <= listed
