@@ -285,10 +285,12 @@ def format_explain(data: dict[str, Any]) -> str:
     if data["variables"]:
         out.append("\n[variables]")
         out.extend(f"  {k} = {v!r}" for k, v in data["variables"].items())
-    for section, options in data["sections"].items():
+    for section in dict.fromkeys([*data["sections"], *data.get("removed", {})]):
         out.append(f"\n[{section}]")
-        for opt in options:
+        for opt in data["sections"].get(section, []):
             out.append(f"  {opt['option']} = {opt['value']!r}   # {opt['from']}")
+        for gone in data.get("removed", {}).get(section, []):
+            out.append(f"  - {gone['option']}   # removed by {gone['how']} at {gone['from']}")
     return "\n".join(out)
 
 

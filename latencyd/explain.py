@@ -45,12 +45,20 @@ def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dic
         ]
         for section, options in profile.sections.items()
     }
+    removed = {
+        section: [
+            {"option": r.option or "(whole section)", "how": r.how, "from": str(r.where)}
+            for r in removals
+        ]
+        for section, removals in profile.removed.items()
+    }
     return {
         "name": profile.name,
         "summary": profile.summary,
         "files": [str(f) for f in profile.files],
         "variables": plain(profile.variables),
         "sections": sections,
+        "removed": removed,
     }
 
 

@@ -77,6 +77,21 @@ class Profile:
     origins: dict[str, dict[str, Location]]  # plugin name -> option -> where it was set
     variables: dict[str, Any] = field(default_factory=dict)
     files: tuple[Path, ...] = ()
+    removed: dict[str, list[Removal]] = field(default_factory=dict)  # by section
+
+
+@dataclass(frozen=True)
+class Removal:
+    """Inherited settings a file took away: `option` (None: the whole section), and how."""
+
+    option: str | None
+    how: str  # "enabled = false", "replace = true" or "drop"
+    where: Location
+
+
+# Keys valid in any section that shape inheritance; the loader consumes them, plugins
+# never see them. TuneD's `enabled`, `replace` and `drop` map onto these.
+INHERITANCE_KEYS = ("enabled", "replace", "drop")
 
 
 @dataclass(frozen=True)
@@ -346,10 +361,54 @@ class ProfileLibrary:
                 ) from exc
         return paths
 
+    @staticmethod
+    def _inherit(
+        section: str,
+        value: dict[str, Any],
+        source: SourceFile,
+        raw: dict[str, dict[str, tuple[Any, SourceFile]]],
+        removed: dict[str, list[Removal]],
+    ) -> dict[str, Any] | None:
+        """Apply a file's inheritance keys to what earlier files merged into `section`;
+        the file's own options, or None when it switches the section off."""
+        own = {k: v for k, v in value.items() if k not in INHERITANCE_KEYS}
+        enabled, replace, drop = (
+            value.get("enabled", True),
+            value.get("replace", False),
+            (value.get("drop", [])),
+        )
+        for key, given, ok in (
+            ("enabled", enabled, isinstance(enabled, bool)),
+            ("replace", replace, isinstance(replace, bool)),
+            ("drop", drop, isinstance(drop, list) and all(isinstance(d, str) for d in drop)),
+        ):
+            if not ok:
+                want = "a list of option names" if key == "drop" else "true or false"
+                raise ProfileError(
+                    source.at(section, key), f"{key}: expected {want}, got {given!r}"
+                )
+        merged = raw.get(section, {})
+        log = removed.setdefault(section, [])
+        if enabled is False:
+            log.append(Removal(None, "enabled = false", source.at(section, "enabled")))
+            raw.pop(section, None)
+            return None
+        if replace and merged:
+            log.extend(Removal(o, "replace = true", source.at(section, "replace")) for o in merged)
+            merged.clear()
+        for option in drop:
+            if option in merged:
+                del merged[option]
+                log.append(Removal(option, "drop", source.at(section, "drop")))
+        if not log:
+            del removed[section]
+        return own
+
     def _merge(self, name: str, path: Path, chain: list[SourceFile]) -> Profile:
         variables: dict[str, tuple[Any, SourceFile]] = {}
         raw: dict[str, dict[str, tuple[Any, SourceFile]]] = {}
         section_file: dict[str, SourceFile] = {}
+        removed: dict[str, list[Removal]] = {}
         for source in chain:
             for key, value in source.data.items():
                 if key == "main":
@@ -368,6 +427,9 @@ class ProfileLibrary:
                         source.at(key), f"unknown plugin section [{key}] (plugins: {known})"
                     )
                 section_file.setdefault(key, source)
+                value = self._inherit(key, value, source, raw, removed)
+                if value is None:  # enabled = false: the section is off
+                    continue
                 merged = raw.setdefault(key, {})
                 for opt, val in value.items():
                     for group in self.schemas[key].exclusive:
@@ -407,6 +469,7 @@ class ProfileLibrary:
             origins=origins,
             variables=resolved_vars,
             files=tuple(dict.fromkeys(s.path for s in chain)),
+            removed=removed,
         )
 
 

@@ -12,9 +12,9 @@ from latencyd.plugins.writeback import WritebackPlugin
 from latencyd.config import shipped_profiles_dir
 from latencyd.cpuset import CpuSet
 from latencyd.engine import section_schemas
-from latencyd.errors import ProfileError, ProfileNotFound
+from latencyd.errors import Location, ProfileError, ProfileNotFound
 from latencyd.plugin import load_plugins
-from latencyd.profile import ProfileLibrary
+from latencyd.profile import ProfileLibrary, Removal
 from latencyd.schema import ArrayOfTables, Cpus, Machine, Option, Regex, Schema
 from latencyd.system import System
 from tests.unit.fakesys import make_fake_root
@@ -545,3 +545,61 @@ def test_directory_named_like_a_profile_is_not_one(lib: ProfileLibrary, pdir: Pa
     with pytest.raises(ProfileNotFound, match="no profile named 'dir'"):
         lib.load("dir")
     assert [i.error for i in lib.all()] == [f"no profile named 'dir' (searched {pdir})"]
+
+
+# -- inheritance controls: enabled, replace, drop -------------------------------------------
+
+BASE = """
+    [sysctl]
+    "vm.swappiness" = 10
+    "vm.stat_interval" = 10
+
+    [writeback]
+    dirty_ratio = 10
+    dirty_expire_centisecs = 1000
+"""
+
+
+def test_drop_removes_inherited_options_and_says_where(lib: ProfileLibrary, pdir: Path) -> None:
+    write(pdir, "base", BASE)
+    child = write(
+        pdir, "child", '[main]\ninclude = ["base"]\n[sysctl]\ndrop = ["vm.stat_interval"]\n'
+    )
+    profile = lib.load("child")
+    assert set(profile.sections["sysctl"]) == {"vm.swappiness"}
+    assert profile.removed == {"sysctl": [Removal("vm.stat_interval", "drop", Location(child, 4))]}
+
+
+def test_replace_starts_the_section_afresh(lib: ProfileLibrary, pdir: Path) -> None:
+    write(pdir, "base", BASE)
+    write(
+        pdir,
+        "child",
+        '[main]\ninclude = ["base"]\n[writeback]\nreplace = true\ndirty_bytes = 4096\n',
+    )
+    profile = lib.load("child")
+    assert profile.sections["writeback"] == {"dirty_bytes": 4096}
+    assert [(r.option, r.how) for r in profile.removed["writeback"]] == [
+        ("dirty_ratio", "replace = true"),
+        ("dirty_expire_centisecs", "replace = true"),
+    ]
+
+
+def test_enabled_false_switches_an_inherited_section_off(lib: ProfileLibrary, pdir: Path) -> None:
+    write(pdir, "base", BASE)
+    write(pdir, "child", '[main]\ninclude = ["base"]\n[writeback]\nenabled = false\n')
+    profile = lib.load("child")
+    assert "writeback" not in profile.sections and "sysctl" in profile.sections
+    assert [(r.option, r.how) for r in profile.removed["writeback"]] == [(None, "enabled = false")]
+    # A grandchild may switch it on again with options of its own.
+    write(pdir, "grandchild", '[main]\ninclude = ["child"]\n[writeback]\ndirty_ratio = 7\n')
+    assert lib.load("grandchild").sections["writeback"]["dirty_ratio"] == 7
+
+
+def test_inheritance_keys_are_checked(lib: ProfileLibrary, pdir: Path) -> None:
+    write(pdir, "base", BASE)
+    bad = write(pdir, "bad", '[main]\ninclude = ["base"]\n[sysctl]\ndrop = "vm.swappiness"\n')
+    error = load_error(lib, "bad")
+    assert str(error) == f"{bad}:4: drop: expected a list of option names, got 'vm.swappiness'"
+    bad = write(pdir, "bad2", "[sysctl]\nenabled = 0\n")
+    assert str(load_error(lib, "bad2")) == f"{bad}:2: enabled: expected true or false, got 0"
