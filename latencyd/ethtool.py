@@ -16,7 +16,9 @@ This talks raw generic netlink: pyroute2's ethtool support imports all of pyrout
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
 import os
 import socket
 import struct
@@ -163,6 +165,8 @@ class Ethtool(Protocol):
 
     def set_feature(self, ifname: str, name: str, on: bool) -> None: ...
 
+    def driver(self, ifname: str) -> str: ...
+
 
 # -- generic netlink, the few pieces needed ---------------------------------------------------
 
@@ -192,6 +196,9 @@ BITSET_BITS, BITSET_VALUE = 3, 4
 BITS_BIT = 1
 BIT_NAME, BIT_VALUE = 2, 3
 FEATURES_HW, FEATURES_WANTED, FEATURES_ACTIVE, FEATURES_NOCHANGE = 2, 3, 4, 5
+
+SIOCETHTOOL, ETHTOOL_GDRVINFO = 0x8946, 0x00000003
+DRVINFO_SIZE = 196  # struct ethtool_drvinfo
 
 _NLMSG = struct.Struct("=IHHII")
 _GENL = struct.Struct("=BBH")
@@ -391,6 +398,19 @@ class NetlinkEthtool:
             FEATURES_SET,
             self._header(ifname, FLAG_OMIT_REPLY) + wanted,
         )
+
+    def driver(self, ifname: str) -> str:
+        """The NIC's driver name (ETHTOOL_GDRVINFO: ethtool netlink has no such request);
+        "" if the driver does not say."""
+        info = bytearray(struct.pack("=I", ETHTOOL_GDRVINFO) + bytes(DRVINFO_SIZE - 4))
+        buf = (ctypes.c_char * len(info)).from_buffer(info)
+        ifreq = struct.pack("16sP", ifname.encode()[:15], ctypes.addressof(buf))
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+                fcntl.ioctl(s.fileno(), SIOCETHTOOL, ifreq)
+        except OSError:
+            return ""
+        return bytes(info[4:36]).split(b"\0", 1)[0].decode(errors="replace")
 
     # -- what this kernel accepts --------------------------------------------------------
     def accepted_attributes(self, cmd: int) -> set[int]:

@@ -200,9 +200,10 @@ class System:
         return os.path.realpath(self.path(rel))
 
     def listdir(self, rel: str) -> list[str]:
+        """Entries of a directory; none if it is missing or not a directory."""
         try:
             return sorted(os.listdir(self.path(rel)))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
 
     def read(self, rel: str) -> str:

@@ -53,7 +53,7 @@ class NicSetting(Target):
     "feature", and its key (ethtool's name; for features the kernel's name)."""
 
     kind: ClassVar[str] = "nic"
-    refusal_means: ClassVar[str | None] = "the NIC's driver does not support this"
+    refusal_means: ClassVar[str | None] = "the NIC's driver refused it"
     nic: str  # stable identity, see nic_identity
     group: str
     key: str
@@ -110,6 +110,7 @@ class NicRule:
 @dataclass(frozen=True)
 class NetRules:
     rules: tuple[NicRule, ...]
+    queues: frozenset[tuple[str, str]] = frozenset()  # (NIC, queue) when expanded
 
     def rule_for(self, nic: Nic) -> NicRule | None:
         return next((r for r in self.rules if r.matches(nic)), None)
@@ -144,7 +145,8 @@ NIC_SCHEMA = Schema(
         Option(
             "exclude",
             ListOf(Str()),
-            "Interface-name globs never tuned by this entry",
+            "Interface-name globs never tuned by this entry (setting it replaces the "
+            'default ["lo"])',
             default=["lo"],
         ),
         Option("coalesce", _group_fields("coalesce"), "Interrupt coalescing (ethtool -C)"),
@@ -184,7 +186,10 @@ class NetPlugin(Plugin[NetTarget]):
     example: ClassVar[dict[str, Any]] = {
         "nic": [{"coalesce": {"rx-frames": 3}, "features": {"gro": True}, "rps_cpus": "1"}]
     }
-    follows = Follows(udev={"net": frozenset({"add", "remove", "move"})})
+    # A channel change adds or removes queues (udev subsystem "queues"): their RPS/XPS.
+    follows = Follows(
+        udev={"net": frozenset({"add", "remove", "move"}), "queues": frozenset({"add", "remove"})}
+    )
     schema = Schema(
         tables=(
             ArrayOfTables(
@@ -204,19 +209,21 @@ class NetPlugin(Plugin[NetTarget]):
 
     # -- the machine's NICs ----------------------------------------------------------------
     def nic_identity(self, ifname: str) -> str:
-        """The permanent MAC; else bus address and port; else the ifindex (virtual NICs)."""
+        """Where the NIC sits: its device's sysfs path and port (stable across renames,
+        MAC changes and reboots); a NIC without a device (virtual) by its permanent MAC,
+        else by its ifindex (a re-created virtual NIC is a new NIC)."""
         base = f"{NET}/{ifname}"
-        assign = self.system.read(f"{base}/addr_assign_type")
-        mac = self.system.read(f"{base}/address")
-        if assign == "0" and mac.strip("0:"):
-            return f"mac:{mac}"
         if self.system.exists(f"{base}/device"):
+            device = self.system.realpath(f"{base}/device").split("/devices/", 1)[-1]
             port = (
                 self.system.read(f"{base}/dev_port")
                 if self.system.exists(f"{base}/dev_port")
                 else "0"
             )
-            return f"bus:{self._bus(ifname)}/{port}"
+            return f"dev:{device}/{port}"
+        mac = self.system.read(f"{base}/address")
+        if self.system.read(f"{base}/addr_assign_type") == "0" and mac.strip("0:"):
+            return f"mac:{mac}"
         return f"ifindex:{self.system.read(f'{base}/ifindex')}"
 
     def _bus(self, ifname: str) -> str:
@@ -227,14 +234,16 @@ class NetPlugin(Plugin[NetTarget]):
         return found[-1] if found else path.rsplit("/", 1)[-1]
 
     def nic(self, ifname: str) -> Nic | None:
+        """The NIC as sysfs shows it; None for what is not a NIC (bonding_masters) or gone."""
         base = f"{NET}/{ifname}"
+        if not self.system.exists(f"{base}/ifindex"):
+            return None
         try:
             driver_link = f"{base}/device/driver"
-            driver = (
-                self.system.realpath(driver_link).rsplit("/", 1)[-1]
-                if self.system.exists(driver_link)
-                else ""
-            )
+            if self.system.exists(driver_link):
+                driver = self.system.realpath(driver_link).rsplit("/", 1)[-1]
+            else:  # a virtual NIC: its driver is only known to ethtool (veth, tun, bonding)
+                driver = self.system.ethtool.driver(ifname)
             queues = self.system.listdir(f"{base}/queues")
             return Nic(
                 ifname,
@@ -304,8 +313,16 @@ class NetPlugin(Plugin[NetTarget]):
                 settings[NicFile(nic.identity, option)] = str(o[option])
         return settings
 
+    def changed(self, rules: Any) -> bool:
+        """NICs or queues other than when expanded: the safety net behind udev events."""
+        return isinstance(rules, NetRules) and rules.queues != self._queues()
+
+    def _queues(self) -> frozenset[tuple[str, str]]:
+        return frozenset((n.identity, q) for n in self.nics() for q in n.rx_queues + n.tx_queues)
+
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
-        rules = NetRules(tuple(NicRule(i, r) for i, r in enumerate(options.get("nic", []), 1)))
+        entries = tuple(NicRule(i, r) for i, r in enumerate(options.get("nic", []), 1))
+        rules = NetRules(entries, self._queues())
         settings: Settings = {}
         for nic in self.nics():
             rule = rules.rule_for(nic)
@@ -318,8 +335,8 @@ class NetPlugin(Plugin[NetTarget]):
     ) -> tuple[Settings, set[Target]] | None:
         """Just the NIC the event is about: tuned as it appears or is renamed; its settings
         dropped when it goes (or stops matching after a rename)."""
-        if not isinstance(rules, NetRules):
-            return None
+        if not isinstance(rules, NetRules) or event.subsystem == "queues":
+            return None  # queues come and go with channel changes: expand again
         if event.action == "remove":
             gone: set[Target] = {
                 t for t in owned if isinstance(t, NicSetting | NicFile) and not self.exists(t)
@@ -373,10 +390,14 @@ class NetPlugin(Plugin[NetTarget]):
         return bool(wanted == actual)
 
     def exists(self, target: NetTarget) -> bool:
+        """The NIC is there, and for a queue's file the queue (channels can remove it); a
+        NIC-wide file the kernel lacks is not applicable, with the reason, not gone."""
         name = self.ifname(target.nic)
         if name is None:
             return False
-        return not isinstance(target, NicFile) or self.system.exists(f"{NET}/{name}/{target.path}")
+        if isinstance(target, NicFile) and target.path.startswith("queues/"):
+            return self.system.exists(f"{NET}/{name}/{target.path}")
+        return True
 
     def watch_files(self, target: NetTarget) -> tuple[str, ...]:
         if isinstance(target, NicSetting):

@@ -101,7 +101,7 @@ def test_veth_refuses_coalescing_and_says_why(ns: NetNs) -> None:
     refused = result["refused"]
     assert isinstance(refused, dict)
     assert refused["v0 coalesce rx-usecs = 3"] == (
-        "the NIC's driver does not support this: Operation not supported (ENOTSUP)"
+        "the NIC's driver refused it: Operation not supported (ENOTSUP)"
     )
     assert "fixed by its driver" in refused["v0 feature rx-lro on"]
 
@@ -112,7 +112,7 @@ def test_a_ring_size_the_driver_refuses_is_not_applicable(ns: NetNs) -> None:
     refused = result["refused"]
     assert isinstance(refused, dict)
     (reason,) = refused.values()
-    assert reason.startswith("the NIC's driver does not support this")
+    assert reason.startswith("the NIC's driver refused it")
     assert "Invalid argument" in reason or "EINVAL" in reason
 
 

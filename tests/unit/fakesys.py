@@ -392,8 +392,11 @@ KERNEL_FEATURES = frozenset(
 class FakeEthtool:
     """The Ethtool backend over FakeNics by interface name, with refusals like drivers'."""
 
-    def __init__(self, nics: dict[str, FakeNic] | None = None) -> None:
+    def __init__(
+        self, nics: dict[str, FakeNic] | None = None, drivers: dict[str, str] | None = None
+    ) -> None:
         self.nics = nics or {}
+        self.drivers = drivers or {}  # virtual NICs' drivers (veth, tun), by name
         self.writes: list[tuple[str, str, str, int | bool]] = []
 
     def _nic(self, ifname: str) -> FakeNic:
@@ -428,6 +431,9 @@ class FakeEthtool:
         nic = self._nic(ifname)
         active = frozenset(n for n, on in nic.features.items() if on)
         return Features(active, frozenset(nic.changeable), KERNEL_FEATURES)
+
+    def driver(self, ifname: str) -> str:
+        return self.drivers.get(ifname, "")
 
     def set_feature(self, ifname: str, name: str, on: bool) -> None:
         nic = self._nic(ifname)
