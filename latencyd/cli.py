@@ -7,6 +7,7 @@ profile, 3 daemon unreachable, 4 permission denied.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -207,6 +208,115 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_measure(args: argparse.Namespace) -> int:
+    """Run the standard latency tools per scenario, alternating scenarios in rounds."""
+    import dbus
+
+    from latencyd import measure
+    from latencyd.cpuset import CpuSet, CpuSetError
+    from latencyd.latency import plot
+
+    online = CpuSet.from_list(Path("/sys/devices/system/cpu/online").read_text())
+    try:
+        app = CpuSet.parse(args.cpus, online) if args.cpus else CpuSet([max(online)])
+    except CpuSetError as exc:
+        raise CliError(USAGE, f"--cpus: {exc}") from exc
+    housekeeping = online - app
+    if not app or not housekeeping:
+        raise CliError(USAGE, f"need application CPUs and housekeeping CPUs (online: {online})")
+    scenarios = [args.profile or "current", *args.vs]
+    if len(set(scenarios)) != len(scenarios):
+        raise CliError(USAGE, f"a scenario is named twice: {' '.join(scenarios)}")
+    if args.tools:
+        tools = args.tools.split(",")
+        unknown = [t for t in tools if t not in measure.TOOLS]
+        if unknown:
+            raise CliError(USAGE, f"unknown tools {unknown} (known: {', '.join(measure.TOOLS)})")
+    else:  # sockperf and cyclictest, and oslat where it is installed
+        tools = ["sockperf", "cyclictest"] + ([] if measure.missing_tools(["oslat"]) else ["oslat"])
+    load = None
+    if args.load:
+        load = ["taskset", "-c", housekeeping.to_list(), "stress-ng", "--cpu",
+                str(len(housekeeping)), "--io", "1", "--vm", "1", "--vm-bytes", "128M"]  # fmt: skip
+    elif args.load_cmd:
+        load = ["sh", "-c", args.load_cmd]
+    plan = measure.Plan(scenarios, app, housekeeping, args.seconds, args.rounds, tools, load)
+    if not args.json:
+        print(
+            f"measuring {', '.join(scenarios)} on CPUs {app} (housekeeping {housekeeping}): "
+            f"{args.rounds} rounds x {len(tools)} tools x {args.seconds:g} s, "
+            f"about {plan.estimate_s:.0f} s",
+            file=sys.stderr,
+        )
+
+    def hold(profile: str) -> int:
+        return int(_call("HoldProfile", profile, "latencyctl measure"))
+
+    def release(cookie: int) -> None:
+        _call("ReleaseProfile", dbus.UInt32(cookie))
+
+    try:
+        result = measure.run(plan, hold, release, measure.progress_bar)
+    except measure.MeasureError as exc:
+        raise CliError(FAILED, str(exc)) from exc
+    if args.plot:
+        plot(result, args.plot)
+        result["plot"] = args.plot
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+        stamp = result["started"].replace(":", "").replace("-", "")
+        saved = args.save / f"measure-{stamp}.json"
+        saved.write_text(json.dumps(result, indent=1))
+        with contextlib.suppress(ImportError):  # the picture too, where matplotlib is
+            plot(result, str(saved.with_suffix(".png")))
+        result["saved"] = str(saved)
+    old = json.loads(args.compare.read_text()) if args.compare else None
+    _emit(args, result if old is None else {"new": result, "old": old},
+          format_measure(result, old))  # fmt: skip
+    return OK
+
+
+def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) -> str:
+    from latencyd.latency import Ratio, render_ratios, render_table
+
+    out = []
+    baseline = result["baseline"]
+    for tool, data in result["tools"].items():
+        out += render_table(tool, data["unit"], data["stats"], baseline)
+        table = {s: {k: Ratio(**v) for k, v in per.items()} for s, per in data["ratios"].items()}
+        out += render_ratios(tool, table, baseline)
+        if old is not None and tool in old.get("tools", {}):
+            out += _compare(tool, data["stats"], old["tools"][tool]["stats"])
+        out.append("")
+    for scenario, blame in result["attribution"].items():
+        top = ", ".join(f"{k} {v}" for k, v in list(blame["interrupts"].items())[:4]) or "none"
+        soft = ", ".join(f"{k} {v}" for k, v in list(blame["softirqs"].items())[:4]) or "none"
+        tasks = ", ".join(f"{t['comm']} {t['ran_ms']:.1f} ms" for t in blame["tasks_that_ran"][:4])
+        out.append(f"on CPUs {result['plan']['app_cpus']} during {scenario}:")
+        out.append(f"  interrupts: {top}")
+        out.append(f"  softirqs: {soft}")
+        out.append(f"  schedule() calls: {blame['schedule_calls']}; other tasks: {tasks or 'none'}")
+    if result.get("saved"):
+        out.append(f"\nsaved: {result['saved']}")
+    if result.get("plot"):
+        out.append(f"plot: {result['plot']}")
+    return "\n".join(out).rstrip()
+
+
+def _compare(tool: str, new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    from latencyd.latency import fmt, fmt_ratio, ratio
+
+    lines = [f"{tool}: this run beside the old one (new / old)"]
+    for scenario in [s for s in new if s in old]:
+        cells = "  ".join(
+            f"{q} {fmt(old[scenario][q])}->{fmt(new[scenario][q])} "
+            f"({fmt_ratio(ratio(new[scenario][q], old[scenario][q]))})"
+            for q in ("p50", "p99", "p99.9")
+        )
+        lines.append(f"  {scenario}: {cells}")
+    return lines
+
+
 # -- rendering -------------------------------------------------------------------------
 def format_plugins(docs: dict[str, Any]) -> str:
     out = []
@@ -344,6 +454,33 @@ def parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("profile", help="profile name or path to a .toml file")
     add("plugins", cmd_plugins, "list plugins and every option they take (no daemon needed)")
+    m = add(
+        "measure",
+        cmd_measure,
+        "measure latency with cyclictest, sockperf and oslat, per profile, alternating "
+        "profiles in rounds; puts back the profile that was in force",
+    )
+    m.add_argument("--profile", help="the first scenario (default: current, nothing switched)")
+    m.add_argument(
+        "--vs",
+        action="append",
+        default=[],
+        metavar="SCENARIO",
+        help='more scenarios: a profile, "untuned", "current" or "tuned:NAME" (repeatable)',
+    )
+    m.add_argument("--cpus", help="application CPUs measured (default: the last CPU)")
+    m.add_argument("--seconds", type=float, default=10.0, help="per tool and round (10)")
+    m.add_argument("--rounds", type=int, default=4, help="rounds of all scenarios (4)")
+    m.add_argument(
+        "--tools", help="sockperf,cyclictest,oslat (default: those, oslat where installed)"
+    )
+    load = m.add_mutually_exclusive_group()
+    load.add_argument("--load", action="store_true", help="stress-ng on the housekeeping CPUs")
+    load.add_argument("--load-cmd", metavar="CMD", help="run CMD (sh -c) as the load")
+    m.add_argument("--plot", metavar="FILE.png", help="histograms and tails, log scale")
+    m.add_argument("--save", type=Path, metavar="DIR", help="keep the result (JSON, PNG) here")
+    m.add_argument("--compare", type=Path, metavar="OLD.json", help="set a saved run beside")
+
     ex.add_argument(
         "--profile-dir",
         type=Path,

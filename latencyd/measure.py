@@ -1,0 +1,538 @@
+"""`latencyctl measure`: what a profile buys, as the field's standard tools see it.
+
+- sockperf UDP ping-pong over a veth pair between two network namespaces made for the
+  run (server on the application CPUs, client on housekeeping): RTT/2 per packet;
+- cyclictest timer wake-up latency on the application CPUs (`--default-system`, so
+  the profile, not the tool, holds PM QoS);
+- oslat (OS noise seen by a busy loop) where it is installed.
+
+Scenarios alternate in short rounds (A B A B ...: the machine is noisy, alternation is
+what makes a ratio fair). A scenario is a latencyd profile, held through the daemon
+while it is measured (a hold ends by itself if this process dies), "untuned" (the empty
+profile of that name: every original), "current" (nothing switched), or "tuned:NAME"
+(TuneD applies NAME while latencyd holds "untuned": for comparisons only).
+
+Nothing but this run's own namespaces, veth pair and processes, and the profile holds
+it announces, is changed; all of it is undone on success, failure and Ctrl-C, and every
+tool runs under a time limit. Attribution (what ran or interrupted on the measured
+CPUs) comes from /proc/interrupts, /proc/softirqs, /proc/schedstat and per-task
+schedstat, plus perf tracepoint counts where tracefs is mounted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from latencyd.cpuset import CpuSet
+from latencyd.errors import LatencydError
+from latencyd.latency import Histogram, ratios
+
+TOOLS = {  # tool -> (the command, the Debian package)
+    "sockperf": ("sockperf", "sockperf"),
+    "cyclictest": ("cyclictest", "rt-tests"),
+    "oslat": ("oslat", "rt-tests"),
+}
+UNITS = {
+    "sockperf": "µs, UDP RTT/2",
+    "cyclictest": "µs, timer wake-up",
+    "oslat": "µs, busy-loop noise",
+}
+SERVER_IP, CLIENT_IP = "10.231.0.1", "10.231.0.2"
+CYCLICTEST_RANGE_US = 20000  # histogram range; beyond it samples are counted as overflow
+OSLAT_BUCKETS = 1024  # µs; the last bucket holds everything above
+
+
+class MeasureError(LatencydError):
+    dbus_name = "org.latencyd.Error.MeasureFailed"
+
+
+@dataclass
+class Plan:
+    scenarios: list[str]
+    app_cpus: CpuSet
+    housekeeping: CpuSet
+    seconds: float  # per tool, per scenario, per round
+    rounds: int
+    tools: list[str]
+    load: list[str] | None = None  # a command line run for the whole measurement
+
+    @property
+    def estimate_s(self) -> float:
+        return self.rounds * len(self.scenarios) * (len(self.tools) * (self.seconds + 1) + 1)
+
+
+# -- processes: every one started is ended -------------------------------------------------
+
+
+class Processes:
+    """Children in sessions of their own, so each can be ended with all it started."""
+
+    def __init__(self) -> None:
+        self.running: list[subprocess.Popen[str]] = []
+
+    def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            argv, start_new_session=True, text=True, stdin=subprocess.DEVNULL, **kwargs
+        )
+        self.running.append(proc)
+        return proc
+
+    def run(self, argv: list[str], timeout: float) -> str:
+        proc = self.start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise MeasureError(f"{argv[0]} did not finish within {timeout:.0f} s") from exc
+        finally:  # ended whatever happened (a timeout, Ctrl-C), then forgotten
+            self.end(proc)
+            with contextlib.suppress(ValueError):
+                self.running.remove(proc)
+        if proc.returncode != 0:
+            raise MeasureError(
+                f"{' '.join(argv[:3])}... failed ({proc.returncode}): {err.strip()[-300:]}"
+            )
+        return out
+
+    @staticmethod
+    def end(proc: subprocess.Popen[str]) -> None:
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(3)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(3)
+
+    def end_all(self) -> None:
+        for proc in reversed(self.running):
+            self.end(proc)
+        self.running.clear()
+
+
+# -- the network: two namespaces and a veth pair, made for this run --------------------------
+
+
+class Network:
+    def __init__(self, procs: Processes) -> None:
+        self.procs = procs
+        tag = f"ltdm-{os.getpid()}"
+        self.server_ns, self.client_ns = f"{tag}-s", f"{tag}-c"
+        self.made: list[str] = []
+
+    def __enter__(self) -> Network:
+        try:
+            for ns in (self.server_ns, self.client_ns):
+                _ip("netns", "add", ns)
+                self.made.append(ns)
+            _ip("link", "add", "ltdm-s", "netns", self.server_ns, "type", "veth", "peer",
+                "name", "ltdm-c", "netns", self.client_ns)  # fmt: skip
+            for ns, dev, addr in (
+                (self.server_ns, "ltdm-s", SERVER_IP),
+                (self.client_ns, "ltdm-c", CLIENT_IP),
+            ):
+                _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
+                _ip("-n", ns, "link", "set", dev, "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        self.made.clear()
+
+    def inside(self, ns: str, cpus: CpuSet, *argv: str) -> list[str]:
+        return ["ip", "netns", "exec", ns, "taskset", "-c", cpus.to_list(), *argv]
+
+
+def _ip(*args: str) -> None:
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise MeasureError(f"ip {' '.join(args)}: {result.stderr.strip()}")
+
+
+# -- the tools ----------------------------------------------------------------------------------
+
+
+def parse_sockperf_log(text: str) -> Histogram:
+    """sockperf --full-log: "packet, txTime(sec), rxTime(sec), latency(usec)" per packet."""
+    values = []
+    for line in text.splitlines():
+        fields = line.split(",")
+        if len(fields) == 4 and fields[0].strip().isdigit():
+            values.append(float(fields[3]))
+    return Histogram.of(values)
+
+
+def parse_cyclictest(text: str) -> Histogram:
+    """cyclictest -h: "BUCKET COUNT [COUNT...]" lines (µs, one column per thread), then
+    "# Histogram Overflows: N [N...]"."""
+    hist = Histogram(ceiling=CYCLICTEST_RANGE_US)
+    for line in text.splitlines():
+        if line.startswith("# Histogram Overflows:"):
+            hist.overflow += sum(int(x) for x in line.split(":", 1)[1].split())
+        elif re.fullmatch(r"\d+(\s+\d+)+", line.strip()):
+            bucket, *counts = (int(x) for x in line.split())
+            total = sum(counts)
+            if total:
+                hist.counts[float(bucket)] += total
+    return hist
+
+
+def parse_oslat(text: str) -> Histogram:
+    """oslat: "NNN (us): COUNT" lines per core; the last bucket includes the overflows."""
+    hist = Histogram(ceiling=OSLAT_BUCKETS)
+    for line in text.splitlines():
+        m = re.match(r"\s*(\d+) \(us\):\s*(\d+)( \(including overflows\))?", line)
+        if m:
+            value, count = float(m.group(1)), int(m.group(2))
+            if m.group(3):
+                hist.overflow += count
+            elif count:
+                hist.counts[value] += count
+    return hist
+
+
+def run_tool(tool: str, plan: Plan, procs: Processes, net: Network, workdir: Path) -> Histogram:
+    limit = plan.seconds + 20
+    if tool == "cyclictest":
+        out = procs.run(
+            ["cyclictest", "-q", "-m", "-p", "95", "-t", str(len(plan.app_cpus)),
+             "-a", plan.app_cpus.to_list(), "-i", "200", "-D", f"{plan.seconds:g}",
+             "-h", str(CYCLICTEST_RANGE_US), "--default-system"],
+            timeout=limit,
+        )  # fmt: skip
+        return parse_cyclictest(out)
+    if tool == "oslat":
+        out = procs.run(
+            ["oslat", "-c", plan.app_cpus.to_list(), "-C", str(min(plan.housekeeping)),
+             "-D", f"{max(1, round(plan.seconds))}", "-b", str(OSLAT_BUCKETS)],
+            timeout=limit + 2,
+        )  # fmt: skip
+        return parse_oslat(out)
+    # sockperf: a server per round (a fresh socket), the client on housekeeping CPUs.
+    log = workdir / "sockperf.csv"
+    server = procs.start(
+        net.inside(net.server_ns, plan.app_cpus, "sockperf", "server", "-i", SERVER_IP,
+                   "-p", "11111"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(0.2)
+        procs.run(
+            net.inside(net.client_ns, plan.housekeeping, "sockperf", "ping-pong",
+                       "-i", SERVER_IP, "-p", "11111", "-t", f"{max(1, round(plan.seconds))}",
+                       "--full-log", str(log)),
+            timeout=limit,
+        )  # fmt: skip
+        return parse_sockperf_log(log.read_text())
+    finally:
+        procs.end(server)
+        with contextlib.suppress(ValueError):
+            procs.running.remove(server)
+
+
+# -- attribution: what interfered on the measured CPUs ----------------------------------------
+
+
+@dataclass
+class Counters:
+    irqs: Counter[str] = field(default_factory=Counter)
+    softirqs: Counter[str] = field(default_factory=Counter)
+    schedule_calls: int = 0  # stays 0 where /proc/schedstat is absent
+    tasks: dict[tuple[int, str], int] = field(default_factory=dict)  # (tid, comm) -> ns run
+    last_cpu: dict[tuple[int, str], int] = field(default_factory=dict)
+
+
+MEASURING = {"sockperf", "cyclictest", "oslat"}
+
+
+def counters(cpus: CpuSet) -> Counters:
+    c = Counters()
+    lines = Path("/proc/interrupts").read_text().splitlines()
+    columns = [int(x[3:]) for x in lines[0].split()]
+    for line in lines[1:]:
+        label, _, rest = line.partition(":")
+        fields = rest.split()
+        counts = fields[: len(columns)]
+        name = label.strip()
+        if label.strip().isdigit():
+            tail = fields[len(columns) :]
+            name = f"{label.strip()} {tail[-1] if tail else ''}".strip()
+        elif len(fields) > len(columns):
+            name = f"{label.strip()} ({' '.join(fields[len(columns) :])})"
+        for cpu, count in zip(columns, counts, strict=False):
+            if cpu in cpus and count.isdigit():
+                c.irqs[name] += int(count)
+    soft = Path("/proc/softirqs").read_text().splitlines()
+    soft_columns = [int(x[3:]) for x in soft[0].split()]
+    for line in soft[1:]:
+        kind, _, rest = line.partition(":")
+        for cpu, count in zip(soft_columns, rest.split(), strict=False):
+            if cpu in cpus:
+                c.softirqs[kind.strip()] += int(count)
+    with contextlib.suppress(OSError):  # only with CONFIG_SCHEDSTATS
+        for line in Path("/proc/schedstat").read_text().splitlines():
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                c.schedule_calls += int(fields[2])
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                base = f"/proc/{pid}/task/{tid}"
+                stat = Path(f"{base}/stat").read_text()
+                comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+                key = (int(tid), comm)
+                c.tasks[key] = int(Path(f"{base}/schedstat").read_text().split()[0])
+                c.last_cpu[key] = int(stat.rsplit(")", 1)[1].split()[36])
+    return c
+
+
+def attribution(before: Counters, after: Counters, cpus: CpuSet) -> dict[str, Any]:
+    irqs = {k: v - before.irqs.get(k, 0) for k, v in after.irqs.items()}
+    soft = {k: v - before.softirqs.get(k, 0) for k, v in after.softirqs.items()}
+    ran: list[dict[str, Any]] = []
+    for key, runtime in after.tasks.items():
+        delta = runtime - before.tasks.get(key, 0)
+        if delta > 0 and after.last_cpu.get(key) in cpus and key[1] not in MEASURING:
+            ran.append({"tid": key[0], "comm": key[1], "ran_ms": round(delta / 1e6, 3)})
+    ran.sort(key=lambda t: -float(t["ran_ms"]))
+    return {
+        "interrupts": {k: v for k, v in sorted(irqs.items(), key=lambda kv: -kv[1]) if v > 0},
+        "softirqs": {k: v for k, v in sorted(soft.items(), key=lambda kv: -kv[1]) if v > 0},
+        "schedule_calls": after.schedule_calls - before.schedule_calls,
+        "tasks_that_ran": ran[:15],
+    }
+
+
+def merge_attribution(total: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    if not total:
+        return part
+    out = dict(total)
+    for key in ("interrupts", "softirqs"):
+        merged = Counter(total[key])
+        merged.update(part[key])
+        out[key] = dict(merged.most_common())
+    out["schedule_calls"] = total["schedule_calls"] + part["schedule_calls"]
+    runs: Counter[tuple[int, str]] = Counter()  # ms run, by (tid, comm)
+    for t in (*total["tasks_that_ran"], *part["tasks_that_ran"]):
+        runs[(int(t["tid"]), str(t["comm"]))] += float(t["ran_ms"])  # type: ignore[assignment]
+    out["tasks_that_ran"] = [
+        {"tid": tid, "comm": comm, "ran_ms": round(ms, 3)}
+        for (tid, comm), ms in runs.most_common(15)
+    ]
+    return out
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+
+class Switcher:
+    """Puts a scenario in force: latencyd holds (through the `hold`/`release` calls given),
+    and TuneD for "tuned:NAME" scenarios. Holds stack and the newest wins, so the next
+    scenario is held before the previous one is let go: nothing flips in between."""
+
+    def __init__(
+        self,
+        hold: Callable[[str], int],
+        release: Callable[[int], None],
+        procs: Processes,
+    ) -> None:
+        self.hold = hold
+        self.release = release
+        self.procs = procs
+        self.cookie: int | None = None
+        self.tuned: subprocess.Popen[str] | None = None
+
+    def enter(self, scenario: str) -> None:
+        self._stop_tuned()
+        previous = self.cookie
+        if scenario == "current":
+            self.cookie = None
+        else:
+            self.cookie = self.hold("untuned" if scenario.startswith("tuned:") else scenario)
+        if previous is not None:
+            self.release(previous)
+        if scenario.startswith("tuned:"):
+            self._start_tuned(scenario.split(":", 1)[1])
+        time.sleep(0.5)  # let the machine settle (idle states, caches)
+
+    def _start_tuned(self, profile: str) -> None:
+        if shutil.which("tuned") is None:
+            raise MeasureError("TuneD is not installed (apt-get install tuned)")
+        log = Path(tempfile.mkdtemp(prefix="latencyd-measure-tuned-")) / "tuned.log"
+        self.tuned = self.procs.start(
+            ["tuned", "--no-dbus", "--profile", profile, "--log", str(log)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.tuned.poll() is not None:
+                raise MeasureError(f"TuneD exited while applying {profile}: see {log}")
+            if log.exists() and "applied" in log.read_text():
+                return
+            time.sleep(0.1)
+        raise MeasureError(f"TuneD did not apply {profile} within 30 s: see {log}")
+
+    def _stop_tuned(self) -> None:
+        if self.tuned is not None:
+            self.procs.end(self.tuned)  # TuneD rolls back on SIGTERM
+            with contextlib.suppress(ValueError):
+                self.procs.running.remove(self.tuned)
+            self.tuned = None
+
+    def leave(self) -> None:
+        self._stop_tuned()
+        if self.cookie is not None:
+            cookie, self.cookie = self.cookie, None
+            self.release(cookie)
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def missing_tools(tools: list[str]) -> list[str]:
+    return [f"{t} (apt-get install {TOOLS[t][1]})" for t in tools if not shutil.which(TOOLS[t][0])]
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM ends the run like Ctrl-C: through the clean-up, never around it."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(
+    plan: Plan,
+    hold: Callable[[str], int],
+    release: Callable[[int], None],
+    progress: Callable[[str, float], None] = lambda what, share: None,
+) -> dict[str, Any]:
+    missing = missing_tools(plan.tools)
+    if missing:
+        raise MeasureError(f"missing measurement tools: {', '.join(missing)}")
+    if os.geteuid() != 0:
+        raise MeasureError("measuring needs root (network namespaces, SCHED_FIFO, mlock)")
+    procs = Processes()
+    switcher = Switcher(hold, release, procs)
+    per_round: dict[str, dict[str, list[Histogram]]] = {t: {} for t in plan.tools}
+    blame: dict[str, dict[str, Any]] = {}
+    order: list[list[str]] = []
+    started = time.time()
+    steps = plan.rounds * len(plan.scenarios) * len(plan.tools)
+    done = 0
+    with interruptible(), tempfile.TemporaryDirectory(prefix="latencyd-measure-") as tmp:
+        try:
+            with Network(procs) as net:
+                if plan.load:
+                    procs.start(plan.load, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for r in range(plan.rounds):
+                    # Alternate the order too, so no scenario always runs right after another.
+                    scenarios = plan.scenarios if r % 2 == 0 else plan.scenarios[::-1]
+                    order.append(list(scenarios))
+                    for scenario in scenarios:
+                        switcher.enter(scenario)
+                        before = counters(plan.app_cpus)
+                        for tool in plan.tools:
+                            progress(f"round {r + 1}/{plan.rounds}: {scenario}: {tool}",
+                                     done / steps)  # fmt: skip
+                            hist = run_tool(tool, plan, procs, net, Path(tmp))
+                            per_round[tool].setdefault(scenario, []).append(hist)
+                            done += 1
+                        part = attribution(before, counters(plan.app_cpus), plan.app_cpus)
+                        blame[scenario] = merge_attribution(blame.get(scenario, {}), part)
+        finally:
+            switcher.leave()
+            procs.end_all()
+    progress("done", 1.0)
+    return result(plan, per_round, blame, order, started)
+
+
+def result(
+    plan: Plan,
+    per_round: dict[str, dict[str, list[Histogram]]],
+    blame: dict[str, dict[str, Any]],
+    order: list[list[str]],
+    started: float,
+) -> dict[str, Any]:
+    baseline = plan.scenarios[0]
+    tools: dict[str, Any] = {}
+    for tool, by_scenario in per_round.items():
+        pooled: dict[str, Histogram] = {}
+        for scenario, hists in by_scenario.items():
+            total = Histogram()
+            for h in hists:
+                total.add(h)
+            pooled[scenario] = total
+        tables = {}
+        for scenario in plan.scenarios[1:]:
+            pairs = list(zip(by_scenario.get(scenario, []), by_scenario.get(baseline, []),
+                             strict=False))  # fmt: skip
+            if scenario in pooled and baseline in pooled:
+                per = ratios(pairs, (pooled[scenario], pooled[baseline]))
+                tables[scenario] = {k: vars(v) for k, v in per.items()}
+        tools[tool] = {
+            "unit": UNITS[tool],
+            "stats": {s: pooled[s].summary() for s in plan.scenarios if s in pooled},
+            "ratios": tables,
+            "histograms": {s: h.as_json() for s, h in pooled.items()},
+        }
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "seconds": round(time.time() - started, 1),
+        "plan": {
+            "scenarios": plan.scenarios,
+            "app_cpus": plan.app_cpus.to_list(),
+            "housekeeping_cpus": plan.housekeeping.to_list(),
+            "seconds_per_tool": plan.seconds,
+            "rounds": plan.rounds,
+            "tools": plan.tools,
+            "load": " ".join(plan.load) if plan.load else None,
+        },
+        "baseline": baseline,
+        "round_order": order,
+        "tools": tools,
+        "attribution": blame,
+    }
+
+
+def progress_bar(what: str, share: float) -> None:
+    """A one-line bar on stderr, on a terminal only."""
+    if not sys.stderr.isatty():
+        return
+    width = 30
+    filled = int(share * width)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {share:4.0%} {what[:60]:<60}")
+    if share >= 1:
+        sys.stderr.write("\n")
+    sys.stderr.flush()

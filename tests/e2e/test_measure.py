@@ -1,0 +1,118 @@
+"""`latencyctl measure` end to end, with short runs: its structure, never latency values
+(scenarios alternated, the profile in force put back, percentiles ordered, a valid PNG,
+its namespaces and processes gone, on success and on Ctrl-C)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import BIN, Latencyd, wait_for
+
+ORDER = ("min", "p50", "p90", "p99", "p99.9")
+
+
+def netns_of_measure() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith("ltdm-")]
+
+
+def measure(d: Latencyd, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "latencyctl"), "measure", *args],
+        env=d.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def daemon(start_daemon: Callable[..., Latencyd]) -> Latencyd:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    return start_daemon("test-a")
+
+
+def test_alternates_scenarios_and_puts_back_the_profile(daemon: Latencyd, tmp_path: Path) -> None:
+    png, saved = tmp_path / "m.png", tmp_path / "runs"
+    r = measure(
+        daemon,
+        "--profile", "test-b", "--vs", "untuned", "--seconds", "1", "--rounds", "3",
+        "--tools", "sockperf,cyclictest", "--plot", str(png), "--save", str(saved), "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    result: dict[str, Any] = json.loads(r.stdout)
+    assert result["baseline"] == "test-b"
+    assert result["round_order"] == [["test-b", "untuned"], ["untuned", "test-b"],
+                                     ["test-b", "untuned"]]  # fmt: skip
+    for tool in ("sockperf", "cyclictest"):
+        for scenario in ("test-b", "untuned"):
+            stats = result["tools"][tool]["stats"][scenario]
+            values = [stats[k] for k in ORDER]
+            assert values == sorted(values), (tool, scenario, stats)
+            assert stats["samples"] > 0 and stats["max"] >= stats["p99.9"]
+        ratios = result["tools"][tool]["ratios"]["untuned"]
+        assert set(ratios) == {"p50", "p90", "p99", "p99.9"}
+        assert all(r["low"] <= r["high"] for r in ratios.values())
+    assert set(result["attribution"]) == {"test-b", "untuned"}
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    (json_file,) = saved.glob("measure-*.json")
+    assert json.loads(json_file.read_text())["round_order"] == result["round_order"]
+    assert json_file.with_suffix(".png").exists()
+    # Everything is as before: the profile in force, no namespace, no hold, no tool.
+    assert daemon.ctl("active").stdout.strip() == "test-a"
+    status = json.loads(daemon.ctl("status", "--json").stdout)
+    assert status["holds"] == []
+    assert netns_of_measure() == []
+    assert "hold 1 on test-b by" in daemon.log() and "hold 2 on untuned by" in daemon.log()
+
+    # --compare sets a new run beside the saved one (text output).
+    r = measure(daemon, "--profile", "test-b", "--seconds", "1", "--rounds", "1",
+                "--tools", "cyclictest", "--compare", str(json_file))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "cyclictest: this run beside the old one (new / old)" in r.stdout
+    assert "test-b: p50 " in r.stdout
+
+
+def test_ctrl_c_cleans_up_everything(daemon: Latencyd) -> None:
+    proc = subprocess.Popen(
+        [str(BIN / "latencyctl"), "measure", "--profile", "test-b", "--vs", "untuned",
+         "--seconds", "20", "--rounds", "2", "--tools", "sockperf"],
+        env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for(lambda: netns_of_measure() != [] and "hold 1 on test-b" in daemon.log(), timeout=20)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert netns_of_measure() == []
+    assert subprocess.run(["pgrep", "-x", "sockperf"], capture_output=True).returncode == 1
+    wait_for(lambda: daemon.ctl("active").stdout.strip() == "test-a", timeout=5)
+    assert json.loads(daemon.ctl("status", "--json").stdout)["holds"] == []
+
+
+def test_a_missing_tool_is_a_clear_error(daemon: Latencyd, tmp_path: Path) -> None:
+    path = tmp_path / "bin"
+    path.mkdir()
+    for tool in ("ip", "taskset", "cyclictest"):  # no sockperf
+        found = shutil.which(tool)
+        assert found
+        (path / tool).symlink_to(found)
+    env = daemon.env | {"PATH": str(path)}
+    r = subprocess.run(
+        [str(BIN / "latencyctl"), "measure", "--tools", "sockperf", "--seconds", "1"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert "missing measurement tools: sockperf (apt-get install sockperf)" in r.stderr
+    assert netns_of_measure() == []
