@@ -45,6 +45,7 @@ class Hold:
     reason: str
     owner: str  # the holder's unique bus name; its holds end when it leaves the bus
     since: float
+    pid: int | None = None  # the holder's process: it and its children are never moved
 
 
 @dataclass
@@ -154,14 +155,22 @@ class Daemon:
         return report
 
     def hold(
-        self, ref: str, reason: str, owner: str, caller: Caller = ROOT
+        self, ref: str, reason: str, owner: str, caller: Caller = ROOT, pid: int | None = None
     ) -> tuple[int, StepReport]:
         """Apply a profile for as long as the hold lasts (ReleaseProfile, or the holder
-        leaving the bus). Holds stack: the newest is in force."""
-        report = self._apply(self.load(ref, caller), ref)
+        leaving the bus). Holds stack: the newest is in force. The holder's process and
+        what it starts (the application) are exempt from moving user tasks."""
+        profile = self.load(ref, caller)
         cookie = self._next_cookie
         self._next_cookie += 1
-        self.holds[cookie] = Hold(cookie, ref, reason, owner, time.time())
+        self.holds[cookie] = Hold(cookie, ref, reason, owner, time.time(), pid)
+        self._exempt()
+        try:
+            report = self._apply(profile, ref)
+        except Exception:
+            del self.holds[cookie]
+            self._exempt()
+            raise
         log.info("hold %d on %s by %s (%s)", cookie, ref, owner or "latencyd", reason or "-")
         return cookie, report
 
@@ -171,6 +180,7 @@ class Daemon:
             raise NoSuchHold(f"no hold with cookie {cookie} (current holds: {held})")
         hold = self.holds.pop(cookie)
         log.info("hold %d on %s released", cookie, hold.profile)
+        self._exempt()
         return self._apply_in_force()
 
     def release_owners(self, gone: Callable[[str], bool], why: str) -> None:
@@ -180,6 +190,7 @@ class Daemon:
             hold = self.holds.pop(cookie)
             log.info("hold %d on %s ended: %s %s", cookie, hold.profile, hold.owner, why)
         if ended:
+            self._exempt()
             self._apply_in_force()
 
     def _apply_in_force(self) -> StepReport | None:
@@ -235,6 +246,7 @@ class Daemon:
         if self.holds:
             log.info("off: dropping %d hold(s)", len(self.holds))
         self.holds.clear()
+        self._exempt()
         self.base = None
         return self._restore_all()
 
@@ -456,6 +468,7 @@ class Daemon:
                     "profile": h.profile,
                     "reason": h.reason,
                     "owner": h.owner,
+                    "pid": h.pid,
                     "since": h.since,
                 }
                 for h in self.holds.values()
@@ -464,6 +477,11 @@ class Daemon:
             "task_events": self.task_source,
             "plugins": plugins,
         }
+
+    def _exempt(self) -> None:
+        pids = frozenset(h.pid for h in self.holds.values() if h.pid)
+        for plugin in self.plugins.values():
+            plugin.exempt_pids = pids
 
     def _before_apply(self, profile: Profile | None) -> None:
         for hook in self.before_apply:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -82,6 +83,7 @@ class Processes:
 
     def __init__(self) -> None:
         self.running: list[subprocess.Popen[str]] = []
+        self.detached: list[int] = []  # process groups started outside our tree
 
     def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
@@ -119,10 +121,32 @@ class Processes:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(3)
 
+    def detach(self, argv: list[str], workdir: Path) -> int:
+        """Start `argv` outside this process tree (its own session, re-parented), as a load
+        started from a shell would be: a hold's exemption covers this process and its
+        children (the measuring tools), and must not cover the load. Ended in end_all."""
+        pidfile = workdir / "load.pid"
+        script = f'echo $$ > {shlex.quote(str(pidfile))}; exec "$@"'
+        subprocess.run(["setsid", "-f", "sh", "-c", script, "sh", *argv], check=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 5
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            if time.monotonic() > deadline:
+                raise MeasureError(f"the load did not start: {' '.join(argv)}")
+            time.sleep(0.01)
+        pid = int(pidfile.read_text())
+        self.detached.append(pid)
+        return pid
+
     def end_all(self) -> None:
         for proc in reversed(self.running):
             self.end(proc)
         self.running.clear()
+        for pgid in self.detached:  # a session leader: its group holds all it started
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        self.detached.clear()
 
 
 # -- the network: two namespaces and a veth pair, made for this run --------------------------
@@ -455,7 +479,7 @@ def run(
         try:
             with Network(procs) as net:
                 if plan.load:
-                    procs.start(plan.load, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    procs.detach(plan.load, Path(tmp))
                 for r in range(plan.rounds):
                     # Alternate the order too, so no scenario always runs right after another.
                     scenarios = plan.scenarios if r % 2 == 0 else plan.scenarios[::-1]

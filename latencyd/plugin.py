@@ -156,6 +156,9 @@ class Plugin(Generic[T]):
         # For plugins that follow events: how often `changed` should ask for a full
         # rescan. The daemon sets it to 0 (every tick) when no event source is open.
         self.rescan_interval_s = 60.0
+        # Processes the daemon protects: those holding a profile (`latencyctl hold PROFILE
+        # -- app`) and what they start; a plugin that moves user tasks leaves them alone.
+        self.exempt_pids: frozenset[int] = frozenset()
 
     # -- what a section wants (pure: reads the machine, changes nothing, stores nothing) --
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:

@@ -164,6 +164,23 @@ class Service(dbus.service.Object):
             "Run it with sudo."
         )
 
+    def _pid(self, sender: str | None) -> int | None:
+        """The calling process, as the bus daemon knows it."""
+        if sender is None or self.bus is None:
+            return None
+        try:
+            pid = self.bus.call_blocking(
+                "org.freedesktop.DBus",
+                "/org/freedesktop/DBus",
+                "org.freedesktop.DBus",
+                "GetConnectionUnixProcessID",
+                "s",
+                (sender,),
+            )
+        except dbus.DBusException:
+            return None
+        return int(pid)
+
     def _in_admin_group(self, uid: int) -> bool:
         if not self.config.admin_group:
             return False
@@ -217,7 +234,8 @@ class Service(dbus.service.Object):
 
         def run() -> int:
             caller = self._authorize(sender, "HoldProfile")
-            cookie, _ = self.daemon.hold(str(name), str(reason)[:256], sender or "", caller)
+            pid = self._pid(sender)
+            cookie, _ = self.daemon.hold(str(name), str(reason)[:256], sender or "", caller, pid)
             if sender and sender not in self._holders and self.bus is not None:
                 self._holders[sender] = self.bus.watch_name_owner(
                     sender, lambda owner, holder=sender: self._holder_changed(holder, owner)

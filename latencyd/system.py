@@ -267,6 +267,19 @@ class System:
         except (OSError, IndexError, ValueError):
             return None
 
+    def ancestors(self, pid: int) -> list[int]:
+        """pid, its parent, and so on up to init (bounded: a loop cannot trap us)."""
+        chain = []
+        for _ in range(64):
+            task = self.task(pid)
+            if task is None or pid in chain:
+                break
+            chain.append(pid)
+            if task.ppid <= 1:
+                break
+            pid = task.ppid
+        return chain
+
     def tasks(self) -> list[Task]:
         out = []
         for entry in self.listdir("proc"):

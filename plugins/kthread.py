@@ -203,6 +203,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             return {}
         if any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow):
             return {}
+        if self.exempt_pids and self.exempt_pids.intersection(self.system.ancestors(task.pid)):
+            return {}  # started under `latencyctl hold`: the application itself
         housekeeping = self.system.online_cpus() - isolate
         settings: Settings = {}
         for tid in tids:

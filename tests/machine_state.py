@@ -98,6 +98,9 @@ def snapshot() -> dict[str, object]:
         files[str(p)] = _read(p)
     for p in sorted(cpu.glob("cpu[0-9]*/power/pm_qos_resume_latency_us")):
         files[str(p)] = _read(p)
+    files["cpuidle governor"] = _read(cpu / "cpuidle/current_governor")
+    for p in sorted(Path("/sys/module/haltpoll/parameters").glob("*")):
+        files[str(p)] = _read(p)
     wq = Path("/sys/devices/virtual/workqueue")
     for p in [wq / "cpumask", *sorted(wq.glob("*/cpumask"))]:
         files[str(p)] = _read(p)
