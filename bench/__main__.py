@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "drift": "bench.drift",
     "loader": "bench.loader",
     "nic": "bench.nic",
+    "latency": "bench.latency",
 }
 
 USAGE = """\

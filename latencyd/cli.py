@@ -208,6 +208,33 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return OK
 
 
+MAN_PAGES = ("latencyctl", "latencyd", "latencyd.profile")  # latencyd.manpages.PAGES
+
+
+def cmd_man(args: argparse.Namespace) -> int:
+    """A man page as roff, from the same source as --help: latencyctl man | man -l -"""
+    from latencyd.manpages import page
+
+    sys.stdout.write(page(args.page))
+    return OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from latencyd.manpages import completion
+
+    sys.stdout.write(completion(args.shell))
+    return OK
+
+
+def cmd_complete(args: argparse.Namespace) -> int:
+    """What the completion scripts ask for on Tab (hidden: added without help)."""
+    from latencyd.manpages import complete_words
+
+    words = complete_words(args.kind, args.profile_dir)
+    sys.stdout.write("".join(w + "\n" for w in words))
+    return OK
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     """Run the standard latency tools per scenario, alternating scenarios in rounds."""
     import dbus
@@ -240,7 +267,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
                 str(len(housekeeping)), "--io", "1", "--vm", "1", "--vm-bytes", "128M"]  # fmt: skip
     elif args.load_cmd:
         load = ["sh", "-c", args.load_cmd]
-    plan = measure.Plan(scenarios, app, housekeeping, args.seconds, args.rounds, tools, load)
+    plan = measure.Plan(
+        scenarios, app, housekeeping, args.seconds, args.rounds, tools, load, args.idle_seconds
+    )
     if not args.json:
         print(
             f"measuring {', '.join(scenarios)} on CPUs {app} (housekeeping {housekeeping}): "
@@ -288,6 +317,9 @@ def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) ->
         if old is not None and tool in old.get("tools", {}):
             out += _compare(tool, data["stats"], old["tools"][tool]["stats"])
         out.append("")
+    if result.get("idle_busy_pct"):
+        busy = ", ".join(f"{s} {v:.2f} %" for s, v in result["idle_busy_pct"].items())
+        out.append(f"CPU busy with no traffic (all CPUs): {busy}\n")
     for scenario, blame in result["attribution"].items():
         top = ", ".join(f"{k} {v}" for k, v in list(blame["interrupts"].items())[:4]) or "none"
         soft = ", ".join(f"{k} {v}" for k, v in list(blame["softirqs"].items())[:4]) or "none"
@@ -472,6 +504,12 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--seconds", type=float, default=10.0, help="per tool and round (10)")
     m.add_argument("--rounds", type=int, default=4, help="rounds of all scenarios (4)")
     m.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=0.0,
+        help="per scenario and round, first measure how busy the CPUs are with no traffic",
+    )
+    m.add_argument(
         "--tools", help="sockperf,cyclictest,oslat (default: those, oslat where installed)"
     )
     load = m.add_mutually_exclusive_group()
@@ -488,6 +526,17 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="look for profiles here first (repeatable)",
     )
+    man = add("man", cmd_man, "print a man page (roff): latencyctl man latencyctl | man -l -")
+    man.add_argument("page", nargs="?", default="latencyctl", choices=MAN_PAGES)
+    add("completion", cmd_completion, "print the shell completion script").add_argument(
+        "shell", choices=("bash", "zsh")
+    )
+    # Hidden (no help): profile, plugin or section.option names for the completion scripts,
+    # from the search path explain uses, without the daemon (see latencyd/manpages.py).
+    complete = sub.add_parser("__complete")
+    complete.add_argument("kind", choices=("profiles", "plugins", "options"))
+    complete.add_argument("--profile-dir", type=Path, action="append", default=[])
+    complete.set_defaults(fn=cmd_complete)
     return p
 
 

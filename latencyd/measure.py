@@ -69,10 +69,12 @@ class Plan:
     rounds: int
     tools: list[str]
     load: list[str] | None = None  # a command line run for the whole measurement
+    idle_seconds: float = 0.0  # per scenario and round: CPU busy share with no traffic
 
     @property
     def estimate_s(self) -> float:
-        return self.rounds * len(self.scenarios) * (len(self.tools) * (self.seconds + 1) + 1)
+        per = len(self.tools) * (self.seconds + 1) + 1 + self.idle_seconds
+        return self.rounds * len(self.scenarios) * per
 
 
 # -- processes: every one started is ended -------------------------------------------------
@@ -290,6 +292,23 @@ class Counters:
 
 
 MEASURING = {"sockperf", "cyclictest", "oslat"}
+TUNED_STATE = ("active_profile", "profile_mode", "post_loaded_profile")
+
+
+def busy_share(seconds: float) -> float:
+    """Share of all CPUs' time spent busy (not idle or iowait) over `seconds`: what a
+    scenario costs while nothing happens (a polling profile shows here)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]
+        return sum(fields[:8]), idle
+
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    total = total1 - total0
+    return (total - (idle1 - idle0)) / total if total else 0.0
 
 
 def counters(cpus: CpuSet) -> Counters:
@@ -390,6 +409,7 @@ class Switcher:
         self.procs = procs
         self.cookie: int | None = None
         self.tuned: subprocess.Popen[str] | None = None
+        self.tuned_state: dict[str, bytes | None] = {}
 
     def enter(self, scenario: str) -> None:
         self._stop_tuned()
@@ -407,9 +427,13 @@ class Switcher:
     def _start_tuned(self, profile: str) -> None:
         if shutil.which("tuned") is None:
             raise MeasureError("TuneD is not installed (apt-get install tuned)")
+        # TuneD notes its active profile in /etc/tuned: put those notes back afterwards.
+        for name in TUNED_STATE:
+            path = Path("/etc/tuned", name)
+            self.tuned_state.setdefault(name, path.read_bytes() if path.exists() else None)
         log = Path(tempfile.mkdtemp(prefix="latencyd-measure-tuned-")) / "tuned.log"
         self.tuned = self.procs.start(
-            ["tuned", "--no-dbus", "--profile", profile, "--log", str(log)],
+            ["tuned", "--no-dbus", "--no-socket", "--profile", profile, "--log", str(log)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -430,6 +454,13 @@ class Switcher:
 
     def leave(self) -> None:
         self._stop_tuned()
+        for name, content in self.tuned_state.items():
+            path = Path("/etc/tuned", name)
+            if content is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(content)
+        self.tuned_state.clear()
         if self.cookie is not None:
             cookie, self.cookie = self.cookie, None
             self.release(cookie)
@@ -471,6 +502,7 @@ def run(
     switcher = Switcher(hold, release, procs)
     per_round: dict[str, dict[str, list[Histogram]]] = {t: {} for t in plan.tools}
     blame: dict[str, dict[str, Any]] = {}
+    idle: dict[str, list[float]] = {}
     order: list[list[str]] = []
     started = time.time()
     steps = plan.rounds * len(plan.scenarios) * len(plan.tools)
@@ -486,6 +518,10 @@ def run(
                     order.append(list(scenarios))
                     for scenario in scenarios:
                         switcher.enter(scenario)
+                        if plan.idle_seconds:
+                            progress(f"round {r + 1}/{plan.rounds}: {scenario}: idle",
+                                     done / steps)  # fmt: skip
+                            idle.setdefault(scenario, []).append(busy_share(plan.idle_seconds))
                         before = counters(plan.app_cpus)
                         for tool in plan.tools:
                             progress(f"round {r + 1}/{plan.rounds}: {scenario}: {tool}",
@@ -499,7 +535,10 @@ def run(
             switcher.leave()
             procs.end_all()
     progress("done", 1.0)
-    return result(plan, per_round, blame, order, started)
+    out = result(plan, per_round, blame, order, started)
+    if idle:
+        out["idle_busy_pct"] = {s: round(100 * sum(v) / len(v), 2) for s, v in idle.items()}
+    return out
 
 
 def result(
@@ -542,6 +581,7 @@ def result(
             "rounds": plan.rounds,
             "tools": plan.tools,
             "load": " ".join(plan.load) if plan.load else None,
+            "idle_seconds": plan.idle_seconds,
         },
         "baseline": baseline,
         "round_order": order,

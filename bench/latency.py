@@ -1,0 +1,170 @@
+"""latency benchmark: latencyd's profiles against untuned and TuneD's, through `latencyctl
+measure` (sockperf UDP RTT/2 over a veth pair, cyclictest on the isolated CPU).
+
+Two alternating runs, as in issue 9's table:
+- idle: untuned, TuneD latency-performance and network-latency (where TuneD is
+  installed), latencyd latency-performance, network-latency and realtime-poll; with the
+  CPU busy share while nothing happens, per scenario;
+- under load (stress-ng --cpu 2 --io 1 --vm 1, started from a shell, unpinned, before
+  the profiles): untuned, TuneD cpu-partitioning, latencyd cpu-partitioning.
+Then the goals as ratios: latency-performance p50 <= 0.25x TuneD's, cyclictest p99 <=
+0.5x, idle busy within 1 point of untuned; network-latency p50 <= 0.25x and p99.9 <=
+0.5x TuneD's; cpu-partitioning under load p99 <= 0.05x untuned's and TuneD's, and
+cyclictest p99 <= 0.5x TuneD's.
+
+    python -m bench latency [--seconds 10] [--rounds 4] [--json] [--quick]
+
+Run it on a quiet machine: anything else running shows up in the tails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from scripts.private_bus import PrivateBus
+from tests.harness import BIN, POLICY, REPO, Latencyd
+
+LOAD = "stress-ng --cpu 2 --io 1 --vm 1 --vm-bytes 256M"
+TUNED_VARIABLES = Path("/etc/tuned/cpu-partitioning-variables.conf")
+
+
+def measure(d: Latencyd, scenarios: list[str], args: argparse.Namespace, *extra: str) -> Any:
+    first, *rest = scenarios
+    cmd = [str(BIN / "latencyctl"), "measure", "--json", "--profile", first,
+           "--seconds", f"{args.seconds:g}", "--rounds", str(args.rounds),
+           "--tools", "sockperf,cyclictest", *extra]  # fmt: skip
+    for scenario in rest:
+        cmd += ["--vs", scenario]
+    out = subprocess.run(cmd, env=d.env, capture_output=True, text=True, timeout=7200)
+    if out.returncode != 0:
+        raise RuntimeError(f"latencyctl measure failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def goal(label: str, value: float, target: float) -> str:
+    verdict = "PASS" if value <= target else "MISS"
+    return f"  {label:<58} {value:7.3f}x  (goal <= {target}x)  [{verdict}]"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    tuned = shutil.which("tuned") is not None and not args.quick
+    idle = ["untuned"]
+    if tuned:
+        idle += ["tuned:latency-performance", "tuned:network-latency"]
+    idle += ["latency-performance", "network-latency"]
+    if not args.quick:
+        idle.append("realtime-poll")
+    loaded = ["untuned"] + (["tuned:cpu-partitioning"] if tuned else []) + ["cpu-partitioning"]
+    saved = TUNED_VARIABLES.read_bytes() if TUNED_VARIABLES.exists() else None
+    with PrivateBus(POLICY) as bus, tempfile.TemporaryDirectory(prefix="latencyd-lat-") as tmp:
+        d = Latencyd(bus.address, Path(tmp), None, [REPO / "profiles"], extra=["--no-profile"])
+        try:
+            if tuned:  # the isolated CPU for TuneD's cpu-partitioning, as for latencyd's
+                TUNED_VARIABLES.write_text("isolated_cores=1\n")
+            d.start()
+            result = {"idle": measure(d, idle, args, "--idle-seconds", str(args.idle_seconds))}
+            if not args.quick:
+                result["load"] = measure(d, loaded, args, "--load-cmd", LOAD)
+        finally:
+            d.stop()
+            if saved is not None:
+                TUNED_VARIABLES.write_bytes(saved)
+    return result
+
+
+# (label, (run, tool, scenario, percentile) over (run, tool, scenario, percentile), goal)
+GOALS = (
+    ("latency-performance sockperf p50 / TuneD's",
+     ("idle", "sockperf", "latency-performance", "p50"),
+     ("idle", "sockperf", "tuned:latency-performance", "p50"), 0.25),
+    ("latency-performance cyclictest p99 / TuneD's",
+     ("idle", "cyclictest", "latency-performance", "p99"),
+     ("idle", "cyclictest", "tuned:latency-performance", "p99"), 0.5),
+    ("network-latency sockperf p50 / TuneD's",
+     ("idle", "sockperf", "network-latency", "p50"),
+     ("idle", "sockperf", "tuned:network-latency", "p50"), 0.25),
+    ("network-latency sockperf p99.9 / TuneD's",
+     ("idle", "sockperf", "network-latency", "p99.9"),
+     ("idle", "sockperf", "tuned:network-latency", "p99.9"), 0.5),
+    ("cpu-partitioning under load sockperf p99 / untuned's",
+     ("load", "sockperf", "cpu-partitioning", "p99"),
+     ("load", "sockperf", "untuned", "p99"), 0.05),
+    ("cpu-partitioning under load sockperf p99 / TuneD's",
+     ("load", "sockperf", "cpu-partitioning", "p99"),
+     ("load", "sockperf", "tuned:cpu-partitioning", "p99"), 0.05),
+    ("cpu-partitioning under load cyclictest p99 / TuneD's",
+     ("load", "cyclictest", "cpu-partitioning", "p99"),
+     ("load", "cyclictest", "tuned:cpu-partitioning", "p99"), 0.5),
+)  # fmt: skip
+
+
+def value(r: dict[str, Any], where: tuple[str, str, str, str]) -> float:
+    run, tool, scenario, q = where
+    stats = r.get(run, {}).get("tools", {}).get(tool, {}).get("stats", {})
+    return float(stats.get(scenario, {}).get(q, math.nan))
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    from latencyd.cli import format_measure
+
+    lines = ["== idle ==", format_measure(r["idle"])]
+    if "load" in r:
+        lines += ["", f"== under load ({LOAD}, started before the profiles) =="]
+        lines.append(format_measure(r["load"]))
+    lines += ["", "== goals (issue 9) =="]
+    for label, ours, theirs, target in GOALS:
+        ratio = value(r, ours) / value(r, theirs)
+        if not math.isnan(ratio):
+            lines.append(goal(label, ratio, target))
+    busy = r["idle"].get("idle_busy_pct", {})
+    if busy:
+        delta = busy.get("latency-performance", math.nan) - busy.get("untuned", math.nan)
+        verdict = "PASS" if abs(delta) <= 1 else "MISS"
+        lines.append(
+            f"  latency-performance busy with no traffic - untuned's: {delta:+.2f} points "
+            f"(goal within 1)  [{verdict}]"
+        )
+        if "realtime-poll" in busy:
+            lines.append(
+                f"  realtime-poll (the maximum) busy with no traffic: {busy['realtime-poll']:.1f} "
+                "% of all CPUs: its power cost"
+            )
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench latency", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--idle-seconds", type=float, default=5.0)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="untuned vs latency-performance and network-latency, 1 s, 1 round",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.rounds, args.idle_seconds = 1.0, 1, 1.0
+    if os.geteuid() != 0:
+        print("bench latency: needs root", file=sys.stderr)
+        return 2
+    result = run(args)
+    print(json.dumps(result) if args.json else "\n".join(report(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
