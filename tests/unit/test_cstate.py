@@ -494,6 +494,7 @@ def test_monitor_reports_the_request_and_the_effective_value(
         "pm_qos_requested_us": 10,
         "pm_qos_resolved_from": "state:C1E",  # from the rules, not from the plugin
         "pm_qos_effective_us": 10,
+        "cpuidle_driver": "none",  # the fake machine has states but no current_driver file
     }
     assert "pm_qos_resolved_from" not in plugin.monitor(CstateRules(None)).facts
     (root / f"{CPU}/cpu2/cpuidle/state1/usage").unlink()
