@@ -101,6 +101,9 @@ def snapshot() -> dict[str, object]:
     files["cpuidle governor"] = _read(cpu / "cpuidle/current_governor")
     for p in sorted(Path("/sys/module/haltpoll/parameters").glob("*")):
         files[str(p)] = _read(p)
+    thp = Path("/sys/kernel/mm/transparent_hugepage")  # the sysfs plugin's kernel test
+    for name in ("enabled", "defrag"):
+        files[str(thp / name)] = _read(thp / name)
     wq = Path("/sys/devices/virtual/workqueue")
     for p in [wq / "cpumask", *sorted(wq.glob("*/cpumask"))]:
         files[str(p)] = _read(p)

@@ -11,6 +11,11 @@ latency, /dev/cpu_dma_latency as a plain file), `add_irqs` (/proc/interrupts and
 /proc/irq), `add_task`/`add_kthread` (/proc/PID/stat in the kernel's layout),
 `FakeSched` (affinities and policies, with refusals and exited tasks) and
 `RefusingSystem` (writes the kernel refuses with an errno, or accepts and ignores).
+
+For the cpu and sysfs plugins: `add_intel_pstate`, `add_amd_pstate` and
+`add_acpi_cpufreq` (the cpufreq trees of three kinds of machine, file for file),
+`SysfsLikeSystem` (attributes shown back as the kernel prints them, bracketed choices
+included) and `CpufreqLikeSystem` (what the cpufreq drivers refuse or clamp).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +137,17 @@ def tree_values(root: Path, under: str = "") -> dict[str, str]:
     base = root / under if under else root
     return {
         str(p.relative_to(root)): p.read_bytes().decode(errors="surrogateescape").strip()
+        for p in sorted(base.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def tree_bytes(root: Path, under: str = "") -> dict[str, bytes]:
+    """Every regular file under `root/under` by path under root, byte for byte (newlines
+    included): to check that a restore leaves each file exactly as it was."""
+    base = root / under if under else root
+    return {
+        str(p.relative_to(root)): p.read_bytes()
         for p in sorted(base.rglob("*"))
         if p.is_file() and not p.is_symlink()
     }
@@ -442,6 +458,281 @@ class FakeEthtool:
             nic.features[name] = on
 
 
+# -- sysfs attributes as the kernel shows them ------------------------------------------------
+
+
+def refusal(code: int) -> str:
+    """A KernelRefused reason as System.write words it for `code`."""
+    return f"the kernel refused it: {os.strerror(code)} ({errno.errorcode[code]})"
+
+
+def bracketed_choices(text: str) -> tuple[list[str], str] | None:
+    """A bracketed-choice attribute ("always madvise [never]"): its words and the chosen one."""
+    words = text.split()
+    chosen = [w[1:-1] for w in words if len(w) > 2 and w[0] == "[" and w[-1] == "]"]
+    if len(words) < 2 or len(chosen) != 1:
+        return None
+    return [w.strip("[]") for w in words], chosen[0]
+
+
+class SysfsLikeSystem(KernelLikeSystem):
+    """A write is shown back the way sysfs prints the attribute: the value and a newline (so
+    a restore leaves the file byte for byte as it was), and a bracketed-choice attribute
+    (THP's "always madvise [never]", a block queue's scheduler) with the new choice in
+    brackets; a word such a file does not list is EINVAL, as the kernel answers. `refuse`
+    makes chosen paths (under root) fail with an errno, e.g. EIO where a hypervisor traps
+    the MSR behind the file."""
+
+    def __init__(self, root: Path | str = "/", **backends: Any) -> None:
+        super().__init__(root, **backends)
+        self.refuse: dict[str, int] = {}
+
+    def shown(self, rel: str, value: str) -> str:
+        """What the file shows after `value` is written to it (KernelRefused if refused)."""
+        path = self.path(rel)
+        found = bracketed_choices(path.read_text()) if path.is_file() else None
+        if found is None:
+            return value
+        words, _ = found
+        if value not in words:
+            raise KernelRefused(f"writing {value!r} to /{rel}", refusal(errno.EINVAL))
+        return " ".join(f"[{w}]" if w == value else w for w in words)
+
+    def write(self, rel: str, value: str) -> None:
+        rel = rel.lstrip("/")
+        if rel in self.refuse:
+            raise KernelRefused(f"writing {value!r} to /{rel}", refusal(self.refuse[rel]))
+        shown = self.shown(rel, value.strip())
+        super().write(rel, value)
+        self.path(rel).write_text(f"{shown}\n")
+
+
+# -- CPU frequency scaling ------------------------------------------------------------------
+#
+# The trees below hold the files the kernel creates, as listed in
+# Documentation/admin-guide/pm/cpufreq.rst ("Policy Interface in sysfs": the cpufreq core's
+# files in every policyN, bios_limit and scaling_available_frequencies of acpi-cpufreq),
+# intel_pstate.rst ("User Space Interface in sysfs": intel_pstate/; "Energy vs Performance
+# Hints": energy_performance_{preference,available_preferences} with HWP), amd-pstate.rst
+# ("User Space Interface in sysfs": amd_pstate/, the amd_pstate_* policy files, and the
+# per-policy boost file it documents since Linux 6.11) and
+# Documentation/ABI/testing/sysfs-devices-system-cpu (cpuN/power/energy_perf_bias,
+# cpufreq/boost), with values such machines show. cpuN/cpufreq is a link to its policy.
+
+CPU_SYS = "sys/devices/system/cpu"
+EPP_PREFERENCES = ("default", "performance", "balance_performance", "balance_power", "power")
+INTEL_CPUINFO = (800_000, 3_700_000)  # kHz: lowest P-state, highest turbo
+INTEL_MIN_PERF_PCT = 22  # the lowest P-state in % of the highest: min_perf_pct's floor
+AMD_CPUINFO = (400_000, 5_759_000)
+ACPI_CPUINFO = (1_500_000, 2_800_000)
+ACPI_GOVERNORS = ("conservative", "ondemand", "userspace", "powersave", "performance", "schedutil")
+EPB_NAMES = {
+    "performance": 0,
+    "balance-performance": 4,
+    "normal": 6,
+    "balance-power": 8,
+    "power": 15,
+}
+
+
+def policy_groups(cpus: int, per_policy: int) -> list[list[int]]:
+    """CPUs 0..cpus-1 in policies of `per_policy` CPUs (x86: one each; shared clocks: more)."""
+    return [list(range(i, min(i + per_policy, cpus))) for i in range(0, cpus, per_policy)]
+
+
+def add_cpufreq_policy(
+    root: Path,
+    cpus: Sequence[int],
+    driver: str,
+    governor: str,
+    governors: Sequence[str],
+    cpuinfo: tuple[int, int],
+    extra: Mapping[str, str],
+) -> None:
+    """cpufreq/policyN (N: its first CPU) with the core's files and the driver's `extra`,
+    and cpuN/cpufreq linking to it for each of its CPUs."""
+    base = f"{CPU_SYS}/cpufreq/policy{cpus[0]}"
+    listed = " ".join(map(str, cpus))
+    lo, hi = cpuinfo
+    files = {
+        "affected_cpus": listed,
+        "related_cpus": listed,
+        "cpuinfo_min_freq": str(lo),
+        "cpuinfo_max_freq": str(hi),
+        "cpuinfo_transition_latency": "0",
+        "scaling_available_governors": " ".join(governors),
+        "scaling_cur_freq": str(lo),
+        "scaling_driver": driver,
+        "scaling_governor": governor,
+        "scaling_max_freq": str(hi),
+        "scaling_min_freq": str(lo),
+        "scaling_setspeed": "<unsupported>",
+        **extra,
+    }
+    for name, text in files.items():
+        put(root, f"{base}/{name}", text)
+    for cpu in cpus:
+        link = root / f"{CPU_SYS}/cpu{cpu}/cpufreq"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(f"../cpufreq/policy{cpus[0]}")
+
+
+def add_intel_pstate(
+    root: Path, cpus: int = 4, per_policy: int = 1, turbo_disabled: bool = False
+) -> None:
+    """An Intel machine on intel_pstate in active mode with HWP (the default since Skylake):
+    governors performance and powersave, EPP per policy, intel_pstate/ with no_turbo and
+    the perf limits, and EPB per CPU. No boost file: intel_pstate has no set_boost."""
+    for group in policy_groups(cpus, per_policy):
+        add_cpufreq_policy(
+            root, group, "intel_pstate", "powersave", ("performance", "powersave"), INTEL_CPUINFO,
+            {
+                "base_frequency": "2100000",
+                "energy_performance_available_preferences": " ".join(EPP_PREFERENCES),
+                "energy_performance_preference": "balance_performance",
+            },
+        )  # fmt: skip
+    pstate = {
+        "status": "active",
+        "no_turbo": "1" if turbo_disabled else "0",
+        "min_perf_pct": str(INTEL_MIN_PERF_PCT),
+        "max_perf_pct": "100",
+        "num_pstates": "30",
+        "turbo_pct": "33",
+        "hwp_dynamic_boost": "0",
+    }
+    for name, text in pstate.items():
+        put(root, f"{CPU_SYS}/intel_pstate/{name}", text)
+    for cpu in range(cpus):
+        put(root, f"{CPU_SYS}/cpu{cpu}/power/energy_perf_bias", "6")
+
+
+def add_amd_pstate(
+    root: Path, cpus: int = 4, per_policy: int = 1, boost: str = "1", policy_boost: bool = True
+) -> None:
+    """An AMD Zen 4 machine on amd-pstate-epp (active mode), Linux 6.11 or later: EPP per
+    policy, amd_pstate/, the global cpufreq/boost and (`policy_boost`) each policy's own
+    boost file. No EPB and no intel_pstate/."""
+    extra = {
+        "amd_pstate_highest_perf": "166",
+        "amd_pstate_hw_prefcore": "enabled",
+        "amd_pstate_lowest_nonlinear_freq": "1748000",
+        "amd_pstate_max_freq": str(AMD_CPUINFO[1]),
+        "amd_pstate_prefcore_ranking": "166",
+        "energy_performance_available_preferences": " ".join(EPP_PREFERENCES),
+        "energy_performance_preference": "balance_performance",
+    }
+    if policy_boost:
+        extra["boost"] = boost
+    for group in policy_groups(cpus, per_policy):
+        add_cpufreq_policy(
+            root, group, "amd-pstate-epp", "powersave", ("performance", "powersave"), AMD_CPUINFO,
+            extra,
+        )  # fmt: skip
+    put(root, f"{CPU_SYS}/amd_pstate/status", "active")
+    put(root, f"{CPU_SYS}/amd_pstate/prefcore", "enabled")
+    put(root, f"{CPU_SYS}/cpufreq/boost", boost)
+
+
+def add_acpi_cpufreq(root: Path, cpus: int = 4, per_policy: int = 1) -> None:
+    """A machine on acpi-cpufreq (an older AMD, or Intel with intel_pstate=disable), Linux
+    6.1: every governor, a frequency table, the global cpufreq/boost; no EPP, no EPB."""
+    for group in policy_groups(cpus, per_policy):
+        add_cpufreq_policy(
+            root, group, "acpi-cpufreq", "schedutil", ACPI_GOVERNORS, ACPI_CPUINFO,
+            {
+                "bios_limit": str(ACPI_CPUINFO[1]),
+                "cpuinfo_cur_freq": str(ACPI_CPUINFO[0]),
+                "freqdomain_cpus": " ".join(map(str, group)),
+                "scaling_available_frequencies": "2800000 2100000 1500000",
+            },
+        )  # fmt: skip
+    put(root, f"{CPU_SYS}/cpufreq/boost", "1")
+
+
+class CpufreqLikeSystem(SysfsLikeSystem):
+    """The cpufreq, intel_pstate, amd-pstate and EPB files as their drivers treat writes
+    (drivers/cpufreq/cpufreq.c, intel_pstate.c, amd-pstate.c, arch/x86/kernel/cpu/intel_epb.c):
+
+    - scaling_governor and energy_performance_preference take only what the policy lists
+      (EINVAL), and an EPP other than "performance" under the performance governor is EBUSY;
+    - scaling_{min,max}_freq are requests, and the files show the effective limits: the
+      max within cpuinfo_{min,max}_freq, the min within cpuinfo_min_freq and that max;
+    - intel_pstate clamps max_perf_pct to [min_perf_pct, 100] and min_perf_pct to
+      [INTEL_MIN_PERF_PCT, max_perf_pct]; no_turbo = 0 is EPERM while the firmware keeps
+      turbo off (`turbo_disabled`);
+    - a policy's boost is EINVAL while the global cpufreq/boost is 0, and writing the
+      global one sets every policy's;
+    - energy_perf_bias takes 0-15 or the kernel's names, and shows the number.
+    """
+
+    def __init__(self, root: Path | str = "/", turbo_disabled: bool = False, **backends: Any):
+        super().__init__(root, **backends)
+        self.turbo_disabled = turbo_disabled
+        self.requests: dict[str, int] = {}  # scaling_{min,max}_freq path -> the last request
+
+    def _refused(self, rel: str, value: str, code: int) -> KernelRefused:
+        return KernelRefused(f"writing {value!r} to /{rel}", refusal(code))
+
+    def _number(self, rel: str, value: str, lo: int, hi: int) -> int:
+        if not value.isdigit():
+            raise self._refused(rel, value, errno.EINVAL)
+        return min(max(int(value), lo), hi)
+
+    def shown(self, rel: str, value: str) -> str:
+        directory, _, name = rel.rpartition("/")
+        if name in ("scaling_governor", "energy_performance_preference"):
+            listed = {
+                "scaling_governor": "scaling_available_governors",
+                "energy_performance_preference": "energy_performance_available_preferences",
+            }[name]
+            if value not in self.read(f"{directory}/{listed}").split():
+                raise self._refused(rel, value, errno.EINVAL)
+            governor = self.read(f"{directory}/scaling_governor")
+            if name != "scaling_governor" and value != "performance" and governor == "performance":
+                raise self._refused(rel, value, errno.EBUSY)
+        elif name == "energy_perf_bias":
+            number = str(EPB_NAMES.get(value, value))
+            if not number.isdigit() or int(number) > 15:
+                raise self._refused(rel, value, errno.EINVAL)
+            value = str(int(number))
+        elif name in ("no_turbo", "boost"):
+            if value not in ("0", "1"):
+                raise self._refused(rel, value, errno.EINVAL)
+            if name == "no_turbo" and value == "0" and self.turbo_disabled:
+                raise self._refused(rel, value, errno.EPERM)
+            boost = f"{CPU_SYS}/cpufreq/boost"
+            if name == "boost" and rel != boost and self.exists(boost) and self.read(boost) == "0":
+                raise self._refused(rel, value, errno.EINVAL)
+        elif name == "max_perf_pct":
+            low = int(self.read(f"{directory}/min_perf_pct"))
+            value = str(self._number(rel, value, low, 100))
+        elif name == "min_perf_pct":
+            high = int(self.read(f"{directory}/max_perf_pct"))
+            value = str(self._number(rel, value, INTEL_MIN_PERF_PCT, high))
+        return super().shown(rel, value)
+
+    def write(self, rel: str, value: str) -> None:
+        rel = rel.lstrip("/")
+        directory = rel.rpartition("/")[0]
+        limits = [f"{directory}/scaling_{b}_freq" for b in ("min", "max")]
+        if rel in limits:
+            for path in limits:
+                self.requests.setdefault(path, int(self.read(path)))
+            self.requests[rel] = self._number(rel, value.strip(), 0, 2**32 - 1)
+        super().write(rel, value)
+        if rel in limits:
+            lo = int(self.read(f"{directory}/cpuinfo_min_freq"))
+            hi = int(self.read(f"{directory}/cpuinfo_max_freq"))
+            high = min(max(self.requests[limits[1]], lo), hi)
+            low = min(max(self.requests[limits[0]], lo), high)
+            self.path(limits[0]).write_text(f"{low}\n")
+            self.path(limits[1]).write_text(f"{high}\n")
+        if rel == f"{CPU_SYS}/cpufreq/boost":
+            for policy in sorted(self.path(f"{CPU_SYS}/cpufreq").glob("policy*/boost")):
+                policy.write_text(f"{value.strip()}\n")
+
+
 # -- one fake machine with everything the built-in plugins touch ---------------------------
 
 INTERRUPTS = """\
@@ -453,7 +744,8 @@ INTERRUPTS = """\
 
 def make_fake_machine(tmp_path: Path) -> System:
     """A 4-CPU machine: sysctls, cpuidle and PM QoS, two IRQs, kthreadd and kswapd0, the
-    workqueue cpumasks, a NIC with a driver (FakeEthtool), and KSM."""
+    workqueue cpumasks, a NIC with a driver (FakeEthtool), KSM, intel_pstate's cpufreq tree
+    and transparent hugepages; its writes behave like the kernel's (CpufreqLikeSystem)."""
     root = make_fake_root(tmp_path)
     add_cpuidle(root)
     add_irqs(root, INTERRUPTS)
@@ -477,4 +769,6 @@ def make_fake_machine(tmp_path: Path) -> System:
         }
     )
     put(root, "sys/kernel/mm/ksm/run", "0")
-    return KernelLikeSystem(root, sched=sched, ethtool=ethtool)
+    add_intel_pstate(root)
+    put(root, "sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never")
+    return CpufreqLikeSystem(root, sched=sched, ethtool=ethtool)
