@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # typing costs ~2 ms of every latencyctl call; annotations only need it here
     from typing import Any
 
+    from latencyd.cpuset import CpuSet
+
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 
 OK, DRIFT, USAGE, UNREACHABLE, DENIED = 0, 1, 2, 3, 4
@@ -305,6 +307,69 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_recommend(args: argparse.Namespace) -> int:
+    """Propose a profile and isolated CPUs for this machine; --measure checks it first."""
+    from latencyd.cpuset import CpuSet
+    from latencyd.recommend import read_facts, recommend
+    from latencyd.system import System
+
+    facts = read_facts(System("/"))
+    rec = recommend(facts)
+    data: dict[str, Any] = {
+        "profile": rec.profile,
+        "isolated_cores": rec.isolated.to_list(),
+        "reasons": rec.reasons,
+        "profile_file": rec.toml(),
+    }
+    lines = [f"recommended: {rec.profile}"
+             + (f" with isolated_cores = {rec.isolated}" if rec.isolated else "")]  # fmt: skip
+    lines += [f"  - {r}" for r in rec.reasons]
+    lines += ["", "as a profile (e.g. /etc/latencyd/profiles/recommended.toml):", rec.toml()]
+    if args.measure:
+        result = _measure_recommendation(rec.toml(), rec.isolated or CpuSet([max(facts.online)]),
+                                         facts.online, args)  # fmt: skip
+        # Ratios are untuned / proposal: 1.0 or more means the proposal is as good or better.
+        ratios = {t: result["tools"][t]["ratios"]["untuned"] for t in ("sockperf", "cyclictest")}
+        confirmed = all(r[q]["pooled"] >= 1.0 for r in ratios.values() for q in ("p50", "p99"))
+        data |= {"measured": result, "confirmed": confirmed}
+        lines.append(format_measure(result))
+        lines.append(
+            "confirmed: as good as or better than untuned at p50 and p99 (sockperf, cyclictest)"
+            if confirmed
+            else "NOT confirmed: untuned was as good or better somewhere (see the ratios); "
+            "keep the default profile"
+        )
+    _emit(args, data, "\n".join(lines))
+    return OK if not args.measure or data["confirmed"] else FAILED
+
+
+def _measure_recommendation(
+    profile_text: str, app: CpuSet, online: CpuSet, args: argparse.Namespace
+) -> dict[str, Any]:
+    """`latencyctl measure` of the proposal (held from a file) against untuned."""
+    import tempfile
+
+    import dbus
+
+    from latencyd import measure
+
+    with tempfile.TemporaryDirectory(prefix="latencyd-recommend-") as tmp:
+        Path(tmp).chmod(0o755)  # the daemon reads it; root's, not writable by others
+        proposal = Path(tmp) / "recommended.toml"
+        proposal.write_text(profile_text)
+        plan = measure.Plan([str(proposal), "untuned"], app, online - app, args.seconds,
+                            args.rounds, ["sockperf", "cyclictest"])  # fmt: skip
+        try:
+            return measure.run(
+                plan,
+                lambda name: int(_call("HoldProfile", name, "latencyctl recommend --measure")),
+                lambda cookie: _call("ReleaseProfile", dbus.UInt32(cookie)),
+                measure.progress_bar,
+            )
+        except measure.MeasureError as exc:
+            raise CliError(FAILED, str(exc)) from exc
+
+
 def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) -> str:
     from latencyd.latency import Ratio, render_ratios, render_table
 
@@ -319,7 +384,7 @@ def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) ->
         out.append("")
     if result.get("idle_busy_pct"):
         busy = ", ".join(f"{s} {v:.2f} %" for s, v in result["idle_busy_pct"].items())
-        out.append(f"CPU busy with no traffic (all CPUs): {busy}\n")
+        out.append(f"CPUs awake with no traffic (running or polling, all CPUs): {busy}\n")
     for scenario, blame in result["attribution"].items():
         top = ", ".join(f"{k} {v}" for k, v in list(blame["interrupts"].items())[:4]) or "none"
         soft = ", ".join(f"{k} {v}" for k, v in list(blame["softirqs"].items())[:4]) or "none"
@@ -507,7 +572,8 @@ def parser() -> argparse.ArgumentParser:
         "--idle-seconds",
         type=float,
         default=0.0,
-        help="per scenario and round, first measure how busy the CPUs are with no traffic",
+        help="per scenario and round, first measure how much of the time the CPUs stay "
+        "awake (running or polling) with no traffic",
     )
     m.add_argument(
         "--tools", help="sockperf,cyclictest,oslat (default: those, oslat where installed)"
@@ -518,6 +584,16 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--plot", metavar="FILE.png", help="histograms and tails, log scale")
     m.add_argument("--save", type=Path, metavar="DIR", help="keep the result (JSON, PNG) here")
     m.add_argument("--compare", type=Path, metavar="OLD.json", help="set a saved run beside")
+    rec = add(
+        "recommend",
+        cmd_recommend,
+        "propose a profile and isolated CPUs for this machine, explaining each choice",
+    )
+    rec.add_argument(
+        "--measure", action="store_true", help="confirm it against untuned with `measure` first"
+    )
+    rec.add_argument("--seconds", type=float, default=5.0, help="with --measure: per tool (5)")
+    rec.add_argument("--rounds", type=int, default=3, help="with --measure: rounds (3)")
 
     ex.add_argument(
         "--profile-dir",

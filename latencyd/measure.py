@@ -296,17 +296,33 @@ TUNED_STATE = ("active_profile", "profile_mode", "post_loaded_profile")
 
 
 def busy_share(seconds: float) -> float:
-    """Share of all CPUs' time spent busy (not idle or iowait) over `seconds`: what a
-    scenario costs while nothing happens (a polling profile shows here)."""
+    """Share of all CPUs' time not spent in a real idle state (running, or polling) over
+    `seconds`: what a scenario costs while nothing happens. Polling happens inside the
+    idle task, so /proc/stat calls it idle; cpuidle residency does not (a VM's host sees
+    a polling vCPU as busy, a bare-metal CPU spends the power). Without cpuidle, the
+    share of time /proc/stat does not count idle."""
+    cpus = sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle"))
 
-    def sample() -> tuple[int, int]:
+    def asleep_us() -> int:
+        total = 0
+        for base in cpus:
+            for state in base.glob("state[0-9]*"):
+                with contextlib.suppress(OSError, ValueError):
+                    if (state / "name").read_text().strip().upper() != "POLL":
+                        total += int((state / "time").read_text())
+        return total
+
+    def stat() -> tuple[int, int]:
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = fields[3] + fields[4]
-        return sum(fields[:8]), idle
+        return sum(fields[:8]), fields[3] + fields[4]
 
-    total0, idle0 = sample()
+    start, (total0, idle0) = time.monotonic(), stat()
+    asleep0 = asleep_us() if cpus else 0
     time.sleep(seconds)
-    total1, idle1 = sample()
+    wall_us = (time.monotonic() - start) * 1e6
+    if cpus:
+        return max(0.0, 1 - (asleep_us() - asleep0) / (wall_us * len(cpus)))
+    total1, idle1 = stat()
     total = total1 - total0
     return (total - (idle1 - idle0)) / total if total else 0.0
 

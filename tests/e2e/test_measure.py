@@ -116,3 +116,28 @@ def test_a_missing_tool_is_a_clear_error(daemon: Latencyd, tmp_path: Path) -> No
     assert r.returncode == 1
     assert "missing measurement tools: sockperf (apt-get install sockperf)" in r.stderr
     assert netns_of_measure() == []
+
+
+def test_recommend_measures_its_proposal_against_untuned(daemon: Latencyd) -> None:
+    """The verdict depends on the machine; that it is reached, stated and put in the exit
+    code, with the machine as before, does not."""
+    r = subprocess.run(
+        [str(BIN / "latencyctl"), "recommend", "--measure", "--seconds", "1", "--rounds", "2",
+         "--json"],
+        env=daemon.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr
+    result: dict[str, Any] = json.loads(r.stdout)
+    assert result["profile"] in ("network-latency", "latency-performance", "cpu-partitioning")
+    assert result["confirmed"] is (r.returncode == 0)
+    measured = result["measured"]
+    proposal, baseline = measured["round_order"][0]
+    assert proposal.endswith("/recommended.toml") and baseline == "untuned"
+    assert measured["round_order"][1] == [baseline, proposal]
+    for tool in ("sockperf", "cyclictest"):
+        assert set(measured["tools"][tool]["ratios"]["untuned"]) >= {"p50", "p99"}
+    assert not Path(proposal).exists()  # its temporary directory is gone
+    assert daemon.ctl("active").stdout.strip() == "test-a"
+    assert json.loads(daemon.ctl("status", "--json").stdout)["holds"] == []
+    assert netns_of_measure() == []
+    assert f"on {proposal} by" in daemon.log()
