@@ -9,7 +9,7 @@ SHELL := /bin/bash
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean install
 
 setup:
 	@bash scripts/setup.sh
@@ -37,6 +37,23 @@ lint-only:
 
 bench: setup
 	$(PYTHON) -m bench
+
+# Install for real, with the system's Python (not .venv): latencyd and latencyctl, their
+# man pages (share/man) and bash and zsh completions (share/bash-completion, share/zsh),
+# generated while building (see setup.py), and the Python packages they need at the
+# versions requirements.lock pins. Run as root: `sudo make install`. Debian's pip puts
+# it all under /usr/local (its --prefix=/usr/local would say /usr/local/local); set
+# PREFIX elsewhere, and DESTDIR=/some/root to stage the install. Debian marks its Python
+# "externally managed" (PEP 668): pip is allowed to install beside it, into /usr/local,
+# never over Debian's own files. Never run by `make test`.
+PREFIX ?=
+SYSTEM_PYTHON ?= /usr/bin/python3
+install:
+	@$(SYSTEM_PYTHON) -m pip --version >/dev/null 2>&1 || { \
+		echo "make install: $(SYSTEM_PYTHON) has no pip (apt-get install python3-pip)" >&2; exit 1; }
+	PIP_BREAK_SYSTEM_PACKAGES=1 PIP_CONSTRAINT=$(CURDIR)/requirements.lock \
+		$(SYSTEM_PYTHON) -m pip install --no-input \
+		$(if $(PREFIX),--prefix=$(PREFIX)) $(if $(DESTDIR),--root=$(DESTDIR)) .
 
 clean:
 	rm -rf $(VENV) .perf-build build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,4 +1,59 @@
-# Kept for tools that still call setup.py directly; all metadata lives in pyproject.toml.
-from setuptools import setup
+# All metadata lives in pyproject.toml; this file only adds one build step.
+#
+# The man pages (latencyd(8), latencyctl(8), latencyd.profile(5)) and the bash and zsh
+# completions are generated from the code (latencyd/manpages.py: the argparse parsers,
+# every plugin's option schema, the README), not kept in the repository. Each build
+# (`pip install .`, a wheel) writes them to build/share/, and data_files installs them
+# from there to <prefix>/share/{man,bash-completion,zsh}.
+# The build environment has neither latencyd nor its plugins installed, so the generator
+# runs in a child Python on a copy of the packages laid out as installed (plugins/ is
+# latencyd.plugins) next to the egg-info, whose entry points make the plugins known.
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 
-setup()
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from latencyd.manpages import install_layout  # standard library only: fine to import here
+
+GENERATED = "build/share"
+
+
+class BuildPyAndDocs(build_py):
+    def run(self) -> None:
+        super().run()
+        self.run_command("egg_info")
+        egg_info = self.get_finalized_command("egg_info").egg_info
+        with tempfile.TemporaryDirectory() as stage:
+            for package in self.packages:
+                target = os.path.join(stage, *package.split("."))
+                shutil.copytree(
+                    self.get_package_dir(package),
+                    target,
+                    ignore=shutil.ignore_patterns("__pycache__"),
+                    dirs_exist_ok=True,
+                )
+            shutil.copytree(egg_info, os.path.join(stage, os.path.basename(egg_info)))
+            readme, outdir = os.path.abspath("README.md"), os.path.abspath(GENERATED)
+            command = [sys.executable, "-m", "latencyd.manpages", "--readme", readme, outdir]
+            env = {**os.environ, "PYTHONPATH": stage, "PYTHONDONTWRITEBYTECODE": "1"}
+            done = subprocess.run(command, env=env, cwd=stage)  # cwd: not the source's latencyd/
+        # An editable install (make setup) gets no data_files from setuptools anyway, and a
+        # checkout has `latencyctl man` and `latencyctl completion`: only warn there.
+        if done.returncode and not self.editable_mode:
+            raise SystemExit(f"generating the man pages and completions failed ({done.returncode})")
+        if done.returncode:
+            print("warning: man pages and completions not generated", file=sys.stderr)
+
+
+setup(
+    cmdclass={"build_py": BuildPyAndDocs},
+    data_files=[
+        (f"share/{directory}", [f"{GENERATED}/{directory}/{name}" for name in names])
+        for directory, names in install_layout().items()
+    ],
+)

@@ -202,7 +202,8 @@ def build(args: argparse.Namespace, config: Config, fdstore: FdStore | None = No
     return Daemon(system, plugins, library, engine)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def arg_parser() -> argparse.ArgumentParser:
+    """latencyd's options (also the source of latencyd(8), see latencyd/manpages.py)."""
     parser = argparse.ArgumentParser(
         prog="latencyd", description="Put the machine into a low-latency state and keep it there."
     )
@@ -230,7 +231,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="start without applying any profile (restores what a previous run left)",
     )
     parser.add_argument("-v", "--verbose", action="store_true")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return arg_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
