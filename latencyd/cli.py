@@ -210,6 +210,28 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_import_tuned(args: argparse.Namespace) -> int:
+    """Convert a TuneD profile and the profiles it includes into latencyd profiles: exit 0
+    if everything converted, 1 if some settings did not (listed on stderr and in the
+    files), 2 if nothing could be (not a TuneD profile, unreadable, an include cycle)."""
+    from latencyd.tuned_import import ImportFailed, import_tuned
+
+    try:
+        result = import_tuned(args.tuned_profile, args.output, args.tuned_dir)
+    except ImportFailed as exc:
+        raise CliError(USAGE, f"import-tuned: {exc}") from exc
+    lines = []
+    for path, f in result.files:
+        lines.append(f"wrote {path} ({'complete' if f.complete else 'partial'}; {f.source})")
+        for x in f.findings:
+            if x.counted:
+                print(f"{path.name}: not converted: {x.label}: {x.text}", file=sys.stderr)
+    for name in result.shadows:
+        print(f"note: {name}.toml {result.SHADOW_NOTE}", file=sys.stderr)
+    _emit(args, result.as_json(), "\n".join(lines))
+    return result.code
+
+
 MAN_PAGES = ("latencyctl", "latencyd", "latencyd.profile")  # latencyd.manpages.PAGES
 
 
@@ -551,6 +573,32 @@ def parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("profile", help="profile name or path to a .toml file")
     add("plugins", cmd_plugins, "list plugins and every option they take (no daemon needed)")
+    tuned = add(
+        "import-tuned",
+        cmd_import_tuned,
+        "convert a TuneD profile and those it includes to latencyd profiles, listing what "
+        "cannot be converted (exit 1: partly converted)",
+    )
+    tuned.add_argument(
+        "tuned_profile",
+        metavar="NAME|DIR|FILE",
+        help="a TuneD profile name (looked up as TuneD does), its directory or its tuned.conf",
+    )
+    tuned.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("."),
+        metavar="DIR",
+        help="write NAME.toml files here (default: the current directory)",
+    )
+    tuned.add_argument(
+        "--tuned-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="look for TuneD profiles here before /etc/tuned and /usr/lib/tuned (repeatable)",
+    )
     m = add(
         "measure",
         cmd_measure,

@@ -52,6 +52,10 @@ APT_PACKAGES=(
     # man (man-db, with groff) renders the generated man pages in the tests; zsh for the
     # completion tests.
     man-db zsh
+    # TuneD: its profiles (/usr/lib/tuned) for import-tuned's tests, and TuneD itself for
+    # side-by-side benchmarks only (latencyd never needs it). No systemd as PID 1 here, so
+    # installing it starts nothing.
+    tuned
 )
 
 missing=()
