@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import arguments, not_root
 from bench.daemon import cpu_sample
 from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, REPO, Latencyd
@@ -158,20 +159,13 @@ def report(r: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench drift",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = arguments("drift", __doc__, quick="5 samples, 2 s idle windows")
     parser.add_argument("--samples", type=int, default=50)
     parser.add_argument("--idle-seconds", type=float, default=60.0)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="5 samples, 2 s idle windows")
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.idle_seconds = 5, 2.0
-    if os.geteuid() != 0:
-        print("bench drift: needs root (it tunes the machine)", file=sys.stderr)
+    if not_root("drift", "it tunes the machine"):
         return 2
     result = run(args)
     if args.json:

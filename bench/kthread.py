@@ -17,7 +17,6 @@ Benchmarks print figures; they do not judge (exit 0 unless the bench itself cann
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import arguments, not_root
 from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, Latencyd
 from tests.loopfs import LoopFs, jbd2_pids
@@ -165,23 +165,14 @@ def report(results: dict[str, dict[str, Any]]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench kthread",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = arguments("kthread", __doc__, quick="a few threads and forks")
     parser.add_argument("--threads", type=int, default=210)
     parser.add_argument("--forks", type=int, default=2000)
     parser.add_argument("--sources", default="perf,proc-connector,none")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument(
-        "--quick", action="store_true", help="a few threads and forks: checks the bench runs"
-    )
     args = parser.parse_args(argv)
     if args.quick:
         args.threads, args.forks = 9, 100
-    if os.geteuid() != 0:
-        print("bench kthread: needs root (loop devices, mounts, a tuning daemon)", file=sys.stderr)
+    if not_root("kthread", "loop devices, mounts, a tuning daemon"):
         return 2
     results: dict[str, dict[str, Any]] = {}
     with PrivateBus(POLICY) as bus, tempfile.TemporaryDirectory(prefix="latencyd-kbench-") as tmp:

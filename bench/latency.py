@@ -1,16 +1,19 @@
 """latency benchmark: latencyd's profiles against untuned and TuneD's, through `latencyctl
-measure` (sockperf UDP RTT/2 over a veth pair, cyclictest on the isolated CPU).
+measure` (sockperf UDP RTT/2 over a veth pair, the client at SCHED_FIFO 1 on CPU 0;
+cyclictest on the application CPU 1).
 
 Two alternating runs, as in issue 9's table:
 - idle: untuned, TuneD latency-performance and network-latency (where TuneD is
   installed), latencyd latency-performance, network-latency and realtime-poll; with the
-  CPU busy share while nothing happens, per scenario;
-- under load (stress-ng --cpu 2 --io 1 --vm 1, started from a shell, unpinned, before
-  the profiles): untuned, TuneD cpu-partitioning, latencyd cpu-partitioning.
+  share of time the CPUs stay awake while nothing happens, per scenario;
+- under load (stress-ng --cpu 2 --io 1 --vm 1, started as from a shell before the
+  profiles, unpinned): untuned, TuneD cpu-partitioning, latencyd cpu-partitioning, and
+  cpu-partitioning mis-tuned on purpose (isolated_cores = the housekeeping CPU), to show
+  the measurement sees a bad profile.
 Then the goals as ratios: latency-performance p50 <= 0.25x TuneD's, cyclictest p99 <=
-0.5x, idle busy within 1 point of untuned; network-latency p50 <= 0.25x and p99.9 <=
-0.5x TuneD's; cpu-partitioning under load p99 <= 0.05x untuned's and TuneD's, and
-cyclictest p99 <= 0.5x TuneD's.
+0.5x, idle awake share within 1 point of untuned; network-latency p50 <= 0.25x and
+p99.9 <= 0.5x TuneD's; cpu-partitioning under load p99 <= 0.05x untuned's and TuneD's,
+and cyclictest p99 <= 0.5x TuneD's.
 
     python -m bench latency [--seconds 10] [--rounds 4] [--json] [--quick]
 
@@ -22,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -30,10 +32,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench import arguments, not_root
 from scripts.private_bus import PrivateBus
 from tests.harness import BIN, POLICY, REPO, Latencyd
 
 LOAD = "stress-ng --cpu 2 --io 1 --vm 1 --vm-bytes 256M"
+# Mis-tuned on purpose, so the run shows the measurement sees a bad profile: shielding
+# the wrong CPU (the housekeeping one) moves the load onto the application's CPU.
+MISTUNED = """[main]
+summary = "cpu-partitioning with the wrong isolated_cores: the load lands on the app CPU"
+include = ["cpu-partitioning"]
+
+[variables]
+isolated_cores = "0"
+"""
 TUNED_VARIABLES = Path("/etc/tuned/cpu-partitioning-variables.conf")
 
 
@@ -64,9 +76,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.quick:
         idle.append("realtime-poll")
     loaded = ["untuned"] + (["tuned:cpu-partitioning"] if tuned else []) + ["cpu-partitioning"]
+    loaded.append("mistuned")
     saved = TUNED_VARIABLES.read_bytes() if TUNED_VARIABLES.exists() else None
     with PrivateBus(POLICY) as bus, tempfile.TemporaryDirectory(prefix="latencyd-lat-") as tmp:
-        d = Latencyd(bus.address, Path(tmp), None, [REPO / "profiles"], extra=["--no-profile"])
+        profiles = Path(tmp, "profiles")
+        profiles.mkdir()
+        (profiles / "mistuned.toml").write_text(MISTUNED)
+        d = Latencyd(bus.address, Path(tmp), None, [profiles, REPO / "profiles"],
+                     extra=["--no-profile"])  # fmt: skip
         try:
             if tuned:  # the isolated CPU for TuneD's cpu-partitioning, as for latencyd's
                 TUNED_VARIABLES.write_text("isolated_cores=1\n")
@@ -125,6 +142,13 @@ def report(r: dict[str, Any]) -> list[str]:
         ratio = value(r, ours) / value(r, theirs)
         if not math.isnan(ratio):
             lines.append(goal(label, ratio, target))
+    bad = value(r, ("load", "sockperf", "mistuned", "p99"))
+    good = value(r, ("load", "sockperf", "cpu-partitioning", "p99"))
+    if not math.isnan(bad / good):
+        lines.append(
+            f"  mis-tuned on purpose (wrong isolated_cores) sockperf p99 / cpu-partitioning's: "
+            f"{bad / good:.1f}x  [{'SEEN' if bad / good > 2 else 'NOT SEEN'}]"
+        )
     busy = r["idle"].get("idle_busy_pct", {})
     if busy:
         delta = busy.get("latency-performance", math.nan) - busy.get("untuned", math.nan)
@@ -142,24 +166,16 @@ def report(r: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench latency", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    parser = arguments(
+        "latency", __doc__, quick="untuned vs latency-performance and network-latency, 1 s"
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--idle-seconds", type=float, default=5.0)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="untuned vs latency-performance and network-latency, 1 s, 1 round",
-    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.rounds, args.idle_seconds = 1.0, 1, 1.0
-    if os.geteuid() != 0:
-        print("bench latency: needs root", file=sys.stderr)
+    if not_root("latency", "network namespaces, profiles, SCHED_FIFO"):
         return 2
     result = run(args)
     print(json.dumps(result) if args.json else "\n".join(report(result)))

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import arguments
 from latencyd.config import shipped_profiles_dir
 from latencyd.cpuset import CpuSet
 from latencyd.engine import section_schemas
@@ -169,15 +170,9 @@ def report(r: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench loader",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = arguments("loader", __doc__, quick="300 fuzz cases")
     parser.add_argument("--cases", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=20261123)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="300 fuzz cases")
     args = parser.parse_args(argv)
     if args.quick:
         args.cases = 300

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import arguments, not_root
 from bench.daemon import cpu_sample
 from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, REPO, Latencyd
@@ -147,19 +148,12 @@ def report(r: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench nic",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = arguments("nic", __doc__, quick="5 pairs")
     parser.add_argument("--pairs", type=int, default=50)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="5 pairs")
     args = parser.parse_args(argv)
     if args.quick:
         args.pairs = 5
-    if os.geteuid() != 0:
-        print("bench nic: needs root (network namespaces)", file=sys.stderr)
+    if not_root("nic", "network namespaces"):
         return 2
     result = run(args)
     print(json.dumps(result)) if args.json else report(result)

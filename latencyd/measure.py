@@ -1,7 +1,12 @@
 """`latencyctl measure`: what a profile buys, as the field's standard tools see it.
 
 - sockperf UDP ping-pong over a veth pair between two network namespaces made for the
-  run (server on the application CPUs, client on housekeeping): RTT/2 per packet;
+  run (server on the application CPUs, client on housekeeping): RTT/2 per packet. The
+  client stands in for the remote peer, so it runs at SCHED_FIFO 1: a load on the
+  housekeeping CPUs must not slow the peer, or a 2-CPU machine measures the load's
+  CPU instead of the application's (measured here under stress-ng: client at normal
+  priority, cpu-partitioning p99 1,377 µs, all of it the client waiting behind the load
+  on CPU 0; at FIFO 1, 35 µs);
 - cyclictest timer wake-up latency on the application CPUs (`--default-system`, so
   the profile, not the tool, holds PM QoS);
 - oslat (OS noise seen by a busy loop) where it is installed.
@@ -81,7 +86,11 @@ class Plan:
 
 
 class Processes:
-    """Children in sessions of their own, so each can be ended with all it started."""
+    """Children each in a process group of its own, so each can be ended with all it
+    started. They stay in this process's session, as the load does: processes started from
+    one shell share a session, and so an autogroup (kernel.sched_autogroup_enabled), and
+    compete task by task. Separate sessions would give the tools a CPU share of their own
+    against the load and hide what the load does to them."""
 
     def __init__(self) -> None:
         self.running: list[subprocess.Popen[str]] = []
@@ -89,7 +98,7 @@ class Processes:
 
     def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            argv, start_new_session=True, text=True, stdin=subprocess.DEVNULL, **kwargs
+            argv, process_group=0, text=True, stdin=subprocess.DEVNULL, **kwargs
         )
         self.running.append(proc)
         return proc
@@ -111,41 +120,42 @@ class Processes:
         return out
 
     @staticmethod
-    def end(proc: subprocess.Popen[str]) -> None:
+    def end(proc: subprocess.Popen[str], grace: float = 3.0) -> None:
+        """SIGTERM its process group; SIGKILL what is left after `grace` seconds."""
         if proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(3)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(3)
 
     def detach(self, argv: list[str], workdir: Path) -> int:
-        """Start `argv` outside this process tree (its own session, re-parented), as a load
-        started from a shell would be: a hold's exemption covers this process and its
-        children (the measuring tools), and must not cover the load. Ended in end_all."""
+        """Start `argv` outside this process tree, as a load started from a shell would be:
+        a shell in a process group of its own starts it in the background and exits, so
+        it is re-parented and a hold's exemption (this process and its children, the
+        measuring tools) does not cover it; it stays in this session. Ended in end_all."""
         pidfile = workdir / "load.pid"
-        script = f'echo $$ > {shlex.quote(str(pidfile))}; exec "$@"'
-        subprocess.run(["setsid", "-f", "sh", "-c", script, "sh", *argv], check=True,
+        script = f'"$@" </dev/null >/dev/null 2>&1 & echo $$ > {shlex.quote(str(pidfile))}'
+        subprocess.run(["sh", "-c", script, "sh", *argv], check=True, process_group=0,
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)  # fmt: skip
-        deadline = time.monotonic() + 5
-        while not pidfile.exists() or not pidfile.read_text().strip():
-            if time.monotonic() > deadline:
-                raise MeasureError(f"the load did not start: {' '.join(argv)}")
-            time.sleep(0.01)
-        pid = int(pidfile.read_text())
-        self.detached.append(pid)
-        return pid
+        pgid = int(pidfile.read_text())
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            raise MeasureError(f"the load did not start: {' '.join(argv)}") from None
+        self.detached.append(pgid)
+        return pgid
 
     def end_all(self) -> None:
         for proc in reversed(self.running):
             self.end(proc)
         self.running.clear()
-        for pgid in self.detached:  # a session leader: its group holds all it started
+        for pgid in self.detached:  # its group holds all it started
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
         self.detached.clear()
@@ -267,7 +277,7 @@ def run_tool(tool: str, plan: Plan, procs: Processes, net: Network, workdir: Pat
     try:
         time.sleep(0.2)
         procs.run(
-            net.inside(net.client_ns, plan.housekeeping, "sockperf", "ping-pong",
+            net.inside(net.client_ns, plan.housekeeping, "chrt", "-f", "1", "sockperf", "ping-pong",
                        "-i", SERVER_IP, "-p", "11111", "-t", f"{max(1, round(plan.seconds))}",
                        "--full-log", str(log)),
             timeout=limit,
@@ -292,7 +302,6 @@ class Counters:
 
 
 MEASURING = {"sockperf", "cyclictest", "oslat"}
-TUNED_STATE = ("active_profile", "profile_mode", "post_loaded_profile")
 
 
 def busy_share(seconds: float) -> float:
@@ -409,6 +418,77 @@ def merge_attribution(total: dict[str, Any], part: dict[str, Any]) -> dict[str, 
 # -- scenarios ------------------------------------------------------------------------------
 
 
+class TunedDaemon:
+    """TuneD in the foreground without D-Bus or socket, for side-by-side comparisons only
+    (latencyd never needs it). Stopped with SIGTERM, on which it rolls back its settings;
+    the files it leaves (its notes in /etc/tuned, the kvm module options its
+    cpu-partitioning script writes to /etc/modprobe.d) are put back by `restore_files`."""
+
+    FILES = (Path("/etc/tuned"), Path("/etc/modprobe.d"))
+    ROLLBACK_S = 60.0  # its rollback joins its plugin threads: seconds, never SIGKILL it
+
+    def __init__(self, procs: Processes) -> None:
+        self.procs = procs
+        self.proc: subprocess.Popen[str] | None = None
+        self.files: dict[Path, bytes] | None = None
+        self.log: Path | None = None
+
+    @classmethod
+    def snapshot_files(cls) -> dict[Path, bytes]:
+        return {
+            f: f.read_bytes()
+            for d in cls.FILES
+            if d.is_dir()
+            for f in sorted(d.rglob("*"))
+            if f.is_file() and not f.is_symlink()
+        }
+
+    def start(self, profile: str, timeout: float = 60.0) -> None:
+        if shutil.which("tuned") is None:
+            raise MeasureError("TuneD is not installed (apt-get install tuned)")
+        if self.files is None:
+            self.files = self.snapshot_files()
+        self.log = Path(tempfile.mkdtemp(prefix="latencyd-tuned-")) / "tuned.log"
+        self.proc = self.procs.start(
+            ["tuned", "--no-dbus", "--no-socket", "--profile", profile, "--log", str(self.log)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise MeasureError(f"TuneD exited while applying {profile}: see {self.log}")
+            if self.log.exists() and "applied" in self.log.read_text():
+                return
+            time.sleep(0.1)
+        raise MeasureError(f"TuneD did not apply {profile} within {timeout:.0f} s: see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.procs.end(self.proc, grace=self.ROLLBACK_S)
+            with contextlib.suppress(ValueError):
+                self.procs.running.remove(self.proc)
+            self.proc = None
+
+    def restore_files(self) -> list[str]:
+        """Put back the files TuneD changed or added; what was put back, for reporting."""
+        if self.files is None:
+            return []
+        changed = []
+        for f, content in self.snapshot_files().items():
+            if f not in self.files:
+                f.unlink()
+                changed.append(f"removed {f}")
+            elif content != self.files[f]:
+                f.write_bytes(self.files[f])
+                changed.append(f"restored {f}")
+        for f, content in self.files.items():
+            if not f.exists():
+                f.write_bytes(content)
+                changed.append(f"recreated {f}")
+        self.files = None
+        return changed
+
+
 class Switcher:
     """Puts a scenario in force: latencyd holds (through the `hold`/`release` calls given),
     and TuneD for "tuned:NAME" scenarios. Holds stack and the newest wins, so the next
@@ -422,13 +502,11 @@ class Switcher:
     ) -> None:
         self.hold = hold
         self.release = release
-        self.procs = procs
         self.cookie: int | None = None
-        self.tuned: subprocess.Popen[str] | None = None
-        self.tuned_state: dict[str, bytes | None] = {}
+        self.tuned = TunedDaemon(procs)
 
     def enter(self, scenario: str) -> None:
-        self._stop_tuned()
+        self.tuned.stop()
         previous = self.cookie
         if scenario == "current":
             self.cookie = None
@@ -437,46 +515,12 @@ class Switcher:
         if previous is not None:
             self.release(previous)
         if scenario.startswith("tuned:"):
-            self._start_tuned(scenario.split(":", 1)[1])
+            self.tuned.start(scenario.split(":", 1)[1])
         time.sleep(0.5)  # let the machine settle (idle states, caches)
 
-    def _start_tuned(self, profile: str) -> None:
-        if shutil.which("tuned") is None:
-            raise MeasureError("TuneD is not installed (apt-get install tuned)")
-        # TuneD notes its active profile in /etc/tuned: put those notes back afterwards.
-        for name in TUNED_STATE:
-            path = Path("/etc/tuned", name)
-            self.tuned_state.setdefault(name, path.read_bytes() if path.exists() else None)
-        log = Path(tempfile.mkdtemp(prefix="latencyd-measure-tuned-")) / "tuned.log"
-        self.tuned = self.procs.start(
-            ["tuned", "--no-dbus", "--no-socket", "--profile", profile, "--log", str(log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.tuned.poll() is not None:
-                raise MeasureError(f"TuneD exited while applying {profile}: see {log}")
-            if log.exists() and "applied" in log.read_text():
-                return
-            time.sleep(0.1)
-        raise MeasureError(f"TuneD did not apply {profile} within 30 s: see {log}")
-
-    def _stop_tuned(self) -> None:
-        if self.tuned is not None:
-            self.procs.end(self.tuned)  # TuneD rolls back on SIGTERM
-            with contextlib.suppress(ValueError):
-                self.procs.running.remove(self.tuned)
-            self.tuned = None
-
     def leave(self) -> None:
-        self._stop_tuned()
-        for name, content in self.tuned_state.items():
-            path = Path("/etc/tuned", name)
-            if content is None:
-                path.unlink(missing_ok=True)
-            else:
-                path.write_bytes(content)
-        self.tuned_state.clear()
+        self.tuned.stop()
+        self.tuned.restore_files()
         if self.cookie is not None:
             cookie, self.cookie = self.cookie, None
             self.release(cookie)
