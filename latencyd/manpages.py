@@ -20,7 +20,6 @@ standard library at module level; the parsers and plugins are imported when need
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from latencyd import BUS_NAME, __version__
+from latencyd.tomlwrite import toml_section, toml_value  # standard library only
 
 PAGES: dict[str, int] = {"latencyd": 8, "latencyctl": 8, "latencyd.profile": 5}  # name: section
 SHELLS = ("bash", "zsh")
@@ -709,44 +709,6 @@ def _option_items(options: list[dict[str, Any]]) -> list[str]:
         if opt.get("fields"):
             out += [".RS", *_option_items(opt["fields"]), ".RE"]
     return out
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def toml_key(key: str) -> str:
-    return key if _BARE_KEY.fullmatch(key) else json.dumps(key)
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-    return str(value)
-
-
-def toml_section(name: str, values: dict[str, Any]) -> list[str]:
-    """A profile section as TOML: arrays of tables as [[name.key]] blocks."""
-    lines = []
-    tables = {}
-    for key, value in values.items():
-        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            tables[key] = value
-        else:
-            lines.append(f"{toml_key(key)} = {toml_value(value)}")
-    if lines:
-        lines.insert(0, f"[{name}]")
-    for key, entries in tables.items():
-        for entry in entries:
-            lines += [""] if lines else []
-            lines += [f"[[{name}.{toml_key(key)}]]"]
-            lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in entry.items()]
-    return lines
 
 
 # -- shell completion --------------------------------------------------------------------

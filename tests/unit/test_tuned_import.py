@@ -25,6 +25,31 @@ from latencyd.cpuset import CpuSet
 from latencyd.errors import ProfileError
 from latencyd.profile import ProfileLibrary
 from latencyd.schema import Machine, Schema
+from latencyd.system import POLICIES
+from latencyd.tomlwrite import toml_key, toml_value
+from latencyd.tuned_import.convert import CONVERTERS, convert_merged
+from latencyd.tuned_import.convert_cpu import EPB_NAMES, convert_force_latency
+from latencyd.tuned_import.convert_knobs import WRITEBACK_SYSCTLS
+from latencyd.tuned_import.convert_threads import (
+    RT_POLICIES,
+    TUNED_POLICIES,
+    kthread_regex,
+    regex_to_glob,
+)
+from latencyd.tuned_import.convert_unsupported import NO_PLUGIN
+from latencyd.tuned_import.cpulists import cpulist_expr, cpulist_unpack
+from latencyd.tuned_import.output import SECTION_ORDER, convert_chain
+from latencyd.tuned_import.profiles import (
+    KNOWN_PLUGINS,
+    load_chain,
+    make_unit,
+    merge,
+    parse_tuned,
+    parse_variables_file,
+)
+from latencyd.tuned_import.results import WRITEBACK_PAIRS, Conversion
+from latencyd.tuned_import.values import Evaluator, Func, Text, Tr, Var, parse_value
+from latencyd.tuned_import.variables import Variables
 
 STATES = (
     ti.IdleState(0, "POLL", 0),
@@ -55,9 +80,9 @@ class AnyValue:
 
 
 def permissive() -> dict[str, Schema]:
-    schemas = {s: Schema(free_keys=lambda k: None, free_kind=AnyValue()) for s in ti.SECTION_ORDER}
+    schemas = {s: Schema(free_keys=lambda k: None, free_kind=AnyValue()) for s in SECTION_ORDER}
     schemas["writeback"] = Schema(
-        free_keys=lambda k: None, free_kind=AnyValue(), exclusive=ti.WRITEBACK_PAIRS
+        free_keys=lambda k: None, free_kind=AnyValue(), exclusive=WRITEBACK_PAIRS
     )
     return schemas
 
@@ -92,24 +117,24 @@ def unwrapped(text: str) -> str:
     return text.replace("\n#   ", " ")
 
 
-def converted(files: dict[str, str], tmp_path: Path, name: str) -> ti.Conversion:
+def converted(files: dict[str, str], tmp_path: Path, name: str) -> Conversion:
     """The conversion of TuneD's merge of `name`'s chain, in one piece."""
     write(tmp_path / "tuned", files)
-    chain = ti.load_chain(name, dirs_of(tmp_path / "tuned"), HOST)
+    chain = load_chain(name, dirs_of(tmp_path / "tuned"), HOST)
     profiles = [chain.profiles[p] for p in chain.orders[chain.top]]
-    return ti.convert_merged(ti.merge(profiles), chain.variable_files, HOST)
+    return convert_merged(merge(profiles), chain.variable_files, HOST)
 
 
-def flat_text(conversion: ti.Conversion) -> str:
+def flat_text(conversion: Conversion) -> str:
     sections: dict[str, list[str]] = {}
     for (section, option), item in conversion.items.items():
-        line = f"{ti.toml_key(option)} = {ti.toml_value(item.value)}"
+        line = f"{toml_key(option)} = {toml_value(item.value)}"
         sections.setdefault(section, []).append(line)
     return "".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items())
 
 
 def assert_round_trip(
-    out: Path, result: ti.ImportResult, conversions: Sequence[ti.Conversion]
+    out: Path, result: ti.ImportResult, conversions: Sequence[Conversion]
 ) -> None:
     """latencyd loading each converted file (its includes merged the latencyd way) gets
     exactly the conversion of what TuneD merged for that profile."""
@@ -150,14 +175,14 @@ def assert_round_trip(
     ],
 )
 def test_force_latency_forms_and_fallbacks(value: str, chosen: Any, lost: int) -> None:
-    got, reasons, _notes = ti.convert_force_latency(value, STATES)
+    got, reasons, _notes = convert_force_latency(value, STATES)
     assert got == chosen
     assert len(reasons) == lost, reasons
 
 
 def test_resume_latency_n_a_means_polling_only() -> None:
-    assert ti.convert_force_latency("n/a", STATES, allow_na=True)[0] == "n/a"
-    assert ti.convert_force_latency("n/a", STATES)[0] is None
+    assert convert_force_latency("n/a", STATES, allow_na=True)[0] == "n/a"
+    assert convert_force_latency("n/a", STATES)[0] is None
 
 
 def test_force_latency_in_a_profile_and_from_a_variable(tmp_path: Path) -> None:
@@ -189,9 +214,9 @@ def test_resume_latency_zero_is_no_limit(tmp_path: Path) -> None:
 # == ${f:...} functions ============================================================================
 
 
-def translate(value: str, kind: str = "text", variables: str = "") -> ti.Tr:
-    unit = ti.make_unit("variables", dict(ti.parse_variables_file(variables)), "p")
-    return ti.Variables(unit, {}, HOST).translate_raw(value, kind)
+def translate(value: str, kind: str = "text", variables: str = "") -> Tr:
+    unit = make_unit("variables", dict(parse_variables_file(variables)), "p")
+    return Variables(unit, {}, HOST).translate_raw(value, kind)
 
 
 @pytest.mark.parametrize(
@@ -263,21 +288,21 @@ def test_exec_is_never_run(tmp_path: Path) -> None:
 
 
 def test_evaluator_matches_tuned_for_the_kernel_command_line() -> None:
-    ev = ti.Evaluator({"iso": "1,3"}, HOST)
-    assert ev.eval(ti.parse_value("${f:cpulist2hex:${iso}}")).text == "0000000a"
-    assert ev.eval(ti.parse_value("${f:cpulist_invert:${iso}}")).text == "0,2"
-    assert ev.eval(ti.parse_value("${f:cpulist2hex_invert:${iso}}")).text == "00000005"
-    assert ev.eval(ti.parse_value("${f:cpulist_pack:1,2,3,5}")).text == "1-3,5"
-    assert ev.eval(ti.parse_value("${undefined}")).text == "${undefined}"  # TuneD keeps it
+    ev = Evaluator({"iso": "1,3"}, HOST)
+    assert ev.eval(parse_value("${f:cpulist2hex:${iso}}")).text == "0000000a"
+    assert ev.eval(parse_value("${f:cpulist_invert:${iso}}")).text == "0,2"
+    assert ev.eval(parse_value("${f:cpulist2hex_invert:${iso}}")).text == "00000005"
+    assert ev.eval(parse_value("${f:cpulist_pack:1,2,3,5}")).text == "1-3,5"
+    assert ev.eval(parse_value("${undefined}")).text == "${undefined}"  # TuneD keeps it
 
 
 def test_parse_value_nesting_and_escapes() -> None:
-    nodes = ti.parse_value("a${x}b${f:f1:${y}:c\\:d}\\${z}")
-    assert nodes[0] == ti.Text("a") and nodes[1] == ti.Var("x") and nodes[2] == ti.Text("b")
+    nodes = parse_value("a${x}b${f:f1:${y}:c\\:d}\\${z}")
+    assert nodes[0] == Text("a") and nodes[1] == Var("x") and nodes[2] == Text("b")
     func = nodes[3]
-    assert isinstance(func, ti.Func) and func.name == "f1"
-    assert func.args == ((ti.Var("y"),), (ti.Text("c:d"),))
-    assert nodes[4] == ti.Text("${z}", escaped=True)
+    assert isinstance(func, Func) and func.name == "f1"
+    assert func.args == ((Var("y"),), (Text("c:d"),))
+    assert nodes[4] == Text("${z}", escaped=True)
 
 
 @pytest.mark.parametrize(
@@ -295,11 +320,11 @@ def test_parse_value_nesting_and_escapes() -> None:
     ],
 )
 def test_tuned_cpulists_as_latencyd_expressions(text: str, mask: bool, want: str | None) -> None:
-    got = ti.cpulist_expr(text, mask)
+    got = cpulist_expr(text, mask)
     assert got == want
     if got is not None:  # latencyd reads what we wrote as the same CPUs TuneD meant
         cpus = CpuSet.parse(got, CpuSet.from_list("0-63"))
-        tuned = ti._unpack("0x" + text if mask and not text.startswith("0x") else text)
+        tuned = cpulist_unpack("0x" + text if mask and not text.startswith("0x") else text)
         assert list(cpus) == (tuned or [])
 
 
@@ -464,7 +489,7 @@ def test_group_rules_merge_across_the_chain(tmp_path: Path) -> None:
     ],
 )
 def test_kthread_regex(regex: str, want: str | None) -> None:
-    assert ti.kthread_regex(regex)[0] == want
+    assert kthread_regex(regex)[0] == want
 
 
 @pytest.mark.parametrize(
@@ -481,7 +506,7 @@ def test_kthread_regex(regex: str, want: str | None) -> None:
     ],
 )
 def test_blacklist_regexes_as_globs(regex: str, glob: str | None) -> None:
-    assert ti.regex_to_glob(regex) == glob
+    assert regex_to_glob(regex) == glob
 
 
 # == include resolution ============================================================================
@@ -632,9 +657,9 @@ def test_enabled_false_switches_a_whole_section_off(tmp_path: Path) -> None:
 
 
 def test_unit_merge_is_tuneds() -> None:
-    base = ti.parse_tuned("[net]\ndevices=eth*\ncoalesce=rx-usecs 3\n", "base", Path("b"))
-    child = ti.parse_tuned("[net]\nring=rx 512\n", "child", Path("c"))
-    unit = ti.merge([base, child]).units["net"]
+    base = parse_tuned("[net]\ndevices=eth*\ncoalesce=rx-usecs 3\n", "base", Path("b"))
+    child = parse_tuned("[net]\nring=rx 512\n", "child", Path("c"))
+    unit = merge([base, child]).units["net"]
     # Options merge; devices is the child's (TuneD's Unit() defaults it to "*").
     assert unit.options == {"coalesce": "rx-usecs 3", "ring": "rx 512"} and unit.devices == "*"
 
@@ -852,19 +877,39 @@ def test_complete_when_everything_converts(tmp_path: Path) -> None:
     ],
 )
 def test_toml_values_round_trip(value: Any) -> None:
-    assert tomllib.loads(f"x = {ti.toml_value(value)}")["x"] == value
+    assert tomllib.loads(f"x = {toml_value(value)}")["x"] == value
 
 
 @pytest.mark.parametrize("key", ["bare_key-1", "vm.swappiness", "/sys/a b", 'q"uote', "ü", ""])
 def test_toml_keys_round_trip(key: str) -> None:
-    assert tomllib.loads(f"{ti.toml_key(key)} = 1") == {key: 1}
+    assert tomllib.loads(f"{toml_key(key)} = 1") == {key: 1}
 
 
 def test_toml_refuses_what_it_cannot_write() -> None:
     with pytest.raises(ValueError):
-        ti.toml_value(1 << 63)
+        toml_value(1 << 63)
     with pytest.raises(TypeError):
-        ti.toml_value(object())
+        toml_value(object())
+
+
+# == facts the importer shares with latencyd's plugins ===========================================
+
+
+def test_the_importers_copies_of_plugin_facts_are_the_plugins() -> None:
+    """latencyd's core does not import its plugins: the few facts the importer needs from
+    them are written again there, and must stay the same."""
+    from latencyd.plugins import cpu, kthread, writeback
+
+    assert tuple(cpu.EPB_NAMES) == EPB_NAMES
+    assert tuple(writeback.PAIRS.values()) == WRITEBACK_PAIRS
+    writeback_keys = [k for pair in writeback.PAIRS.values() for k in pair] + [*writeback.PLAIN]
+    assert {f"vm.{k}": k for k in writeback_keys} == WRITEBACK_SYSCTLS
+    assert RT_POLICIES == kthread.RT_POLICIES
+    assert set(TUNED_POLICIES.values()) == set(POLICIES)
+
+
+def test_every_tuned_plugin_is_converted_or_reported() -> None:
+    assert {*CONVERTERS, *NO_PLUGIN, "variables"} == KNOWN_PLUGINS
 
 
 def test_odd_ini_values_still_make_valid_toml(tmp_path: Path) -> None:
@@ -963,11 +1008,11 @@ def test_every_shipped_tuned_profile_converts_and_loads(
     for path in files:
         missing |= load_with(path, schemas, machine, out)
     # And latencyd's merge of the converted chain is the conversion of TuneD's merge.
-    chain = ti.load_chain(name, ti.TUNED_DIRS, host)
-    result = ti.ImportResult([(out / f"{f.name}.toml", f) for f in ti.convert(chain, host)], 0)
+    chain = load_chain(name, ti.TUNED_DIRS, host)
+    result = ti.ImportResult([(out / f"{f.name}.toml", f) for f in convert_chain(chain, host)], 0)
     conversions = [
-        ti.convert_merged(
-            ti.merge([chain.profiles[p] for p in chain.orders[f.source]]),
+        convert_merged(
+            merge([chain.profiles[p] for p in chain.orders[f.source]]),
             chain.variable_files,
             host,
         )
@@ -992,7 +1037,7 @@ def load_with(path: Path, schemas: dict[str, Schema], machine: Machine, out: Pat
             return missing
         except ProfileError as exc:
             unknown = _unknown_section(exc.message)
-            if unknown is None or unknown in missing or unknown not in ti.SECTION_ORDER:
+            if unknown is None or unknown in missing or unknown not in SECTION_ORDER:
                 raise
             missing.add(unknown)
 
