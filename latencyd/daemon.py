@@ -5,6 +5,7 @@ The process around it (arguments, main loop, watchers, signals) is latencyd.main
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -96,10 +97,17 @@ class Daemon:
         self.delays: dict[str, Delays] = {}
 
     # -- lifecycle --------------------------------------------------------------
-    def start(self, profile: str | None) -> None:
+    def start(self, profile: str | None, resume: bool = False) -> None:
         """Adopt what a previous run left in the journal, then apply the start-up profile
-        incrementally: a restart changes only what the profile wants differently."""
+        incrementally: a restart changes only what the profile wants differently. With
+        `resume`, the base profile a previous run of this boot left in force (a restart,
+        a crash; `switch` changed it) is applied instead of `profile`."""
         adopted = self.engine.adopt() is not None
+        if resume:
+            found, kept = self.engine.journal.load_base()
+            if found and kept != profile:
+                log.info("resuming %s, the profile in force before the restart", kept or "none")
+                profile = kept
         if profile:
             try:
                 self.switch(profile)
@@ -119,6 +127,9 @@ class Daemon:
         """Restore everything (the default), or leave the tuning and the journal in place
         for the next start to adopt (on_stop = "keep")."""
         problems = self.engine.off() if restore else []
+        if restore:
+            with contextlib.suppress(LatencydError):  # only the resume is lost
+                self.engine.journal.forget_base()
         for plugin in self.plugins.values():
             plugin.close()
         return problems
@@ -148,11 +159,19 @@ class Daemon:
         if self.holds:
             self.load(ref, caller)  # a bad profile is an error now, not at release time
             self.base = ref
+            self._note_base()
             log.info("base profile set to %s; %s stays in force while held", ref, self.in_force())
             return None
         report = self._apply(self.load(ref, caller), ref)
         self.base = ref
+        self._note_base()
         return report
+
+    def _note_base(self) -> None:
+        try:
+            self.engine.journal.save_base(self.base)
+        except LatencydError as exc:
+            log.warning("%s: a restart will apply the default profile", exc)
 
     def hold(
         self, ref: str, reason: str, owner: str, caller: Caller = ROOT, pid: int | None = None
@@ -248,6 +267,7 @@ class Daemon:
         self.holds.clear()
         self._exempt()
         self.base = None
+        self._note_base()
         return self._restore_all()
 
     def _restore_all(self) -> list[str]:

@@ -211,6 +211,42 @@ class Journal:
         self._lines = 0
         return aside
 
+    # -- the base profile, so a restart resumes it ---------------------------------
+    def save_base(self, ref: str | None) -> None:
+        """Note the base profile (None: switched off) for the next start of this boot: a
+        restart or a crash resumes it instead of the configured default. Written like a
+        snapshot (temp file, fsync, rename); a failure only loses the resume, so it is
+        logged by the caller, not fatal."""
+        data = (json.dumps({"base": ref}) + "\n").encode()
+        path = self.state_dir / "base.json"
+        try:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(path.with_suffix(".tmp"), path)
+        except OSError as exc:
+            raise JournalError(f"cannot write {path}: {exc}") from exc
+
+    def load_base(self) -> tuple[bool, str | None]:
+        """(found, ref) of the base profile a previous run of this boot left in force."""
+        try:
+            data = json.loads((self.state_dir / "base.json").read_text())
+        except (OSError, ValueError):
+            return False, None
+        ref = data.get("base") if isinstance(data, dict) else None
+        return isinstance(data, dict) and "base" in data, ref if isinstance(ref, str) else None
+
+    def forget_base(self) -> None:
+        """After a stop that restored everything: the next start begins from the default."""
+        try:
+            (self.state_dir / "base.json").unlink(missing_ok=True)
+        except OSError as exc:
+            raise JournalError(f"cannot remove {self.state_dir / 'base.json'}: {exc}") from exc
+
     def _sync_dir(self) -> None:
         if not self.state_dir.exists():
             return

@@ -18,7 +18,7 @@ from latencyd.journal import Journal
 from latencyd.mainloop import PRIORITY_HIGH, MainLoop
 from latencyd.plugin import load_plugins
 from latencyd.profile import Profile, ProfileLibrary
-from latencyd.sdnotify import FdStore
+from latencyd.sdnotify import FdStore, restart_pending
 from latencyd.system import System
 from latencyd.taskevents import TaskSource
 from latencyd.watchers import FileWatcher, UdevWatcher
@@ -270,11 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     link = BusLink(service, loop)
 
     def on_terminate() -> bool:
-        keep = config.on_stop == "keep"
-        log.info(
-            "stopping: %s",
-            "keeping the tuning in place (on_stop = keep)" if keep else "restoring every original",
-        )
+        if config.on_stop == "keep":
+            keep, why = True, "keeping the tuning in place (on_stop = keep)"
+        elif restart_pending(service.bus):
+            keep, why = True, "keeping the tuning in place for the restart systemd is doing"
+        else:
+            keep, why = False, "restoring every original"
+        log.info("stopping: %s", why)
         daemon.stop(restore=not keep)
         loop.quit()
         return False
@@ -295,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     DeviceWatch(daemon, loop)
     TaskWatch(daemon, loop, config.task_events)
     DriftWatch(daemon, loop, config.poll_interval_s)
-    daemon.start(None if args.no_profile else (args.profile or config.default_profile))
+    # An explicit --profile wins; otherwise a restart resumes what `switch` left in force.
+    daemon.start(
+        None if args.no_profile else (args.profile or config.default_profile),
+        resume=not args.no_profile and not args.profile,
+    )
     # The name is claimed only now: whoever waits for it (systemd Type=dbus, scripts)
     # knows the start-up profile is applied and verified.
     if link.connect():

@@ -1,4 +1,5 @@
-"""systemd's file-descriptor store, spoken directly (sd_notify(3), sd_listen_fds(3)).
+"""What latencyd asks of systemd: its file-descriptor store, spoken directly
+(sd_notify(3), sd_listen_fds(3)), and whether a stop is the first half of a restart.
 
 A PM QoS request lives only as long as its file descriptor. Under systemd the
 daemon hands that fd to the service manager (`FDSTORE=1`), which passes it back
@@ -14,8 +15,14 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
+
+SYSTEMD = "org.freedesktop.systemd1"
+PROPERTIES = "org.freedesktop.DBus.Properties"
+# Job types under which systemd stops a service to start it again.
+RESTART_JOBS = frozenset({"restart", "try-restart", "reload-or-restart", "reload-or-try-restart"})
 
 LISTEN_FDS_START = 3
 
@@ -91,3 +98,33 @@ class FdStore:
             log.warning("cannot reach the service manager's fd store (%s): %s", address, exc)
             return False
         return True
+
+
+def restart_pending(bus: Any) -> bool:
+    """Whether systemd is stopping this service to start it again (`systemctl restart`).
+    Then the stop is not the end of the tuning: restoring would flip every setting back
+    for the moment between the two processes, so the caller keeps it and the next start
+    adopts it. systemd says so in the job queued on our unit, a restart job until the new
+    process starts. False outside systemd, or when systemd does not answer within a second
+    (then the stop restores, as asked)."""
+    if bus is None or "INVOCATION_ID" not in os.environ:
+        return False
+    import dbus
+
+    try:
+        manager = bus.get_object(SYSTEMD, "/org/freedesktop/systemd1")
+        unit = manager.GetUnitByPID(
+            dbus.UInt32(os.getpid()), dbus_interface=f"{SYSTEMD}.Manager", timeout=1.0
+        )
+        job_id, job = bus.get_object(SYSTEMD, unit).Get(
+            f"{SYSTEMD}.Unit", "Job", dbus_interface=PROPERTIES, timeout=1.0
+        )
+        if not job_id:
+            return False
+        kind = bus.get_object(SYSTEMD, job).Get(
+            f"{SYSTEMD}.Job", "JobType", dbus_interface=PROPERTIES, timeout=1.0
+        )
+    except dbus.DBusException as exc:
+        log.warning("cannot ask systemd whether this stop is a restart: %s", exc)
+        return False
+    return str(kind) in RESTART_JOBS

@@ -357,6 +357,48 @@ def test_daemon_applies_root_only_sections_only_for_root(tmp_path: Path, machine
     assert read_sysctl(root, "kernel/core_pattern") == "core"
 
 
+def test_a_restart_resumes_the_switched_profile_a_stop_does_not(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """`switch` survives a restart or a crash of this boot (the base profile is noted in
+    the state dir); a stop that restored everything, or `off`, is what the next start sees."""
+    root = make_fake_root(tmp_path)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "default.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
+    (pdir / "other.toml").write_text('[sysctl]\n"vm.swappiness" = 20\n')
+    system = System(root)
+
+    def new_daemon() -> Daemon:
+        plugins: dict[str, Plugin[Any]] = {"sysctl": SysctlPlugin(system)}
+        library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+        return Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+
+    first = new_daemon()
+    first.start("default", resume=True)
+    first.switch("other")
+    first.stop(restore=False)  # a restart: the tuning stays, so does the choice
+    second = new_daemon()
+    second.start("default", resume=True)
+    assert second.active is not None and second.active.name == "other"
+    assert read_sysctl(root, "vm/swappiness") == "20"
+    third = new_daemon()  # a crash: nothing was stopped
+    third.start("default", resume=False)  # an explicit --profile wins over the resume
+    assert third.active is not None and third.active.name == "default"
+    third.off()
+    third.stop(restore=False)
+    fourth = new_daemon()
+    fourth.start("default", resume=True)  # switched off before the restart: stays off
+    assert fourth.active is None
+    fourth.switch("other")
+    fourth.stop()  # restores everything and forgets the choice
+    fifth = new_daemon()
+    fifth.start("default", resume=True)
+    assert fifth.active is not None and fifth.active.name == "default"
+    fifth.stop()
+    assert read_sysctl(root, "vm/swappiness") == "60"
+
+
 # -- drift detection: the files each target lives in -------------------------------------------
 
 WORKQUEUE_FILES = (
