@@ -9,7 +9,7 @@ SHELL := /bin/bash
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup run test lint bench clean install
+.PHONY: setup run test lint bench clean install install-system
 
 setup:
 	@bash scripts/setup.sh
@@ -54,6 +54,11 @@ install:
 	PIP_BREAK_SYSTEM_PACKAGES=1 PIP_CONSTRAINT=$(CURDIR)/requirements.lock \
 		$(SYSTEM_PYTHON) -m pip install --no-input \
 		$(if $(PREFIX),--prefix=$(PREFIX)) $(if $(DESTDIR),--root=$(DESTDIR)) .
+
+# The service: unit, D-Bus policy, tmpfiles entry and config into /etc, ExecStart= the
+# installed latencyd, enabled (scripts/install-system.sh; DESTDIR= stages, LATENCYD=).
+install-system:
+	@bash scripts/install-system.sh
 
 clean:
 	rm -rf $(VENV) .perf-build build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -8,6 +8,7 @@
 # The build environment has neither latencyd nor its plugins installed, so the generator
 # runs in a child Python on a copy of the packages laid out as installed (plugins/ is
 # latencyd.plugins) next to the egg-info, whose entry points make the plugins known.
+import glob
 import os
 import shutil
 import subprocess
@@ -55,5 +56,7 @@ setup(
     data_files=[
         (f"share/{directory}", [f"{GENERATED}/{directory}/{name}" for name in names])
         for directory, names in install_layout().items()
-    ],
+    ]
+    # The shipped profiles, where latencyd.config.shipped_profiles_dir looks for them.
+    + [("share/latencyd/profiles", sorted(glob.glob("profiles/*.toml")))],
 )

@@ -163,6 +163,12 @@ def cmd_release(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    _call("Reload")
+    _emit(args, {"reloaded": True}, "profiles re-read; the active one re-applied if it changed")
+    return OK
+
+
 def cmd_off(args: argparse.Namespace) -> int:
     _call("Off")
     _emit(args, {"active": None}, "all settings restored to their original values")
@@ -564,6 +570,7 @@ def parser() -> argparse.ArgumentParser:
     release = add("release", cmd_release, "end a hold by its cookie")
     release.add_argument("cookie", type=_cookie)
     add("off", cmd_off, "restore every original value (also ends every hold)")
+    add("reload", cmd_reload, "re-read profile files; re-apply the active one if it changed")
     add("verify", cmd_verify, "check the kernel still matches the profile (exit 1 on drift)")
     add("status", cmd_status, "what each plugin applied, refused and measured")
     ex = add(

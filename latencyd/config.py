@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import sysconfig
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,8 @@ def shipped_profiles_dir() -> Path:
     """Profiles that come with latencyd: next to the source tree, or installed under share/."""
     candidates = [
         Path(__file__).resolve().parent.parent / "profiles",
+        # pip's data directory: sys.prefix in a venv, /usr/local for Debian's python3
+        Path(sysconfig.get_path("data")) / "share" / "latencyd" / "profiles",
         Path(sys.prefix) / "share" / "latencyd" / "profiles",
         Path("/usr/share/latencyd/profiles"),
     ]

@@ -49,6 +49,9 @@ APT_PACKAGES=(
     rt-tests sockperf stress-ng ethtool iproute2 e2fsprogs util-linux
     # systemd-analyze (unit file lint) and busctl; systemd need not be PID 1.
     systemd
+    # systemd-nspawn: the boot test runs the service under a real systemd as PID 1, in a
+    # container on the host's own root (tests/e2e/test_boot.py).
+    systemd-container
     # man (man-db, with groff) renders the generated man pages in the tests; zsh for the
     # completion tests.
     man-db zsh

@@ -108,10 +108,10 @@ def snapshot() -> dict[str, object]:
     for p in [wq / "cpumask", *sorted(wq.glob("*/cpumask"))]:
         files[str(p)] = _read(p)
     # TuneD (benchmarks run it) notes its state in /etc/tuned and may write /etc/modprobe.d.
-    for d in (Path("/etc/tuned"), Path("/etc/modprobe.d")):
-        for p in sorted(d.rglob("*")) if d.is_dir() else []:
-            if p.is_file():
-                files[str(p)] = _read(p)
+    for etc in (Path("/etc/tuned"), Path("/etc/modprobe.d")):
+        for conf in sorted(etc.rglob("*")) if etc.is_dir() else []:
+            if conf.is_file():
+                files[str(conf)] = _read(conf)
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
     mounts = [line for line in _read(Path("/proc/mounts")).splitlines() if "latencyd" in line]

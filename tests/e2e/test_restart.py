@@ -5,12 +5,9 @@ a file-descriptor store keeps it (systemd's; here a stand-in speaking its protoc
 
 from __future__ import annotations
 
-import os
-import struct
+import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -19,81 +16,8 @@ from latencyd.plugins.irq import parse_interrupts
 from tests.fdstore import FdStoreStandIn
 from tests.harness import Latencyd, wait_for
 from tests.machine_state import pm_qos_holders
-
-PROFILE = """
-[sysctl]
-"vm.swappiness" = 11
-"kernel.timer_migration" = 0
-
-[writeback]
-dirty_bytes = "64M"
-dirty_expire_centisecs = 1500
-
-[cstate]
-force_latency_us = 50
-
-[[cstate.cpus]]
-cpus = "1"
-resume_latency_us = 20
-
-[kthread]
-writeback_cpumask = "0"
-
-[irq]
-default_affinity = "0"
-"""
-
-
-def read(path: str) -> str:
-    return Path(path).read_text().strip()
-
-
-def pm_qos_us() -> int:
-    """The kernel's aggregate CPU latency target (2000000000 when nobody holds one)."""
-    fd = os.open("/dev/cpu_dma_latency", os.O_RDONLY)
-    try:
-        return int(struct.unpack("=i", os.read(fd, 4))[0])
-    finally:
-        os.close(fd)
-
-
-SETTINGS: dict[str, Callable[[], object]] = {
-    "vm.swappiness": lambda: read("/proc/sys/vm/swappiness"),
-    "kernel.timer_migration": lambda: read("/proc/sys/kernel/timer_migration"),
-    "vm.dirty_bytes": lambda: read("/proc/sys/vm/dirty_bytes"),
-    "vm.dirty_ratio": lambda: read("/proc/sys/vm/dirty_ratio"),
-    "vm.dirty_expire_centisecs": lambda: read("/proc/sys/vm/dirty_expire_centisecs"),
-    "cpu1 resume latency": lambda: read(
-        "/sys/devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"
-    ),
-    "writeback cpumask": lambda: read("/sys/devices/virtual/workqueue/writeback/cpumask"),
-    "default IRQ affinity": lambda: read("/proc/irq/default_smp_affinity"),
-    "PM QoS": pm_qos_us,
-}
-
-
-@dataclass
-class Sampler:
-    """Reads every setting in a tight loop; records each sample that shows an original."""
-
-    originals: dict[str, object]
-    samples: int = 0
-    seconds: float = 0.0
-    flips: dict[str, int] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        start = time.monotonic()
-        while not self.stop.is_set():
-            for name, reader in SETTINGS.items():
-                if reader() == self.originals[name]:
-                    self.flips[name] = self.flips.get(name, 0) + 1
-            self.samples += 1
-        self.seconds = time.monotonic() - start
-
-    @property
-    def rate_hz(self) -> float:
-        return self.samples / self.seconds if self.seconds else 0.0
+from tests.sampler import PROFILE, SETTINGS, Sampler, all_tuned, finish, pm_qos_us
+from tests.sampler import sampling as sampler_running
 
 
 @pytest.fixture
@@ -105,31 +29,8 @@ def originals() -> dict[str, object]:
 
 @pytest.fixture
 def sampling(originals: dict[str, object]) -> Iterator[Callable[[], Sampler]]:
-    started: list[tuple[Sampler, threading.Thread]] = []
-
-    def begin() -> Sampler:
-        sampler = Sampler(originals)
-        thread = threading.Thread(target=sampler.run)
-        thread.start()
-        started.append((sampler, thread))
-        return sampler
-
-    yield begin
-    for sampler, thread in started:
-        sampler.stop.set()
-        thread.join()
-
-
-def finish(sampler: Sampler) -> Sampler:
-    sampler.stop.set()
-    while sampler.seconds == 0.0:
-        time.sleep(0.001)
-    assert sampler.rate_hz > 1000, f"the sampler ran at {sampler.rate_hz:.0f} Hz"
-    return sampler
-
-
-def all_tuned(originals: dict[str, object]) -> bool:
-    return all(reader() != originals[name] for name, reader in SETTINGS.items())
+    with contextlib.ExitStack() as stack:
+        yield lambda: stack.enter_context(sampler_running(originals))
 
 
 def test_kill9_and_restart_flips_nothing_back(

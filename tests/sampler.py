@@ -1,0 +1,114 @@
+"""A sampler that reads a profile's settings in a tight loop (well over 1 kHz) and counts
+every sample that shows an original value: "a restart is not a revert" is checked with
+it, by the restart tests and by the boot test under systemd."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROFILE = """
+[sysctl]
+"vm.swappiness" = 11
+"kernel.timer_migration" = 0
+
+[writeback]
+dirty_bytes = "64M"
+dirty_expire_centisecs = 1500
+
+[cstate]
+force_latency_us = 50
+
+[[cstate.cpus]]
+cpus = "1"
+resume_latency_us = 20
+
+[kthread]
+writeback_cpumask = "0"
+
+[irq]
+default_affinity = "0"
+"""
+
+
+def read(path: str) -> str:
+    return Path(path).read_text().strip()
+
+
+def pm_qos_us() -> int:
+    """The kernel's aggregate CPU latency target (2000000000 when nobody holds one)."""
+    fd = os.open("/dev/cpu_dma_latency", os.O_RDONLY)
+    try:
+        return int(struct.unpack("=i", os.read(fd, 4))[0])
+    finally:
+        os.close(fd)
+
+
+SETTINGS: dict[str, Callable[[], object]] = {
+    "vm.swappiness": lambda: read("/proc/sys/vm/swappiness"),
+    "kernel.timer_migration": lambda: read("/proc/sys/kernel/timer_migration"),
+    "vm.dirty_bytes": lambda: read("/proc/sys/vm/dirty_bytes"),
+    "vm.dirty_ratio": lambda: read("/proc/sys/vm/dirty_ratio"),
+    "vm.dirty_expire_centisecs": lambda: read("/proc/sys/vm/dirty_expire_centisecs"),
+    "cpu1 resume latency": lambda: read(
+        "/sys/devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"
+    ),
+    "writeback cpumask": lambda: read("/sys/devices/virtual/workqueue/writeback/cpumask"),
+    "default IRQ affinity": lambda: read("/proc/irq/default_smp_affinity"),
+    "PM QoS": pm_qos_us,
+}
+
+
+@dataclass
+class Sampler:
+    """Reads every setting in a tight loop; records each sample that shows an original."""
+
+    originals: dict[str, object]
+    samples: int = 0
+    seconds: float = 0.0
+    flips: dict[str, int] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self.stop.is_set():
+            for name, reader in SETTINGS.items():
+                if reader() == self.originals[name]:
+                    self.flips[name] = self.flips.get(name, 0) + 1
+            self.samples += 1
+        self.seconds = time.monotonic() - start
+
+    @property
+    def rate_hz(self) -> float:
+        return self.samples / self.seconds if self.seconds else 0.0
+
+
+def finish(sampler: Sampler) -> Sampler:
+    sampler.stop.set()
+    while sampler.seconds == 0.0:
+        time.sleep(0.001)
+    assert sampler.rate_hz > 1000, f"the sampler ran at {sampler.rate_hz:.0f} Hz"
+    return sampler
+
+
+def all_tuned(originals: dict[str, object]) -> bool:
+    return all(reader() != originals[name] for name, reader in SETTINGS.items())
+
+
+@contextlib.contextmanager
+def sampling(originals: dict[str, object]) -> Iterator[Sampler]:
+    """A sampler running in a thread for the duration of the block."""
+    sampler = Sampler(originals)
+    thread = threading.Thread(target=sampler.run)
+    thread.start()
+    try:
+        yield sampler
+    finally:
+        sampler.stop.set()
+        thread.join()
