@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "loader": "bench.loader",
     "nic": "bench.nic",
     "latency": "bench.latency",
+    "tuned": "bench.tuned",
 }
 
 USAGE = """\

@@ -114,9 +114,9 @@ def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
 
 def _require_movable(task: Task) -> None:
     if task.is_kthread and not task.pinnable:
+        # The setting names the thread; the reason is the same for every such thread.
         raise NotApplicable(
-            f"{task.comm} (pid {task.pid}) is a per-CPU kernel thread "
-            "(PF_NO_SETAFFINITY): the kernel does not let anyone move it"
+            "a per-CPU kernel thread (PF_NO_SETAFFINITY): the kernel does not let anyone move it"
         )
 
 

@@ -81,7 +81,7 @@ def test_new_jbd2_threads_are_pinned_as_they_appear(
         assert not set(pids) & set(earlier)
         earlier = pids
     refused = {i["text"]: i["reason"] for i in status["not_applicable"]}
-    assert any("ksoftirqd" in r and "PF_NO_SETAFFINITY" in r for r in refused.values())
+    assert any("ksoftirqd" in t and "PF_NO_SETAFFINITY" in r for t, r in refused.items())
     assert Path("/sys/devices/virtual/workqueue/writeback/cpumask").read_text().strip() == "1"
 
 

@@ -61,10 +61,7 @@ KTHREADS = {
     14: "kswapd0",
     15: "flush-254:0",
 }
-PER_CPU = (
-    "ksoftirqd/1 (pid 12) is a per-CPU kernel thread (PF_NO_SETAFFINITY): "
-    "the kernel does not let anyone move it"
-)
+PER_CPU = "a per-CPU kernel thread (PF_NO_SETAFFINITY): the kernel does not let anyone move it"
 NO_WRITEBACK_WQ = (
     "this kernel has no /sys/devices/virtual/workqueue/writeback/cpumask (before "
     "Linux 3.10, writeback runs in flush-* threads: match them with a rule)"
