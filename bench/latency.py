@@ -46,7 +46,7 @@ include = ["cpu-partitioning"]
 [variables]
 isolated_cores = "0"
 """
-TUNED_VARIABLES = Path("/etc/tuned/cpu-partitioning-variables.conf")
+TUNED_ETC = Path("/etc/tuned")
 
 
 def measure(d: Latencyd, scenarios: list[str], args: argparse.Namespace, *extra: str) -> Any:
@@ -77,24 +77,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         idle.append("realtime-poll")
     loaded = ["untuned"] + (["tuned:cpu-partitioning"] if tuned else []) + ["cpu-partitioning"]
     loaded.append("mistuned")
-    saved = TUNED_VARIABLES.read_bytes() if TUNED_VARIABLES.exists() else None
     with PrivateBus(POLICY) as bus, tempfile.TemporaryDirectory(prefix="latencyd-lat-") as tmp:
         profiles = Path(tmp, "profiles")
         profiles.mkdir()
         (profiles / "mistuned.toml").write_text(MISTUNED)
         d = Latencyd(bus.address, Path(tmp), None, [profiles, REPO / "profiles"],
                      extra=["--no-profile"])  # fmt: skip
+        # The isolated CPU for TuneD's cpu-partitioning, as for latencyd's, in a copy of its
+        # configuration: the machine's /etc/tuned is never written.
+        etc = Path(tmp, "etc-tuned")
+        if TUNED_ETC.is_dir():
+            shutil.copytree(TUNED_ETC, etc, symlinks=True)
+        else:
+            etc.mkdir()
+        (etc / "cpu-partitioning-variables.conf").write_text("isolated_cores=1\n")
         try:
-            if tuned:  # the isolated CPU for TuneD's cpu-partitioning, as for latencyd's
-                TUNED_VARIABLES.write_text("isolated_cores=1\n")
             d.start()
-            result = {"idle": measure(d, idle, args, "--idle-seconds", str(args.idle_seconds))}
+            result = {
+                "idle": measure(
+                    d, idle, args, "--tuned-etc", str(etc), "--idle-seconds", str(args.idle_seconds)
+                )
+            }
             if not args.quick:
-                result["load"] = measure(d, loaded, args, "--load-cmd", LOAD)
+                result["load"] = measure(
+                    d, loaded, args, "--tuned-etc", str(etc), "--load-cmd", LOAD
+                )
         finally:
             d.stop()
-            if saved is not None:
-                TUNED_VARIABLES.write_bytes(saved)
     return result
 
 

@@ -17,8 +17,9 @@ realtime):
 TuneD is configured for the run as a user of these profiles would: isolated_cores = 1 in
 its variables files, netdev_queue_count = eth0's own queue count (so realtime's
 `channels` is a no-op on eth0), and dynamic tuning off (realtime's [net] would otherwise
-change eth0's link speed on these VMs). Its files under /etc/tuned and /etc/modprobe.d
-are put back afterwards.
+change eth0's link speed on these VMs), in a copy of /etc/tuned; TuneD runs over private
+copies of /etc/tuned and /etc/modprobe.d (see latencyd.measure.TunedDaemon), so the
+machine's files are never written.
 
     python -m bench tuned [--profiles a,b] [--json] [--quick]
 """
@@ -29,6 +30,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -171,17 +173,17 @@ def group(key: str) -> str:
     return re.sub(r"/workqueue/[^/]+/cpumask", "/workqueue/*/cpumask", key)
 
 
-def configure_tuned() -> None:
-    """isolated_cores, a no-op queue count for eth0, no dynamic tuning (see the docstring).
-    TunedDaemon.restore_files puts every file back."""
+def configure_tuned(etc: Path) -> None:
+    """isolated_cores, a no-op queue count for eth0, no dynamic tuning (see the docstring),
+    written into `etc`, a copy of /etc/tuned."""
     queues = re.search(r"Combined:\s*(\d+)\s*$", subprocess.run(
         ["ethtool", "-l", "eth0"], capture_output=True, text=True).stdout)  # fmt: skip
     count = queues[1] if queues else "1"
-    (TUNED / "cpu-partitioning-variables.conf").write_text(f"isolated_cores={ISOLATED}\n")
-    (TUNED / "realtime-variables.conf").write_text(
+    (etc / "cpu-partitioning-variables.conf").write_text(f"isolated_cores={ISOLATED}\n")
+    (etc / "realtime-variables.conf").write_text(
         f"isolated_cores={ISOLATED}\nisolate_managed_irq=Y\nnetdev_queue_count={count}\n"
     )
-    main_conf = TUNED / "tuned-main.conf"
+    main_conf = etc / "tuned-main.conf"
     text = main_conf.read_text() if main_conf.exists() else ""
     text = re.sub(r"(?m)^\s*dynamic_tuning\s*=.*$", "", text) + "\ndynamic_tuning = 0\n"
     main_conf.write_text(text)
@@ -193,18 +195,17 @@ def latencyctl(d: Latencyd | None, *args: str) -> subprocess.CompletedProcess[st
 
 
 def compare(profile: str, bus: PrivateBus, work: Path, ignore: set[str]) -> dict[str, Any]:
-    procs = Processes()
-    tuned = TunedDaemon(procs)
+    etc = work / f"etc-tuned-{profile}"
+    shutil.copytree(TUNED, etc, symlinks=True)
+    configure_tuned(etc)
+    tuned = TunedDaemon(Processes(), etc)
     base = kernel()
     try:
-        tuned.files = TunedDaemon.snapshot_files()
-        configure_tuned()
         tuned.start(profile)
         time.sleep(2)  # its scheduler plugin moves tasks in a thread of its own
         by_tuned = kernel()
     finally:
         tuned.stop()
-        files = tuned.restore_files()
     left_by_tuned = differences(base, kernel(), ignore)
     put_back({k: base[k] for k in left_by_tuned if k.startswith("/") and k in base})
     before_latencyd = kernel()
@@ -238,7 +239,7 @@ def compare(profile: str, bus: PrivateBus, work: Path, ignore: set[str]) -> dict
         "not_converted": not_converted,
         "not_applicable": not_applicable(status),
         "tuned_left_behind": {k: list(v) for k, v in left_by_tuned.items()},
-        "tuned_files_put_back": files,
+        "tuned_wrote_in_its_copy": tuned.wrote,
         "latencyd_left_behind": {k: list(v) for k, v in left_by_latencyd.items()},
     }
 
@@ -285,8 +286,9 @@ def report(results: list[dict[str, Any]]) -> list[str]:
             left = r[f"{who}_left_behind"]
             verdict = "yes" if not left else f"NO ({after or 'a leak'}): {left}"
             lines.append(f"  {who} left the kernel as found: {verdict}")
-        if r["tuned_files_put_back"]:
-            lines.append(f"  files TuneD left, put back: {', '.join(r['tuned_files_put_back'])}")
+        if r["tuned_wrote_in_its_copy"]:
+            wrote = ", ".join(r["tuned_wrote_in_its_copy"])
+            lines.append(f"  files TuneD wrote (in its private copy, not the machine's): {wrote}")
     return lines
 
 
@@ -297,7 +299,12 @@ def main(argv: list[str]) -> int:
     if not_root("tuned", "TuneD and latencyd tune the machine"):
         return 2
     if not Path("/usr/sbin/tuned").exists() and not Path("/usr/bin/tuned").exists():
-        print("bench tuned: TuneD is not installed (apt-get install tuned): nothing to compare")
+        why = "TuneD is not installed (apt-get install tuned): nothing to compare"
+        print(
+            json.dumps({"benchmark": "tuned", "skipped": why})
+            if args.json
+            else f"bench tuned: {why}"
+        )
         return 0
     profiles = ["latency-performance"] if args.quick else args.profiles.split(",")
     ignore = volatile_keys()
@@ -307,7 +314,10 @@ def main(argv: list[str]) -> int:
             print(f"bench tuned: {profile}", file=sys.stderr)
             results.append(compare(profile, bus, Path(tmp), ignore))
     with contextlib.suppress(BrokenPipeError):
-        print(json.dumps(results) if args.json else "\n".join(report(results)))
+        if args.json:
+            print(json.dumps({"benchmark": "tuned", "profiles": results}))
+        else:
+            print("\n".join(report(results)))
     return 0
 
 

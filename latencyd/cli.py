@@ -121,11 +121,13 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 def cmd_hold(args: argparse.Namespace) -> int:
     """Hold a profile while a command runs. The hold lives on this process's bus
-    connection, so it ends even if latencyctl is killed."""
+    connection, so it ends even if latencyctl is killed. SIGTERM and SIGHUP are passed to
+    the command, and the hold lasts until it has exited: a command that undoes its own
+    changes when stopped does so while the profile is still held."""
     import signal
     import subprocess
 
-    command = [c for c in args.command if c != "--"] if args.command else []
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     reason = args.reason or (" ".join(command) if command else "latencyctl hold")
     cookie = int(_call("HoldProfile", args.profile, reason))
     if not args.json:
@@ -137,15 +139,20 @@ def cmd_hold(args: argparse.Namespace) -> int:
             signal.sigwait(stop)
             return OK
         try:
-            # Ignore ^C here: the command gets it and decides; we release when it exits.
-            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                return subprocess.call(command)
-            finally:
-                signal.signal(signal.SIGINT, previous)
+            child = subprocess.Popen(command)
         except OSError as exc:
             print(f"latencyctl: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
             return 127
+
+        def forward(signum: int, frame: object) -> None:
+            child.send_signal(signum)
+
+        # ^C reaches the command from the terminal itself: it decides; we wait for it.
+        # (A handler, not SIG_IGN: an ignored signal would stay ignored in the command.)
+        signal.signal(signal.SIGINT, lambda signum, frame: None)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, forward)
+        return child.wait()
     finally:
         try:
             import dbus
@@ -298,7 +305,15 @@ def cmd_measure(args: argparse.Namespace) -> int:
     elif args.load_cmd:
         load = ["sh", "-c", args.load_cmd]
     plan = measure.Plan(
-        scenarios, app, housekeeping, args.seconds, args.rounds, tools, load, args.idle_seconds
+        scenarios,
+        app,
+        housekeeping,
+        args.seconds,
+        args.rounds,
+        tools,
+        load,
+        args.idle_seconds,
+        args.tuned_etc,
     )
     if not args.json:
         print(
@@ -636,6 +651,14 @@ def parser() -> argparse.ArgumentParser:
     load = m.add_mutually_exclusive_group()
     load.add_argument("--load", action="store_true", help="stress-ng on the housekeeping CPUs")
     load.add_argument("--load-cmd", metavar="CMD", help="run CMD (sh -c) as the load")
+    m.add_argument(
+        "--tuned-etc",
+        type=Path,
+        default=Path("/etc/tuned"),
+        metavar="DIR",
+        help='the TuneD configuration "tuned:NAME" scenarios read (TuneD gets a private '
+        "copy either way: it never writes the machine's /etc/tuned)",
+    )
     m.add_argument("--plot", metavar="FILE.png", help="histograms and tails, log scale")
     m.add_argument("--save", type=Path, metavar="DIR", help="keep the result (JSON, PNG) here")
     m.add_argument("--compare", type=Path, metavar="OLD.json", help="set a saved run beside")

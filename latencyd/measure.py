@@ -75,6 +75,7 @@ class Plan:
     tools: list[str]
     load: list[str] | None = None  # a command line run for the whole measurement
     idle_seconds: float = 0.0  # per scenario and round: CPU busy share with no traffic
+    tuned_etc: Path = Path("/etc/tuned")  # the configuration "tuned:NAME" scenarios read
 
     @property
     def estimate_s(self) -> float:
@@ -200,6 +201,27 @@ class Network:
 
     def inside(self, ns: str, cpus: CpuSet, *argv: str) -> list[str]:
         return ["ip", "netns", "exec", ns, "taskset", "-c", cpus.to_list(), *argv]
+
+
+def remove_what_dead_runs_left(netns: Path = Path("/run/netns")) -> list[str]:
+    """A run killed outright (SIGKILL) cannot remove its namespaces or temporary
+    directories, so each run removes those of runs whose process is gone. Their names
+    carry the run's PID (ltdm-PID-s, latencyd-measure-PID-*, latencyd-tuned-PID-*); a live
+    run's are left alone."""
+    names = [ns.name for ns in netns.glob("ltdm-*-[sc]")] if netns.is_dir() else []
+    tmp = Path(tempfile.gettempdir())
+    dirs = [*tmp.glob("latencyd-measure-*-*"), *tmp.glob("latencyd-tuned-*-*")]
+    removed = []
+    for name, path in [(n, None) for n in names] + [(d.name, d) for d in dirs]:
+        pid = re.search(r"-(\d+)-", name)
+        if pid is None or Path(f"/proc/{pid[1]}").exists():
+            continue
+        if path is None:
+            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        removed.append(name)
+    return removed
 
 
 def _ip(*args: str) -> None:
@@ -420,73 +442,95 @@ def merge_attribution(total: dict[str, Any], part: dict[str, Any]) -> dict[str, 
 
 class TunedDaemon:
     """TuneD in the foreground without D-Bus or socket, for side-by-side comparisons only
-    (latencyd never needs it). Stopped with SIGTERM, on which it rolls back its settings;
-    the files it leaves (its notes in /etc/tuned, the kvm module options its
-    cpu-partitioning script writes to /etc/modprobe.d) are put back by `restore_files`."""
+    (latencyd never needs it). Stopped with SIGTERM, on which it rolls back its settings.
+
+    TuneD keeps the originals it must put back only in its memory, so three things make a
+    comparison safe even if this process is killed outright: TuneD gets SIGTERM when this
+    process dies (PR_SET_PDEATHSIG, through setpriv); with `hold`, it runs under
+    `latencyctl hold HOLD`, so latencyd keeps that profile until TuneD has rolled back
+    (otherwise latencyd's own hold would end with this process, and latencyd would
+    re-apply its profile while TuneD rolls back, recording TuneD's values as originals);
+    and it runs in a mount namespace of its own over private copies of /etc/tuned and
+    /etc/modprobe.d, so its notes (active_profile, bootcmdline) and the module options its
+    scripts write never reach the machine's files. `etc` is the configuration to copy
+    instead of /etc/tuned (a comparison's own variables)."""
 
     FILES = (Path("/etc/tuned"), Path("/etc/modprobe.d"))
     ROLLBACK_S = 60.0  # its rollback joins its plugin threads: seconds, never SIGKILL it
+    # Bind the private copies over the real directories, then become TuneD.
+    PRIVATE = (
+        'mount --bind "$1" /etc/tuned && mount --bind "$2" /etc/modprobe.d && shift 2 && exec "$@"'
+    )
 
-    def __init__(self, procs: Processes) -> None:
+    def __init__(self, procs: Processes, etc: Path = FILES[0], hold: str | None = None) -> None:
         self.procs = procs
+        self.etc = etc
+        self.hold = hold
         self.proc: subprocess.Popen[str] | None = None
-        self.files: dict[Path, bytes] | None = None
-        self.log: Path | None = None
-
-    @classmethod
-    def snapshot_files(cls) -> dict[Path, bytes]:
-        return {
-            f: f.read_bytes()
-            for d in cls.FILES
-            if d.is_dir()
-            for f in sorted(d.rglob("*"))
-            if f.is_file() and not f.is_symlink()
-        }
+        self.workdir: Path | None = None
+        self.originals: dict[Path, dict[str, bytes]] = {}
+        self.wrote: list[str] = []  # the files TuneD changed in its private copies
 
     def start(self, profile: str, timeout: float = 60.0) -> None:
         if shutil.which("tuned") is None:
             raise MeasureError("TuneD is not installed (apt-get install tuned)")
-        if self.files is None:
-            self.files = self.snapshot_files()
-        self.log = Path(tempfile.mkdtemp(prefix="latencyd-tuned-")) / "tuned.log"
-        self.proc = self.procs.start(
-            ["tuned", "--no-dbus", "--no-socket", "--profile", profile, "--log", str(self.log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        self.stop()
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"latencyd-tuned-{os.getpid()}-"))
+        copies = [self.workdir / "tuned", self.workdir / "modprobe.d"]
+        for source, copy in zip((self.etc, self.FILES[1]), copies, strict=True):
+            if source.is_dir():
+                shutil.copytree(source, copy, symlinks=True)
+            else:
+                copy.mkdir()
+        self.originals = {f: _files(c) for f, c in zip(self.FILES, copies, strict=True)}
+        log = self.workdir / "tuned.log"
+        argv = ["setpriv", "--pdeathsig", "TERM", "unshare", "--mount", "--propagation",
+                "private", "sh", "-c", self.PRIVATE, "sh", *map(str, copies), "tuned",
+                "--no-dbus", "--no-socket", "--profile", profile, "--log", str(log)]  # fmt: skip
+        if self.hold is not None:
+            argv = ["setpriv", "--pdeathsig", "TERM", sys.executable, "-m", "latencyd.cli",
+                    "hold", "--reason", f"TuneD {profile} (latencyctl measure)", self.hold,
+                    "--", *argv]  # fmt: skip
+        with open(self.workdir / "stderr", "w") as stderr:
+            self.proc = self.procs.start(argv, stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise MeasureError(f"TuneD exited while applying {profile}: see {self.log}")
-            if self.log.exists() and "applied" in self.log.read_text():
-                return
+            text = log.read_text() if log.exists() else ""
+            if self.proc.poll() is not None or "applied" in text:
+                break
             time.sleep(0.1)
-        raise MeasureError(f"TuneD did not apply {profile} within {timeout:.0f} s: see {self.log}")
+        else:
+            text = "(no line says it applied the profile)"
+        if self.proc.poll() is not None or "applied" not in text:
+            text += (self.workdir / "stderr").read_text()
+            self.stop()
+            tail = " | ".join(text.strip().splitlines()[-3:]) or "no log"
+            raise MeasureError(f"TuneD did not apply {profile}: {tail}")
 
     def stop(self) -> None:
+        """End TuneD (it rolls back), note what it wrote in its copies, delete them."""
         if self.proc is not None:
             self.procs.end(self.proc, grace=self.ROLLBACK_S)
             with contextlib.suppress(ValueError):
                 self.procs.running.remove(self.proc)
             self.proc = None
+        if self.workdir is not None:
+            for real, copy in zip(self.FILES, ("tuned", "modprobe.d"), strict=True):
+                after = _files(self.workdir / copy)
+                before = self.originals[real]
+                self.wrote += sorted(str(real / f) for f in after.keys() | before.keys()
+                                     if after.get(f) != before.get(f))  # fmt: skip
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
-    def restore_files(self) -> list[str]:
-        """Put back the files TuneD changed or added; what was put back, for reporting."""
-        if self.files is None:
-            return []
-        changed = []
-        for f, content in self.snapshot_files().items():
-            if f not in self.files:
-                f.unlink()
-                changed.append(f"removed {f}")
-            elif content != self.files[f]:
-                f.write_bytes(self.files[f])
-                changed.append(f"restored {f}")
-        for f, content in self.files.items():
-            if not f.exists():
-                f.write_bytes(content)
-                changed.append(f"recreated {f}")
-        self.files = None
-        return changed
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every regular file under `root`, by relative path."""
+    return {
+        str(f.relative_to(root)): f.read_bytes()
+        for f in sorted(root.rglob("*"))
+        if f.is_file() and not f.is_symlink()
+    }
 
 
 class Switcher:
@@ -499,11 +543,12 @@ class Switcher:
         hold: Callable[[str], int],
         release: Callable[[int], None],
         procs: Processes,
+        tuned_etc: Path = Path("/etc/tuned"),
     ) -> None:
         self.hold = hold
         self.release = release
         self.cookie: int | None = None
-        self.tuned = TunedDaemon(procs)
+        self.tuned = TunedDaemon(procs, tuned_etc, hold="untuned")
 
     def enter(self, scenario: str) -> None:
         self.tuned.stop()
@@ -520,7 +565,6 @@ class Switcher:
 
     def leave(self) -> None:
         self.tuned.stop()
-        self.tuned.restore_files()
         if self.cookie is not None:
             cookie, self.cookie = self.cookie, None
             self.release(cookie)
@@ -558,8 +602,9 @@ def run(
         raise MeasureError(f"missing measurement tools: {', '.join(missing)}")
     if os.geteuid() != 0:
         raise MeasureError("measuring needs root (network namespaces, SCHED_FIFO, mlock)")
+    remove_what_dead_runs_left()
     procs = Processes()
-    switcher = Switcher(hold, release, procs)
+    switcher = Switcher(hold, release, procs, plan.tuned_etc)
     per_round: dict[str, dict[str, list[Histogram]]] = {t: {} for t in plan.tools}
     blame: dict[str, dict[str, Any]] = {}
     idle: dict[str, list[float]] = {}
@@ -567,7 +612,10 @@ def run(
     started = time.time()
     steps = plan.rounds * len(plan.scenarios) * len(plan.tools)
     done = 0
-    with interruptible(), tempfile.TemporaryDirectory(prefix="latencyd-measure-") as tmp:
+    with (
+        interruptible(),
+        tempfile.TemporaryDirectory(prefix=f"latencyd-measure-{os.getpid()}-") as tmp,
+    ):
         try:
             with Network(procs) as net:
                 if plan.load:

@@ -54,6 +54,30 @@ def test_hold_ends_when_the_holder_leaves_the_bus(start_daemon: Callable[..., La
     assert json.loads(d.ctl("status", "--json").stdout)["holds"] == []
 
 
+def test_sigterm_reaches_the_command_and_the_hold_lasts_until_it_exits(
+    start_daemon: Callable[..., Latencyd], tmp_path: Path
+) -> None:
+    """A service manager stops `latencyctl hold` with SIGTERM: the command gets it, and
+    what it does on its way out (undo its own changes) still runs under the held profile.
+    ^C is the command's to handle: it is not ignored in the command."""
+    d = start_daemon("test-a")
+    seen, ready = tmp_path / "seen", tmp_path / "ready"
+    on_term = f"sleep 0.5; cat /proc/sys/vm/dirty_ratio > {seen}; exit 3"
+    script = (f"trap '{on_term}' TERM; "
+              f"python3 -c 'import signal; print(signal.getsignal(signal.SIGINT))' > {ready}; "
+              "while :; do sleep 0.1; done")  # fmt: skip
+    holder = d.spawn_ctl("hold", "test-b", "--", "sh", "-c", script)
+    try:
+        wait_for(lambda: ready.exists() and ready.read_text() != "", timeout=10)
+        assert "default_int_handler" in ready.read_text()  # not SIG_IGN
+        holder.send_signal(signal.SIGTERM)
+        assert holder.wait(10) == 3  # the command's exit code
+    finally:
+        holder.kill()
+    assert seen.read_text().strip() == "15"  # test-b was still in force on its way out
+    assert active(d) == "test-a"
+
+
 def test_switch_during_a_hold_changes_the_base_for_later(
     start_daemon: Callable[..., Latencyd], tmp_path: Path
 ) -> None:

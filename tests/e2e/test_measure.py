@@ -141,3 +141,51 @@ def test_recommend_measures_its_proposal_against_untuned(daemon: Latencyd) -> No
     assert json.loads(daemon.ctl("status", "--json").stdout)["holds"] == []
     assert netns_of_measure() == []
     assert f"on {proposal} by" in daemon.log()
+
+
+def running(*pgrep: str) -> bool:
+    return subprocess.run(["pgrep", *pgrep], stdout=subprocess.DEVNULL).returncode == 0
+
+
+def etc_files() -> dict[Path, bytes]:
+    return {f: f.read_bytes() for d in (Path("/etc/tuned"), Path("/etc/modprobe.d"))
+            for f in d.rglob("*") if f.is_file()}  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("tuned") is None, reason="TuneD is not installed")
+def test_killing_measure_during_tuned_rolls_tuned_back_and_leaves_etc_alone(
+    daemon: Latencyd, kernel_guard: None
+) -> None:
+    """TuneD keeps its originals in memory: if measure is killed outright, TuneD must still
+    roll back (it gets SIGTERM when measure dies), and what it writes to /etc/tuned must
+    never have reached the machine's files (it runs over private copies). What the killed
+    run could not remove (its namespaces, TuneD's copies) the next run removes."""
+    swappiness = Path("/proc/sys/vm/swappiness")
+    original, files = swappiness.read_text(), etc_files()
+    assert original.strip() != "10", "latency-performance's value is already set"
+    proc = subprocess.Popen(
+        [str(BIN / "latencyctl"), "measure", "--profile", "tuned:latency-performance",
+         "--vs", "untuned", "--seconds", "3", "--rounds", "1", "--tools", "cyclictest"],
+        env=daemon.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: swappiness.read_text().strip() == "10", timeout=60)
+        assert sorted(netns_of_measure()) == [f"ltdm-{proc.pid}-c", f"ltdm-{proc.pid}-s"]
+    finally:
+        proc.kill()
+        proc.wait(10)
+        # TuneD rolled back before latencyd put its profile back: nothing of TuneD's stays.
+        wait_for(lambda: not running("-f", "bin/tuned "), timeout=30)
+        wait_for(lambda: not running("-x", "cyclictest"), timeout=15)
+    wait_for(lambda: swappiness.read_text() == original, timeout=10)
+    assert etc_files() == files
+    copies = list(Path("/tmp").glob(f"latencyd-tuned-{proc.pid}-*"))
+    assert [c.name for c in copies if (c / "tuned" / "active_profile").exists()], copies
+    copies += Path("/tmp").glob(f"latencyd-measure-{proc.pid}-*")
+    assert len(copies) == 2, copies
+    r = measure(daemon, "--profile", "test-b", "--vs", "untuned", "--seconds", "1",
+                "--rounds", "1", "--tools", "cyclictest")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert netns_of_measure() == []  # its own, and the killed run's
+    assert not any(c.exists() for c in copies)
+    wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [], timeout=5)
