@@ -37,6 +37,38 @@ default_affinity = "0"
 """
 
 
+# Per setting, the profile's line and the value the kernel then shows, and an alternative
+# for a machine whose original already is that value (a sample could not tell them apart).
+ALTERNATIVES = {
+    "vm.swappiness": (('"vm.swappiness" = 11', "11"), ('"vm.swappiness" = 12', "12")),
+    "kernel.timer_migration": (
+        ('"kernel.timer_migration" = 0', "0"),
+        ('"kernel.timer_migration" = 1', "1"),
+    ),
+    "vm.dirty_bytes": (
+        ('dirty_bytes = "64M"', str(64 << 20)),
+        ('dirty_bytes = "65M"', str(65 << 20)),
+    ),
+    "vm.dirty_expire_centisecs": (
+        ("dirty_expire_centisecs = 1500", "1500"),
+        ("dirty_expire_centisecs = 1600", "1600"),
+    ),
+    "cpu1 resume latency": (("resume_latency_us = 20", "20"), ("resume_latency_us = 30", "30")),
+    "writeback cpumask": (('writeback_cpumask = "0"', "1"), ('writeback_cpumask = "1"', "2")),
+    "default IRQ affinity": (('default_affinity = "0"', "1"), ('default_affinity = "1"', "2")),
+}
+
+
+def profile_for(originals: dict[str, object]) -> str:
+    """PROFILE, with each value the machine already has replaced by its alternative, so
+    that every setting the sampler reads is changed by the profile."""
+    text = PROFILE
+    for name, ((line, shown), (other, _)) in ALTERNATIVES.items():
+        if originals[name] == shown:
+            text = text.replace(line, other)
+    return text
+
+
 def read(path: str) -> str:
     return Path(path).read_text().strip()
 

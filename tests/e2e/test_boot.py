@@ -28,8 +28,7 @@ import pytest
 from tests.harness import REPO, Latencyd, wait_for
 from tests.machine_state import differences, snapshot
 from tests.nspawn import PID1_SYSCTLS, Container, isolate
-from tests.sampler import PROFILE as RESTART_PROFILE
-from tests.sampler import SETTINGS, finish, pm_qos_us, sampling
+from tests.sampler import SETTINGS, finish, pm_qos_us, profile_for, sampling
 
 DEFAULT = "latency-performance"
 NOBODY = 65534
@@ -254,7 +253,7 @@ def test_reload_rereads_profiles(booted: Booted) -> None:
 
 
 def switch_to_restart_profile(booted: Booted) -> None:
-    (booted.profiles / "boot-restart.toml").write_text(RESTART_PROFILE)
+    (booted.profiles / "boot-restart.toml").write_text(profile_for(booted.originals))
     assert booted.ctl("switch", "boot-restart").returncode == 0
     wait_for(lambda: pm_qos_us() == 50, timeout=5)
 

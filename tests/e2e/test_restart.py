@@ -16,7 +16,7 @@ from latencyd.plugins.irq import parse_interrupts
 from tests.fdstore import FdStoreStandIn
 from tests.harness import Latencyd, wait_for
 from tests.machine_state import pm_qos_holders
-from tests.sampler import PROFILE, SETTINGS, Sampler, all_tuned, finish, pm_qos_us
+from tests.sampler import SETTINGS, Sampler, all_tuned, finish, pm_qos_us, profile_for
 from tests.sampler import sampling as sampler_running
 
 
@@ -39,7 +39,7 @@ def test_kill9_and_restart_flips_nothing_back(
     originals: dict[str, object],
     sampling: Callable[[], Sampler],
 ) -> None:
-    (profiles / "restart.toml").write_text(PROFILE)
+    (profiles / "restart.toml").write_text(profile_for(originals))
     d = start_daemon("restart")
     assert all_tuned(originals)
     sampler = sampling()
@@ -58,7 +58,7 @@ def test_sigterm_with_on_stop_keep_and_restart_flips_nothing_back(
     originals: dict[str, object],
     sampling: Callable[[], Sampler],
 ) -> None:
-    (profiles / "restart.toml").write_text(PROFILE)
+    (profiles / "restart.toml").write_text(profile_for(originals))
     d = start_daemon("restart", config='on_stop = "keep"\n')
     sampler = sampling()
     assert d.stop() == 0
@@ -82,7 +82,7 @@ def test_the_fd_store_keeps_the_pm_qos_request_through_a_crash(
 ) -> None:
     store = FdStoreStandIn(tmp_path)
     try:
-        (profiles / "restart.toml").write_text(PROFILE)
+        (profiles / "restart.toml").write_text(profile_for(originals))
         d = start_daemon("restart", environment=store.environment())
         wait_for(lambda: list(store.stored().values()) == [1], timeout=5)
         (name,) = store.stored()
@@ -97,7 +97,7 @@ def test_the_fd_store_keeps_the_pm_qos_request_through_a_crash(
         assert d.proc is not None and d.proc.pid in pm_qos_holders()
         assert "profile restart active: 0 applied, 0 restored, 8 unchanged" in d.log()
         # Switching the request away makes before it breaks, and the store follows.
-        (profiles / "other.toml").write_text(PROFILE.replace("= 50", "= 40"))
+        (profiles / "other.toml").write_text(profile_for(originals).replace("= 50", "= 40"))
         assert d.ctl("switch", "other").returncode == 0
         wait_for(lambda: [n.split("-")[1] for n in store.stored()] == ["40"], timeout=5)
         assert pm_qos_us() == 40
