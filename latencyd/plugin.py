@@ -176,6 +176,15 @@ class Plugin(Generic[T]):
         """Set one target; raise KernelRefused (or NotApplicable) when the kernel says no."""
         raise NotImplementedError
 
+    def original(
+        self, target: T, current: Value, owned: Mapping[Target, tuple[Value, Value]]
+    ) -> Value:
+        """What to restore for a target first tuned now, given its current value. `owned`
+        maps this plugin's applied targets to (original, applied). By default the current
+        value; a plugin whose new targets are born with a value the profile set elsewhere
+        (a new IRQ takes the default affinity) gives what it would have had without it."""
+        return current
+
     def restore(self, target: T, original: Value) -> None:
         """Put an original back; by default the same as writing it."""
         self.write(target, original)

@@ -241,6 +241,16 @@ class IrqPlugin(Plugin[IrqTarget]):
         )
         return cpus.to_list()
 
+    def original(
+        self, target: IrqTarget, current: Value, owned: Mapping[Target, tuple[Value, Value]]
+    ) -> Value:
+        # An IRQ created while the profile's default affinity is in force was born with
+        # it: without the profile it would have had the machine's own default.
+        default = owned.get(DefaultAffinity())
+        if isinstance(target, IrqAffinity) and default and self.same(target, default[1], current):
+            return default[0]
+        return current
+
     def write(self, target: IrqTarget, value: Value) -> None:
         if isinstance(target, IrqbalanceBan):
             self.write_banned(value)

@@ -426,6 +426,23 @@ def test_engine_round_trip_restores_every_mask(
     assert Journal(tmp_path / "state").load() is None
 
 
+@pytest.mark.parametrize(("born", "restored"), [("0,2-3", "0-3"), ("2", "2")])
+def test_an_irq_born_with_the_profiles_default_gets_the_machines_default_back(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine, born: str, restored: str
+) -> None:
+    """A device bound while `isolate` is in force: its IRQ starts with the default mask the
+    profile set. Restoring it to that would leave it shielded after `off`; it gets what
+    the machine's own default would have given it. A mask its driver chose is its own."""
+    engine = engine_for(tmp_path, plugin)
+    engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
+    add_irq_50(root, born)
+    engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
+    assert affinity(root, 50) == "0,2-3"
+    assert engine.originals[("irq", IrqAffinity(50))] == restored
+    assert engine.off() == []
+    assert affinity(root, 50) == restored
+
+
 def test_restart_adopts_the_journal_and_restores_every_mask(
     tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
 ) -> None:
