@@ -293,21 +293,28 @@ class Engine:
                 step.keep.remove(sid)
                 step.apply[sid] = self.applied[sid]
 
+    def _owned_by(self, name: str) -> Callable[[Target], tuple[Value, Value] | None]:
+        """(original, applied) of one of plugin `name`'s applied targets, or None."""
+
+        def lookup(target: Target) -> tuple[Value, Value] | None:
+            sid = (name, target)
+            if sid in self.applied and sid in self.originals:
+                return self.originals[sid], self.applied[sid]
+            return None
+
+        return lookup
+
     def _forget_unapplied(self) -> None:
         self.originals = {s: v for s, v in self.originals.items() if s in self.applied}
 
     def _capture_originals(self, step: Plan, report: StepReport) -> None:
-        owned: dict[str, dict[Target, tuple[Value, Value]]] = {}
         for sid in list(step.apply):
             if sid in self.originals:
                 continue
             plugin, target = self.plugins[sid[0]], sid[1]
-            if sid[0] not in owned:
-                owned[sid[0]] = {t: (self.originals[(sid[0], t)], v)
-                                 for t, v in self.owned(sid[0]).items()
-                                 if (sid[0], t) in self.originals}  # fmt: skip
             try:
-                self.originals[sid] = plugin.original(target, plugin.read(target), owned[sid[0]])
+                current = plugin.read(target)
+                self.originals[sid] = plugin.original(target, current, self._owned_by(sid[0]))
             except (KernelRefused, NotApplicable) as exc:
                 if not plugin.exists(target):
                     del step.apply[sid]  # gone between expand and now: nothing to tune

@@ -17,7 +17,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -95,12 +95,14 @@ class Expansion:
 
 @dataclass(frozen=True)
 class DeviceEvent:
-    """One udev event: `old_name` is set for a rename (action "move")."""
+    """One udev event: `old_name` is set for a rename (action "move"); `devpath` is the
+    kernel's DEVPATH (/devices/.../net/eth0/queues/rx-1: whose queue it is)."""
 
     subsystem: str
     action: str
     name: str
     old_name: str = ""
+    devpath: str = ""
 
 
 @dataclass(frozen=True)
@@ -177,12 +179,13 @@ class Plugin(Generic[T]):
         raise NotImplementedError
 
     def original(
-        self, target: T, current: Value, owned: Mapping[Target, tuple[Value, Value]]
+        self, target: T, current: Value, owned: Callable[[Target], tuple[Value, Value] | None]
     ) -> Value:
         """What to restore for a target first tuned now, given its current value. `owned`
-        maps this plugin's applied targets to (original, applied). By default the current
-        value; a plugin whose new targets are born with a value the profile set elsewhere
-        (a new IRQ takes the default affinity) gives what it would have had without it."""
+        gives (original, applied) of one of this plugin's applied targets, or None. By
+        default the current value; a plugin whose new targets are born with a value the
+        profile set elsewhere (a new IRQ takes the default affinity) gives what it would
+        have had without the profile."""
         return current
 
     def restore(self, target: T, original: Value) -> None:

@@ -55,7 +55,11 @@ class UdevWatcher:
             old = device.properties.get("DEVPATH_OLD", "")
             events.append(
                 DeviceEvent(
-                    device.subsystem, device.action, device.sys_name, old.rpartition("/")[2]
+                    device.subsystem,
+                    device.action,
+                    device.sys_name,
+                    old.rpartition("/")[2],
+                    device.device_path,
                 )
             )
 

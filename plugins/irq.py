@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -242,11 +242,14 @@ class IrqPlugin(Plugin[IrqTarget]):
         return cpus.to_list()
 
     def original(
-        self, target: IrqTarget, current: Value, owned: Mapping[Target, tuple[Value, Value]]
+        self,
+        target: IrqTarget,
+        current: Value,
+        owned: Callable[[Target], tuple[Value, Value] | None],
     ) -> Value:
         # An IRQ created while the profile's default affinity is in force was born with
         # it: without the profile it would have had the machine's own default.
-        default = owned.get(DefaultAffinity())
+        default = owned(DefaultAffinity())
         if isinstance(target, IrqAffinity) and default and self.same(target, default[1], current):
             return default[0]
         return current

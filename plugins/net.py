@@ -20,6 +20,7 @@ import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
 from latencyd.cpuset import CpuSet
@@ -333,16 +334,22 @@ class NetPlugin(Plugin[NetTarget]):
     def on_device(
         self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
-        """Just the NIC the event is about: tuned as it appears or is renamed; its settings
-        dropped when it goes (or stops matching after a rename)."""
-        if not isinstance(rules, NetRules) or event.subsystem == "queues":
-            return None  # queues come and go with channel changes: expand again
-        if event.action == "remove":
+        """Just the NIC the event is about: tuned as it appears or is renamed, or as its
+        queues come and go (a channel change, and every new NIC); its settings dropped when
+        it goes (or stops matching after a rename)."""
+        if not isinstance(rules, NetRules):
+            return None
+        name = event.name
+        if event.subsystem == "queues":  # DEVPATH .../net/NIC/queues/rx-N: that NIC again
+            name = PurePosixPath(event.devpath).parent.parent.name
+            if not name:
+                return None  # no path to tell whose: expand again
+        elif event.action == "remove":
             gone: set[Target] = {
                 t for t in owned if isinstance(t, NicSetting | NicFile) and not self.exists(t)
             }
             return {}, gone
-        nic = self.nic(event.name)
+        nic = self.nic(name)
         if nic is None:
             return {}, set()
         self._remember(nic.name)

@@ -1075,6 +1075,27 @@ def test_on_device_add_gives_just_the_new_nics_settings(rig: Rig) -> None:
     ]  # on_device itself writes nothing
 
 
+def test_a_queue_event_retunes_just_its_nic(rig: Rig) -> None:
+    """Every new NIC and every channel change sends queue events: each re-tunes the NIC
+    whose queue it is (from DEVPATH), never every NIC (that made a burst of hot-plugged
+    NICs quadratic)."""
+    engine = rig.engine()
+    entry = {"match": "eth*", "rps_cpus": "2-3"}
+    expansion = rig.expand(entry)
+    engine.switch(net(expansion.settings), "p")
+    owned = engine.owned("net")
+    mine = {t for t in owned if t.nic == ETH0}
+    add = DeviceEvent("queues", "add", "rx-1", devpath="/devices/pci0000:3b/net/eth0/queues/rx-1")
+    assert rig.plugin.on_device(expansion.rules, add, owned) == (
+        {t: v for t, v in expansion.settings.items() if t.nic == ETH0},
+        mine,
+    )
+    # Without a DEVPATH nobody can tell whose queue it is: the section is expanded again.
+    assert (
+        rig.plugin.on_device(expansion.rules, DeviceEvent("queues", "add", "rx-1"), owned) is None
+    )
+
+
 def test_on_device_move_and_remove_name_the_owned_targets(rig: Rig) -> None:
     engine = rig.engine()
     expansion = rig.expand(*ENTRIES)
