@@ -189,3 +189,21 @@ def test_killing_measure_during_tuned_rolls_tuned_back_and_leaves_etc_alone(
     assert netns_of_measure() == []  # its own, and the killed run's
     assert not any(c.exists() for c in copies)
     wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [], timeout=5)
+
+
+@pytest.mark.skipif(shutil.which("tuned") is None, reason="TuneD is not installed")
+def test_what_tunes_rollback_leaves_is_put_back(
+    daemon: Latencyd, kernel_guard: None, tmp_path: Path
+) -> None:
+    """TuneD's cpu-partitioning rollback sometimes leaves the writeback workqueue on the
+    housekeeping CPUs (it writes that mask through two paths): measure puts it back, and
+    the guard checks every workqueue mask, IRQ and sysctl is as before."""
+    etc = tmp_path / "etc-tuned"
+    shutil.copytree("/etc/tuned", etc, symlinks=True)
+    (etc / "cpu-partitioning-variables.conf").write_text("isolated_cores=1\n")
+    r = measure(daemon, "--profile", "tuned:cpu-partitioning", "--vs", "untuned",
+                "--seconds", "1", "--rounds", "1", "--tools", "cyclictest",
+                "--tuned-etc", str(etc), "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    put_back = json.loads(r.stdout).get("tuned_left_put_back", [])
+    assert all("cpumask" in line for line in put_back), put_back
