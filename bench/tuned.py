@@ -240,6 +240,7 @@ def compare(profile: str, bus: PrivateBus, work: Path, ignore: set[str]) -> dict
         "not_applicable": not_applicable(status),
         "tuned_left_behind": {k: list(v) for k, v in left_by_tuned.items()},
         "tuned_wrote_in_its_copy": tuned.wrote,
+        "tuned_left_put_back": tuned.put_back,  # by TunedDaemon, before the reading above
         "latencyd_left_behind": {k: list(v) for k, v in left_by_latencyd.items()},
     }
 
@@ -284,6 +285,8 @@ def report(results: list[dict[str, Any]]) -> list[str]:
                 lines += [f"    - {short(i, 200)}" for i in items]
         for who, after in (("tuned", "put back before latencyd ran"), ("latencyd", "")):
             left = r[f"{who}_left_behind"]
+            if who == "tuned" and r["tuned_left_put_back"]:
+                left = {**left, "put back as TuneD stopped": r["tuned_left_put_back"]}
             verdict = "yes" if not left else f"NO ({after or 'a leak'}): {left}"
             lines.append(f"  {who} left the kernel as found: {verdict}")
         if r["tuned_wrote_in_its_copy"]:

@@ -468,7 +468,7 @@ class TunedDaemon:
         self.hold = hold
         self.proc: subprocess.Popen[str] | None = None
         self.workdir: Path | None = None
-        self.originals: dict[Path, dict[str, bytes]] = {}
+        self.copied: dict[Path, dict[str, bytes]] = {}  # the private copies as made
         self.wrote: list[str] = []  # the files TuneD changed in its private copies
         self.masks: dict[Path, str] = {}  # workqueue cpumasks before TuneD ran
         self.put_back: list[str] = []  # what TuneD's rollback left, put back
@@ -485,7 +485,7 @@ class TunedDaemon:
                 shutil.copytree(source, copy, symlinks=True)
             else:
                 copy.mkdir()
-        self.originals = {f: _files(c) for f, c in zip(self.FILES, copies, strict=True)}
+        self.copied = {f: _files(c) for f, c in zip(self.FILES, copies, strict=True)}
         log = self.workdir / "tuned.log"
         argv = ["setpriv", "--pdeathsig", "TERM", "unshare", "--mount", "--propagation",
                 "private", "sh", "-c", self.PRIVATE, "sh", *map(str, copies), "tuned",
@@ -529,7 +529,7 @@ class TunedDaemon:
         if self.workdir is not None:
             for real, copy in zip(self.FILES, ("tuned", "modprobe.d"), strict=True):
                 after = _files(self.workdir / copy)
-                before = self.originals[real]
+                before = self.copied[real]
                 self.wrote += sorted(str(real / f) for f in after.keys() | before.keys()
                                      if after.get(f) != before.get(f))  # fmt: skip
             shutil.rmtree(self.workdir, ignore_errors=True)
