@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from latencyd.engine import Drift, Engine, SettingId, StepReport
@@ -310,6 +311,7 @@ class Daemon:
         if any(e.subsystem == "cpu" for e in events):
             self.machine_changed()
             return
+        events = without_covered(events)
         for name in list(self.active.sections):
             plugin = self.plugins[name]
             mine = [e for e in events if e.action in plugin.follows.udev.get(e.subsystem, ())]
@@ -514,3 +516,10 @@ class Daemon:
     def _changed(self, name: str) -> None:
         for callback in self.on_profile_changed:
             callback(name)
+
+
+def without_covered(events: list[DeviceEvent]) -> list[DeviceEvent]:
+    """Events of sub-devices (a NIC's queues) whose device was added or renamed in the same
+    batch are covered by that event: plugins tune a device as a whole when it appears."""
+    whole = {e.devpath for e in events if e.action in ("add", "move") and e.devpath}
+    return [e for e in events if not any(str(p) in whole for p in PurePosixPath(e.devpath).parents)]

@@ -15,7 +15,7 @@ import pytest
 from latencyd.plugins.net import NetPlugin, NetRules, NicFile, NicSetting
 
 from latencyd.cpuset import CpuSet
-from latencyd.daemon import Daemon
+from latencyd.daemon import Daemon, without_covered
 from latencyd.engine import Engine, Refused, SettingId, plugin_options, section_schemas
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.ethtool import FEATURE_ALIASES, GROUPS
@@ -1094,6 +1094,21 @@ def test_a_queue_event_retunes_just_its_nic(rig: Rig) -> None:
     assert (
         rig.plugin.on_device(expansion.rules, DeviceEvent("queues", "add", "rx-1"), owned) is None
     )
+
+
+def test_queue_events_are_covered_by_their_nics_add_in_the_same_batch() -> None:
+    """A new NIC's add is handled as a whole (its queues with it): the queue events read in
+    the same batch add nothing, and handling each cost a burst of hot-plugged NICs its
+    5 ms goal. Queue events of NICs not added in the batch (a channel change) stay."""
+    veth = "/devices/virtual/net/veth7"
+    add = DeviceEvent("net", "add", "veth7", devpath=veth)
+    rx = DeviceEvent("queues", "add", "rx-0", devpath=f"{veth}/queues/rx-0")
+    other = DeviceEvent("queues", "add", "rx-1", devpath="/devices/virtual/net/veth8/queues/rx-1")
+    gone = DeviceEvent("queues", "remove", "rx-1", devpath=f"{veth}/queues/rx-1")
+    assert without_covered([add, rx, other, gone]) == [add, other]
+    assert without_covered([rx, other]) == [rx, other]
+    pathless = DeviceEvent("queues", "add", "rx-0")
+    assert without_covered([add, pathless]) == [add, pathless]
 
 
 def test_on_device_move_and_remove_name_the_owned_targets(rig: Rig) -> None:
