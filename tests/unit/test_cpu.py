@@ -22,12 +22,11 @@ from latencyd.plugins.cpu import (
     PolicyBoost,
 )
 
-from latencyd.engine import SECTION, Engine, Refused, plugin_options, section_schemas
+from latencyd.engine import SECTION, Engine, Refused
 from latencyd.errors import ApplyFailed, NotApplicable
 from latencyd.journal import Journal
-from latencyd.plugin import Expansion, Target, Value
-from latencyd.profile import Profile
-from latencyd.schema import Machine, SchemaError, validate
+from latencyd.plugin import Target, Value
+from latencyd.schema import SchemaError
 from tests.unit.fakesys import (
     ACPI_GOVERNORS,
     CpufreqLikeSystem,
@@ -36,8 +35,8 @@ from tests.unit.fakesys import (
     add_intel_pstate,
     make_fake_root,
     put,
-    tree_bytes,
 )
+from tests.unit.pluginrig import PluginRig
 
 CPU = "sys/devices/system/cpu"
 CPUFREQ = f"{CPU}/cpufreq"
@@ -48,38 +47,21 @@ EINVAL = "the kernel refused it: Invalid argument (EINVAL)"
 EBUSY = "the kernel refused it: Device or resource busy (EBUSY)"
 
 
-class Rig:
+class Rig(PluginRig):
     """A fake 4-CPU machine built by one of the fakesys cpufreq builders."""
 
     def __init__(self, tmp_path: Path, build: Callable[..., None] | None, **kw: Any) -> None:
-        self.tmp_path = tmp_path
-        self.root = make_fake_root(tmp_path, cpus="0-3")
+        root = make_fake_root(tmp_path, cpus="0-3")
         if build is not None:
-            build(self.root, **kw)
-        self.system = CpufreqLikeSystem(self.root, turbo_disabled=kw.get("turbo_disabled", False))
-        self.plugin = CpuPlugin(self.system)
-        self.machine = Machine(self.system.online_cpus(), 8 << 30)
-
-    def section(self, raw: dict[str, Any]) -> dict[str, Any]:
-        return validate(section_schemas({"cpu": self.plugin})["cpu"], raw, self.machine)
-
-    def expand(self, raw: dict[str, Any]) -> Expansion:
-        return self.plugin.expand(plugin_options(self.section(raw)), {})
-
-    def profile(self, raw: dict[str, Any], name: str = "p") -> Profile:
-        return Profile(name, Path(f"{name}.toml"), "", {"cpu": self.section(raw)}, {})
-
-    def engine(self) -> Engine:
-        return Engine({"cpu": self.plugin}, Journal(self.tmp_path / "state"))
+            build(root, **kw)
+        system = CpufreqLikeSystem(root, turbo_disabled=kw.get("turbo_disabled", False))
+        super().__init__(tmp_path, root, "cpu", system, CpuPlugin(system))
 
     def file(self, rel: str) -> str:
         return (self.root / CPU / rel).read_text().strip()
 
     def put(self, rel: str, text: str) -> None:
         put(self.root, f"{CPU}/{rel}", text)
-
-    def snapshot(self) -> dict[str, bytes]:
-        return tree_bytes(self.root, "sys")
 
 
 @pytest.fixture
@@ -99,22 +81,6 @@ def acpi(tmp_path: Path) -> Rig:
 
 def policies(cls: Callable[[int], Target], value: Value, cpus: range = range(4)) -> dict[Any, Any]:
     return {cls(n): value for n in cpus}
-
-
-def round_trip(rig: Rig, raw: dict[str, Any]) -> Engine:
-    """Apply, verify, restore: every file byte for byte as it was, the journal gone."""
-    before = rig.snapshot()
-    engine = rig.engine()
-    report = engine.apply(rig.profile(raw))
-    assert report.applied > 0 and report.not_applicable == {}, report
-    assert engine.verify() == []
-    assert engine.off() == []
-    assert rig.snapshot() == before
-    assert not (rig.tmp_path / "state" / "journal.jsonl").exists()
-    return engine
-
-
-# -- the contract, until the plugin is registered under the entry-point group ----------------
 
 
 # -- no cpufreq ---------------------------------------------------------------------------------
@@ -158,7 +124,7 @@ def test_without_cpufreq_the_bias_still_applies_and_the_rest_is_refused(tmp_path
     exp = rig.expand(raw)
     assert exp.settings == policies(EnergyPerfBias, "0")
     assert exp.refused == {"governor on CPUs 0-3": NO_CPUFREQ, "no_turbo": NO_CPUFREQ}
-    round_trip(rig, raw)
+    rig.round_trip(raw)
 
 
 # -- intel_pstate --------------------------------------------------------------------------------
@@ -231,7 +197,7 @@ def test_epb_by_number_and_every_name(intel: Rig) -> None:
     for raw, number in [(9, "9"), ("performance", "0"), ("balance-performance", "4"),
                         ("normal", "6"), ("balance-power", "8"), ("power", "15")]:  # fmt: skip
         assert intel.expand({"energy_perf_bias": raw}).settings == policies(EnergyPerfBias, number)
-    round_trip(intel, {"energy_perf_bias": "power"})
+    intel.round_trip({"energy_perf_bias": "power"})
     assert intel.plugin.describe(EnergyPerfBias(1), "15") == "cpu1 energy_perf_bias = 15 (power)"
 
 
@@ -274,10 +240,10 @@ def test_perf_limits_are_written_in_the_order_intel_pstate_does_not_clamp(intel:
     intel.put("intel_pstate/min_perf_pct", "80")
     lowering = {"min_perf_pct": 30, "max_perf_pct": 50}  # max 50 < min 80 now: min first
     assert list(intel.expand(lowering).settings) == [PerfPct("min"), PerfPct("max")]
-    round_trip(intel, lowering)
+    intel.round_trip(lowering)
     raising = {"min_perf_pct": 90, "max_perf_pct": 95}
     assert list(intel.expand(raising).settings) == [PerfPct("max"), PerfPct("min")]
-    round_trip(intel, raising)
+    intel.round_trip(raising)
 
 
 def test_a_perf_limit_below_the_cpus_range_is_not_applicable(intel: Rig) -> None:
@@ -340,7 +306,7 @@ def test_epp_under_the_current_performance_governor(intel: Rig) -> None:
     # ...and what the profile itself switches to powersave is free again.
     raw = {"governor": "powersave", "energy_performance_preference": "balance_power"}
     assert intel.expand(raw).refused == {}
-    round_trip(intel, raw)
+    intel.round_trip(raw)
 
 
 def test_an_epp_the_kernel_refuses_anyway_fails_and_rolls_back(intel: Rig) -> None:
@@ -362,7 +328,7 @@ def test_an_epp_the_kernel_refuses_anyway_fails_and_rolls_back(intel: Rig) -> No
 def test_acpi_cpufreq_governors_and_a_governor_the_driver_lacks(acpi: Rig, amd: Rig) -> None:
     for governor in ACPI_GOVERNORS:
         assert acpi.expand({"governor": governor}).settings == policies(Governor, governor)
-    round_trip(acpi, {"governor": "ondemand"})
+    acpi.round_trip({"governor": "ondemand"})
     exp = amd.expand({"governor": "ondemand"})
     assert exp.settings == {}
     assert exp.refused == {
@@ -479,11 +445,11 @@ def test_limits_are_written_in_the_order_the_kernel_does_not_clamp(intel: Rig) -
     lowering = {"min_freq_khz": 1_000_000, "max_freq_khz": 2_000_000}
     order = list(intel.expand(lowering).settings)
     assert order[:2] == [FreqLimit(0, "min"), FreqLimit(0, "max")]
-    round_trip(intel, lowering)
+    intel.round_trip(lowering)
     intel.system.write(f"{CPUFREQ}/policy0/scaling_min_freq", "800000")
     raising = {"cpus": [{"cpus": "0", "min_freq_khz": "max", "max_freq_khz": "max"}]}
     assert list(intel.expand(raising).settings) == [FreqLimit(0, "max"), FreqLimit(0, "min")]
-    round_trip(intel, raising)
+    intel.round_trip(raising)
 
 
 def test_contradicting_limits_fail_before_anything_changes(intel: Rig) -> None:
@@ -526,7 +492,7 @@ def test_a_limit_another_request_overrides_is_not_applicable(intel: Rig) -> None
 
 def test_acpi_cpufreq_boost_is_the_global_switch(acpi: Rig) -> None:
     assert acpi.expand({"boost": False}).settings == {Boost(): "0"}
-    round_trip(acpi, {"boost": False})
+    acpi.round_trip({"boost": False})
     acpi.system.refuse[f"{CPUFREQ}/boost"] = 22  # "not supported by this processor or SBIOS"
     report = acpi.engine().apply(acpi.profile({"boost": False}))
     assert report.not_applicable == {

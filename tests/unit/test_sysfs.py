@@ -13,13 +13,14 @@ import pytest
 from latencyd.plugins.sysfs import ROOT_ONLY, SysfsFile, SysfsPlugin, SysfsRules, bracketed
 
 from latencyd.daemon import Caller, Daemon
-from latencyd.engine import Engine, plugin_options, section_schemas
+from latencyd.engine import Engine, section_schemas
 from latencyd.errors import ApplyFailed, KernelRefused, PermissionDenied, ProfileError
 from latencyd.journal import Journal
-from latencyd.plugin import DeviceEvent, Expansion, Plugin
-from latencyd.profile import Profile, ProfileLibrary
-from latencyd.schema import Machine, SchemaError, validate
-from tests.unit.fakesys import SysfsLikeSystem, make_fake_root, put, tree_bytes
+from latencyd.plugin import DeviceEvent, Plugin
+from latencyd.profile import ProfileLibrary
+from latencyd.schema import SchemaError
+from tests.unit.fakesys import SysfsLikeSystem, make_fake_root, put
+from tests.unit.pluginrig import PluginRig
 
 THP = "sys/kernel/mm/transparent_hugepage/enabled"
 EPB = "sys/devices/system/cpu/cpu{}/power/energy_perf_bias"
@@ -47,31 +48,17 @@ def remove_disk(root: Path, name: str) -> None:
     device.rmdir()
 
 
-class Rig:
+class Rig(PluginRig):
     def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.root = make_fake_root(tmp_path, cpus="0-3")
-        put(self.root, THP, "always [madvise] never")
-        put(self.root, "sys/kernel/mm/transparent_hugepage/defrag",
+        root = make_fake_root(tmp_path, cpus="0-3")
+        put(root, THP, "always [madvise] never")
+        put(root, "sys/kernel/mm/transparent_hugepage/defrag",
             "always defer defer+madvise [madvise] never")  # fmt: skip
         for cpu in range(4):
-            put(self.root, EPB.format(cpu), "6")
-        self.sda = add_disk(self.root, "sda")
-        self.system = SysfsLikeSystem(self.root)
-        self.plugin = SysfsPlugin(self.system)
-        self.machine = Machine(self.system.online_cpus(), 8 << 30)
-
-    def section(self, raw: dict[str, Any]) -> dict[str, Any]:
-        return validate(section_schemas({"sysfs": self.plugin})["sysfs"], raw, self.machine)
-
-    def expand(self, raw: dict[str, Any]) -> Expansion:
-        return self.plugin.expand(plugin_options(self.section(raw)), {})
-
-    def profile(self, raw: dict[str, Any], name: str = "p") -> Profile:
-        return Profile(name, Path(f"{name}.toml"), "", {"sysfs": self.section(raw)}, {})
-
-    def engine(self) -> Engine:
-        return Engine({"sysfs": self.plugin}, Journal(self.tmp_path / "state"))
+            put(root, EPB.format(cpu), "6")
+        self.sda = add_disk(root, "sda")
+        system = SysfsLikeSystem(root)
+        super().__init__(tmp_path, root, "sysfs", system, SysfsPlugin(system))
 
     def library(self, **profiles: str) -> ProfileLibrary:
         pdir = self.tmp_path / "profiles"
@@ -88,29 +75,10 @@ class Rig:
     def text(self, rel: str) -> str:
         return (self.root / rel).read_text()
 
-    def snapshot(self) -> dict[str, bytes]:
-        return tree_bytes(self.root, "sys")
-
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Rig:
     return Rig(tmp_path)
-
-
-def round_trip(rig: Rig, raw: dict[str, Any]) -> Engine:
-    """Apply, verify, restore: every file byte for byte as it was, the journal gone."""
-    before = rig.snapshot()
-    engine = rig.engine()
-    report = engine.apply(rig.profile(raw))
-    assert report.applied > 0 and report.not_applicable == {}, report
-    assert engine.verify() == []
-    assert engine.off() == []
-    assert rig.snapshot() == before
-    assert not (rig.tmp_path / "state" / "journal.jsonl").exists()
-    return engine
-
-
-# -- the contract, until the plugin is registered under the entry-point group ----------------
 
 
 # -- keys ----------------------------------------------------------------------------------------
@@ -186,7 +154,7 @@ def test_a_glob_names_every_match_and_integers_are_written_as_text(rig: Rig) -> 
     assert exp.rules == SysfsRules(
         tuple(raw), frozenset((next(iter(raw)), EPB.format(n)) for n in range(4))
     )
-    round_trip(rig, raw)
+    rig.round_trip(raw)
 
 
 def test_a_file_is_known_by_its_real_path_and_later_keys_win(rig: Rig) -> None:
@@ -198,7 +166,7 @@ def test_a_file_is_known_by_its_real_path_and_later_keys_win(rig: Rig) -> None:
     target = SysfsFile(f"/{rig.sda}/queue/scheduler")
     assert exp.settings == {target: "kyber"}
     assert exp.notes == {target: "from /sys/class/block/*/queue/scheduler"}
-    round_trip(rig, raw)
+    rig.round_trip(raw)
 
 
 def test_links_that_lead_out_of_sys_are_not_followed(rig: Rig) -> None:
@@ -214,7 +182,7 @@ def test_whitespace_is_compared_word_by_word(rig: Rig) -> None:
     target = SysfsFile("/sys/module/x/parameters/range")
     assert rig.plugin.read(target) == "1\t2"  # as shown: a restore writes back exactly that
     assert rig.plugin.same(target, "1   2", "1 2")
-    round_trip(rig, {"/sys/module/x/parameters/range": "3  4"})
+    rig.round_trip({"/sys/module/x/parameters/range": "3  4"})
 
 
 # -- bracketed choices --------------------------------------------------------------------------
@@ -257,7 +225,7 @@ def test_a_choice_the_file_does_not_offer_is_refused_with_its_choices(rig: Rig) 
             "not one of its choices: none, mq-deadline"
         ),
     }
-    round_trip(rig, {"/sys/block/*/queue/scheduler": "bfq"})
+    rig.round_trip({"/sys/block/*/queue/scheduler": "bfq"})
 
 
 # -- refusals ----------------------------------------------------------------------------------

@@ -1,0 +1,52 @@
+"""One plugin on a fake machine: its section validated and expanded, an engine over it, and
+the apply / verify / restore round trip every plugin's unit tests start from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from latencyd.engine import Engine, plugin_options, section_schemas
+from latencyd.journal import Journal
+from latencyd.plugin import Expansion, Plugin
+from latencyd.profile import Profile
+from latencyd.schema import Machine, validate
+from latencyd.system import System
+from tests.unit.fakesys import tree_bytes
+
+
+class PluginRig:
+    """`name` is the plugin's section; subclasses build the fake tree under `root`."""
+
+    def __init__(self, tmp_path: Path, root: Path, name: str, system: System,
+                 plugin: Plugin[Any]) -> None:  # fmt: skip
+        self.tmp_path, self.root, self.name = tmp_path, root, name
+        self.system, self.plugin = system, plugin
+        self.machine = Machine(system.online_cpus(), 8 << 30)
+
+    def section(self, raw: dict[str, Any]) -> dict[str, Any]:
+        return validate(section_schemas({self.name: self.plugin})[self.name], raw, self.machine)
+
+    def expand(self, raw: dict[str, Any]) -> Expansion:
+        return self.plugin.expand(plugin_options(self.section(raw)), {})
+
+    def profile(self, raw: dict[str, Any], name: str = "p") -> Profile:
+        return Profile(name, Path(f"{name}.toml"), "", {self.name: self.section(raw)}, {})
+
+    def engine(self) -> Engine:
+        return Engine({self.name: self.plugin}, Journal(self.tmp_path / "state"))
+
+    def snapshot(self) -> dict[str, bytes]:
+        return tree_bytes(self.root, "sys")
+
+    def round_trip(self, raw: dict[str, Any]) -> Engine:
+        """Apply, verify, restore: every file byte for byte as it was, the journal gone."""
+        before = self.snapshot()
+        engine = self.engine()
+        report = engine.apply(self.profile(raw))
+        assert report.applied > 0 and report.not_applicable == {}, report
+        assert engine.verify() == []
+        assert engine.off() == []
+        assert self.snapshot() == before
+        assert not (self.tmp_path / "state" / "journal.jsonl").exists()
+        return engine
