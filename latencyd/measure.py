@@ -521,8 +521,9 @@ class TunedDaemon:
             # workqueue/*/cpumask glob and /sys/bus/workqueue/devices/writeback/cpumask)
             # and its rollback sometimes restores the second from a value read after the
             # first was set: measured here, 2 of 4 cpu-partitioning runs left it isolated.
+            masks_now = _workqueue_masks()
             for path, mask in self.masks.items():
-                now = _workqueue_masks().get(path)
+                now = masks_now.get(path)
                 if now is not None and now != mask:
                     path.write_text(mask)
                     self.put_back.append(f"{path}: {now} -> {mask}")
