@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
-from latencyd.measure import Processes, TunedDaemon
+from latencyd.measure import Processes, TunedDaemon, workqueue_masks
 from scripts.private_bus import PrivateBus
 from tests.harness import BIN, POLICY, REPO, Latencyd
 
@@ -134,8 +134,6 @@ def kernel() -> Values:
         *Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle/state*/disable"),
         *Path("/sys/devices/system/cpu").glob("cpu[0-9]*/power/pm_qos_resume_latency_us"),
         *Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_governor"),
-        Path("/sys/devices/virtual/workqueue/cpumask"),
-        *Path("/sys/devices/virtual/workqueue").glob("*/cpumask"),
         *Path("/proc/irq").glob("*/smp_affinity_list"),
         Path("/proc/irq/default_smp_affinity"),
         *Path("/sys/devices/system/machinecheck").glob("machinecheck*/ignore_ce"),
@@ -145,6 +143,7 @@ def kernel() -> Values:
     for path in sysfs:
         if path.is_file():
             values[str(path)] = " ".join((_read(path) or "").split())
+    values |= {str(path): mask for path, mask in workqueue_masks().items()}
     values["PM QoS CPU latency limit (µs)"] = pm_qos_limit()
     return values | tasks() | eth0()
 

@@ -477,7 +477,7 @@ class TunedDaemon:
         if shutil.which("tuned") is None:
             raise MeasureError("TuneD is not installed (apt-get install tuned)")
         self.stop()
-        self.masks = _workqueue_masks()
+        self.masks = workqueue_masks()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"latencyd-tuned-{os.getpid()}-"))
         copies = [self.workdir / "tuned", self.workdir / "modprobe.d"]
         for source, copy in zip((self.etc, self.FILES[1]), copies, strict=True):
@@ -521,7 +521,7 @@ class TunedDaemon:
             # workqueue/*/cpumask glob and /sys/bus/workqueue/devices/writeback/cpumask)
             # and its rollback sometimes restores the second from a value read after the
             # first was set: measured here, 2 of 4 cpu-partitioning runs left it isolated.
-            masks_now = _workqueue_masks()
+            masks_now = workqueue_masks()
             for path, mask in self.masks.items():
                 now = masks_now.get(path)
                 if now is not None and now != mask:
@@ -537,7 +537,8 @@ class TunedDaemon:
             self.workdir = None
 
 
-def _workqueue_masks() -> dict[Path, str]:
+def workqueue_masks() -> dict[Path, str]:
+    """The unbound-workqueue cpumask and each workqueue's own."""
     wq = Path("/sys/devices/virtual/workqueue")
     return {p: p.read_text().strip() for p in [wq / "cpumask", *sorted(wq.glob("*/cpumask"))]}
 
