@@ -516,7 +516,10 @@ def format_tables(tables: list[dict[str, Any]]) -> list[str]:
         out.append(f"  {table['title']}")
         cols = table["columns"]
         rows = [[str(c) for c in row] for row in table["rows"]]
-        widths = [max(len(str(h)), *(len(r[i]) for r in rows)) for i, h in enumerate(cols)]
+        if not rows:
+            out.append("    (none)")
+            continue
+        widths = [max([len(str(h)), *(len(r[i]) for r in rows)]) for i, h in enumerate(cols)]
         out.append("    " + "  ".join(str(h).rjust(w) for h, w in zip(cols, widths, strict=True)))
         for r in rows:
             out.append("    " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))

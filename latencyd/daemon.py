@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from latencyd.engine import Drift, Engine, SettingId, StepReport
+from latencyd.engine import ADOPTED, Drift, Engine, SettingId, StepReport
 from latencyd.errors import LatencydError, NoSuchHold, PermissionDenied
 from latencyd.plugin import DeviceEvent, Plugin, encode_target
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
@@ -445,9 +445,9 @@ class Daemon:
             applied = [
                 {
                     "target": encode_target(t),
-                    "value": value,
+                    "value": None if value is ADOPTED else value,  # not re-applied yet
                     "original": self.engine.originals.get((p, t)),
-                    "text": plugin.describe(t, value),
+                    "text": plugin.describe(t, "(adopted)" if value is ADOPTED else value),
                     "note": notes.get(t, ""),
                 }
                 for (p, t), value in self.engine.applied.items()

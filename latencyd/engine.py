@@ -166,7 +166,20 @@ class Engine:
 
     # -- what a profile wants -------------------------------------------------
     def owned(self, name: str) -> dict[Target, Value]:
-        return {t: v for (p, t), v in self.applied.items() if p == name}
+        """Plugin `name`'s applied settings. One adopted from the journal is given as the
+        kernel holds it now (what the last run set): the placeholder never reaches a
+        plugin. One that cannot be read any more is left out (gone)."""
+        out: dict[Target, Value] = {}
+        for (p, t), v in self.applied.items():
+            if p != name:
+                continue
+            if v is ADOPTED:
+                try:
+                    v = self.plugins[p].read(t)
+                except LatencydError:
+                    continue
+            out[t] = v
+        return out
 
     def expand(self, profile: Profile, only: Iterable[str] | None = None) -> dict[str, Expansion]:
         """Each section's expansion (reads the machine, changes nothing)."""
@@ -218,9 +231,13 @@ class Engine:
         report = StepReport(unchanged=len(step.keep))
         try:
             self._capture_originals(step, report)
-        except Exception:
+        except Exception as exc:
             self._forget_unapplied()  # originals read for a step that never ran
-            raise
+            if isinstance(exc, LatencydError):
+                raise
+            raise ApplyFailed(
+                f"reading the originals failed ({type(exc).__name__}: {exc}). Nothing was changed."
+            ) from exc
         previous_profile = self.profile
         undo: list[Callable[[], None]] = []
         done: dict[SettingId, Value] = {}  # what this step owns afterwards, by sid
@@ -291,16 +308,23 @@ class Engine:
                 continue
             if not plugin.same(target, self.applied[sid], actual):
                 step.keep.remove(sid)
-                step.apply[sid] = self.applied[sid]
+                if not self._handed_over(sid, actual):
+                    step.apply[sid] = self.applied[sid]
 
     def _owned_by(self, name: str) -> Callable[[Target], tuple[Value, Value] | None]:
         """(original, applied) of one of plugin `name`'s applied targets, or None."""
 
         def lookup(target: Target) -> tuple[Value, Value] | None:
             sid = (name, target)
-            if sid in self.applied and sid in self.originals:
-                return self.originals[sid], self.applied[sid]
-            return None
+            if sid not in self.applied or sid not in self.originals:
+                return None
+            applied = self.applied[sid]
+            if applied is ADOPTED:  # what the last run set is what the kernel holds now
+                try:
+                    applied = self.plugins[name].read(target)
+                except LatencydError:
+                    return None
+            return self.originals[sid], applied
 
         return lookup
 
@@ -399,9 +423,12 @@ class Engine:
                 continue  # the thread/IRQ/device is gone: nothing to restore
             try:
                 _give_back(plugin, target, self.originals[sid])
-            except LatencydError as exc:
-                original = self.originals[sid]
-                problems.append(f"[{sid[0]}] restoring {plugin.describe(target, original)}: {exc}")
+            except Exception as exc:  # one bad setting must not keep the others changed
+                if not isinstance(exc, LatencydError):
+                    log.exception("restoring %s", sid)
+                problems.append(
+                    f"[{sid[0]}] restoring {_what(plugin, target, self.originals[sid])}: {exc}"
+                )
         for p in problems:
             log.error("%s", p)
         self.applied.clear()
@@ -432,6 +459,7 @@ class Engine:
                 if plugin is None:
                     raise ValueError("plugin not installed")
                 target = decode_target(target_kinds(plugin), json.loads(key))
+                _check_value(plugin, target, original)
             except ValueError as exc:
                 stranded.append(f"[{name}] {key}: {exc}")
                 continue
@@ -469,11 +497,25 @@ class Engine:
                 text = plugin.describe(target, wanted)
                 drifts.append(Drift(sid[0], target, wanted, f"<unreadable: {exc}>", text))
                 continue
-            if not plugin.same(target, wanted, actual):
+            if not plugin.same(target, wanted, actual) and not self._handed_over(sid, actual):
                 drifts.append(
                     Drift(sid[0], target, wanted, actual, plugin.describe(target, wanted))
                 )
         return drifts
+
+    def _handed_over(self, sid: SettingId, actual: Value) -> bool:
+        """Stop owning a setting whose plugin says the change someone made is theirs to
+        keep (a task put inside the shield): no restore, no re-apply, out of the journal."""
+        plugin, target = self.plugins[sid[0]], sid[1]
+        section = self.sections.get(sid[0])
+        reason = plugin.handed_over(section.expansion.rules if section else None, target, actual)
+        if not reason:
+            return False
+        log.info("[%s] %s: left as it is, %s", sid[0], plugin.describe(target, actual), reason)
+        self.applied.pop(sid, None)
+        self.originals.pop(sid, None)
+        self._save([sid])
+        return True
 
     def on_drift(self, plugin: str) -> str:
         section = self.sections.get(plugin)
@@ -508,6 +550,39 @@ class Engine:
             else:
                 drops.append(key)
         self.journal.record(updates, drops, self.profile)
+
+
+def _what(plugin: Plugin[Any], target: Target, value: Value) -> str:
+    """A setting in words for an error message, even when its value makes no sense."""
+    try:
+        return plugin.describe(target, value)
+    except Exception:
+        return f"{target}"
+
+
+def _check_value(plugin: Plugin[Any], target: Target, value: Value) -> None:
+    """ValueError unless the plugin can compare and describe `value` for `target`: a journal
+    value of the wrong kind (another version, a hand edit) is stranded at adoption instead
+    of failing every later step."""
+    if not _is_json_value(value):
+        raise ValueError(f"{value!r} is not a JSON value")
+    try:
+        plugin.same(target, value, value)
+        plugin.describe(target, value)
+    except Exception as exc:
+        raise ValueError(f"{plugin.name} cannot use the value {value!r}: {exc}") from exc
+
+
+def _is_json_value(value: Any, depth: int = 0) -> bool:
+    if depth > 8:
+        return False
+    if value is None or isinstance(value, str | int | float | bool):
+        return True
+    if isinstance(value, list):
+        return all(_is_json_value(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json_value(v, depth + 1) for k, v in value.items())
+    return False
 
 
 def _give_back(plugin: Plugin[Any], target: Target, original: Value) -> None:

@@ -62,7 +62,11 @@ def encode_target(target: Target) -> dict[str, Any]:
 
 def decode_target(kinds: Mapping[str, type[Target]], data: Any) -> Target:
     """The inverse of encode_target; ValueError when `data` is not one of `kinds`."""
-    if not isinstance(data, dict) or data.get("kind") not in kinds:
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("kind"), str)
+        or (data["kind"] not in kinds)
+    ):
         raise ValueError(f"not a known target: {data!r}")
     cls = kinds[data["kind"]]
     values = {}
@@ -195,6 +199,12 @@ class Plugin(Generic[T]):
     def same(self, target: T, wanted: Value, actual: Value) -> bool:
         """Whether the kernel's value is what was wanted (override to normalise)."""
         return bool(wanted == actual)
+
+    def handed_over(self, rules: Any, target: T, actual: Value) -> str | None:
+        """Why a change someone else made to an owned target is theirs to keep (the engine
+        then stops owning it, without restoring or re-applying), or None: it is drift.
+        `rules` are the applied section's. By default every such change is drift."""
+        return None
 
     def exists(self, target: T) -> bool:
         """Whether the target is still there; vanished ones are dropped without error."""

@@ -10,12 +10,17 @@ On Linux >= 3.10 writeback runs on the unbound `writeback` workqueue, steered by
 its cpumask, not in `flush-*` threads; older kernels' `flush-MAJ:MIN` threads are
 matched by the rules like any other thread.
 
-`isolate_tasks` also moves user tasks off the given CPUs, except an allow-list.
+`isolate_tasks` shields CPUs from user tasks the way tuna and RedHawk's `shield` do: a
+task also allowed on other CPUs is narrowed to those (and logged); a task whose affinity
+lies entirely inside the shielded CPUs was put there on purpose (`taskset`, a container
+runtime, `latencyctl hold`) and stays, also when someone moves a narrowed task back
+inside. Tasks named in `allow` and the processes holding a profile are left alone.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import logging
 import re
 import time
 from collections.abc import Mapping
@@ -32,6 +37,7 @@ from latencyd.plugin import (
     Options,
     Plugin,
     Settings,
+    Table,
     Target,
     Value,
 )
@@ -45,6 +51,8 @@ WORKQUEUES = {
 }
 RT_POLICIES = ("fifo", "rr")
 MOVE_REFUSED = "the kernel will not move this thread"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -198,6 +206,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     def user_task_settings(
         self, rules: KthreadRules, task: Task, tids: list[int], owned: Mapping[Target, Value]
     ) -> Settings:
+        """Narrow the threads of `task` that may run on isolated CPUs *and* elsewhere to
+        the elsewhere; threads confined to isolated CPUs are left where they are."""
         isolate = rules.isolate_tasks
         if not isolate or task.is_kthread:
             return {}
@@ -205,7 +215,6 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             return {}
         if self.exempt_pids and self.exempt_pids.intersection(self.system.ancestors(task.pid)):
             return {}  # started under `latencyctl hold`: the application itself
-        housekeeping = self.system.online_cpus() - isolate
         settings: Settings = {}
         for tid in tids:
             try:
@@ -213,12 +222,21 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             except KernelRefused:
                 continue
             target = TaskAffinity(task.pid, task.start_time, tid)
-            if current & isolate:
-                settings[target] = ((current - isolate) or housekeeping).to_list()
+            if current & isolate and not current.issubset(isolate):
+                settings[target] = (current - isolate).to_list()
             elif target in owned:
-                # Moved by us earlier: keep owning it, or this rescan would restore it.
+                # Moved by us earlier: keep owning it, or this rescan would restore it. If
+                # it is now confined to isolated CPUs, `handed_over` lets it go.
                 settings[target] = owned[target]
         return settings
+
+    def handed_over(self, rules: Any, target: KthreadTarget, actual: Value) -> str | None:
+        if not isinstance(target, TaskAffinity) or not isinstance(rules, KthreadRules):
+            return None
+        cpus = CpuSet.from_list(str(actual))
+        if cpus and rules.isolate_tasks and cpus.issubset(rules.isolate_tasks):
+            return f"put on isolated CPUs {cpus} on purpose: a task inside the shield stays"
+        return None
 
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
         rules = KthreadRules(
@@ -313,7 +331,18 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             self.system.set_scheduler(target.pid, policy, int(priority))
             return
         _require_movable(task)
-        self.system.set_affinity(self._tid(target), CpuSet.from_list(value))
+        tid = self._tid(target)
+        cpus = CpuSet.from_list(value)
+        if not isinstance(target, TaskAffinity):
+            self.system.set_affinity(tid, cpus)
+            return
+        before = self.system.affinity(tid)
+        self.system.set_affinity(tid, cpus)
+        if before != cpus:  # every move of a user task is said, with what and where
+            log.info(
+                "user task %s (pid %d, thread %d): CPUs %s -> %s",
+                task.comm, target.pid, tid, before, cpus,
+            )  # fmt: skip
 
     def same(self, target: KthreadTarget, wanted: Value, actual: Value) -> bool:
         if isinstance(target, ThreadPolicy):
@@ -337,9 +366,10 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     def describe(self, target: KthreadTarget, value: Value) -> str:
         if isinstance(target, Workqueue):
             return f"workqueue {target.name} cpumask = {value}"
-        if isinstance(target, TaskAffinity):
-            return f"task {target.pid} thread {target.tid} CPUs = {value}"
         task = self.system.task(target.pid)
+        if isinstance(target, TaskAffinity):
+            name = f"{task.comm} " if task else ""
+            return f"user task {name}(pid {target.pid}, thread {target.tid}) CPUs = {value}"
         name = f"{task.comm} (pid {target.pid})" if task else f"pid {target.pid}"
         if isinstance(target, ThreadPolicy):
             return f"{name} policy = {value[0]} priority {value[1]}"
@@ -348,4 +378,39 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     def monitor(self, rules: Any) -> Monitor:
         if not isinstance(rules, KthreadRules):
             return Monitor()
-        return Monitor(facts={"rules": len(rules.rules), "rescan_every_s": self.rescan_interval_s})
+        facts = {"rules": len(rules.rules), "rescan_every_s": self.rescan_interval_s}
+        if not rules.isolate_tasks:
+            return Monitor(facts=facts)
+        return Monitor((self.shielded_tasks(rules),), facts)
+
+    def shielded_tasks(self, rules: KthreadRules) -> Table:
+        """The user threads that may run on the isolated CPUs now, and why they may."""
+        isolate = rules.isolate_tasks
+        rows = []
+        for task in self.system.tasks():
+            if task.is_kthread:
+                continue
+            for entry in self.system.listdir(f"proc/{task.pid}/task"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    cpus = self.system.affinity(int(entry))
+                except KernelRefused:
+                    continue  # exited meanwhile
+                if not cpus & isolate:
+                    continue
+                if cpus.issubset(isolate):
+                    why = "confined to isolated CPUs: put there on purpose"
+                elif any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow):
+                    why = "allowed by name ([kthread] allow)"
+                elif self.exempt_pids & set(self.system.ancestors(task.pid)):
+                    why = "started under a hold (latencyctl hold)"
+                else:
+                    why = "not moved yet"
+                rows.append((task.pid, int(entry), task.comm, str(cpus & isolate), why))
+        return Table(
+            f"User tasks on the isolated CPUs {isolate} (tasks moved off them: applied "
+            "settings 'user task ... CPUs')",
+            ("PID", "TID", "name", "isolated CPUs", "why it is there"),
+            tuple(rows),
+        )

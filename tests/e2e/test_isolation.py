@@ -1,16 +1,21 @@
-"""Shielding CPUs from user tasks: tasks already running on the isolated CPUs are moved
-off, and the application started with `latencyctl hold PROFILE -- app` stays there."""
+"""Shielding CPUs from user tasks, as tuna and RedHawk's `shield` do: a task also allowed
+on housekeeping CPUs is narrowed to them (and logged); a task confined to the isolated
+CPUs was put there on purpose and stays, whether it was started before the profile,
+after it with plain `taskset`, moved there later, or under `latencyctl hold`."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from latencyd.cpuset import CpuSet
 from tests.harness import Latencyd, wait_for
 
 PROFILE = """
@@ -24,30 +29,130 @@ allow = ["allowed-*"]
 
 
 @pytest.fixture
-def hog() -> Iterator[subprocess.Popen[bytes]]:
-    """A task pinned to CPU 1 before any profile (a CPU hog would do the same)."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
-    proc = subprocess.Popen(["taskset", "-c", "1", "sleep", "300"])
-    wait_for(lambda: os.sched_getaffinity(proc.pid) == {1}, timeout=2)
-    yield proc
-    proc.kill()
-    proc.wait()
+def two_cpus() -> None:
+    if len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs CPUs 0 and 1")
 
 
-def test_tasks_already_running_are_moved_off_and_given_back(
+@pytest.fixture
+def spawn(two_cpus: None) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start `sleep` processes (pinned with taskset when CPUs are given); all are killed."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(cpus: str | None = None) -> subprocess.Popen[bytes]:
+        argv = ["sleep", "300"]
+        proc = subprocess.Popen(["taskset", "-c", cpus, *argv] if cpus else argv)
+        started.append(proc)
+        want = {int(c) for c in cpus.split(",")} if cpus else None
+        wait_for(lambda: _comm(proc.pid) != "taskset", timeout=2)  # exec'd
+        if want is not None:
+            assert os.sched_getaffinity(proc.pid) == want
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def hog(spawn: Callable[..., subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """A task pinned to CPU 1 before any profile."""
+    return spawn("1")
+
+
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def _status(d: Latencyd) -> dict[str, Any]:
+    out = d.ctl("status", "--json")
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
+def _shielded_pids(d: Latencyd) -> dict[int, str]:
+    """pid -> why, from status's table of user tasks on the isolated CPUs."""
+    (table,) = _status(d)["plugins"]["kthread"]["tables"]
+    return {row[0]: row[4] for row in table["rows"]}
+
+
+def test_floating_tasks_are_narrowed_logged_and_given_back(
+    start_daemon: Callable[..., Latencyd],
+    profiles: Path,
+    spawn: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    floating = spawn()  # allowed on every CPU: a hog that could land on CPU 1
+    before = os.sched_getaffinity(floating.pid)
+    (profiles / "shield.toml").write_text(PROFILE)
+    d = start_daemon("shield")
+    assert os.sched_getaffinity(floating.pid) == before - {1}
+    assert f"(pid {floating.pid}, thread {floating.pid}): CPUs " in d.log()
+    applied = [a["text"] for a in _status(d)["plugins"]["kthread"]["applied"]]
+    narrowed = CpuSet(before - {1})
+    assert (
+        f"user task sleep (pid {floating.pid}, thread {floating.pid}) CPUs = {narrowed}" in applied
+    )
+    d.stop()
+    assert os.sched_getaffinity(floating.pid) == before
+
+
+def test_a_task_confined_to_the_isolated_cpus_before_the_profile_stays(
     start_daemon: Callable[..., Latencyd], profiles: Path, hog: subprocess.Popen[bytes]
 ) -> None:
     (profiles / "shield.toml").write_text(PROFILE)
-    d = start_daemon("shield")
-    assert os.sched_getaffinity(hog.pid) == {0}
-    d.stop()
+    d = start_daemon("shield", config="verify_interval_s = 0.2\n")  # rescans every tick
+    time.sleep(1.0)
     assert os.sched_getaffinity(hog.pid) == {1}
+    assert "on purpose" in _shielded_pids(d)[hog.pid]
+
+
+def test_an_application_started_with_plain_taskset_after_the_profile_stays(
+    start_daemon: Callable[..., Latencyd],
+    profiles: Path,
+    spawn: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """The issue's case: `taskset -c 1 ./app` after `switch cpu-partitioning` was moved to
+    CPU 0 within 2 s, silently; the exec event and the rescans must leave it alone."""
+    (profiles / "shield.toml").write_text(PROFILE)
+    d = start_daemon("shield", config="verify_interval_s = 0.2\n")
+    app = spawn("1")
+    time.sleep(2.5)  # task events, and a dozen rescans and drift checks
+    assert os.sched_getaffinity(app.pid) == {1}
+    assert "on purpose" in _shielded_pids(d)[app.pid]
+    d.stop()
+    assert os.sched_getaffinity(app.pid) == {1}
+
+
+def test_a_narrowed_task_moved_back_inside_by_its_user_is_left_there(
+    start_daemon: Callable[..., Latencyd],
+    profiles: Path,
+    spawn: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """`taskset -p -c 1 PID` on a task the shield narrowed is a deliberate placement: no
+    drift put back, and `off` does not spread it over every CPU again."""
+    floating = spawn()
+    before = os.sched_getaffinity(floating.pid)
+    (profiles / "shield.toml").write_text(PROFILE)
+    d = start_daemon("shield", config="verify_interval_s = 0.2\n")
+    assert os.sched_getaffinity(floating.pid) == before - {1}
+    os.sched_setaffinity(floating.pid, {1})
+    time.sleep(1.5)  # several drift checks and rescans
+    assert os.sched_getaffinity(floating.pid) == {1}
+    assert "on purpose" in d.log()
+    applied = [a["text"] for a in _status(d)["plugins"]["kthread"]["applied"]]
+    assert not [a for a in applied if f"(pid {floating.pid}," in a]
+    d.stop()
+    assert os.sched_getaffinity(floating.pid) == {1}
 
 
 def test_the_held_application_stays_on_the_isolated_cpu(
-    start_daemon: Callable[..., Latencyd], profiles: Path, hog: subprocess.Popen[bytes]
+    start_daemon: Callable[..., Latencyd],
+    profiles: Path,
+    spawn: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
+    hog = spawn()  # floating: moved off CPU 1 while the shield holds
+    everywhere = os.sched_getaffinity(hog.pid)
     (profiles / "shield.toml").write_text(PROFILE)
     d = start_daemon(None, config="verify_interval_s = 0.2\n")  # rescans too
     # The application pins itself to CPU 1 once started, as a latency-critical one does.
@@ -55,7 +160,7 @@ def test_the_held_application_stays_on_the_isolated_cpu(
         "hold", "shield", "--", "sh", "-c", "taskset -pc 1 $$ >/dev/null; exec sleep 30"
     )
     try:
-        wait_for(lambda: os.sched_getaffinity(hog.pid) == {0}, timeout=5)  # the hog moved
+        wait_for(lambda: os.sched_getaffinity(hog.pid) == everywhere - {1}, timeout=5)
         sleep = wait_for_child(app.pid, "sleep")
         time.sleep(1.0)  # events and several rescans later
         assert os.sched_getaffinity(sleep) == {1}
@@ -64,7 +169,7 @@ def test_the_held_application_stays_on_the_isolated_cpu(
     finally:
         app.kill()
         app.wait()
-    wait_for(lambda: os.sched_getaffinity(hog.pid) == {1}, timeout=5)  # the hold ended
+    wait_for(lambda: os.sched_getaffinity(hog.pid) == everywhere, timeout=5)  # the hold ended
 
 
 def wait_for_child(parent: int, comm: str) -> int:

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -119,13 +120,18 @@ def test_isolate_tasks_moves_user_tasks_except_allowed(
         d = start_daemon("shield")
         assert os.sched_getaffinity(victim.pid) == {0}
         assert os.sched_getaffinity(allowed.pid) == {0, 1}
-        # A task that puts itself on the isolated CPU and execs is caught by the watcher.
-        late = subprocess.Popen(["taskset", "-c", "1", "sleep", "60"])
+        # A task that allows itself every CPU again and execs is caught by the watcher;
+        # one that confines itself to the isolated CPU was put there on purpose and stays.
+        late = subprocess.Popen(["taskset", "-c", "0,1", "sleep", "60"])
+        placed = subprocess.Popen(["taskset", "-c", "1", "sleep", "60"])
         try:
             wait_for(lambda: os.sched_getaffinity(late.pid) == {0}, timeout=1)
+            time.sleep(0.3)
+            assert os.sched_getaffinity(placed.pid) == {1}
         finally:
-            late.kill()
-            late.wait()
+            for p in (late, placed):
+                p.kill()
+                p.wait()
         d.stop()
         assert os.sched_getaffinity(victim.pid) == {0, 1}
     finally:

@@ -1,18 +1,25 @@
-"""A restart is not a revert: through `kill -9` and a restart, and through SIGTERM with
-on_stop = "keep" and a restart, a sampler reading every owned setting at well over
-1 kHz never sees an original value. The PM QoS request dies with its fd, except where
+"""A restart is not a revert: through `kill -9` and a restart (under every shipped profile
+too), and through SIGTERM with on_stop = "keep" and a restart, a sampler reading every
+owned setting never sees an original value. The PM QoS request dies with its fd, except where
 a file-descriptor store keeps it (systemd's; here a stand-in speaking its protocol)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from latencyd.plugins.irq import parse_interrupts
 
+from latencyd.config import shipped_profiles_dir
+from latencyd.errors import LatencydError
+from latencyd.plugin import Plugin, Target, decode_target, load_plugins, target_kinds
+from latencyd.system import System
 from tests.fdstore import FdStoreStandIn
 from tests.harness import Latencyd, wait_for
 from tests.machine_state import pm_qos_holders
@@ -136,3 +143,75 @@ def test_irq_affinity_kept_through_a_restart(
         stop.set()
         thread.join()
     assert seen == {"1"}
+
+
+SHIPPED = sorted(p.stem for p in shipped_profiles_dir().glob("*.toml"))
+
+
+@dataclass
+class OwnedSampler:
+    """Reads every setting a running daemon owns, through the plugins' own `read`, in a
+    loop; counts each sample that shows the setting's original (where it differs from
+    what the profile applied). The PM QoS request is left out: it lives on the daemon's
+    fd and dies with it (test_the_fd_store_keeps_the_pm_qos_request_through_a_crash)."""
+
+    owned: list[tuple[str, Plugin[Any], Target, object]]
+    rounds: int = 0
+    flips: dict[str, int] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for text, plugin, target, original in self.owned:
+                try:
+                    actual = plugin.read(target)
+                except LatencydError:
+                    continue  # a task that exited, an IRQ that went away
+                if plugin.same(target, original, actual):
+                    self.flips[text] = self.flips.get(text, 0) + 1
+            self.rounds += 1
+
+
+def owned_settings(d: Latencyd) -> list[tuple[str, Plugin[Any], Target, object]]:
+    status = json.loads(d.ctl("status", "--json").stdout)
+    plugins = load_plugins(System())
+    owned = []
+    for name, info in status["plugins"].items():
+        plugin = plugins[name]
+        for item in info["applied"]:
+            target = decode_target(target_kinds(plugin), item["target"])
+            if target.kind == "pm_qos" or plugin.same(target, item["original"], item["value"]):
+                continue
+            owned.append((f"[{name}] {item['text']}", plugin, target, item["original"]))
+    return owned
+
+
+@pytest.mark.parametrize("profile", SHIPPED)
+def test_kill9_and_restart_of_every_shipped_profile_starts_and_flips_nothing_back(
+    start_daemon: Callable[..., Latencyd], profile: str
+) -> None:
+    """The issue-15 crash: a restart after kill -9 under a profile with [irq] isolate
+    died in `_capture_originals` on the adopted-value placeholder, every time."""
+    d = start_daemon(profile)
+    owned = owned_settings(d)
+    sampler = OwnedSampler(owned)
+    thread = threading.Thread(target=sampler.run)
+    thread.start()
+    try:
+        wait_for(lambda: sampler.rounds > 0, timeout=5)
+        d.kill9()
+        d.start()
+        rounds = sampler.rounds
+        wait_for(lambda: sampler.rounds >= rounds + 20, timeout=10)  # and a while after
+    finally:
+        sampler.stop.set()
+        thread.join()
+    assert sampler.flips == {}, sampler.flips
+    log = d.log()
+    assert "Traceback" not in log and ("adopted" in log or not owned), log
+    status = json.loads(d.ctl("status", "--json").stdout)
+    assert (status.get("active_profile"), status.get("last_error")) == (profile, None), d.log()
+    assert d.stop() == 0
+    for text, plugin, target, original in owned:
+        with contextlib.suppress(LatencydError):  # gone meanwhile: nothing to restore
+            assert plugin.same(target, original, plugin.read(target)), text

@@ -251,7 +251,10 @@ def test_describe(m: Machinery) -> None:
     )
     assert m.plugin.describe(ThreadAffinity(99, 10), "0") == "pid 99 CPUs = 0"
     assert m.plugin.describe(Workqueue("unbound"), "0") == "workqueue unbound cpumask = 0"
-    assert m.plugin.describe(TaskAffinity(400, 1000, 401), "0") == "task 400 thread 401 CPUs = 0"
+    assert (
+        m.plugin.describe(TaskAffinity(400, 1000, 401), "0")
+        == "user task myapp (pid 400, thread 401) CPUs = 0"
+    )
 
 
 # -- what the kernel will not do ---------------------------------------------------------------
@@ -388,7 +391,7 @@ def test_expand_stores_nothing_on_the_plugin(m: Machinery, machine: Machine) -> 
 def test_moved_user_task_stays_owned_only_through_owned(m: Machinery, machine: Machine) -> None:
     """A rescan sees a moved task off the isolated CPUs; only `owned` says it is ours."""
     add_task(m.root, 700, "late", start_time=9000)
-    m.sched.add(700, {1})
+    m.sched.add(700, {0, 1, 2, 3})
     target = TaskAffinity(700, 9000, 700)
     assert m.settings(machine, ISOLATE)[target] == "0,2-3"
     m.plugin.write(target, "0,2-3")
@@ -475,13 +478,16 @@ def test_comm_of_a_user_task_with_isolate_tasks(m: Machinery, machine: Machine) 
     rules = m.expand(machine, {"isolate_tasks": "1", "allow": ["ssh*", "trading-?"]}).rules
     add_task(m.root, 500, "worker", start_time=7000, threads=(501,))
     m.sched.add(500)
-    m.sched.add(501, {1})  # only on the isolated CPU: goes to the housekeeping CPUs
+    m.sched.add(501, {1})  # only on the isolated CPU: put there on purpose, stays
+    add_task(m.root, 500, "worker", start_time=7000, threads=(501, 502))
+    m.sched.add(502, {1, 3})  # also elsewhere: narrowed to the elsewhere
 
     def on_comm(pid: int, tid: int) -> dict[Target, Value]:
         return m.plugin.on_task(rules, TaskEvent("comm", pid, tid), {})
 
     assert on_comm(500, 500) == {TaskAffinity(500, 7000, 500): "0,2-3"}
-    assert on_comm(500, 501) == {TaskAffinity(500, 7000, 501): "0,2-3"}
+    assert on_comm(500, 501) == {}
+    assert on_comm(500, 502) == {TaskAffinity(500, 7000, 502): "3"}
     add_task(m.root, 500, "trading-1", start_time=7000)  # exec'd into an allowed name
     assert on_comm(500, 500) == {}
     add_task(m.root, 500, "trading-10", start_time=7000)  # the glob does not match this
@@ -510,14 +516,16 @@ def test_follows_threads_and_cpus_and_user_tasks_only_when_asked(
 
 def test_isolate_tasks_moves_user_threads_off_the_cpus(m: Machinery, machine: Machine) -> None:
     add_task(m.root, 600, "pinned", start_time=8000)
-    m.sched.add(600, {1})
+    m.sched.add(600, {1})  # confined to the isolated CPU: put there on purpose, stays
+    add_task(m.root, 620, "half", start_time=8002)
+    m.sched.add(620, {1, 2})
     add_task(m.root, 610, "exiting", start_time=8001)  # its thread is gone from the scheduler
     settings = m.settings(machine, ISOLATE)
     assert settings == {
         TaskAffinity(1, 5, 1): "0,2-3",
         TaskAffinity(400, 1000, 400): "0,2-3",
         TaskAffinity(400, 1000, 401): "0,2-3",
-        TaskAffinity(600, 8000, 600): "0,2-3",  # nothing left: all housekeeping CPUs
+        TaskAffinity(620, 8002, 620): "2",
     }
     target = TaskAffinity(400, 1000, 401)
     m.plugin.write(target, "0,2-3")
@@ -633,18 +641,46 @@ def test_a_task_moved_by_an_event_stays_owned_across_rescans(
     engine = m.engine()
     engine.apply(m.profile(machine, section))
     add_task(m.root, 700, "late", start_time=9000)
-    m.sched.add(700, {1})
+    m.sched.add(700, {1, 2, 3})
     event = TaskEvent("comm", 700, 700)
     moved = m.plugin.on_task(
         engine.sections["kthread"].expansion.rules, event, engine.owned("kthread")
     )
     engine.extend("kthread", moved)
-    assert m.sched.affinity[700] == {0, 2, 3}
+    assert m.sched.affinity[700] == {2, 3}
     engine.apply(m.profile(machine, section), only=["kthread"])  # the periodic rescan
-    assert m.sched.affinity[700] == {0, 2, 3}
+    assert m.sched.affinity[700] == {2, 3}
     assert ("kthread", TaskAffinity(700, 9000, 700)) in engine.applied
     assert engine.off() == []
-    assert m.sched.affinity[700] == {1}
+    assert m.sched.affinity[700] == {1, 2, 3}
+
+
+def test_a_narrowed_task_put_back_inside_the_shield_is_handed_over(
+    m: Machinery, machine: Machine
+) -> None:
+    """Someone confines a task the shield narrowed to the isolated CPUs (`taskset -p`): it
+    is theirs. No drift, not re-applied by a rescan, and `off` leaves it where they put it."""
+    section = {"isolate_tasks": "1"}
+    engine = m.engine()
+    engine.apply(m.profile(machine, section))
+    sid = ("kthread", TaskAffinity(400, 1000, 401))
+    assert m.sched.affinity[401] == {0, 2, 3} and sid in engine.applied
+    m.sched.affinity[401] = {1}
+    engine.apply(m.profile(machine, section), only=["kthread"])  # a rescan first
+    assert m.sched.affinity[401] == {1} and sid not in engine.applied
+    assert engine.verify() == []
+    m.sched.affinity[400] = {1}  # the drift check sees it first
+    assert engine.verify() == []
+    assert ("kthread", TaskAffinity(400, 1000, 400)) not in engine.applied
+    journal = engine.journal.load()
+    assert journal is not None and not [k for k in journal.originals if '"tid":40' in k[1]]
+    assert engine.off() == []
+    assert m.sched.affinity[400] == m.sched.affinity[401] == {1}
+    # Drift outside the shield is still drift.
+    engine.apply(m.profile(machine, section))
+    m.sched.affinity[1] = {1, 2}
+    assert [d.target for d in engine.verify()] == [TaskAffinity(1, 5, 1)]
+    assert engine.off() == []
 
 
 # -- monitoring -----------------------------------------------------------------------------------

@@ -1,0 +1,157 @@
+"""Adopting whatever journal a previous run left: after `kill -9` the next start adopts it,
+so a journal that cannot be used must never crash the daemon (a crash-loop under
+systemd's Restart=, with nothing able to restore the machine). Every journal, of every
+target kind and value kind, truncated, hand-edited or from another version, either
+adopts and applies cleanly or is refused with a LatencydError; `off` then restores what
+it can and never raises."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from latencyd.engine import ADOPTED, Engine, section_schemas
+from latencyd.errors import LatencydError
+from latencyd.journal import Journal
+from latencyd.plugin import Plugin, discover
+from latencyd.profile import Profile
+from latencyd.schema import validate
+from latencyd.system import System
+from tests.unit.fakesys import add_task, make_fake_machine, put, tree_bytes
+
+# Every plugin's example, and isolation (the sections whose new targets consult what the
+# profile owns: a new IRQ's original is the machine's default affinity, not the profile's).
+EXTRA: dict[str, dict[str, Any]] = {
+    "irq": {"isolate": "1", "default_affinity": "0"},
+    "kthread": {
+        "isolate_tasks": "1",
+        "writeback_cpumask": "0",
+        "rule": [{"match": "^kswapd", "cpus": "0"}],
+    },
+}
+JUNK: list[Any] = [
+    None, 0, -1, 2**70, 1.5, True, "", "garbage", "0-1", "<adopted>", [], [1, "x"],
+    ["fifo"], {"a": 1}, {"": []}, [[[[]]]],
+]  # fmt: skip
+
+
+def machine(tmp_path: Path) -> System:
+    system = make_fake_machine(tmp_path)
+    add_task(system.root, 300, "app", threads=(301,))
+    system.sched.add(300)  # type: ignore[attr-defined]  # the fake's
+    system.sched.add(301)  # type: ignore[attr-defined]
+    return system
+
+
+def plugins_on(system: System) -> dict[str, Plugin[Any]]:
+    return {name: cls(system) for name, cls in discover().items()}
+
+
+def profile_on(system: System, plugins: dict[str, Plugin[Any]]) -> Profile:
+    schemas = section_schemas(plugins)
+    sections = {
+        name: validate(schemas[name], EXTRA.get(name, plugin.example), system.machine())
+        for name, plugin in plugins.items()
+    }
+    return Profile("fuzz", Path("fuzz.toml"), "", sections, {})
+
+
+def applied_journal(tmp_path: Path) -> tuple[System, Profile, Journal, str]:
+    """A fake machine under the profile, killed: the journal it leaves."""
+    system = machine(tmp_path)
+    plugins = plugins_on(system)
+    profile = profile_on(system, plugins)
+    journal = Journal(tmp_path / "state")
+    Engine(plugins, journal).apply(profile)
+    return system, profile, journal, journal.path.read_text()
+
+
+def restart(system: System, profile: Profile, journal: Journal) -> Engine:
+    """What the next start does: adopt, apply the profile (or fail cleanly), and later off."""
+    engine = Engine(plugins_on(system), Journal(journal.state_dir))
+    engine.adopt()
+    with contextlib.suppress(LatencydError):
+        engine.apply(profile)
+    assert not any(v is ADOPTED for v in engine.owned("irq").values())
+    return engine
+
+
+def test_a_restart_under_isolation_adopts_and_tunes_an_irq_born_since(tmp_path: Path) -> None:
+    """The crash of issue 15: a new IRQ's original is decided from the adopted default
+    affinity, whose applied value the engine did not know ('<adopted>' reached irq.same)."""
+    system, profile, journal, _ = applied_journal(tmp_path)
+    root = system.root
+    assert (root / "proc/irq/default_smp_affinity").read_text().strip() == "1"  # CPU 0
+    interrupts = (root / "proc/interrupts").read_text()
+    (root / "proc/interrupts").write_text(interrupts + "\n 50:  0  0  0  0  PCI-MSIX  virtio9-tx")
+    put(root, "proc/irq/50/smp_affinity_list", "0")  # born with the profile's default
+    engine = Engine(plugins_on(system), Journal(journal.state_dir))
+    engine.adopt()
+    report = engine.apply(profile)
+    assert report.not_applicable == {}
+    assert engine.verify() == []
+    assert engine.off() == []
+    assert not journal.path.exists()
+    # Without the profile it would have had the machine's own default: all four CPUs.
+    assert (root / "proc/irq/50/smp_affinity_list").read_text().strip() == "0-3"
+    assert (root / "proc/irq/default_smp_affinity").read_text().strip() == "f"
+
+
+def test_an_intact_journal_restores_the_machine_exactly(tmp_path: Path) -> None:
+    before_dir = tmp_path / "before"
+    before = tree_bytes(machine(before_dir).root, "sys")
+    system, profile, journal, _ = applied_journal(tmp_path)
+    engine = restart(system, profile, journal)
+    assert engine.off() == []
+    assert tree_bytes(system.root, "sys") == before
+    assert not journal.path.exists()
+
+
+def mutate(text: str, rng: random.Random) -> str:
+    """One damage of the kinds a journal meets: torn, edited by hand, another version."""
+    lines = text.splitlines(keepends=True)
+    op = rng.randrange(7)
+    try:
+        doc = json.loads(lines[0])
+    except (IndexError, ValueError):
+        op = 0  # already torn: tear it further
+    if op == 0:  # torn anywhere (not only at an append's end)
+        return text[: rng.randrange(len(text) + 1)]
+    if op == 1:  # another format version
+        doc["format"] = rng.choice([2, 4, "3", None])
+    elif op in (2, 3):  # a value of the wrong kind
+        plugin = rng.choice(sorted(doc["originals"]))
+        key = rng.choice(sorted(doc["originals"][plugin]))
+        doc["originals"][plugin][key] = rng.choice(JUNK)
+    elif op == 4:  # a target of the wrong shape (field types, unknown kinds)
+        plugin = rng.choice(sorted(doc["originals"]))
+        key = rng.choice(sorted(doc["originals"][plugin]))
+        target = json.loads(key)
+        field = rng.choice(sorted(target))
+        target[field] = rng.choice(JUNK)
+        value = doc["originals"][plugin].pop(key)
+        doc["originals"][plugin][json.dumps(target, separators=(",", ":"))] = value
+    elif op == 5:  # a plugin section that is not a table, or an unknown plugin
+        doc["originals"][rng.choice(["irq", "kthread", "nosuch"])] = rng.choice(JUNK)
+    else:  # junk appended deltas
+        extra = rng.choice(['{"set":[["irq","x"]]}', '{"drop":[1]}', "[]", '{"profile":7}'])
+        return text + extra + "\n"
+    return json.dumps(doc, separators=(",", ":")) + "\n" + "".join(lines[1:])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_any_damaged_journal_starts_cleanly(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    system, profile, journal, text = applied_journal(tmp_path)
+    for _ in range(rng.randrange(1, 4)):
+        text = mutate(text, rng)
+    journal.path.write_text(text)
+    engine = restart(system, profile, journal)  # raises nothing but LatencydError
+    problems = engine.off()
+    assert isinstance(problems, list)
+    assert not journal.path.exists()  # restored, or set aside for a human to read
