@@ -327,7 +327,15 @@ class ProfileLibrary:
                     source.at("main", "include"), f"more than {LIMITS.files} files included"
                 )
             inc_name = inc_path.name[: -len(SUFFIX)] if inc_path.suffix == SUFFIX else inc_path.name
-            included = self._read(inc_name, inc_path)
+            try:
+                included = self._read(inc_name, inc_path)
+            except ProfileError as exc:
+                if exc.location.line is not None:
+                    raise  # an error inside the included file: its own file and line
+                # The file as a whole cannot be used: say which include named it, and where.
+                raise ProfileError(
+                    source.at("main", "include"), f"included profile {inc_path}: {exc.message}"
+                ) from exc
             frames.append((included, self._includes(included), (*stack, resolved)))
         return chain
 

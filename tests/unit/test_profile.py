@@ -603,3 +603,22 @@ def test_inheritance_keys_are_checked(lib: ProfileLibrary, pdir: Path) -> None:
     assert str(error) == f"{bad}:4: drop: expected a list of option names, got 'vm.swappiness'"
     bad = write(pdir, "bad2", "[sysctl]\nenabled = 0\n")
     assert str(load_error(lib, "bad2")) == f"{bad}:2: enabled: expected true or false, got 0"
+
+
+def test_an_include_that_cannot_be_read_names_the_including_file_and_line(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    """The fuzzer's find: `include = ["/proc/self/mem"]` was refused without saying where."""
+    path = write(pdir, "p", '[main]\nsummary = "x"\ninclude = ["/proc/self/mem"]\n')
+    assert str(load_error(lib, "p")) == (
+        f"{path}:3: included profile /proc/self/mem: cannot read profile: Input/output error"
+    )
+    big = write(pdir, "big", "# " + "x" * (300 << 10) + "\n")
+    path = write(pdir, "q", '[main]\ninclude = [\n  "big",\n]\n')
+    assert str(load_error(lib, "q")) == (
+        f"{path}:2: included profile {big}: profile is larger than 256 KiB"
+    )
+    # An error inside an included file keeps that file's own line.
+    bad = write(pdir, "bad", "[main]\nsummary = 1\n")
+    write(pdir, "r", '[main]\ninclude = ["bad"]\n')
+    assert str(load_error(lib, "r")) == f"{bad}:2: summary must be a string"
