@@ -134,12 +134,13 @@ class Processes:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(3)
 
-    def detach(self, argv: list[str], workdir: Path) -> int:
-        """Start `argv` outside this process tree, as a load started from a shell would be:
-        a shell in a process group of its own starts it in the background and exits, so
-        it is re-parented and a hold's exemption (this process and its children, the
-        measuring tools) does not cover it; it stays in this session. Ended in end_all."""
-        pidfile = workdir / "load.pid"
+    def detach(self, argv: list[str], workdir: Path, name: str = "load") -> int:
+        """Start `argv` outside this process tree, as a load or an application started from
+        a shell would be: a shell in a process group of its own starts it in the
+        background and exits, so it is re-parented and a hold's exemption (this process
+        and its children) does not cover it; it stays in this session. Returns its
+        process group; ended in end_all (or by the caller, with killpg)."""
+        pidfile = workdir / f"{name}.pid"
         script = f'"$@" </dev/null >/dev/null 2>&1 & echo $$ > {shlex.quote(str(pidfile))}'
         subprocess.run(["sh", "-c", script, "sh", *argv], check=True, process_group=0,
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -148,9 +149,23 @@ class Processes:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
-            raise MeasureError(f"the load did not start: {' '.join(argv)}") from None
+            raise MeasureError(f"the {name} did not start: {' '.join(argv)}") from None
         self.detached.append(pgid)
         return pgid
+
+    def end_group(self, pgid: int, timeout: float = 5.0) -> None:
+        """End one detached process group (SIGKILL: nothing of it needs to clean up), and
+        wait until init has reaped it, so its port and CPU are free for the next round."""
+        with contextlib.suppress(ValueError):
+            self.detached.remove(pgid)
+        deadline = time.monotonic() + timeout
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            while time.monotonic() < deadline:
+                os.killpg(pgid, 0)  # ProcessLookupError once no member is left, zombie or not
+                time.sleep(0.005)
+        except ProcessLookupError:
+            pass
 
     def end_all(self) -> None:
         for proc in reversed(self.running):
@@ -289,12 +304,14 @@ def run_tool(tool: str, plan: Plan, procs: Processes, net: Network, workdir: Pat
             timeout=limit + 2,
         )  # fmt: skip
         return parse_oslat(out)
-    # sockperf: a server per round (a fresh socket), the client on housekeeping CPUs.
+    # sockperf: a server per round (a fresh socket), the client on housekeeping CPUs. The
+    # server is the application: started as a user would, `taskset -c APP_CPUS` from a
+    # shell, outside the hold's exemption, so the shield treats it as it treats theirs.
     log = workdir / "sockperf.csv"
-    server = procs.start(
+    server = procs.detach(
         net.inside(net.server_ns, plan.app_cpus, "sockperf", "server", "-i", SERVER_IP,
                    "-p", "11111"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        workdir, "sockperf-server",
     )  # fmt: skip
     try:
         time.sleep(0.2)
@@ -306,9 +323,7 @@ def run_tool(tool: str, plan: Plan, procs: Processes, net: Network, workdir: Pat
         )  # fmt: skip
         return parse_sockperf_log(log.read_text())
     finally:
-        procs.end(server)
-        with contextlib.suppress(ValueError):
-            procs.running.remove(server)
+        procs.end_group(server)
 
 
 # -- attribution: what interfered on the measured CPUs ----------------------------------------
