@@ -16,7 +16,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,38 @@ class _Unknown:
 ADOPTED: Any = _Unknown()
 
 
+class Owned(Mapping[Target, Value]):
+    """One plugin's applied settings: a view on the engine's table, so a task event that
+    asks "is this thread mine?" costs one lookup, not a copy of every owned setting. One
+    adopted from the journal is given as the kernel holds it now (what the last run set):
+    the placeholder never reaches a plugin; one that cannot be read any more is absent."""
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self._engine, self._name = engine, name
+
+    def __getitem__(self, target: Target) -> Value:
+        value = self._engine.applied[(self._name, target)]
+        if value is ADOPTED:
+            try:
+                return self._engine.plugins[self._name].read(target)
+            except LatencydError:
+                raise KeyError(target) from None
+        return value
+
+    def __contains__(self, target: object) -> bool:
+        try:
+            self[target]  # type: ignore[index]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[Target]:
+        return (t for p, t in list(self._engine.applied) if p == self._name and t in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass(frozen=True)
 class Drift:
     plugin: str
@@ -116,7 +148,10 @@ def plan(
     scope only adds settings for new targets); `restore` names more to restore.
     """
     result = Plan()
-    for sid in applied:
+    # An empty scope (new targets: a thread, a NIC) looks only at what it names, so the
+    # step costs what it changes, not what is owned.
+    candidates = applied if scope is None or scope else [s for s in restore if s in applied]
+    for sid in candidates:
         if sid not in wanted and (scope is None or sid[0] in scope or sid in restore):
             result.restore.append(sid)
     for sid, value in wanted.items():
@@ -163,23 +198,12 @@ class Engine:
         self.sections: dict[str, Section] = {}
         self.profile: str | None = None
         self.last_step: StepReport | None = None
+        self._changes: set[SettingId] | None = None  # see take_changes
 
     # -- what a profile wants -------------------------------------------------
-    def owned(self, name: str) -> dict[Target, Value]:
-        """Plugin `name`'s applied settings. One adopted from the journal is given as the
-        kernel holds it now (what the last run set): the placeholder never reaches a
-        plugin. One that cannot be read any more is left out (gone)."""
-        out: dict[Target, Value] = {}
-        for (p, t), v in self.applied.items():
-            if p != name:
-                continue
-            if v is ADOPTED:
-                try:
-                    v = self.plugins[p].read(t)
-                except LatencydError:
-                    continue
-            out[t] = v
-        return out
+    def owned(self, name: str) -> Owned:
+        """Plugin `name`'s applied settings, as a view (see Owned)."""
+        return Owned(self, name)
 
     def expand(self, profile: Profile, only: Iterable[str] | None = None) -> dict[str, Expansion]:
         """Each section's expansion (reads the machine, changes nothing)."""
@@ -264,19 +288,22 @@ class Engine:
             raise ApplyFailed(f"{what}. Nothing was changed: the step was rolled back.") from exc
 
         for sid in step.restore:
-            self.applied.pop(sid, None)
-            self.originals.pop(sid, None)
+            self._disown(sid)
         for sid in step.apply:
             if sid in done:
-                self.applied[sid] = done[sid]
+                self._own(sid, done[sid])
             else:  # not applicable, or the target vanished
-                self.applied.pop(sid, None)
-                self.originals.pop(sid, None)
-        self.not_applicable = {
-            s: r
-            for s, r in self.not_applicable.items()
-            if scope is not None and s[0] not in scope and s not in step.apply
-        } | report.not_applicable
+                self._disown(sid)
+        if scope is None:
+            self.not_applicable = dict(report.not_applicable)
+        else:  # in place: a step for one new thread must not copy every refusal
+            if scope:
+                self.not_applicable = {
+                    s: r for s, r in self.not_applicable.items() if s[0] not in scope
+                }
+            for sid in step.apply:
+                self.not_applicable.pop(sid, None)
+            self.not_applicable.update(report.not_applicable)
         self._save(touched)
         report.seconds = time.perf_counter() - started
         self.last_step = report
@@ -434,6 +461,7 @@ class Engine:
         self.applied.clear()
         self.originals.clear()
         self.not_applicable.clear()
+        self._changes = None
         self.sections.clear()
         self.profile = None
         self.journal.clear()
@@ -464,7 +492,7 @@ class Engine:
                 stranded.append(f"[{name}] {key}: {exc}")
                 continue
             self.originals[(name, target)] = original
-            self.applied[(name, target)] = ADOPTED
+            self._own((name, target), ADOPTED)
         self.profile = state.profile
         # The journal, rewritten as what we now own (entries that cannot be restored
         # are logged below and dropped).
@@ -491,8 +519,7 @@ class Engine:
                 actual = plugin.read(target)
             except LatencydError as exc:
                 if not plugin.exists(target):
-                    self.applied.pop(sid)
-                    self.originals.pop(sid, None)
+                    self._disown(sid)
                     continue
                 text = plugin.describe(target, wanted)
                 drifts.append(Drift(sid[0], target, wanted, f"<unreadable: {exc}>", text))
@@ -503,6 +530,23 @@ class Engine:
                 )
         return drifts
 
+    def _own(self, sid: SettingId, value: Value) -> None:
+        if self._changes is not None and sid not in self.applied:
+            self._changes.add(sid)
+        self.applied[sid] = value
+
+    def _disown(self, sid: SettingId) -> None:
+        if self._changes is not None and sid in self.applied:
+            self._changes.add(sid)
+        self.applied.pop(sid, None)
+        self.originals.pop(sid, None)
+
+    def take_changes(self) -> set[SettingId] | None:
+        """Settings that became or stopped being owned since the last call (None: all may
+        have): watchers follow what is owned at the cost of what changed."""
+        changes, self._changes = self._changes, set()
+        return changes
+
     def _handed_over(self, sid: SettingId, actual: Value) -> bool:
         """Stop owning a setting whose plugin says the change someone made is theirs to
         keep (a task put inside the shield): no restore, no re-apply, out of the journal."""
@@ -512,8 +556,7 @@ class Engine:
         if not reason:
             return False
         log.info("[%s] %s: left as it is, %s", sid[0], plugin.describe(target, actual), reason)
-        self.applied.pop(sid, None)
-        self.originals.pop(sid, None)
+        self._disown(sid)
         self._save([sid])
         return True
 

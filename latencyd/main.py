@@ -154,13 +154,22 @@ class DriftWatch:
         owned setting)."""
         applied = self.daemon.engine.applied
         system = self.daemon.system
-        for sid in self.watched.keys() - applied.keys():
+        changes = self.daemon.engine.take_changes()
+        if changes is None:  # everything may have changed: compare it all, once
+            gone = self.watched.keys() - applied.keys()
+            new = applied.keys() - self.watched.keys()
+        else:
+            gone = {sid for sid in changes if sid in self.watched and sid not in applied}
+            new = {sid for sid in changes if sid in applied and sid not in self.watched}
+        gone_files = False
+        for sid in gone:
+            gone_files = gone_files or bool(self.watched[sid])
             for path in self.watched.pop(sid):
                 self.by_path[path].discard(sid)
                 if not self.by_path[path]:
                     del self.by_path[path]
             self.unwatched.discard(sid)
-        for sid in applied.keys() - self.watched.keys():
+        for sid in new:
             files = self.daemon.plugins[sid[0]].watch_files(sid[1])
             paths = tuple(str(system.path(rel)) for rel in files)
             self.watched[sid] = paths
@@ -168,7 +177,8 @@ class DriftWatch:
                 self.by_path.setdefault(path, set()).add(sid)
             if not paths:
                 self.unwatched.add(sid)
-        self.files.sync(self.by_path)
+        if self.files.stale or any(self.watched.get(sid) for sid in new) or gone_files:
+            self.files.sync(self.by_path)
         polling = bool(self.unwatched) and self.poll_ms > 0
         if polling and self.poll_source is None:
             self.poll_source = self.loop.timeout_add(self.poll_ms, self._poll)

@@ -87,6 +87,8 @@ class FileWatcher:
         self.fd = int(fd)
         self.by_path: dict[str, int] = {}
         self.by_wd: dict[int, str] = {}
+        # A wanted file is not watched (missing, or gone since): the next sync must look.
+        self.stale = False
 
     def fileno(self) -> int:
         return self.fd
@@ -94,6 +96,7 @@ class FileWatcher:
     def sync(self, paths: Iterable[str]) -> None:
         """Watch exactly `paths` (absolute); files that do not exist are skipped."""
         wanted = paths if isinstance(paths, set | frozenset | dict) else set(paths)
+        self.stale = False
         for path in [p for p in self.by_path if p not in wanted]:
             wd = self.by_path.pop(path)
             self.by_wd.pop(wd, None)
@@ -103,6 +106,7 @@ class FileWatcher:
             if wd < 0:
                 if ctypes.get_errno() not in (errno.ENOENT, errno.ENOTDIR):
                     log.debug("cannot watch %s: %s", path, os.strerror(ctypes.get_errno()))
+                self.stale = True  # not there yet: tried again on the next sync
                 continue
             self.by_path[path] = wd
             self.by_wd[wd] = path
@@ -125,6 +129,7 @@ class FileWatcher:
                 if mask & IN_IGNORED:  # the file went away (an IRQ freed): re-added on sync
                     del self.by_wd[wd]
                     self.by_path.pop(path, None)
+                    self.stale = True
                 changed.add(path)
 
     def close(self) -> None:
