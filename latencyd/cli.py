@@ -497,6 +497,13 @@ def format_status(status: dict[str, Any]) -> str:
             )
     if status.get("last_error"):
         out.append(f"last error: {status['last_error']}")
+    rb = status.get("readback") or {}
+    if rb.get("settings_without_a_file"):
+        out.append(
+            f"read-back: {rb['settings_without_a_file']} settings without a file (thread "
+            f"affinities, NIC settings), {rb['read_per_poll']} every {rb['poll_interval_s']:g} s:"
+            f" each checked every {rb['each_checked_every_s']:g} s"
+        )
     for plugin, info in status.get("plugins", {}).items():
         out.append(f"\n[{plugin}]  (on drift: {info.get('on_drift', 'reapply')})")
         for item in info.get("applied", []):

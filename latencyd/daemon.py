@@ -96,6 +96,7 @@ class Daemon:
         # ...and after every change to what the engine owns (drift watches follow it).
         self.after_step: list[Callable[[], None]] = []
         self.delays: dict[str, Delays] = {}
+        self.readback: dict[str, Any] = {}  # how settings without a file are read back
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, profile: str | None, resume: bool = False) -> None:
@@ -405,8 +406,9 @@ class Daemon:
             except LatencydError as exc:
                 log.error("re-applying after a CPU change failed: %s", exc)
 
-    def check(self) -> list[dict[str, Any]]:
-        """The safety-net tick: pick up new targets, then verify everything we own."""
+    def check(self, verify: Iterable[SettingId] | None = None) -> list[dict[str, Any]]:
+        """The safety-net tick: pick up new targets, then verify what we own (everything,
+        or the settings given)."""
         if self.active is None:
             return []
         changed = [
@@ -418,7 +420,7 @@ class Daemon:
                 self.refresh(changed)
             except LatencydError as exc:
                 log.error("applying the profile to new targets failed: %s", exc)
-        return self.check_drift(None)
+        return self.check_drift(verify)
 
     def check_drift(self, sids: Iterable[SettingId] | None) -> list[dict[str, Any]]:
         """Verify some (or all) owned settings; put drift back or report it, per section."""
@@ -497,6 +499,7 @@ class Daemon:
             ],
             "last_error": self.last_error,
             "task_events": self.task_source,
+            "readback": self.readback,
             "plugins": plugins,
         }
 

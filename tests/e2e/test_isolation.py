@@ -44,7 +44,7 @@ def spawn(two_cpus: None) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
         proc = subprocess.Popen(["taskset", "-c", cpus, *argv] if cpus else argv)
         started.append(proc)
         want = {int(c) for c in cpus.split(",")} if cpus else None
-        wait_for(lambda: _comm(proc.pid) != "taskset", timeout=2)  # exec'd
+        wait_for(lambda: _comm(proc.pid) == "sleep", timeout=2)  # taskset ran, sleep exec'd
         if want is not None:
             assert os.sched_getaffinity(proc.pid) == want
         return proc

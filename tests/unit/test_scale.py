@@ -1,6 +1,7 @@
 """Costs that must follow the work, not the size of what is owned (issue 19): a step for
-one new thread, beside 5,000 owned settings, visits a handful of entries. Counted, not
-timed: the engine's tables are dicts that count every entry anything iterates over."""
+one new thread, beside 5,000 owned settings, visits a handful of entries, and holding a
+profile reads back a bounded slice per poll. Counted, not timed: the engine's tables are
+dicts that count every entry anything iterates over, and the plugin counts its reads."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from latencyd.cpuset import CpuSet
+from latencyd.daemon import Daemon
 from latencyd.engine import Engine
 from latencyd.journal import Journal
+from latencyd.main import DriftWatch
 from latencyd.plugin import Expansion, Options, Plugin, Target, Value
+from latencyd.profile import ProfileLibrary
+from latencyd.schema import Machine
 from latencyd.system import System
 
 OWNED = 5000
@@ -107,3 +113,53 @@ def test_updating_one_device_gives_back_only_what_it_names(tmp_path: Path) -> No
     assert CountingDict.visits < 20, CountingDict.visits
     assert engine.take_changes() == {("mem", Cell(4))}
     assert ("mem", Cell(4)) not in engine.applied and engine.applied[("mem", Cell(3))] == 2
+
+
+class StubLoop:
+    """The main loop's calls, recorded; nothing runs by itself."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[tuple[int, Any]] = []
+
+    def fd_add(self, fd: int, callback: Any, *args: Any) -> int:
+        return 1
+
+    def timeout_add(self, ms: int, callback: Any) -> int:
+        self.timeouts.append((ms, callback))
+        return len(self.timeouts)
+
+    def source_remove(self, source: int) -> None:
+        pass
+
+
+def test_read_back_is_bounded_per_poll_and_covers_everything_in_turn(tmp_path: Path) -> None:
+    """Quiet while holding: beside 1,000 owned thread affinities a poll reads 256, and
+    four polls read each exactly once; drift is put back when its turn comes."""
+
+    engine, plugin = engine_owning(tmp_path, 1000)
+    engine.take_changes()
+    engine._changes = None  # a watcher that starts now sees everything once
+    daemon = Daemon(
+        plugin.system,
+        {"mem": plugin},
+        ProfileLibrary([], {}, Machine(CpuSet({0}), 1 << 30)),
+        engine,
+    )
+    loop = StubLoop()
+    watch = DriftWatch(daemon, loop, 1.0)  # type: ignore[arg-type]
+    watch.sync()
+    assert len(watch.unwatched) == 1000 and loop.timeouts[0][0] == 1000
+    plugin.cells[999] = 7  # drift on one thread
+    reads_per_poll = []
+    for _ in range(4):
+        before = plugin.reads
+        watch._poll()
+        reads_per_poll.append(plugin.reads - before)
+    assert reads_per_poll == [256, 256, 256, 232]
+    assert plugin.cells[999] == 1  # put back within the round
+    assert daemon.readback == {
+        "settings_without_a_file": 1000,
+        "read_per_poll": 256,
+        "poll_interval_s": 1.0,
+        "each_checked_every_s": 4.0,
+    }
