@@ -179,6 +179,9 @@ class Refused:
     reason: str
 
 
+Change = tuple[Target, Value, Value]  # a setting written: (target, before, after)
+
+
 @dataclass
 class StepReport:
     applied: int = 0
@@ -186,6 +189,10 @@ class StepReport:
     unchanged: int = 0
     not_applicable: dict[SettingId, Refused] = field(default_factory=dict)
     seconds: float = 0.0
+    changes: dict[str, list[Change]] = field(default_factory=dict)  # by plugin
+
+    def changed(self, plugin: str, target: Target, before: Value, after: Value) -> None:
+        self.changes.setdefault(plugin, []).append((target, before, after))
 
 
 class Engine:
@@ -270,7 +277,7 @@ class Engine:
             self.profile = profile
             self._save(touched)
             for sid in step.restore:
-                self._restore_one(sid, undo)
+                self._restore_one(sid, undo, report)
                 report.restored += 1
             for sid, value in step.apply.items():
                 if sid in report.not_applicable:
@@ -305,9 +312,18 @@ class Engine:
                 self.not_applicable.pop(sid, None)
             self.not_applicable.update(report.not_applicable)
         self._save(touched)
+        self._tell(report)
         report.seconds = time.perf_counter() - started
         self.last_step = report
         return report
+
+    def _tell(self, report: StepReport) -> None:
+        """Let each plugin say what the step changed, in as few log lines as it likes."""
+        for name, changes in report.changes.items():
+            try:
+                self.plugins[name].report(changes)
+            except Exception:  # a plugin's words must never fail its step
+                log.exception("[%s] reporting what changed", name)
 
     def extend(self, plugin: str, settings: Settings) -> StepReport:
         """Settings for new targets (a thread, a NIC): applied, nothing else touched."""
@@ -403,6 +419,7 @@ class Engine:
                     f"[{sid[0]}] {plugin.describe(target, value)}",
                     f"the kernel accepted the write but kept {actual!r}",
                 )
+            report.changed(sid[0], target, previous, value)
         except (KernelRefused, NotApplicable) as exc:
             gone = not plugin.exists(target)
             if gone or _not_applicable(target, exc):
@@ -424,12 +441,16 @@ class Engine:
             raise
         return 1
 
-    def _restore_one(self, sid: SettingId, undo: list[Callable[[], None]]) -> None:
+    def _restore_one(
+        self, sid: SettingId, undo: list[Callable[[], None]], report: StepReport
+    ) -> None:
         plugin, target = self.plugins[sid[0]], sid[1]
         current = self.applied[sid]
         if not plugin.exists(target):
             return
-        _give_back(plugin, target, self.originals[sid])
+        if _give_back(plugin, target, self.originals[sid]):
+            report.changed(sid[0], target, None if current is ADOPTED else current,
+                           self.originals[sid])  # fmt: skip
         if current is not ADOPTED:
             undo.append(lambda: plugin.write(target, current))
 
@@ -444,12 +465,16 @@ class Engine:
     def off(self) -> list[str]:
         """Restore every original, newest first; empty the journal. Returns problems, if any."""
         problems = []
+        report = StepReport()
         for sid in reversed(list(self.applied)):
             plugin, target = self.plugins[sid[0]], sid[1]
             if not plugin.exists(target):
                 continue  # the thread/IRQ/device is gone: nothing to restore
             try:
-                _give_back(plugin, target, self.originals[sid])
+                current = self.applied[sid]
+                if _give_back(plugin, target, self.originals[sid]):
+                    before = None if current is ADOPTED else current
+                    report.changed(sid[0], target, before, self.originals[sid])
             except Exception as exc:  # one bad setting must not keep the others changed
                 if not isinstance(exc, LatencydError):
                     log.exception("restoring %s", sid)
@@ -458,6 +483,7 @@ class Engine:
                 )
         for p in problems:
             log.error("%s", p)
+        self._tell(report)
         self.applied.clear()
         self.originals.clear()
         self.not_applicable.clear()
@@ -628,16 +654,17 @@ def _is_json_value(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _give_back(plugin: Plugin[Any], target: Target, original: Value) -> None:
+def _give_back(plugin: Plugin[Any], target: Target, original: Value) -> bool:
     """Restore an original, unless the kernel already holds it: a restore then writes
     nothing (a setting found as wanted was never written, and a NIC or sysctl that is
-    already right is left alone)."""
+    already right is left alone). Whether it wrote."""
     try:
         if plugin.same(target, original, plugin.read(target)):
-            return
+            return False
     except LatencydError:
         pass  # unreadable now: try the write, which says why if it fails
     plugin.restore(target, original)
+    return True
 
 
 @functools.lru_cache(maxsize=16384)
@@ -658,7 +685,7 @@ def _reason(target: Target, exc: LatencydError) -> str:
     return f"{meaning}: {reason}" if meaning else reason
 
 
-def _quietly(action: Callable[[], None]) -> None:
+def _quietly(action: Callable[[], object]) -> None:
     try:
         action()
     except LatencydError as exc:

@@ -331,17 +331,21 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             self.system.set_scheduler(target.pid, policy, int(priority))
             return
         _require_movable(task)
-        tid = self._tid(target)
-        cpus = CpuSet.from_list(value)
-        if not isinstance(target, TaskAffinity):
-            self.system.set_affinity(tid, cpus)
-            return
-        before = self.system.affinity(tid)
-        self.system.set_affinity(tid, cpus)
-        if before != cpus:  # every move of a user task is said, with what and where
+        self.system.set_affinity(self._tid(target), CpuSet.from_list(value))
+
+    def report(self, changes: list[tuple[KthreadTarget, Value, Value]]) -> None:
+        """Every move of a user task is said: one line per process and move (name, pid,
+        how many of its threads, CPUs before and after), not one per thread."""
+        moves: dict[tuple[int, str, str], list[int]] = {}
+        for target, before, after in changes:
+            if isinstance(target, TaskAffinity):
+                moves.setdefault((target.pid, str(before), str(after)), []).append(target.tid)
+        for (pid, before, after), tids in moves.items():
+            task = self.system.task(pid)
+            threads = f"thread {tids[0]}" if len(tids) == 1 else f"{len(tids)} threads"
             log.info(
-                "user task %s (pid %d, thread %d): CPUs %s -> %s",
-                task.comm, target.pid, tid, before, cpus,
+                "user task %s (pid %d, %s): CPUs %s -> %s",
+                task.comm if task else "?", pid, threads, before, after,
             )  # fmt: skip
 
     def same(self, target: KthreadTarget, wanted: Value, actual: Value) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import time
@@ -756,3 +757,21 @@ def test_schema_errors(m: Machinery, machine: Machine, rule: dict[str, Any], mes
     with pytest.raises(SchemaError) as info:
         validate(m.plugin.schema, {"rule": [rule]}, machine)
     assert info.value.message.startswith(message)
+
+
+def test_every_move_is_logged_once_per_process_and_move(
+    m: Machinery, machine: Machine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every move of a user task is said (name, pid, threads, CPUs before and after), in
+    one line per process and move however many threads it has; and so is giving back."""
+    caplog.set_level(logging.INFO, logger="latencyd.plugins.kthread")
+    engine = m.engine()
+    engine.apply(m.profile(machine, {"isolate_tasks": "1"}))
+    moves = [r.getMessage() for r in caplog.records if r.getMessage().startswith("user task")]
+    assert "user task myapp (pid 400, 2 threads): CPUs 0-3 -> 0,2-3" in moves
+    assert "user task systemd (pid 1, thread 1): CPUs 0-3 -> 0,2-3" in moves
+    assert len(moves) == len({line.split(":")[0] for line in moves})  # one per process
+    caplog.clear()
+    assert engine.off() == []
+    back = [r.getMessage() for r in caplog.records if r.getMessage().startswith("user task")]
+    assert "user task myapp (pid 400, 2 threads): CPUs 0,2-3 -> 0-3" in back
