@@ -11,6 +11,7 @@ Notations:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator
 
@@ -28,6 +29,30 @@ MAX_CPUS = 8192
 _RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse_cpulist(text: str) -> frozenset[int]:
+    text = text.strip()
+    cpus: set[int] = set()
+    if not text:
+        return frozenset()
+    for part in text.split(","):
+        part = part.strip()
+        m = _RANGE.match(part)
+        if not m:
+            raise CpuSetError(f"{part!r} is not a CPU number or range (like 0-3,8)")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        step = int(m.group(3)) if m.group(3) is not None else 1
+        if hi < lo:
+            raise CpuSetError(f"range {part!r} runs backwards")
+        if step < 1:
+            raise CpuSetError(f"range {part!r} has a zero stride")
+        if hi >= MAX_CPUS:
+            raise CpuSetError(f"CPU {hi} is beyond the largest CPU number Linux supports")
+        cpus.update(range(lo, hi + 1, step))
+    return frozenset(cpus)
+
+
 class CpuSet:
     __slots__ = ("_cpus",)
 
@@ -40,27 +65,12 @@ class CpuSet:
     # -- parsing ---------------------------------------------------------
     @classmethod
     def from_list(cls, text: str) -> CpuSet:
-        """Parse a kernel cpulist (``0-3,8``, ``0-7:2``, empty string for none)."""
-        text = text.strip()
-        cpus: set[int] = set()
-        if not text:
-            return cls()
-        for part in text.split(","):
-            part = part.strip()
-            m = _RANGE.match(part)
-            if not m:
-                raise CpuSetError(f"{part!r} is not a CPU number or range (like 0-3,8)")
-            lo = int(m.group(1))
-            hi = int(m.group(2)) if m.group(2) is not None else lo
-            step = int(m.group(3)) if m.group(3) is not None else 1
-            if hi < lo:
-                raise CpuSetError(f"range {part!r} runs backwards")
-            if step < 1:
-                raise CpuSetError(f"range {part!r} has a zero stride")
-            if hi >= MAX_CPUS:
-                raise CpuSetError(f"CPU {hi} is beyond the largest CPU number Linux supports")
-            cpus.update(range(lo, hi + 1, step))
-        return cls(cpus)
+        """Parse a kernel cpulist (``0-3,8``, ``0-7:2``, empty string for none). Parsed
+        once per distinct text: the daemon compares thousands of threads' CPU lists, and
+        they are nearly all the same few."""
+        cpuset = cls.__new__(cls)
+        cpuset._cpus = _parse_cpulist(text)
+        return cpuset
 
     @classmethod
     def from_mask(cls, text: str) -> CpuSet:

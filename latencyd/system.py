@@ -171,6 +171,7 @@ class System:
         ethtool: Ethtool | None = None,
     ) -> None:
         self.root = Path(root)
+        self._prefix = str(self.root).rstrip("/") + "/"
         self.sched = sched
         self.pmqos = PmQos(self.path("dev/cpu_dma_latency"), fdstore)
         self._ethtool = ethtool
@@ -188,12 +189,17 @@ class System:
     def is_real(self) -> bool:
         return self.root == Path("/")
 
+    def fspath(self, rel: str) -> str:
+        """`path` as a string: building a Path costs more than the read it names, and the
+        daemon does tens of thousands of small procfs reads for a big machine's threads."""
+        return self._prefix + rel.lstrip("/")
+
     def path(self, rel: str) -> Path:
         return self.root / rel.lstrip("/")
 
     # -- files ---------------------------------------------------------------
     def exists(self, rel: str) -> bool:
-        return self.path(rel).exists()
+        return os.path.exists(self.fspath(rel))
 
     def realpath(self, rel: str) -> str:
         """Where a symlink (a device's sysfs link) leads, as an absolute path."""
@@ -202,13 +208,13 @@ class System:
     def listdir(self, rel: str) -> list[str]:
         """Entries of a directory; none if it is missing or not a directory."""
         try:
-            return sorted(os.listdir(self.path(rel)))
+            return sorted(os.listdir(self.fspath(rel)))
         except (FileNotFoundError, NotADirectoryError):
             return []
 
     def read(self, rel: str) -> str:
         try:
-            return _read_text(self.path(rel)).strip()
+            return _read_text(self.fspath(rel)).strip()
         except OSError as exc:
             raise KernelRefused(f"reading /{rel.lstrip('/')}", describe_oserror(exc)) from exc
 
@@ -216,7 +222,7 @@ class System:
         """Write one value in a single write(2), as the kernel expects for sysfs/procfs."""
         what = f"writing {value!r} to /{rel.lstrip('/')}"
         try:
-            fd = os.open(self.path(rel), os.O_WRONLY | os.O_TRUNC)
+            fd = os.open(self.fspath(rel), os.O_WRONLY | os.O_TRUNC)
         except OSError as exc:
             raise KernelRefused(what, describe_oserror(exc)) from exc
         try:
@@ -261,9 +267,11 @@ class System:
 
     # -- tasks -------------------------------------------------------------------
     def task(self, pid: int) -> Task | None:
-        """The task's stat, or None if it has exited."""
+        """The task's stat, or None if it has exited. Read from its main thread's own stat
+        (proc/PID/task/PID/stat): the process's proc/PID/stat sums CPU times over every
+        thread, so reading it once per thread of a 20,000-thread process is quadratic."""
         try:
-            return parse_stat(pid, _read_text(self.path(f"proc/{pid}/stat")))
+            return parse_stat(pid, _read_text(self.fspath(f"proc/{pid}/task/{pid}/stat")))
         except (OSError, IndexError, ValueError):
             return None
 
@@ -383,7 +391,7 @@ class System:
             os.close(fd)
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: str | Path) -> str:
     """A kernel file's text, with plain syscalls: half the cost of Path.read_text, which
     matters for the many small procfs/sysfs reads per event. Undecodable bytes (a task's
     comm may hold any) are replaced, never an exception."""

@@ -221,11 +221,13 @@ def add_task(
     start_time: int = 1000,
     threads: tuple[int, ...] = (),
 ) -> None:
-    """proc/PID/{stat,comm} and proc/PID/task/TID/ for the task and each extra thread."""
+    """proc/PID/{stat,comm} and proc/PID/task/TID/ for the task and each extra thread (the
+    main thread's own stat too: latencyd reads that one, see System.task)."""
     put(root, f"proc/{pid}/stat", stat_line(pid, comm, ppid, flags, start_time))
     put(root, f"proc/{pid}/comm", comm)
     for tid in (pid, *threads):
         (root / f"proc/{pid}/task/{tid}").mkdir(parents=True, exist_ok=True)
+    put(root, f"proc/{pid}/task/{pid}/stat", stat_line(pid, comm, ppid, flags, start_time))
 
 
 def add_kthread(

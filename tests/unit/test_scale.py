@@ -5,10 +5,13 @@ dicts that count every entry anything iterates over, and the plugin counts its r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+
+import pytest
 
 from latencyd.cpuset import CpuSet
 from latencyd.daemon import Daemon
@@ -163,3 +166,40 @@ def test_read_back_is_bounded_per_poll_and_covers_everything_in_turn(tmp_path: P
         "poll_interval_s": 1.0,
         "each_checked_every_s": 4.0,
     }
+
+
+def test_no_process_wide_stat_is_read_per_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel sums CPU times over every thread for proc/PID/stat, so reading it once
+    per thread of a 20,000-thread process is quadratic (the issue's 58.6 s switch); the
+    main thread's own proc/PID/task/PID/stat says the same for one thread's cost."""
+    from latencyd.plugins.kthread import KthreadPlugin
+
+    from latencyd import system as system_module
+    from tests.unit.fakesys import FakeSched, add_task, make_fake_root
+
+    root = make_fake_root(tmp_path)
+    sched = FakeSched({0, 1, 2, 3})
+    threads = tuple(range(1001, 1200))
+    add_task(root, 1000, "jvm", threads=threads)
+    for tid in (1000, *threads):
+        sched.add(tid)
+    plugin = KthreadPlugin(System(root, sched=sched))
+    engine = Engine({"kthread": plugin}, Journal(tmp_path / "state"))
+    read = system_module._read_text
+    process_wide: list[str] = []
+
+    def counting(path: str | Path) -> str:
+        if re.search(r"proc/\d+/stat$", str(path)):
+            process_wide.append(str(path))
+        return read(path)
+
+    monkeypatch.setattr(system_module, "_read_text", counting)
+    options = {"isolate_tasks": CpuSet({1})}
+    report = engine.switch(
+        {("kthread", t): v for t, v in plugin.expand(options, {}).settings.items()}, "p"
+    )
+    assert report.applied == 200 and sched.affinity[1100] == {0, 2, 3}
+    assert engine.verify() == [] and engine.off() == []
+    assert process_wide == []
