@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "nic": "bench.nic",
     "latency": "bench.latency",
     "tuned": "bench.tuned",
+    "scale": "bench.scale",
 }
 
 USAGE = """\
