@@ -53,14 +53,35 @@ def _parse_cpulist(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
+@functools.lru_cache(maxsize=1024)
+def _format_cpulist(cpus: frozenset[int]) -> str:
+    out: list[str] = []
+    ordered = sorted(cpus)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 class CpuSet:
     __slots__ = ("_cpus",)
 
     def __init__(self, cpus: Iterable[int] = ()) -> None:
         s = frozenset(int(c) for c in cpus)
-        if any(c < 0 for c in s):
+        if s and min(s) < 0:
             raise CpuSetError("CPU numbers cannot be negative")
         self._cpus = s
+
+    @classmethod
+    def _of(cls, cpus: frozenset[int]) -> CpuSet:
+        """From a frozenset already of valid CPU numbers (set algebra on CpuSets)."""
+        cpuset = cls.__new__(cls)
+        cpuset._cpus = cpus
+        return cpuset
 
     # -- parsing ---------------------------------------------------------
     @classmethod
@@ -68,9 +89,7 @@ class CpuSet:
         """Parse a kernel cpulist (``0-3,8``, ``0-7:2``, empty string for none). Parsed
         once per distinct text: the daemon compares thousands of threads' CPU lists, and
         they are nearly all the same few."""
-        cpuset = cls.__new__(cls)
-        cpuset._cpus = _parse_cpulist(text)
-        return cpuset
+        return cls._of(_parse_cpulist(text))
 
     @classmethod
     def from_mask(cls, text: str) -> CpuSet:
@@ -100,16 +119,7 @@ class CpuSet:
     # -- formatting ------------------------------------------------------
     def to_list(self) -> str:
         """Kernel cpulist form, ranges collapsed: ``0-3,8``."""
-        out: list[str] = []
-        cpus = sorted(self._cpus)
-        i = 0
-        while i < len(cpus):
-            j = i
-            while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-                j += 1
-            out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-            i = j + 1
-        return ",".join(out)
+        return _format_cpulist(self._cpus)
 
     def to_mask(self, nr_cpus: int = 0) -> str:
         """Hex mask in the kernel's comma-separated 32-bit word form."""
@@ -140,16 +150,16 @@ class CpuSet:
         return hash(self._cpus)
 
     def __or__(self, other: CpuSet) -> CpuSet:
-        return CpuSet(self._cpus | other._cpus)
+        return CpuSet._of(self._cpus | other._cpus)
 
     def __and__(self, other: CpuSet) -> CpuSet:
-        return CpuSet(self._cpus & other._cpus)
+        return CpuSet._of(self._cpus & other._cpus)
 
     def __sub__(self, other: CpuSet) -> CpuSet:
-        return CpuSet(self._cpus - other._cpus)
+        return CpuSet._of(self._cpus - other._cpus)
 
     def __xor__(self, other: CpuSet) -> CpuSet:
-        return CpuSet(self._cpus ^ other._cpus)
+        return CpuSet._of(self._cpus ^ other._cpus)
 
     def issubset(self, other: CpuSet) -> bool:
         return self._cpus <= other._cpus

@@ -12,6 +12,7 @@ each applied section keeps for targets that appear later.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -206,6 +207,22 @@ class Engine:
         self.profile: str | None = None
         self.last_step: StepReport | None = None
         self._changes: set[SettingId] | None = None  # see take_changes
+        self._depth = 0  # steps in progress (see stepping)
+
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        """One step for the plugins (Plugin.begin_step, end_step), however nested."""
+        self._depth += 1
+        if self._depth == 1:
+            for plugin in self.plugins.values():
+                plugin.begin_step()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                for plugin in self.plugins.values():
+                    plugin.end_step()
 
     # -- what a profile wants -------------------------------------------------
     def owned(self, name: str) -> Owned:
@@ -255,6 +272,17 @@ class Engine:
         re-applies those the kernel lost (an IRQ that vanished and came back).
         `restore` names owned settings to give back even outside `scope`.
         """
+        with self.stepping():
+            return self._switch(wanted, profile, scope, recheck, restore)
+
+    def _switch(
+        self,
+        wanted: Mapping[SettingId, Value],
+        profile: str | None,
+        scope: Collection[str] | None,
+        recheck: bool | Collection[SettingId],
+        restore: Collection[SettingId],
+    ) -> StepReport:
         started = time.perf_counter()
         step = plan(self.applied, wanted, scope, restore)
         if recheck:
@@ -464,6 +492,10 @@ class Engine:
     # -- restoring everything ---------------------------------------------------
     def off(self) -> list[str]:
         """Restore every original, newest first; empty the journal. Returns problems, if any."""
+        with self.stepping():
+            return self._off()
+
+    def _off(self) -> list[str]:
         problems = []
         report = StepReport()
         for sid in reversed(list(self.applied)):
@@ -535,6 +567,10 @@ class Engine:
     # -- checking -------------------------------------------------------------
     def verify(self, sids: Iterable[SettingId] | None = None) -> list[Drift]:
         """Settings whose kernel value differs from the profile's (vanished ones are dropped)."""
+        with self.stepping():
+            return self._verify(sids)
+
+    def _verify(self, sids: Iterable[SettingId] | None) -> list[Drift]:
         drifts = []
         for sid in list(self.applied if sids is None else sids):
             wanted = self.applied.get(sid, ADOPTED)
@@ -667,7 +703,7 @@ def _give_back(plugin: Plugin[Any], target: Target, original: Value) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=16384)
+@functools.lru_cache(maxsize=1 << 16)  # a 50,000-task server's owned settings
 def _key(target: Target) -> str:
     """A target in canonical JSON: the journal's key (each encoded once)."""
     return json.dumps(encode_target(target), sort_keys=True, separators=(",", ":"))

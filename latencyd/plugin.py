@@ -200,6 +200,14 @@ class Plugin(Generic[T]):
         """Whether the kernel's value is what was wanted (override to normalise)."""
         return bool(wanted == actual)
 
+    def begin_step(self) -> None:
+        """A step (an apply, a verify, an off) begins: until end_step, a plugin may keep
+        what it read of the machine that cannot change meanwhile (which process a pid
+        is), instead of reading it again for each of thousands of targets."""
+
+    def end_step(self) -> None:
+        """The step is over: forget what begin_step allowed to keep."""
+
     def report(self, changes: list[tuple[T, Value, Value]]) -> None:
         """Say what a step wrote, as (target, before, after) each, after the step is done
         (before is None for a setting adopted from the journal). One call per step, so

@@ -185,6 +185,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     def __init__(self, system: System) -> None:
         super().__init__(system)
         self.young_kthreads: set[int] = set()  # forked by kthreadd, maybe not named yet
+        self.identities: dict[int, Task | None] | None = None  # pid -> task, within a step
 
     # -- deciding what a task wants --------------------------------------------------
     @staticmethod
@@ -291,8 +292,25 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         return time.monotonic() - scanned >= self.rescan_interval_s
 
     # -- plugin verbs ------------------------------------------------------------------
-    def _task(self, target: ThreadAffinity | ThreadPolicy | TaskAffinity) -> Task:
-        task = self.system.task(target.pid)
+    def begin_step(self) -> None:
+        self.identities = {}
+
+    def end_step(self) -> None:
+        self.identities = None
+
+    def _task(
+        self, target: ThreadAffinity | ThreadPolicy | TaskAffinity, fresh: bool = False
+    ) -> Task:
+        """The target's task, if it is still the one the target names. Within a step a
+        process is read once, not once per thread of its 20,000 (a pid cannot be freed
+        and reused while one step runs; across steps the start time tells)."""
+        cache = self.identities
+        if cache is None or fresh:
+            task = self.system.task(target.pid)
+        elif target.pid in cache:
+            task = cache[target.pid]
+        else:
+            task = cache[target.pid] = self.system.task(target.pid)
         if task is None or task.start_time != target.start:
             raise NotApplicable(f"pid {target.pid} has exited")
         return task
@@ -356,8 +374,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     def exists(self, target: KthreadTarget) -> bool:
         if isinstance(target, Workqueue):
             return True  # a kernel facility: missing means not supported (read says so)
-        try:
-            self._task(target)
+        try:  # a thread's own directory says whether it is there; a kthread's stat does
+            self._task(target, fresh=not isinstance(target, TaskAffinity))
         except NotApplicable:
             return False
         return not isinstance(target, TaskAffinity) or self.system.exists(
