@@ -71,7 +71,7 @@ class CpuSet:
     __slots__ = ("_cpus",)
 
     def __init__(self, cpus: Iterable[int] = ()) -> None:
-        s = frozenset(int(c) for c in cpus)
+        s = frozenset(int(c) for c in cpus) if not isinstance(cpus, frozenset) else cpus
         if s and min(s) < 0:
             raise CpuSetError("CPU numbers cannot be negative")
         self._cpus = s

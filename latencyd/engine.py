@@ -339,7 +339,9 @@ class Engine:
             for sid in step.apply:
                 self.not_applicable.pop(sid, None)
             self.not_applicable.update(report.not_applicable)
-        self._save(touched)
+        # The journal already holds every original of this step; what it must lose now is
+        # what the step gave back or dropped (not applicable, vanished).
+        self._save([*step.restore, *(sid for sid in step.apply if sid not in done)])
         self._tell(report)
         report.seconds = time.perf_counter() - started
         self.last_step = report

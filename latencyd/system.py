@@ -299,7 +299,7 @@ class System:
 
     def affinity(self, pid: int) -> CpuSet:
         try:
-            return CpuSet(self.sched.sched_getaffinity(pid))
+            return CpuSet(frozenset(self.sched.sched_getaffinity(pid)))
         except OSError as exc:
             raise KernelRefused(
                 f"reading the CPU affinity of pid {pid}", describe_oserror(exc)
