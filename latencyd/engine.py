@@ -26,6 +26,7 @@ from latencyd.journal import Journal, JournalKey, JournalState
 from latencyd.plugin import (
     Expansion,
     Options,
+    OwnedSettings,
     Plugin,
     Settings,
     Target,
@@ -78,7 +79,7 @@ class _Unknown:
 ADOPTED: Any = _Unknown()
 
 
-class Owned(Mapping[Target, Value]):
+class Owned(OwnedSettings):
     """One plugin's applied settings: a view on the engine's table, so a task event that
     asks "is this thread mine?" costs one lookup, not a copy of every owned setting. One
     adopted from the journal is given as the kernel holds it now (what the last run set):
@@ -108,6 +109,9 @@ class Owned(Mapping[Target, Value]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+    def original(self, target: Target) -> Value | None:
+        return self._engine.originals.get((self._name, target))
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,15 @@ Settings = dict[Target, Value]
 T = TypeVar("T", bound=Target)
 
 
+class OwnedSettings(Mapping[Target, Value]):
+    """What `expand` and the event hooks get as `owned`: a plugin's applied settings,
+    and for each the original it will be given back (what its user had asked for)."""
+
+    def original(self, target: Target) -> Value | None:
+        """The value `target` had before latencyd first changed it; None if not owned."""
+        raise NotImplementedError
+
+
 def encode_target(target: Target) -> dict[str, Any]:
     """{"kind": ..., field: value, ...}: the journal's and the D-Bus API's form of a target."""
     return {"kind": type(target).kind} | {

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.cpuset import CpuSet
+from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.plugin import (
     CPU_ACTIONS,
@@ -35,6 +35,7 @@ from latencyd.plugin import (
     Follows,
     Monitor,
     Options,
+    OwnedSettings,
     Plugin,
     Settings,
     Table,
@@ -218,17 +219,23 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             return {}  # started under `latencyctl hold`: the application itself
         settings: Settings = {}
         for tid in tids:
-            try:
-                current = self.system.affinity(tid)
-            except KernelRefused:
-                continue
             target = TaskAffinity(task.pid, task.start_time, tid)
-            if current & isolate and not current.issubset(isolate):
-                settings[target] = (current - isolate).to_list()
-            elif target in owned:
-                # Moved by us earlier: keep owning it, or this rescan would restore it. If
-                # it is now confined to isolated CPUs, `handed_over` lets it go.
+            # A thread we moved is judged by what its user gave it (its original), not by
+            # what we made of it: a switch that shields other CPUs starts from there, and
+            # one that no longer touches them gives it back. If someone confines it to the
+            # isolated CPUs meanwhile, `handed_over` lets it go.
+            given = owned.original(target) if isinstance(owned, OwnedSettings) else None
+            if given is None and target in owned:  # owned, original unknown: keep it so
                 settings[target] = owned[target]
+                continue
+            try:
+                cpus = (
+                    CpuSet.from_list(str(given)) if given is not None else self.system.affinity(tid)
+                )
+            except (KernelRefused, CpuSetError):
+                continue
+            if cpus & isolate and not cpus.issubset(isolate):
+                settings[target] = (cpus - isolate).to_list()
         return settings
 
     def handed_over(self, rules: Any, target: KthreadTarget, actual: Value) -> str | None:

@@ -775,3 +775,23 @@ def test_every_move_is_logged_once_per_process_and_move(
     assert engine.off() == []
     back = [r.getMessage() for r in caplog.records if r.getMessage().startswith("user task")]
     assert "user task myapp (pid 400, 2 threads): CPUs 0,2-3 -> 0-3" in back
+
+
+def test_a_switch_to_other_isolated_cpus_starts_from_what_the_task_was_given(
+    m: Machinery, machine: Machine
+) -> None:
+    """Found by bench latency's mis-tuned profile: a floating load narrowed off CPU 1 was
+    then "confined to the isolated CPUs" of a profile isolating CPU 0 and stayed there. A
+    task we moved is judged by its original affinity, not by what we made of it."""
+    add_task(m.root, 620, "half", start_time=8002)
+    m.sched.add(620, {1, 2})
+    engine = m.engine()
+    engine.apply(m.profile(machine, {"isolate_tasks": "1"}))
+    assert m.sched.affinity[400] == {0, 2, 3} and m.sched.affinity[620] == {2}
+    engine.apply(m.profile(machine, {"isolate_tasks": "0"}))
+    assert m.sched.affinity[400] == {1, 2, 3}  # from 0-3, not from 0,2-3
+    assert m.sched.affinity[620] == {1, 2}  # never touched CPU 0: given back
+    engine.apply(m.profile(machine, {"isolate_tasks": "0"}), only=["kthread"])  # a rescan
+    assert m.sched.affinity[400] == {1, 2, 3} and m.sched.affinity[620] == {1, 2}
+    assert engine.off() == []
+    assert m.sched.affinity[400] == {0, 1, 2, 3} and m.sched.affinity[620] == {1, 2}
