@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -215,3 +218,45 @@ def test_kill9_and_restart_of_every_shipped_profile_starts_and_flips_nothing_bac
     for text, plugin, target, original in owned:
         with contextlib.suppress(LatencydError):  # gone meanwhile: nothing to restore
             assert plugin.same(target, original, plugin.read(target)), text
+
+
+THREADS = """
+import sys, threading, time
+threading.stack_size(256 * 1024)
+ev = threading.Event()
+for _ in range(int(sys.argv[1])):
+    threading.Thread(target=ev.wait, daemon=True).start()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_kill9_in_the_middle_of_a_10000_thread_switch_then_restart_restores_them_all(
+    start_daemon: Callable[..., Latencyd],
+) -> None:
+    """Issue 19: the journal is written before any thread is moved, so a kill -9 at any
+    point of a big switch leaves nothing a restart cannot give back."""
+    every = os.sched_getaffinity(0)
+    if 1 not in every or len(every) < 2:
+        pytest.skip("needs CPU 1 and another")
+    app = subprocess.Popen([sys.executable, "-c", THREADS, "10000"], stdout=subprocess.PIPE,
+                           text=True)  # fmt: skip
+    try:
+        assert app.stdout is not None and app.stdout.readline().strip() == "ready"
+        tids = [int(t) for t in os.listdir(f"/proc/{app.pid}/task")]
+        d = start_daemon(None)
+        switch = d.spawn_ctl("switch", "cpu-partitioning")
+
+        def narrowed() -> int:
+            return sum(1 for t in tids[::50] if os.sched_getaffinity(t) != every)
+
+        wait_for(lambda: narrowed() > 0, timeout=30)  # the switch is moving threads
+        d.kill9()
+        switch.wait(30)
+        moved = narrowed()
+        d.start()  # no profile: what the journal holds is restored
+        assert "adopted" in d.log() and "restored the originals" in d.log(), d.log()
+        assert [t for t in tids if os.sched_getaffinity(t) != every] == [], moved
+    finally:
+        app.kill()
+        app.wait()
