@@ -96,6 +96,9 @@ class Processes:
     def __init__(self) -> None:
         self.running: list[subprocess.Popen[str]] = []
         self.detached: list[int] = []  # process groups started outside our tree
+        # What a shell here would start things with: measure keeps itself to the
+        # housekeeping CPUs once it runs, and what it detaches must not inherit that.
+        self.shell_cpus = CpuSet(frozenset(os.sched_getaffinity(0)))
 
     def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
@@ -142,6 +145,7 @@ class Processes:
         process group; ended in end_all (or by the caller, with killpg)."""
         pidfile = workdir / f"{name}.pid"
         script = f'"$@" </dev/null >/dev/null 2>&1 & echo $$ > {shlex.quote(str(pidfile))}'
+        argv = ["taskset", "-c", self.shell_cpus.to_list(), *argv]
         subprocess.run(["sh", "-c", script, "sh", *argv], check=True, process_group=0,
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)  # fmt: skip
