@@ -8,7 +8,6 @@ profile is active; closing the fd is the restore (and a crash restores it too).
 from __future__ import annotations
 
 import fnmatch
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any, ClassVar
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.idle import NO_DRIVER, IdleFacts, IdleState, read_driver, read_idle, states_of
 from latencyd.plugin import (
     CPU_ACTIONS,
     Expansion,
@@ -51,17 +51,15 @@ STATE_SELECTOR = Pattern(r"deeper-than:\d+|[^:]+", 'a state name (glob) or "deep
 # The kernel's resume-latency file inverts intuition: "0" means no constraint and
 # "n/a" means zero tolerance. Profiles say what they mean in µs; we translate.
 NO_CONSTRAINT, ZERO_TOLERANCE = "0", "n/a"
-
-
-@dataclass(frozen=True)
-class IdleState:
-    index: int
-    name: str
-    latency_us: int
-
-    @property
-    def is_poll(self) -> bool:
-        return self.name.upper() == "POLL"
+# Why each option is not applicable where the idle loop halts (no cpuidle driver).
+WITHOUT_DRIVER = {
+    "force_latency_us": NO_DRIVER,
+    "idle": NO_DRIVER,
+    "resume_latency_us": NO_DRIVER,
+    "disable_states": "no cpuidle driver: no idle states to disable (idle CPUs halt)",
+    "idle_governor": "no cpuidle driver: no governor chooses how idle CPUs wait (they halt)",
+    "haltpoll": "no cpuidle driver: the haltpoll governor's parameters are unused (idle CPUs halt)",
+}
 
 
 def state_matches(state: IdleState, selector: str) -> bool:
@@ -209,19 +207,7 @@ class CstatePlugin(Plugin[CstateTarget]):
 
     # -- the machine's idle states ---------------------------------------------------
     def states(self, cpu: int) -> list[IdleState]:
-        base = f"{CPU}/cpu{cpu}/cpuidle"
-        out = []
-        for entry in self.system.listdir(base):
-            m = re.fullmatch(r"state(\d+)", entry)
-            if m:
-                out.append(
-                    IdleState(
-                        int(m.group(1)),
-                        self.system.read(f"{base}/{entry}/name"),
-                        int(self.system.read(f"{base}/{entry}/latency")),
-                    )
-                )
-        return sorted(out, key=lambda s: s.index)
+        return list(states_of(self.system, cpu))
 
     def resolve_latency(self, value: int | str) -> int:
         """Symbolic targets from this machine's own cpuidle table."""
@@ -249,6 +235,9 @@ class CstatePlugin(Plugin[CstateTarget]):
 
     # -- plugin verbs -----------------------------------------------------------------
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        facts = read_idle(self.system, [min(self.system.online_cpus())])
+        if facts.halts_regardless:
+            return self._nothing_acts(options)
         settings: Settings = {}
         notes: dict[Target, str] = {}
         refused: dict[str, str] = {}
@@ -280,29 +269,55 @@ class CstatePlugin(Plugin[CstateTarget]):
                 for state in self.states(cpu):
                     if any(state_matches(state, sel) for sel in entry["disable_states"]):
                         settings[StateDisable(cpu, state.index)] = "1"
-        idle = self._idle(options, settings, notes, refused)
+        idle = self._idle(options, facts.driver, settings, notes, refused)
         if "idle_governor" in options:
             settings[IdleGovernor()] = options["idle_governor"]
-        for key, value in options.get("haltpoll", {}).items():
+        haltpoll = options.get("haltpoll", {})
+        governor = settings.get(IdleGovernor(), facts.governor)
+        if haltpoll and governor != "haltpoll":
+            refused["haltpoll"] = (
+                "guest halt-polling parameters act only under the haltpoll cpuidle governor "
+                f"(here: governor {governor or 'none'}, driver {facts.driver})"
+            )
+            haltpoll = {}
+        for key, value in haltpoll.items():
             settings[HaltpollParam(HALTPOLL_KEYS[key][0])] = (
                 "Y" if value is True else ("N" if value is False else str(value))
             )
         rules = CstateRules(raw if isinstance(raw, str) else None, idle)
         return Expansion(settings, rules, notes, refused)
 
+    @staticmethod
+    def _nothing_acts(options: Options) -> Expansion:
+        """Without a cpuidle driver the idle loop halts whatever PM QoS, resume latency
+        limits, state disables, governors or halt-polling say: every option the section
+        gives is not applicable, with the reason, instead of "applied" for nothing."""
+        refused: dict[str, str] = {}
+        for key in ("force_latency_us", "idle", "idle_governor", "haltpoll"):
+            if key in options:
+                refused[key] = f"{key} = {options[key]!r}: {WITHOUT_DRIVER[key]}"
+        for entry in options.get("cpus", []):
+            for key in ("resume_latency_us", "disable_states"):
+                if key in entry:
+                    refused[f"{key} for CPUs {entry['cpus']}"] = WITHOUT_DRIVER[key]
+        return Expansion(rules=CstateRules(None), refused=refused)
+
     def _idle(
         self,
         options: Options,
+        driver: str,
         settings: Settings,
         notes: dict[Target, str],
         refused: dict[str, str],
     ) -> str:
         """Resolve `idle` from this machine's cpuidle driver into settings (explicit
-        options, applied after, win); returns what it resolved to and why."""
+        options win); returns what it resolved to and why."""
         wanted = options.get("idle")
         if wanted is None:
             return ""
-        driver = self.idle_driver()
+        sets_pm_qos = wanted == "poll" or driver != "haltpoll"
+        if sets_pm_qos and PmQosRequest() in settings:
+            return f"idle = {wanted!r}: force_latency_us, given explicitly, wins"
         if wanted == "poll":
             settings[PmQosRequest()] = 0
             why = "idle = 'poll': every idle CPU polls (PM QoS 0 µs), at 100 % of each"
@@ -327,7 +342,7 @@ class CstatePlugin(Plugin[CstateTarget]):
                 return refused["idle"]
             settings[PmQosRequest()] = limit
             why = (
-                f"idle = 'responsive' on cpuidle driver {driver or 'none'}: PM QoS limit at "
+                f"idle = 'responsive' on cpuidle driver {driver or '(unnamed)'}: PM QoS limit at "
                 f"{limit} µs (the shallowest real C-state's exit latency): no deeper state, "
                 "fast wake-ups, no polling"
             )
@@ -335,10 +350,7 @@ class CstatePlugin(Plugin[CstateTarget]):
         return why
 
     def idle_driver(self) -> str:
-        try:
-            return self.system.read(f"{CPUIDLE}/current_driver")
-        except KernelRefused:
-            return ""
+        return read_driver(self.system)
 
     def available_governors(self) -> list[str]:
         try:
@@ -471,8 +483,29 @@ class CstatePlugin(Plugin[CstateTarget]):
             facts["pm_qos_effective_us"] = effective
         if isinstance(rules, CstateRules) and rules.idle:
             facts["idle"] = rules.idle
-        facts["cpuidle_driver"] = self.idle_driver() or "none"
+        idle = read_idle(self.system)
+        facts["cpuidle_driver"] = idle.driver or "none"
+        waiting = how_idle_cpus_wait(idle)
+        if idle.halts_regardless:
+            return Monitor((waiting,), facts | {"residency": "none: no cpuidle states to count"})
         try:
-            return Monitor((self.residency(),), facts)
+            return Monitor((self.residency(), waiting), facts)
         except KernelRefused as exc:
-            return Monitor((), facts | {"residency_error": str(exc)})
+            return Monitor((waiting,), facts | {"residency_error": str(exc)})
+
+
+def how_idle_cpus_wait(idle: IdleFacts) -> Table:
+    """Per CPU: how an idle CPU waits on this machine, under which wake-up limit, and which
+    cstate options can change that."""
+    acting = ", ".join(idle.options_that_act()) or f"none ({NO_DRIVER})"
+    rows = []
+    for cpu in sorted(idle.states):
+        limit = idle.limit_us(cpu)
+        shown = "ignored" if idle.halts_regardless else ("none" if limit is None else f"{limit} µs")
+        rows.append((cpu, idle.waits(cpu), shown, acting))
+    return Table(
+        f"How idle CPUs wait here (cpuidle driver {idle.driver or 'none'}, "
+        f"governor {idle.governor or 'none'})",
+        ("CPU", "an idle CPU", "wake-up limit", "cstate options that act here"),
+        tuple(rows),
+    )

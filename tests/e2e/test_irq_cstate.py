@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.irq import parse_interrupts
 
+from latencyd.idle import NO_DRIVER, read_driver
+from latencyd.system import System
 from tests.harness import Latencyd, wait_for
 from tests.hotplug import cpu_offline
 
@@ -108,23 +110,41 @@ def test_irqs_that_reappear_get_the_rule_at_once(isolated: Latencyd) -> None:
 
 
 def test_status_shows_cstate_table_and_irq_distribution(isolated: Latencyd) -> None:
+    """What this machine can do: with a cpuidle driver the PM QoS request is held and the
+    residency table has the driver's states; without one (a guest whose idle loop halts
+    whatever PM QoS says) every idle option is not applicable, with the reason, and no
+    residency is claimed. Either way status says how idle CPUs wait here."""
     time.sleep(0.3)
     status = json.loads(isolated.ctl("status", "--json").stdout)
     cstate = status["plugins"]["cstate"]
-    assert cstate["facts"]["pm_qos_requested_us"] == 0
-    assert cstate["facts"]["pm_qos_resolved_from"] == "poll"
-    table = cstate["tables"][0]
-    assert table["columns"][:3] == ["CPU", "busy%", "POLL %"]
-    assert {r[0] for r in table["rows"]} == {0, 1}
+    tables = {t["title"].split(" (")[0]: t for t in cstate["tables"]}
+    waiting = tables["How idle CPUs wait here"]
+    assert {r[0] for r in waiting["rows"]} == {0, 1}
+    text = isolated.ctl("status").stdout
+    if read_driver(System()):
+        assert cstate["facts"]["pm_qos_requested_us"] == 0
+        assert cstate["facts"]["pm_qos_resolved_from"] == "poll"
+        table = cstate["tables"][0]
+        assert table["columns"][:3] == ["CPU", "busy%", "POLL %"]
+        assert {r[0] for r in table["rows"]} == {0, 1}
+        assert "C-state residency since the profile was applied" in text
+        assert "PM QoS CPU latency request held at 0 µs (resolved from 'poll')" in text
+    else:
+        refused = {i["text"]: i["reason"] for i in cstate["not_applicable"]}
+        assert refused == {
+            "force_latency_us": f"force_latency_us = 'poll': {NO_DRIVER}",
+            "resume_latency_us for CPUs 1": NO_DRIVER,
+            "disable_states for CPUs 1": NO_DRIVER,
+        }
+        assert cstate["applied"] == [] and "pm_qos_requested_us" not in cstate["facts"]
+        assert f"not applicable: force_latency_us: force_latency_us = 'poll': {NO_DRIVER}" in text
     irq = status["plugins"]["irq"]
     assert irq["facts"]["isolated_cpus"] == "1"
     assert "irqs_on_isolated_cpus_since_apply" in irq["facts"]
     refused = {i["text"]: i["reason"] for i in irq["not_applicable"]}
     assert any("kernel-managed" in r for r in refused.values())
-    text = isolated.ctl("status").stdout
-    assert "C-state residency since the profile was applied" in text
     assert "interrupts per CPU since the profile was applied" in text
-    assert "PM QoS CPU latency request held at 0 µs (resolved from 'poll')" in text
+    assert "How idle CPUs wait here" in text
     assert "not applicable: IRQ " in text
 
 

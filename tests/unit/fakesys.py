@@ -197,6 +197,65 @@ def add_cpuidle(
     dev.write_bytes(struct.pack("=i", PM_QOS_DEFAULT_US))
 
 
+# -- the kinds of machine latencyd has met, as far as idle CPUs go -----------------------------
+
+HALTPOLL_PARAMS = {"ns": "0", "grow": "2", "shrink": "2", "grow_start": "50000",
+                   "allow_shrink": "Y"}  # fmt: skip
+
+
+def _haltpoll_module(root: Path) -> None:
+    for name, value in HALTPOLL_PARAMS.items():
+        put(root, f"sys/module/haltpoll/parameters/guest_halt_poll_{name}", value)
+
+
+def add_haltpoll_guest(root: Path, cpus: int = 2) -> None:
+    """A KVM guest with cpuidle-haltpoll, file for file as the development VM shows it:
+    states POLL (0 µs) and "haltpoll idle" (1 µs), haltpoll governor, halt-polling off."""
+    add_cpuidle(root, range(cpus), (("POLL", 0, 1000, 10), ("haltpoll idle", 1, 9000, 90)))
+    put(root, "sys/devices/system/cpu/cpuidle/current_driver", "haltpoll")
+    put(root, "sys/devices/system/cpu/cpuidle/current_governor", "haltpoll")
+    put(root, "sys/devices/system/cpu/cpuidle/available_governors", "ladder menu haltpoll")
+    _haltpoll_module(root)
+    put(root, "proc/cpuinfo", "processor\t: 0\nflags\t\t: fpu vme hypervisor sse\n")
+
+
+def add_guest_without_cpuidle(root: Path, cpus: int = 2) -> None:
+    """A KVM guest without a cpuidle driver: current_driver reads "none", no cpuN/cpuidle,
+    resume-latency files and /dev/cpu_dma_latency present, haltpoll parameters present but
+    unused (cpuidle_haltpoll force=N). Idle CPUs halt whatever any of them say."""
+    for cpu in range(cpus):
+        put(root, f"sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us", "0")
+    dev = root / "dev/cpu_dma_latency"
+    dev.parent.mkdir(parents=True, exist_ok=True)
+    dev.write_bytes(struct.pack("=i", PM_QOS_DEFAULT_US))
+    put(root, "sys/devices/system/cpu/cpuidle/current_driver", "none")
+    put(root, "sys/devices/system/cpu/cpuidle/current_governor_ro", "menu")
+    _haltpoll_module(root)
+    put(root, "proc/cpuinfo", "processor\t: 0\nflags\t\t: fpu vme hypervisor sse\n")
+
+
+INTEL_IDLE_STATES = (("POLL", 0, 100, 10), ("C1", 1, 2000, 20), ("C1E", 2, 3000, 30),
+                     ("C6", 170, 90000, 40))  # fmt: skip
+
+
+def add_bare_metal_intel(root: Path, cpus: int = 4) -> None:
+    """Bare metal with intel_idle (POLL, C1, C1E, C6 at 170 µs), the menu governor and
+    intel_pstate's cpufreq; no hypervisor flag."""
+    add_cpuidle(root, range(cpus), INTEL_IDLE_STATES)
+    put(root, "sys/devices/system/cpu/cpuidle/current_driver", "intel_idle")
+    put(root, "sys/devices/system/cpu/cpuidle/current_governor", "menu")
+    put(root, "sys/devices/system/cpu/cpuidle/available_governors", "ladder menu teo")
+    add_intel_pstate(root, cpus)
+    put(root, "proc/cpuinfo", "processor\t: 0\nflags\t\t: fpu vme sse avx2\n")
+
+
+MACHINE_KINDS: dict[str, Callable[[Path], None]] = {
+    "haltpoll guest": add_haltpoll_guest,
+    "guest without a cpuidle driver": add_guest_without_cpuidle,
+    "bare metal intel_idle": add_bare_metal_intel,
+}
+
+
 # -- tasks ---------------------------------------------------------------------------------
 
 

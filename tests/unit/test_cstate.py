@@ -202,7 +202,8 @@ def test_no_cpuidle_states(tmp_path: Path, machine: Machine) -> None:
     exp = expand(plugin, machine, {"force_latency_us": "shallowest"})
     assert exp.settings == {}
     assert exp.refused == {
-        "force_latency_us": "force_latency_us = 'shallowest': no cpuidle states on this machine"
+        "force_latency_us": "force_latency_us = 'shallowest': no cpuidle driver: idle CPUs "
+        "halt whatever PM QoS says"
     }
 
 
@@ -467,7 +468,8 @@ def test_residency_table_counts_since_profile_applied(
         put(root, f"{base}/usage", str(int(read(root, f"cpu1/cpuidle/state{state}/usage")) + du))
     put(root, f"{CPU}/cpu2/cpuidle/state3/time", str(4000 + 1_000_000))  # idle all along
     now[0] = 101.0
-    [table] = plugin.monitor(CstateRules(None)).tables
+    table, waiting = plugin.monitor(CstateRules(None)).tables
+    assert waiting.title.startswith("How idle CPUs wait here")
     assert table.title == "C-state residency since the profile was applied (1.0 s)"
     assert table.columns == (
         "CPU", "busy%", "POLL %", "POLL usage", "C1 %", "C1 usage",
@@ -499,7 +501,9 @@ def test_monitor_reports_the_request_and_the_effective_value(
     assert "pm_qos_resolved_from" not in plugin.monitor(CstateRules(None)).facts
     (root / f"{CPU}/cpu2/cpuidle/state1/usage").unlink()
     monitor = plugin.monitor(exp.rules)
-    assert monitor.tables == ()
+    assert [t.title for t in monitor.tables] == [
+        "How idle CPUs wait here (cpuidle driver none, governor none)"
+    ]
     assert monitor.facts["pm_qos_requested_us"] == 10
     assert monitor.facts["residency_error"].startswith(
         "reading /sys/devices/system/cpu/cpu2/cpuidle/state1/usage: No such file"
