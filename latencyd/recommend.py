@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused
+from latencyd.idle import IdleFacts, read_idle
 from latencyd.system import System
 
 CPU = "sys/devices/system/cpu"
@@ -37,6 +38,7 @@ class Facts:
     nodes: tuple[CpuSet, ...]  # CPUs of each NUMA node
     nics: tuple[Nic, ...]
     irqbalance: bool
+    idle: IdleFacts | None = None  # how idle CPUs wait (None: not read)
 
 
 @dataclass
@@ -65,7 +67,8 @@ def read_facts(system: System) -> Facts:
     virtual = ""
     if re.search(r"^flags\s*:.*\bhypervisor\b", cpuinfo, re.M):
         virtual = "the CPU flags say a hypervisor runs this machine"
-    idle_driver = read(f"{CPU}/cpuidle/current_driver")
+    idle = read_idle(system)
+    idle_driver = idle.driver
     if idle_driver == "haltpoll":
         virtual = virtual or "the cpuidle driver is haltpoll (KVM guests)"
     online = system.online_cpus()
@@ -92,28 +95,58 @@ def read_facts(system: System) -> Facts:
     )
     return Facts(
         virtual, idle_driver, online, tuple(cores.values()), tuple(nodes or [online]),
-        tuple(nics), irqbalance,
+        tuple(nics), irqbalance, idle,
     )  # fmt: skip
+
+
+EXPECTED = (
+    "Expected from this project's measurements on other machines, not measured here: "
+    "`latencyctl recommend --measure` (or `latencyctl measure`) measures it on this one."
+)
+
+
+def idle_reason(f: Facts) -> str:
+    """What the way idle CPUs wait here means for latency: only what was read, and no gain
+    claimed that was not measured here."""
+    idle = f.idle
+    states = idle.states.get(min(idle.states), ()) if idle and idle.states else ()
+    no_driver = idle.halts_regardless if idle is not None else not f.idle_driver
+    if no_driver:
+        return (
+            "No cpuidle driver (cpuidle/current_driver reads none): idle CPUs halt and wake "
+            "on the next interrupt whatever PM QoS says, so no idle setting can change "
+            "wake-up latency here; the profiles' idle options will show as not applicable. "
+            "What can help here is keeping noise off the application's CPUs (under load, "
+            "cpu-partitioning) and the NIC settings."
+        )
+    listed = ", ".join(f"{s.name} {s.latency_us} µs" for s in states) or "not listed"
+    if f.idle_driver == "haltpoll":
+        return (
+            f"How idle CPUs wait decides wake-up latency here: cpuidle driver haltpoll (a KVM "
+            f"guest; states {listed}), so every profile below sets idle = 'responsive' "
+            "(adaptive guest halt-polling, 200 µs window) instead of polling. On haltpoll "
+            f"guests it cut sockperf p50 from ~41 to ~4 µs. {EXPECTED}"
+        )
+    real = [s for s in states if not s.is_poll]
+    deepest = max(real, key=lambda s: s.latency_us) if real else None
+    shallowest = min(real, key=lambda s: s.latency_us) if real else None
+    if idle is None or shallowest is None or deepest is None:
+        return (
+            f"cpuidle driver {f.idle_driver} (states {listed}): idle = 'responsive' holds a "
+            "PM QoS limit at the shallowest real C-state this machine lists when applied "
+            f"(not applicable if it lists none). {EXPECTED}"
+        )
+    return (
+        f"cpuidle driver {f.idle_driver}, states {listed}: a CPU waking from {deepest.name} "
+        f"pays up to {deepest.latency_us} µs, so idle = 'responsive' holds a PM QoS limit "
+        f"at {shallowest.latency_us} µs ({shallowest.name}, the shallowest real state) and "
+        f"CPUs wake fast without polling. {EXPECTED}"
+    )
 
 
 def recommend(f: Facts) -> Recommendation:
     """A profile and isolated CPUs for these facts, each choice with its reason."""
-    why: list[str] = []
-    if f.idle_driver == "haltpoll":
-        why.append(
-            "How idle CPUs wait decides wake-up latency here: this is a KVM guest with the "
-            "haltpoll cpuidle driver, so every profile below sets idle = 'responsive' "
-            "(adaptive guest halt-polling, 200 µs): measured on such VMs, sockperf p50 "
-            "~41 -> ~4 µs with no polling while the machine is quiet."
-        )
-    elif f.idle_driver:
-        why.append(
-            f"The cpuidle driver is {f.idle_driver} (bare metal or a passthrough guest): idle "
-            "= 'responsive' holds a PM QoS limit at the shallowest real C-state, so CPUs "
-            "wake in a few µs without polling."
-        )
-    else:
-        why.append("No cpuidle driver: idle states cannot be tuned; the rest still applies.")
+    why: list[str] = [idle_reason(f)]
     if f.virtual:
         why.append(
             f"Virtual machine ({f.virtual}): the host schedules these vCPUs, so "
@@ -158,6 +191,8 @@ def recommend(f: Facts) -> Recommendation:
     )
     if f.irqbalance:
         why.append("irqbalance runs: cpu-partitioning bans the isolated CPUs in its config.")
-    why.append("Start the application with `latencyctl hold <profile> -- app`: it may run "
-               "on the isolated CPUs; everything else is moved off them.")  # fmt: skip
+    why.append(f"Start the application on the isolated CPUs as usual (`taskset -c {isolated} "
+               "./app`): a task confined to them stays, everything allowed elsewhere too is "
+               "moved off them (`latencyctl hold <profile> -- app` also works, and ends the "
+               "profile with the application).")  # fmt: skip
     return Recommendation("cpu-partitioning", isolated, why)

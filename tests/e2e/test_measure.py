@@ -136,6 +136,13 @@ def test_recommend_measures_its_proposal_against_untuned(daemon: Latencyd) -> No
     assert measured["round_order"][1] == [baseline, proposal]
     for tool in ("sockperf", "cyclictest"):
         assert set(measured["tools"][tool]["ratios"]["untuned"]) >= {"p50", "p99"}
+    # The gain is quoted from what was measured here, each figure from the result.
+    gains = result["measured_gains"]
+    stats = measured["tools"]["sockperf"]["stats"]
+    assert gains[0] == (
+        f"sockperf p50 {stats[baseline]['p50']:g} -> {stats[proposal]['p50']:g}, "
+        f"p99 {stats[baseline]['p99']:g} -> {stats[proposal]['p99']:g} µs"
+    )
     assert not Path(proposal).exists()  # its temporary directory is gone
     assert daemon.ctl("active").stdout.strip() == "test-a"
     assert json.loads(daemon.ctl("status", "--json").stdout)["holds"] == []
