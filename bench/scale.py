@@ -14,7 +14,13 @@ with every thread back.
 Targets (issue 19, 20,000 threads): switch <= 1 s, all narrowed <= 1.5 s, CPU while
 holding <= 1 % of one CPU, RSS <= 64 MiB, verify <= 0.5 s, off <= 0.5 s.
 
+With --fake, the engine on a fake server instead (bench/fakescale.py): 1, 4, 16 and 64
+times a base size (x64: 256 CPUs, 4,096 IRQs, 64 NICs, 50,048 tasks), each operation's
+seconds and its growth exponent from x1 to the largest (1.0 is linear; target <= 1.15),
+the per-event costs (flat is the target), and the bench's peak RSS.
+
     python -m bench scale [--sizes 0,1000,5000,20000] [--hold 10] [--json] [--quick]
+    python -m bench scale --fake [--multiples 1,4,16,64] [--json] [--quick]
 """
 
 from __future__ import annotations
@@ -229,13 +235,60 @@ def report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run_fake(args: argparse.Namespace) -> dict[str, Any]:
+    import math
+    import resource
+
+    from bench.fakescale import measure as measure_fake
+
+    multiples = [1, 2] if args.quick else [int(m) for m in args.multiples.split(",")]
+    sizes: dict[int, dict[str, float]] = {}
+    for k in multiples:
+        print(f"bench scale --fake: x{k}", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix="latencyd-fakescale-") as tmp:
+            measure_fake(Path(tmp), 1)  # warm: imports and caches, not the machine's size
+        with tempfile.TemporaryDirectory(prefix="latencyd-fakescale-") as tmp:
+            sizes[k] = measure_fake(Path(tmp), k)
+    first, last = multiples[0], multiples[-1]
+    exponents = {
+        op: round(math.log(max(sizes[last][op], 1e-6) / max(sizes[first][op], 1e-6))
+                  / math.log(last / first), 2)
+        for op in sizes[first] if op != "owned"
+    }  # fmt: skip
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"sizes": sizes, "exponents": exponents, "peak_rss_mib": round(peak, 1)}
+
+
+def report_fake(r: dict[str, Any]) -> str:
+    sizes, exponents = r["sizes"], r["exponents"]
+    multiples = list(sizes)
+    lines = ["engine on a fake server (seconds per operation; x64 = 256 CPUs, 4,096 IRQs, "
+             "64 NICs, 50,048 tasks):",
+             f"  {'operation':<22}" + "".join(f"{'x' + str(k):>10}" for k in multiples)
+             + f"{'exponent':>10}"]  # fmt: skip
+    for op, exponent in exponents.items():
+        row = "".join(f"{sizes[k][op]:>10.4f}" for k in multiples)
+        event = op.startswith("event:")
+        target = "flat" if event else "<= 1.15"
+        ok = exponent <= (0.5 if event else 1.15)
+        lines.append(f"  {op:<22}{row}{exponent:>10}  ({target}) [{'PASS' if ok else 'MISS'}]")
+    lines.append(f"peak RSS of the bench: {r['peak_rss_mib']} MiB")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
-    parser = arguments("scale", __doc__, "sizes 0 and 1,000 only, no TuneD")
+    parser = arguments("scale", __doc__, "sizes 0 and 1,000 only, no TuneD (--fake: x1, x2)")
     parser.add_argument("--sizes", default="0,1000,5000,20000", help="extra threads per run")
     parser.add_argument("--hold", type=float, default=10.0, help="seconds to hold (CPU)")
+    parser.add_argument("--fake", action="store_true", help="the engine on a fake server")
+    parser.add_argument("--multiples", default="1,4,16,64", help="fake server sizes")
     args = parser.parse_args(argv)
     if args.quick:
         args.hold = min(args.hold, 2.0)
+    if args.fake:
+        f = run_fake(args)
+        print(json.dumps(f) if args.json else report_fake(f))
+        return 0
     if not_root("scale", "it tunes the real machine"):
         return 1
     r = run(args)

@@ -1,0 +1,175 @@
+"""The fake machine of `bench scale --fake`: a server's worth of CPUs, IRQs, NICs and tasks
+in the unit rig's style (a /proc + /sys tree in a temp dir, FakeSched, FakeEthtool), at a
+multiple of a base size, and the engine's operations timed on it.
+
+Base size (x1): 4 CPUs, 64 IRQs, 1 NIC, 782 tasks; x64 is 256 CPUs, 4,096 IRQs, 64 NICs
+and 50,048 tasks. Timed per size: load the profile, expand it, apply it, switch to a
+second profile (other isolated CPUs), verify, off; and one event each: a kernel thread
+forked, an IRQ appearing (its device added), a NIC appearing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from latencyd.daemon import Daemon
+from latencyd.engine import Engine, section_schemas
+from latencyd.journal import Journal
+from latencyd.plugin import DeviceEvent, load_plugins
+from latencyd.profile import ProfileLibrary
+from latencyd.system import System
+from latencyd.taskevents import TaskEvent
+from tests.unit.fakesys import (
+    FakeEthtool,
+    FakeNic,
+    FakeSched,
+    KernelLikeSystem,
+    add_cpuidle,
+    add_kthread,
+    add_nic,
+    add_task,
+    make_fake_root,
+    put,
+)
+
+BASE = {"cpus": 4, "irqs": 64, "nics": 1, "tasks": 782}
+PROFILE = """
+[main]
+summary = "a server's cpu-partitioning"
+
+[variables]
+isolated = "{isolated}"
+
+[irq]
+isolate = "${{isolated}}"
+
+[kthread]
+isolate_tasks = "${{isolated}}"
+writeback_cpumask = "0"
+
+[[kthread.rule]]
+match = "^kswapd"
+cpus = "0"
+
+[[cstate.cpus]]
+cpus = "${{isolated}}"
+resume_latency_us = 0
+
+[[net.nic]]
+coalesce = {{ rx-usecs = 0 }}
+rps_cpus = "none"
+
+[sysctl]
+"vm.swappiness" = 10
+"""
+
+
+def _nic(i: int) -> FakeNic:
+    return FakeNic(values={"coalesce": {"rx-usecs": 8}})
+
+
+class FakeServer:
+    """The tree, its scheduler and NICs; `grow_*` add what an event announces."""
+
+    def __init__(self, tmp: Path, k: int) -> None:
+        self.k = k
+        self.cpus = BASE["cpus"] * k
+        self.root = make_fake_root(tmp, cpus=f"0-{self.cpus - 1}")
+        add_cpuidle(self.root, range(self.cpus))
+        self.sched = FakeSched(set(range(self.cpus)))
+        self.irqs = [100 + i for i in range(BASE["irqs"] * k)]
+        self._write_interrupts()
+        everything = "0-" + str(self.cpus - 1)
+        for n in self.irqs:
+            put(self.root, f"proc/irq/{n}/smp_affinity_list", everything)
+        put(self.root, "proc/irq/default_smp_affinity", f"{(1 << self.cpus) - 1:x}")
+        add_task(self.root, 1, "systemd", ppid=0, start_time=5)
+        add_task(self.root, 2, "kthreadd", ppid=0, flags=0x00208040, start_time=5)
+        self.sched.add(1)
+        self.sched.add(2)
+        for cpu in range(self.cpus):
+            add_kthread(self.root, 10 + cpu, f"ksoftirqd/{cpu}", per_cpu=True)
+        add_kthread(self.root, 9, "kswapd0")
+        self.sched.add(9)
+        self.next_pid = 100_000
+        for i in range(BASE["tasks"] * k):
+            add_task(self.root, 20_000 + i, f"app{i % 97}", start_time=1000)
+            self.sched.add(20_000 + i)
+        put(self.root, "sys/devices/virtual/workqueue/writeback/cpumask", "f")
+        self.nics: dict[str, FakeNic] = {}
+        for i in range(BASE["nics"] * k):
+            self.add_nic(i)
+        self.system = KernelLikeSystem(self.root, sched=self.sched, ethtool=FakeEthtool(self.nics))
+
+    def _write_interrupts(self) -> None:
+        head = "      " + "".join(f"CPU{c:<7}" for c in range(self.cpus))
+        zeros = " ".join("0" for _ in range(self.cpus))
+        lines = [f"{n:>4}: {zeros}   PCI-MSIX  {n}-edge  virtio{n}-q" for n in self.irqs]
+        put(self.root, "proc/interrupts", "\n".join([head, *lines]))
+
+    def add_nic(self, i: int) -> str:
+        name = f"eth{i}"
+        add_nic(self.root, name, 2 + i, mac=f"52:54:00:00:{i // 256:02x}:{i % 256:02x}",
+                assign=0, bus=f"0000:01:{i // 8:02x}.{i % 8}", driver="virtio_net")  # fmt: skip
+        self.nics[name] = _nic(i)
+        return name
+
+    def grow_irq(self) -> None:
+        n = max(self.irqs) + 1
+        self.irqs.append(n)
+        self._write_interrupts()
+        put(self.root, f"proc/irq/{n}/smp_affinity_list", f"0-{self.cpus - 1}")
+
+    def grow_kthread(self) -> int:
+        self.next_pid += 1
+        add_kthread(self.root, self.next_pid, "kswapd1")
+        self.sched.add(self.next_pid)
+        return self.next_pid
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure(tmp: Path, k: int) -> dict[str, float]:
+    """Seconds per operation on the fake server at `k` times the base size."""
+    server = FakeServer(tmp, k)
+    system: System = server.system
+    profiles = tmp / "profiles"
+    profiles.mkdir()
+    half, quarter = server.cpus // 2, server.cpus * 3 // 4
+    (profiles / "a.toml").write_text(PROFILE.format(isolated=f"{half}-{server.cpus - 1}"))
+    (profiles / "b.toml").write_text(PROFILE.format(isolated=f"{quarter}-{server.cpus - 1}"))
+    plugins = load_plugins(system)
+    library = ProfileLibrary([profiles], section_schemas(plugins), system.machine())
+    engine = Engine(plugins, Journal(tmp / "state"))
+    daemon = Daemon(system, plugins, library, engine)
+    out: dict[str, float] = {}
+    out["load"] = timed(lambda: library.load("a"))
+    a = library.load("a")
+    out["expand"] = timed(lambda: engine.expand(a))
+    out["apply"] = timed(lambda: daemon.switch("a"))
+    out["switch"] = timed(lambda: daemon.switch("b"))
+    out["verify"] = timed(engine.verify)
+    pid = server.grow_kthread()
+    out["event: kthread fork"] = timed(
+        lambda: daemon.on_task_events([TaskEvent("fork", pid, pid, ppid=2)])
+    )
+    server.grow_irq()
+    out["event: IRQ appears"] = timed(
+        lambda: daemon.on_device_events([DeviceEvent("pci", "add", "0000:02:00.0")])
+    )
+    name = server.add_nic(len(server.nics))
+    out["event: NIC appears"] = timed(
+        lambda: daemon.on_device_events(
+            [DeviceEvent("net", "add", name, devpath=f"/devices/virtual/net/{name}")]
+        )
+    )
+    out["off"] = timed(daemon.off)
+    out["owned"] = float(len(engine.applied))
+    return out
