@@ -353,21 +353,13 @@ def cmd_measure(args: argparse.Namespace) -> int:
 def cmd_recommend(args: argparse.Namespace) -> int:
     """Propose a profile and isolated CPUs for this machine; --measure checks it first."""
     from latencyd.cpuset import CpuSet
-    from latencyd.recommend import read_facts, recommend
+    from latencyd.recommend import measured_gains, read_facts, recommend
     from latencyd.system import System
 
     facts = read_facts(System("/"))
     rec = recommend(facts)
-    data: dict[str, Any] = {
-        "profile": rec.profile,
-        "isolated_cores": rec.isolated.to_list(),
-        "reasons": rec.reasons,
-        "profile_file": rec.toml(),
-    }
-    lines = [f"recommended: {rec.profile}"
-             + (f" with isolated_cores = {rec.isolated}" if rec.isolated else "")]  # fmt: skip
-    lines += [f"  - {r}" for r in rec.reasons]
-    lines += ["", "as a profile (e.g. /etc/latencyd/profiles/recommended.toml):", rec.toml()]
+    data: dict[str, Any] = {}
+    verdict = []
     if args.measure:
         result = _measure_recommendation(rec.toml(), rec.isolated or CpuSet([max(facts.online)]),
                                          facts.online, args)  # fmt: skip
@@ -375,31 +367,27 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         ratios = {t: result["tools"][t]["ratios"]["untuned"] for t in ("sockperf", "cyclictest")}
         confirmed = all(r[q]["pooled"] >= 1.0 for r in ratios.values() for q in ("p50", "p99"))
         gains = measured_gains(result)
+        rec = recommend(facts, measured=gains)  # the same proposal, its gains as measured
         data |= {"measured": result, "confirmed": confirmed, "measured_gains": gains}
-        lines.append(format_measure(result))
-        lines.append("measured on this machine (untuned -> recommended): " + "; ".join(gains))
-        lines.append(
+        verdict = [
+            format_measure(result),
             "confirmed: as good as or better than untuned at p50 and p99 (sockperf, cyclictest)"
             if confirmed
             else "NOT confirmed: untuned was as good or better somewhere (see the ratios); "
-            "keep the default profile"
-        )
-    _emit(args, data, "\n".join(lines))
+            "keep the default profile",
+        ]
+    data = {
+        "profile": rec.profile,
+        "isolated_cores": rec.isolated.to_list(),
+        "reasons": rec.reasons,
+        "profile_file": rec.toml(),
+    } | data
+    lines = [f"recommended: {rec.profile}"
+             + (f" with isolated_cores = {rec.isolated}" if rec.isolated else "")]  # fmt: skip
+    lines += [f"  - {r}" for r in rec.reasons]
+    lines += ["", "as a profile (e.g. /etc/latencyd/profiles/recommended.toml):", rec.toml()]
+    _emit(args, data, "\n".join(lines + verdict))
     return OK if not args.measure or data["confirmed"] else FAILED
-
-
-def measured_gains(result: dict[str, Any]) -> list[str]:
-    """What the proposal bought here, per tool and percentile, from a measure result whose
-    first scenario is the proposal and second untuned."""
-    proposal, untuned = result["plan"]["scenarios"][:2]
-    out = []
-    for tool, info in result["tools"].items():
-        stats = info["stats"]
-        if proposal not in stats or untuned not in stats:
-            continue
-        parts = [f"{q} {stats[untuned][q]:g} -> {stats[proposal][q]:g}" for q in ("p50", "p99")]
-        out.append(f"{tool} {', '.join(parts)} {info['unit'].split(',')[0]}")
-    return out
 
 
 def _measure_recommendation(

@@ -10,11 +10,13 @@ interrupts can go, whether irqbalance runs — proposes, explains each choice, a
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused
-from latencyd.idle import IdleFacts, read_idle
+from latencyd.idle import RESPONSIVE_POLL_NS, IdleFacts, read_idle
 from latencyd.system import System
 
 CPU = "sys/devices/system/cpu"
@@ -32,13 +34,12 @@ class Nic:
 @dataclass(frozen=True)
 class Facts:
     virtual: str  # "" on bare metal, else what says so (hypervisor, haltpoll)
-    idle_driver: str
+    idle: IdleFacts  # how idle CPUs wait here
     online: CpuSet
     cores: tuple[CpuSet, ...]  # SMT siblings of each core
     nodes: tuple[CpuSet, ...]  # CPUs of each NUMA node
     nics: tuple[Nic, ...]
     irqbalance: bool
-    idle: IdleFacts | None = None  # how idle CPUs wait (None: not read)
 
 
 @dataclass
@@ -68,8 +69,7 @@ def read_facts(system: System) -> Facts:
     if re.search(r"^flags\s*:.*\bhypervisor\b", cpuinfo, re.M):
         virtual = "the CPU flags say a hypervisor runs this machine"
     idle = read_idle(system)
-    idle_driver = idle.driver
-    if idle_driver == "haltpoll":
+    if idle.driver == "haltpoll":
         virtual = virtual or "the cpuidle driver is haltpoll (KVM guests)"
     online = system.online_cpus()
     cores: dict[str, CpuSet] = {}
@@ -94,59 +94,99 @@ def read_facts(system: System) -> Facts:
         read(f"proc/{pid}/comm") == "irqbalance" for pid in system.listdir("proc") if pid.isdigit()
     )
     return Facts(
-        virtual, idle_driver, online, tuple(cores.values()), tuple(nodes or [online]),
-        tuple(nics), irqbalance, idle,
+        virtual, idle, online, tuple(cores.values()), tuple(nodes or [online]), tuple(nics),
+        irqbalance,
     )  # fmt: skip
 
 
-EXPECTED = (
-    "Expected from this project's measurements on other machines, not measured here: "
-    "`latencyctl recommend --measure` (or `latencyctl measure`) measures it on this one."
-)
-
-
-def idle_reason(f: Facts) -> str:
-    """What the way idle CPUs wait here means for latency: only what was read, and no gain
-    claimed that was not measured here."""
-    idle = f.idle
-    states = idle.states.get(min(idle.states), ()) if idle and idle.states else ()
-    no_driver = idle.halts_regardless if idle is not None else not f.idle_driver
-    if no_driver:
-        return (
-            "No cpuidle driver (cpuidle/current_driver reads none): idle CPUs halt and wake "
-            "on the next interrupt whatever PM QoS says, so no idle setting can change "
-            "wake-up latency here; the profiles' idle options will show as not applicable. "
-            "What can help here is keeping noise off the application's CPUs (under load, "
-            "cpu-partitioning) and the NIC settings."
-        )
-    listed = ", ".join(f"{s.name} {s.latency_us} µs" for s in states) or "not listed"
-    if f.idle_driver == "haltpoll":
-        return (
-            f"How idle CPUs wait decides wake-up latency here: cpuidle driver haltpoll (a KVM "
-            f"guest; states {listed}), so every profile below sets idle = 'responsive' "
-            "(adaptive guest halt-polling, 200 µs window) instead of polling. On haltpoll "
-            f"guests it cut sockperf p50 from ~41 to ~4 µs. {EXPECTED}"
-        )
-    real = [s for s in states if not s.is_poll]
-    deepest = max(real, key=lambda s: s.latency_us) if real else None
-    shallowest = min(real, key=lambda s: s.latency_us) if real else None
-    if idle is None or shallowest is None or deepest is None:
-        return (
-            f"cpuidle driver {f.idle_driver} (states {listed}): idle = 'responsive' holds a "
-            "PM QoS limit at the shallowest real C-state this machine lists when applied "
-            f"(not applicable if it lists none). {EXPECTED}"
-        )
+def expectation(expected: str, measured: Sequence[str] | None) -> str:
+    """A gain claimed only as measured here, or else as what is expected, and from what."""
+    if measured is not None:
+        return f"Measured here, untuned -> this proposal: {'; '.join(measured) or 'nothing'}."
     return (
-        f"cpuidle driver {f.idle_driver}, states {listed}: a CPU waking from {deepest.name} "
-        f"pays up to {deepest.latency_us} µs, so idle = 'responsive' holds a PM QoS limit "
-        f"at {shallowest.latency_us} µs ({shallowest.name}, the shallowest real state) and "
-        f"CPUs wake fast without polling. {EXPECTED}"
+        f"Expected, not measured here: {expected}. `latencyctl recommend --measure` "
+        "measures it on this machine."
     )
 
 
-def recommend(f: Facts) -> Recommendation:
-    """A profile and isolated CPUs for these facts, each choice with its reason."""
-    why: list[str] = [idle_reason(f)]
+def idle_reason(f: Facts, measured: Sequence[str] | None = None) -> str:
+    """What the way idle CPUs wait here means for latency: only what was read, and no gain
+    claimed that was not measured here."""
+    idle = f.idle
+    if idle.halts_regardless:
+        return (
+            "Idle CPUs: no cpuidle driver and no idle states here, so an idle CPU halts until "
+            "the next interrupt whatever PM QoS says: no idle option can change how fast it "
+            "wakes, and the profile's idle options will show as not applicable. "
+            + expectation(
+                "nothing at idle from any profile, and under load a gain from shielding the "
+                "application's CPUs (cpu-partitioning) only, as this project measured on a KVM "
+                "guest without a cpuidle driver (sockperf p50 5.4-5.9 µs untuned and with "
+                f"every profile; this machine is {'virtual' if f.virtual else 'bare metal'})",
+                measured,
+            )
+        )
+    states = idle.states.get(min(idle.states), ()) if idle.states else ()
+    seen = (
+        f"Idle CPUs: cpuidle driver {idle.driver or '(unnamed)'}, governor "
+        f"{idle.governor or 'unknown'}, states {', '.join(map(str, states)) or 'none listed'}"
+    )
+    if idle.driver == "haltpoll":
+        if idle.poll_ns:
+            now = f"guest halt-polling now up to {idle.poll_ns / 1000:g} µs, then a halt"
+        else:
+            state = "off" if idle.poll_ns == 0 else "unknown"
+            now = f"guest halt-polling {state}: an idle vCPU halts"
+        return (
+            f"{seen}; {now}: a KVM guest, whose halted vCPUs wait for the host to wake them. "
+            "The profiles below set idle = 'responsive' (adaptive guest halt-polling up to "
+            f"{RESPONSIVE_POLL_NS // 1000} µs, polling only while wake-ups come soon after "
+            "idle entry). "
+            + expectation(
+                "faster wake-ups: on haltpoll guests this project measured sockperf p50 "
+                "~41 -> ~4 µs with it",
+                measured,
+            )
+        )
+    real = [s for s in states if not s.is_poll]
+    if not real:
+        return (
+            f"{seen}: no idle state deeper than polling, so the profiles' idle = 'responsive' "
+            "will show as not applicable."
+        )
+    deepest = max(real, key=lambda s: s.latency_us)
+    low = min(real, key=lambda s: s.latency_us)
+    return (
+        f"{seen}: a CPU in {deepest.name} takes up to {deepest.latency_us} µs to wake (the "
+        "driver's exit latency). The profiles below set idle = 'responsive': a PM QoS limit "
+        f"at {low.latency_us} µs ({low.name}, the shallowest real state), so no idle CPU goes "
+        "deeper. "
+        + expectation(
+            f"wake-ups within {low.name}'s {low.latency_us} µs exit latency instead of up to "
+            f"{deepest.latency_us} µs, going by the driver's table (this project has not "
+            "measured bare metal)",
+            measured,
+        )
+    )
+
+
+def measured_gains(result: Mapping[str, Any]) -> list[str]:
+    """What the proposal bought here, per tool, from a `measure` result whose first scenario
+    is the proposal and second untuned: "sockperf p50 41 -> 4, p99 60 -> 9 µs"."""
+    proposal, untuned = result["plan"]["scenarios"][:2]
+    out = []
+    for tool, info in result["tools"].items():
+        stats = info["stats"]
+        if proposal in stats and untuned in stats:
+            parts = [f"{q} {stats[untuned][q]:g} -> {stats[proposal][q]:g}" for q in ("p50", "p99")]
+            out.append(f"{tool} {', '.join(parts)} {info['unit'].split(',')[0]}")
+    return out
+
+
+def recommend(f: Facts, measured: Sequence[str] | None = None) -> Recommendation:
+    """A profile and isolated CPUs for these facts, each choice with its reason; `measured`:
+    what `measure` found the proposal buys here (see measured_gains), when it was run."""
+    why: list[str] = [idle_reason(f, measured)]
     if f.virtual:
         why.append(
             f"Virtual machine ({f.virtual}): the host schedules these vCPUs, so "
@@ -191,8 +231,9 @@ def recommend(f: Facts) -> Recommendation:
     )
     if f.irqbalance:
         why.append("irqbalance runs: cpu-partitioning bans the isolated CPUs in its config.")
-    why.append(f"Start the application on the isolated CPUs as usual (`taskset -c {isolated} "
-               "./app`): a task confined to them stays, everything allowed elsewhere too is "
-               "moved off them (`latencyctl hold <profile> -- app` also works, and ends the "
-               "profile with the application).")  # fmt: skip
+    why.append(f"Start the application on the isolated CPUs as you would anyway (`taskset -c "
+               f"{isolated} ./app`, a container's cpuset): a task confined to them stays there, "
+               "every task also allowed elsewhere is moved off them. `latencyctl hold "
+               "cpu-partitioning -- ./app` is optional: it holds the profile only while the "
+               "application runs.")  # fmt: skip
     return Recommendation("cpu-partitioning", isolated, why)

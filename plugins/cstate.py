@@ -15,7 +15,15 @@ from typing import Any, ClassVar
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.idle import NO_DRIVER, IdleFacts, IdleState, read_driver, read_idle, states_of
+from latencyd.idle import (
+    NO_DRIVER,
+    RESPONSIVE_POLL_NS,
+    IdleFacts,
+    IdleState,
+    read_driver,
+    read_idle,
+    states_of,
+)
 from latencyd.plugin import (
     CPU_ACTIONS,
     Expansion,
@@ -126,11 +134,6 @@ HALTPOLL_KEYS: dict[str, tuple[str, Kind]] = {  # key in profiles -> (file suffi
     "grow_start": ("grow_start", Int(0, 2**32 - 1)),
     "allow_shrink": ("allow_shrink", Bool()),
 }
-# How long a haltpoll guest CPU polls before it halts, when `idle = "responsive"`: on
-# these VMs 200 µs cut sockperf's median RTT/2 from ~41 to ~4 µs; the window is adaptive
-# (it grows while wake-ups come soon after idle entry, shrinks to nothing when they do
-# not), so an idle machine does not poll.
-RESPONSIVE_POLL_NS = 200_000
 
 
 class CstatePlugin(Plugin[CstateTarget]):

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from latencyd.plugins.cstate import WITHOUT_DRIVER
 from latencyd.plugins.irq import parse_interrupts
 
 from latencyd.idle import NO_DRIVER, read_driver
@@ -119,9 +120,18 @@ def test_status_shows_cstate_table_and_irq_distribution(isolated: Latencyd) -> N
     cstate = status["plugins"]["cstate"]
     tables = {t["title"].split(" (")[0]: t for t in cstate["tables"]}
     waiting = tables["How idle CPUs wait here"]
+    assert waiting["columns"] == [
+        "CPU",
+        "an idle CPU",
+        "wake-up limit",
+        "cstate options that act here",
+    ]
     assert {r[0] for r in waiting["rows"]} == {0, 1}
     text = isolated.ctl("status").stdout
     if read_driver(System()):
+        # PM QoS 0 µs held: whatever the driver, no idle CPU may go deeper than polling.
+        assert all(r[1].startswith("poll, no deeper state allowed") for r in waiting["rows"])
+        assert [r[2] for r in waiting["rows"]] == ["0 µs", "0 µs"]
         assert cstate["facts"]["pm_qos_requested_us"] == 0
         assert cstate["facts"]["pm_qos_resolved_from"] == "poll"
         table = cstate["tables"][0]
@@ -134,9 +144,12 @@ def test_status_shows_cstate_table_and_irq_distribution(isolated: Latencyd) -> N
         assert refused == {
             "force_latency_us": f"force_latency_us = 'poll': {NO_DRIVER}",
             "resume_latency_us for CPUs 1": NO_DRIVER,
-            "disable_states for CPUs 1": NO_DRIVER,
+            "disable_states for CPUs 1": WITHOUT_DRIVER["disable_states"],
         }
         assert cstate["applied"] == [] and "pm_qos_requested_us" not in cstate["facts"]
+        halt = "halt (no cpuidle driver): halted until the next interrupt"
+        assert waiting["rows"] == [[c, halt, "ignored", f"none ({NO_DRIVER})"] for c in (0, 1)]
+        assert [t["title"] for t in cstate["tables"]] == [waiting["title"]]  # no residency
         assert f"not applicable: force_latency_us: force_latency_us = 'poll': {NO_DRIVER}" in text
     irq = status["plugins"]["irq"]
     assert irq["facts"]["isolated_cpus"] == "1"

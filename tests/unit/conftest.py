@@ -6,7 +6,7 @@ import pytest
 
 from latencyd.cpuset import CpuSet
 from latencyd.schema import Machine
-from tests.unit.fakesys import make_fake_root
+from tests.unit.fakesys import MACHINE_KINDS, FakeMachine, make_fake_root, make_machine_kind
 
 
 @pytest.fixture
@@ -18,3 +18,10 @@ def fake_root(tmp_path: Path) -> Path:
 @pytest.fixture
 def machine() -> Machine:
     return Machine(CpuSet.from_list("0-3"), 8 << 30)
+
+
+@pytest.fixture(params=MACHINE_KINDS)
+def machine_kind(request: pytest.FixtureRequest, tmp_path: Path) -> FakeMachine:
+    """One fake machine of each kind latencyd has met (tests/unit/fakesys.py): a test that
+    takes it runs on a haltpoll guest, a guest without a cpuidle driver and bare metal."""
+    return make_machine_kind(tmp_path, str(request.param))

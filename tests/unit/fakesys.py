@@ -197,65 +197,6 @@ def add_cpuidle(
     dev.write_bytes(struct.pack("=i", PM_QOS_DEFAULT_US))
 
 
-# -- the kinds of machine latencyd has met, as far as idle CPUs go -----------------------------
-
-HALTPOLL_PARAMS = {"ns": "0", "grow": "2", "shrink": "2", "grow_start": "50000",
-                   "allow_shrink": "Y"}  # fmt: skip
-
-
-def _haltpoll_module(root: Path) -> None:
-    for name, value in HALTPOLL_PARAMS.items():
-        put(root, f"sys/module/haltpoll/parameters/guest_halt_poll_{name}", value)
-
-
-def add_haltpoll_guest(root: Path, cpus: int = 2) -> None:
-    """A KVM guest with cpuidle-haltpoll, file for file as the development VM shows it:
-    states POLL (0 µs) and "haltpoll idle" (1 µs), haltpoll governor, halt-polling off."""
-    add_cpuidle(root, range(cpus), (("POLL", 0, 1000, 10), ("haltpoll idle", 1, 9000, 90)))
-    put(root, "sys/devices/system/cpu/cpuidle/current_driver", "haltpoll")
-    put(root, "sys/devices/system/cpu/cpuidle/current_governor", "haltpoll")
-    put(root, "sys/devices/system/cpu/cpuidle/available_governors", "ladder menu haltpoll")
-    _haltpoll_module(root)
-    put(root, "proc/cpuinfo", "processor\t: 0\nflags\t\t: fpu vme hypervisor sse\n")
-
-
-def add_guest_without_cpuidle(root: Path, cpus: int = 2) -> None:
-    """A KVM guest without a cpuidle driver: current_driver reads "none", no cpuN/cpuidle,
-    resume-latency files and /dev/cpu_dma_latency present, haltpoll parameters present but
-    unused (cpuidle_haltpoll force=N). Idle CPUs halt whatever any of them say."""
-    for cpu in range(cpus):
-        put(root, f"sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us", "0")
-    dev = root / "dev/cpu_dma_latency"
-    dev.parent.mkdir(parents=True, exist_ok=True)
-    dev.write_bytes(struct.pack("=i", PM_QOS_DEFAULT_US))
-    put(root, "sys/devices/system/cpu/cpuidle/current_driver", "none")
-    put(root, "sys/devices/system/cpu/cpuidle/current_governor_ro", "menu")
-    _haltpoll_module(root)
-    put(root, "proc/cpuinfo", "processor\t: 0\nflags\t\t: fpu vme hypervisor sse\n")
-
-
-INTEL_IDLE_STATES = (("POLL", 0, 100, 10), ("C1", 1, 2000, 20), ("C1E", 2, 3000, 30),
-                     ("C6", 170, 90000, 40))  # fmt: skip
-
-
-def add_bare_metal_intel(root: Path, cpus: int = 4) -> None:
-    """Bare metal with intel_idle (POLL, C1, C1E, C6 at 170 µs), the menu governor and
-    intel_pstate's cpufreq; no hypervisor flag."""
-    add_cpuidle(root, range(cpus), INTEL_IDLE_STATES)
-    put(root, "sys/devices/system/cpu/cpuidle/current_driver", "intel_idle")
-    put(root, "sys/devices/system/cpu/cpuidle/current_governor", "menu")
-    put(root, "sys/devices/system/cpu/cpuidle/available_governors", "ladder menu teo")
-    add_intel_pstate(root, cpus)
-    put(root, "proc/cpuinfo", "processor\t: 0\nflags\t\t: fpu vme sse avx2\n")
-
-
-MACHINE_KINDS: dict[str, Callable[[Path], None]] = {
-    "haltpoll guest": add_haltpoll_guest,
-    "guest without a cpuidle driver": add_guest_without_cpuidle,
-    "bare metal intel_idle": add_bare_metal_intel,
-}
-
-
 # -- tasks ---------------------------------------------------------------------------------
 
 
@@ -833,3 +774,91 @@ def make_fake_machine(tmp_path: Path) -> System:
     add_intel_pstate(root)
     put(root, "sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never")
     return CpufreqLikeSystem(root, sched=sched, ethtool=ethtool)
+
+
+# -- one fake machine per kind latencyd has met --------------------------------------------
+# What decides how idle CPUs wait differs by kind (see latencyd/idle.py); so do the claims
+# latencyd may make. Each builder lays out the files the kernel shows on that kind.
+
+HALTPOLL_GUEST = "haltpoll guest"
+NO_CPUIDLE_GUEST = "guest without a cpuidle driver"
+INTEL_METAL = "bare metal with intel_idle"
+MACHINE_KINDS = (HALTPOLL_GUEST, NO_CPUIDLE_GUEST, INTEL_METAL)
+
+# The haltpoll governor's parameters, as the development VMs show them.
+HALTPOLL_PARAMS = {"ns": "0", "grow": "2", "shrink": "2", "grow_start": "50000",
+                   "allow_shrink": "Y"}  # fmt: skip
+HALTPOLL_STATES = (("POLL", 0, 1000, 10), ("haltpoll idle", 1, 9000, 90))
+# intel_idle on a Skylake-SP server: exit latencies 0, 1, 2 and 133 µs (85-170 on others).
+INTEL_IDLE_STATES = (("POLL", 0, 100, 10), ("C1", 1, 2000, 20), ("C1E", 2, 3000, 30),
+                     ("C6", 133, 90000, 40))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FakeMachine:
+    kind: str
+    root: Path
+    system: System
+
+
+def _cpuidle_dir(root: Path, driver: str, governor: str, governors: str) -> None:
+    base = "sys/devices/system/cpu/cpuidle"
+    put(root, f"{base}/current_driver", driver)
+    put(root, f"{base}/current_governor", governor)
+    put(root, f"{base}/current_governor_ro", governor)
+    put(root, f"{base}/available_governors", governors)
+
+
+def _common(root: Path, cpus: int, siblings: Callable[[int], str], hypervisor: bool) -> None:
+    flags = "fpu vme sse hypervisor" if hypervisor else "fpu vme sse avx2"
+    put(root, "proc/cpuinfo", "".join(f"processor\t: {c}\nflags\t\t: {flags}\n\n"
+                                      for c in range(cpus)))  # fmt: skip
+    for cpu in range(cpus):
+        put(root, f"sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list", siblings(cpu))
+    put(root, "sys/devices/system/node/node0/cpulist", f"0-{cpus - 1}")
+    for name, value in HALTPOLL_PARAMS.items():
+        put(root, f"sys/module/haltpoll/parameters/guest_halt_poll_{name}", value)
+
+
+def make_machine_kind(tmp_path: Path, kind: str) -> FakeMachine:
+    """A fake machine of one of MACHINE_KINDS, with a NIC, topology and cpuinfo for
+    `recommend`:
+
+    - haltpoll guest (the development VMs): 2 vCPUs, cpuidle driver and governor haltpoll,
+      states POLL (0 µs) and "haltpoll idle" (1 µs), guest halt-polling off (0 ns),
+      cpuidle_haltpoll force=Y, a virtio_net NIC;
+    - guest without a cpuidle driver: 2 vCPUs, current_driver "none" and no cpuN/cpuidle
+      (the governors are still registered), resume-latency files and /dev/cpu_dma_latency
+      present, the haltpoll governor's parameters present but unused (force=N);
+    - bare metal with intel_idle: 8 CPUs (4 cores with SMT, siblings N and N+4), states
+      POLL, C1, C1E, C6, the menu governor, intel_pstate's cpufreq, an ice NIC, no
+      hypervisor flag; the haltpoll parameters exist too (a distro kernel with the haltpoll
+      governor built in, which registers it only under KVM).
+    """
+    if kind == INTEL_METAL:
+        root = make_fake_root(tmp_path, cpus="0-7")
+        add_cpuidle(root, range(8), INTEL_IDLE_STATES)
+        _cpuidle_dir(root, "intel_idle", "menu", "ladder menu teo")
+        _common(root, 8, lambda c: f"{c % 4},{c % 4 + 4}", hypervisor=False)
+        add_intel_pstate(root, 8)
+        add_nic(root, "ens1f0", 2, bus="0000:3b:00.0", driver="ice", queues=4)
+        put(root, "sys/class/net/ens1f0/device/numa_node", "0")
+        return FakeMachine(kind, root, CpufreqLikeSystem(root))
+    root = make_fake_root(tmp_path, cpus="0-1")
+    if kind == HALTPOLL_GUEST:
+        add_cpuidle(root, range(2), HALTPOLL_STATES)
+        _cpuidle_dir(root, "haltpoll", "haltpoll", "ladder menu haltpoll")
+        put(root, "sys/module/cpuidle_haltpoll/parameters/force", "Y")
+    elif kind == NO_CPUIDLE_GUEST:
+        for cpu in range(2):
+            put(root, f"sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us", "0")
+        (root / "dev").mkdir(exist_ok=True)
+        (root / "dev/cpu_dma_latency").write_bytes(struct.pack("=i", PM_QOS_DEFAULT_US))
+        _cpuidle_dir(root, "none", "menu", "ladder menu haltpoll")
+        put(root, "sys/module/cpuidle_haltpoll/parameters/force", "N")
+    else:
+        raise ValueError(f"unknown machine kind {kind!r}")
+    _common(root, 2, str, hypervisor=True)
+    add_nic(root, "eth0", 2, bus="0000:00:04.0", driver="virtio_net")
+    put(root, "sys/class/net/eth0/device/numa_node", "-1")
+    return FakeMachine(kind, root, SysfsLikeSystem(root))

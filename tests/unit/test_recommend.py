@@ -7,6 +7,7 @@ from pathlib import Path
 from latencyd.config import shipped_profiles_dir
 from latencyd.cpuset import CpuSet
 from latencyd.explain import explain
+from latencyd.idle import IdleFacts, IdleState
 from latencyd.recommend import Facts, Nic, read_facts, recommend
 from latencyd.system import System
 from tests.unit.fakesys import add_nic, make_fake_root, put
@@ -18,10 +19,14 @@ def cores(*pairs: str) -> tuple[CpuSet, ...]:
     return tuple(CpuSet.from_list(p) for p in pairs)
 
 
+def states(*table: tuple[str, int]) -> dict[int, tuple[IdleState, ...]]:
+    return {0: tuple(IdleState(i, name, lat) for i, (name, lat) in enumerate(table))}
+
+
 # What this VM looks like: 2 vCPUs, haltpoll, one virtio NIC.
 SMALL_VM = Facts(
     virtual="the cpuidle driver is haltpoll (KVM guests)",
-    idle_driver="haltpoll",
+    idle=IdleFacts("haltpoll", "haltpoll", states(("POLL", 0), ("haltpoll idle", 1)), 0),
     online=CpuSet.from_list("0-1"),
     cores=cores("0", "1"),
     nodes=cores("0-1"),
@@ -32,7 +37,7 @@ SMALL_VM = Facts(
 # 16 CPUs, 8 cores with SMT (siblings N and N+8), two NUMA nodes, the NIC on node 1.
 BIG_METAL = Facts(
     virtual="",
-    idle_driver="intel_idle",
+    idle=IdleFacts("intel_idle", "menu", states(("POLL", 0), ("C1", 2), ("C6", 133))),
     online=CpuSet.from_list("0-15"),
     cores=tuple(CpuSet([c, c + 8]) for c in range(8)),
     nodes=cores("0-3,8-11", "4-7,12-15"),
@@ -53,7 +58,15 @@ def test_a_small_vm_gets_network_latency_without_isolation() -> None:
 
 def test_without_a_nic_latency_performance() -> None:
     rec = recommend(
-        Facts("", "acpi_idle", CpuSet([0, 1]), cores("0", "1"), cores("0-1"), (), False)
+        Facts(
+            "",
+            IdleFacts("acpi_idle", "menu"),
+            CpuSet([0, 1]),
+            cores("0", "1"),
+            cores("0-1"),
+            (),
+            False,
+        )
     )
     assert rec.profile == "latency-performance"
     assert "No physical NIC" in "\n".join(rec.reasons)
@@ -105,7 +118,7 @@ def test_read_facts_from_sysfs(tmp_path: Path) -> None:
     put(root, "proc/77/comm", "irqbalance")
     facts = read_facts(System(str(root)))
     assert facts.virtual.startswith("the CPU flags say a hypervisor")
-    assert facts.idle_driver == "haltpoll"
+    assert facts.idle.driver == "haltpoll"
     assert facts.online == CpuSet.from_list("0-3")
     assert sorted(facts.cores, key=min) == list(cores("0,2", "1,3"))
     assert facts.nodes == cores("0-3")
