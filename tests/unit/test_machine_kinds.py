@@ -199,8 +199,9 @@ def test_shipped_profiles_apply_only_what_acts_here(
         else:  # responsive on intel_idle holds C1's 1 µs; realtime-poll's "poll" is 0
             assert applied[PmQosRequest()] == (0 if poll else 1)
             assert system.pmqos.held() == (0 if poll else 1)
-        if profile != "latency-performance":  # the isolated CPU: polling only
-            assert applied[ResumeLatency(1)] == "n/a"
+        # The isolated CPU waits as every CPU does: forcing it to poll measured worse
+        # under load (profiles/cpu-partitioning.toml); realtime-poll polls everywhere.
+        assert not [t for t in applied if isinstance(t, ResumeLatency)]
     assert engine.off() == []
     assert tree_bytes(machine_kind.root, "sys") == before
     assert system.pmqos.held() is None  # the request ends with its fd
