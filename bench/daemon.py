@@ -455,12 +455,19 @@ def bytecode_env(compiled: bool, workroot: Path) -> Iterator[str]:
     elif os.environ.get("PYTHONDONTWRITEBYTECODE"):
         import importlib.util
 
-        cached = Path(importlib.util.cache_from_source(str(REPO / "latencyd" / "cli.py")))
+        # A .pyc older than its source is recompiled by every process that imports it.
+        sources = [*REPO.glob("latencyd/**/*.py"), *REPO.glob("plugins/*.py")]
+        stale = []
+        for source in sources:
+            cached = Path(importlib.util.cache_from_source(str(source)))
+            if not cached.exists() or cached.stat().st_mtime < source.stat().st_mtime:
+                stale.append(source.relative_to(REPO))
         mode = (
-            "latencyd's own modules have cached bytecode"
-            if cached.exists()
-            else "PYTHONDONTWRITEBYTECODE is set and latencyd has no cached bytecode: every "
-            "latencyd/latencyctl process compiles its own modules (try --compiled)"
+            "latencyd's own modules have current cached bytecode"
+            if not stale
+            else f"PYTHONDONTWRITEBYTECODE is set and {len(stale)} of latencyd's "
+            f"{len(sources)} modules have no current cached bytecode (e.g. {stale[0]}): "
+            "every latencyd/latencyctl process compiles those (try --compiled)"
         )
     else:
         mode = "default (Python writes and reuses __pycache__)"
