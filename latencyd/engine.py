@@ -390,18 +390,16 @@ class Engine:
 
     def _owned_by(self, name: str) -> Callable[[Target], tuple[Value, Value] | None]:
         """(original, applied) of one of plugin `name`'s applied targets, or None."""
+        owned = self.owned(name)
 
         def lookup(target: Target) -> tuple[Value, Value] | None:
             sid = (name, target)
-            if sid not in self.applied or sid not in self.originals:
+            if sid not in self.originals:
                 return None
-            applied = self.applied[sid]
-            if applied is ADOPTED:  # what the last run set is what the kernel holds now
-                try:
-                    applied = self.plugins[name].read(target)
-                except LatencydError:
-                    return None
-            return self.originals[sid], applied
+            try:
+                return self.originals[sid], owned[target]  # adopted: as the kernel holds it
+            except KeyError:
+                return None
 
         return lookup
 
@@ -482,11 +480,16 @@ class Engine:
         current = self.applied[sid]
         if not plugin.exists(target):
             return
-        if _give_back(plugin, target, self.originals[sid]):
-            report.changed(sid[0], target, None if current is ADOPTED else current,
-                           self.originals[sid])  # fmt: skip
+        self._give_back(sid, report)
         if current is not ADOPTED:
             undo.append(lambda: plugin.write(target, current))
+
+    def _give_back(self, sid: SettingId, report: StepReport) -> None:
+        """Restore one owned setting's original (see _give_back) and note it in `report`."""
+        plugin, target, current = self.plugins[sid[0]], sid[1], self.applied[sid]
+        if _give_back(plugin, target, self.originals[sid]):
+            before = None if current is ADOPTED else current
+            report.changed(sid[0], target, before, self.originals[sid])
 
     def _roll_back(self, undo: list[Callable[[], None]]) -> None:
         for action in reversed(undo):
@@ -509,10 +512,7 @@ class Engine:
             if not plugin.exists(target):
                 continue  # the thread/IRQ/device is gone: nothing to restore
             try:
-                current = self.applied[sid]
-                if _give_back(plugin, target, self.originals[sid]):
-                    before = None if current is ADOPTED else current
-                    report.changed(sid[0], target, before, self.originals[sid])
+                self._give_back(sid, report)
             except Exception as exc:  # one bad setting must not keep the others changed
                 if not isinstance(exc, LatencydError):
                     log.exception("restoring %s", sid)
