@@ -211,12 +211,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         """Narrow the threads of `task` that may run on isolated CPUs *and* elsewhere to
         the elsewhere; threads confined to isolated CPUs are left where they are."""
         isolate = rules.isolate_tasks
-        if not isolate or task.is_kthread:
+        if not isolate or task.is_kthread or self.left_alone(rules, task):
             return {}
-        if any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow):
-            return {}
-        if self.exempt_pids and self.exempt_pids.intersection(self.system.ancestors(task.pid)):
-            return {}  # started under `latencyctl hold`: the application itself
         settings: Settings = {}
         for tid in tids:
             target = TaskAffinity(task.pid, task.start_time, tid)
@@ -237,6 +233,17 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             if cpus & isolate and not cpus.issubset(isolate):
                 settings[target] = (cpus - isolate).to_list()
         return settings
+
+    def left_alone(self, rules: KthreadRules, task: Task) -> str | None:
+        """Why the shield leaves a user task alone wherever it runs, or None."""
+        if any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow):
+            return "allowed by name ([kthread] allow)"
+        if self.exempt_pids and self.exempt_pids.intersection(self.system.ancestors(task.pid)):
+            return "started under a hold (latencyctl hold)"  # the application itself
+        return None
+
+    def thread_ids(self, pid: int) -> list[int]:
+        return [int(t) for t in self.system.listdir(f"proc/{pid}/task") if t.isdigit()]
 
     def handed_over(self, rules: Any, target: KthreadTarget, actual: Value) -> str | None:
         if not isinstance(target, TaskAffinity) or not isinstance(rules, KthreadRules):
@@ -261,7 +268,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             if task.is_kthread:
                 settings.update(self.kthread_settings(rules, task))
             elif rules.isolate_tasks:
-                tids = [int(t) for t in self.system.listdir(f"proc/{task.pid}/task") if t.isdigit()]
+                tids = self.thread_ids(task.pid)
                 settings.update(self.user_task_settings(rules, task, tids, owned))
         return Expansion(settings, rules)
 
@@ -419,24 +426,19 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         for task in self.system.tasks():
             if task.is_kthread:
                 continue
-            for entry in self.system.listdir(f"proc/{task.pid}/task"):
-                if not entry.isdigit():
-                    continue
+            alone = self.left_alone(rules, task)
+            for tid in self.thread_ids(task.pid):
                 try:
-                    cpus = self.system.affinity(int(entry))
+                    cpus = self.system.affinity(tid)
                 except KernelRefused:
                     continue  # exited meanwhile
                 if not cpus & isolate:
                     continue
                 if cpus.issubset(isolate):
                     why = "confined to isolated CPUs: put there on purpose"
-                elif any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow):
-                    why = "allowed by name ([kthread] allow)"
-                elif self.exempt_pids & set(self.system.ancestors(task.pid)):
-                    why = "started under a hold (latencyctl hold)"
                 else:
-                    why = "not moved yet"
-                rows.append((task.pid, int(entry), task.comm, str(cpus & isolate), why))
+                    why = alone or "not moved yet"
+                rows.append((task.pid, tid, task.comm, str(cpus & isolate), why))
         return Table(
             f"User tasks on the isolated CPUs {isolate} (tasks moved off them: applied "
             "settings 'user task ... CPUs')",
