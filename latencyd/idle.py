@@ -26,6 +26,9 @@ CPUIDLE = f"{CPU}/cpuidle"
 HALTPOLL = "sys/module/haltpoll/parameters"
 PM_QOS_NO_LIMIT_US = 2_000_000_000  # what /dev/cpu_dma_latency reads with no request held
 NO_DRIVER = "no cpuidle driver: idle CPUs halt whatever PM QoS says"
+# The kernel's resume-latency file inverts intuition: "0" means no constraint and
+# "n/a" means zero tolerance. Profiles say what they mean in µs; cstate translates.
+NO_CONSTRAINT, ZERO_TOLERANCE = "0", "n/a"
 # How long a haltpoll guest CPU polls before it halts, when `idle = "responsive"`: on
 # these VMs 200 µs cut sockperf's median RTT/2 from ~41 to ~4 µs; the window is adaptive
 # (it grows while wake-ups come soon after idle entry, shrinks to nothing when they do
@@ -137,9 +140,9 @@ def states_of(system: System, cpu: int) -> tuple[IdleState, ...]:
 def resume_limit(text: str) -> int | None:
     """A CPU's pm_qos_resume_latency_us as a limit: the kernel shows "n/a" for 0 µs (polling
     only) and "0" for no limit; None too where the file is missing or unreadable."""
-    if text == "n/a":
+    if text == ZERO_TOLERANCE:
         return 0
-    return int(text) if text.isdigit() and text != "0" else None
+    return int(text) if text.isdigit() and text != NO_CONSTRAINT else None
 
 
 def read_idle(system: System, cpus: Iterable[int] | None = None) -> IdleFacts:

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.idle import (
+    NO_CONSTRAINT,
     NO_DRIVER,
     RESPONSIVE_POLL_NS,
+    ZERO_TOLERANCE,
     IdleFacts,
     IdleState,
     read_driver,
@@ -56,9 +58,6 @@ from latencyd.system import System
 CPU = "sys/devices/system/cpu"
 SYMBOLIC = Pattern(r"poll|shallowest|state:.+", '"poll", "shallowest" or "state:NAME"')
 STATE_SELECTOR = Pattern(r"deeper-than:\d+|[^:]+", 'a state name (glob) or "deeper-than:µs"')
-# The kernel's resume-latency file inverts intuition: "0" means no constraint and
-# "n/a" means zero tolerance. Profiles say what they mean in µs; we translate.
-NO_CONSTRAINT, ZERO_TOLERANCE = "0", "n/a"
 # Why each option is not applicable where the idle loop halts (no cpuidle driver).
 WITHOUT_DRIVER = {
     "force_latency_us": NO_DRIVER,
@@ -427,13 +426,18 @@ class CstatePlugin(Plugin[CstateTarget]):
         return f"cpu{target.cpu} state{target.state}/disable = {value}"
 
     # -- monitoring ---------------------------------------------------------------------
-    def counters(self) -> dict[int, dict[int, tuple[int, int]]]:
-        """cpu -> state index -> (time µs, usage)."""
+    def counters(
+        self, states: Mapping[int, Sequence[IdleState]] | None = None
+    ) -> dict[int, dict[int, tuple[int, int]]]:
+        """cpu -> state index -> (time µs, usage), for the states given (already read) or
+        every online CPU's."""
+        if states is None:
+            states = {cpu: self.states(cpu) for cpu in self.system.online_cpus()}
         out: dict[int, dict[int, tuple[int, int]]] = {}
-        for cpu in self.system.online_cpus():
+        for cpu, cpu_states in states.items():
             base = f"{CPU}/cpu{cpu}/cpuidle"
             out[cpu] = {}
-            for state in self.states(cpu):
+            for state in cpu_states:
                 d = f"{base}/state{state.index}"
                 out[cpu][state.index] = (
                     int(self.system.read(f"{d}/time")),
@@ -448,11 +452,12 @@ class CstatePlugin(Plugin[CstateTarget]):
             self.baseline = {}
         self.baseline_at = time.monotonic()
 
-    def residency(self) -> Table:
-        now = self.counters()
+    def residency(self, idle_states: Mapping[int, Sequence[IdleState]] | None = None) -> Table:
+        now = self.counters(idle_states)
         elapsed_us = max((time.monotonic() - self.baseline_at) * 1e6, 1.0)
         cpu0 = min(now) if now else 0
-        names = {s.index: s.name for s in self.states(cpu0)}
+        listed = idle_states[cpu0] if idle_states and cpu0 in idle_states else self.states(cpu0)
+        names = {s.index: s.name for s in listed}
         columns = ["CPU", "busy%"]
         for idx in sorted(names):
             columns += [f"{names[idx]} %", f"{names[idx]} usage"]
@@ -492,7 +497,7 @@ class CstatePlugin(Plugin[CstateTarget]):
         if idle.halts_regardless:
             return Monitor((waiting,), facts | {"residency": "none: no cpuidle states to count"})
         try:
-            return Monitor((self.residency(), waiting), facts)
+            return Monitor((self.residency(idle.states), waiting), facts)
         except KernelRefused as exc:
             return Monitor((waiting,), facts | {"residency_error": str(exc)})
 
