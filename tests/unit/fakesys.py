@@ -178,13 +178,11 @@ def add_cpuidle(
     cpus: range | list[int] = range(4),
     states: tuple[tuple[str, int, int, int], ...] = DEFAULT_IDLE_STATES,
 ) -> None:
-    """cpuN/cpuidle/stateK/{name,latency,disable,time,usage}, cpuN/power/... and the PM QoS dev.
-
-    /dev/cpu_dma_latency is a plain file holding the kernel's default as a binary s32.
-    """
+    """cpuN/cpuidle/stateK/{name,latency,disable,time,usage}, and the PM QoS files of
+    add_pm_qos."""
+    add_pm_qos(root, cpus)
     for cpu in cpus:
         base = f"sys/devices/system/cpu/cpu{cpu}"
-        put(root, f"{base}/power/pm_qos_resume_latency_us", "0")
         for index, (name, latency, time_us, usage) in enumerate(states):
             d = f"{base}/cpuidle/state{index}"
             put(root, f"{d}/name", name)
@@ -192,6 +190,14 @@ def add_cpuidle(
             put(root, f"{d}/disable", "0")
             put(root, f"{d}/time", str(time_us))
             put(root, f"{d}/usage", str(usage))
+
+
+def add_pm_qos(root: Path, cpus: range | list[int]) -> None:
+    """cpuN/power/pm_qos_resume_latency_us ("0": no limit) and /dev/cpu_dma_latency as a
+    plain file holding the kernel's default as a binary s32: there with or without a
+    cpuidle driver."""
+    for cpu in cpus:
+        put(root, f"sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us", "0")
     dev = root / "dev/cpu_dma_latency"
     dev.parent.mkdir(parents=True, exist_ok=True)
     dev.write_bytes(struct.pack("=i", PM_QOS_DEFAULT_US))
@@ -850,10 +856,7 @@ def make_machine_kind(tmp_path: Path, kind: str) -> FakeMachine:
         _cpuidle_dir(root, "haltpoll", "haltpoll", "ladder menu haltpoll")
         put(root, "sys/module/cpuidle_haltpoll/parameters/force", "Y")
     elif kind == NO_CPUIDLE_GUEST:
-        for cpu in range(2):
-            put(root, f"sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us", "0")
-        (root / "dev").mkdir(exist_ok=True)
-        (root / "dev/cpu_dma_latency").write_bytes(struct.pack("=i", PM_QOS_DEFAULT_US))
+        add_pm_qos(root, range(2))
         _cpuidle_dir(root, "none", "menu", "ladder menu haltpoll")
         put(root, "sys/module/cpuidle_haltpoll/parameters/force", "N")
     else:
