@@ -28,19 +28,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
 from latencyd.measure import Processes, TunedDaemon
 from scripts.private_bus import PrivateBus
-from tests.harness import POLICY, REPO, Latencyd
+from tests.harness import POLICY, REPO, Latencyd, idle_threads
 
 ISOLATED = 1
 TARGETS = {  # at the largest size, as issue 19 asks for 20,000 threads
@@ -51,28 +52,6 @@ TARGETS = {  # at the largest size, as issue 19 asks for 20,000 threads
     "verify_s": 0.5,
     "off_s": 0.5,
 }
-SPAWNER = """
-import sys, threading, time
-threading.stack_size(256 * 1024)
-ev = threading.Event()
-for _ in range(int(sys.argv[1])):
-    threading.Thread(target=ev.wait, daemon=True).start()
-print("ready", flush=True)
-time.sleep(3600)
-"""
-
-
-@contextlib.contextmanager
-def threads(n: int) -> Iterator[subprocess.Popen[str]]:
-    """One process holding `n` idle threads, allowed on every CPU."""
-    proc = subprocess.Popen([sys.executable, "-c", SPAWNER, str(n)], stdout=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def tids(pid: int) -> list[int]:
@@ -89,14 +68,10 @@ def wait_until(cond: Callable[[], bool], timeout: float) -> bool:
 
 
 def all_off(pid: int) -> bool:
-    import os
-
     return all(ISOLATED not in os.sched_getaffinity(t) for t in tids(pid))
 
 
 def all_back(pid: int, every: set[int]) -> bool:
-    import os
-
     return all(os.sched_getaffinity(t) == every for t in tids(pid))
 
 
@@ -133,7 +108,7 @@ def timed(d: Latencyd, *args: str) -> float:
 
 def latencyd_at(d: Latencyd, n: int, hold: float, every: set[int]) -> dict[str, Any]:
     assert d.proc is not None
-    with threads(n) as app:
+    with idle_threads(n) as app:
         t0 = time.monotonic()
         switch = timed(d, "switch", "cpu-partitioning")
         narrowed = time.monotonic() - t0 if wait_until(lambda: all_off(app.pid), 120) else None
@@ -152,7 +127,7 @@ def latencyd_at(d: Latencyd, n: int, hold: float, every: set[int]) -> dict[str, 
 def tuned_at(d: Latencyd, n: int, hold: float, every: set[int], etc: Path) -> dict[str, Any]:
     procs = Processes()
     tuned = TunedDaemon(procs, etc, hold="untuned")
-    with threads(n) as app:
+    with idle_threads(n) as app:
         try:
             t0 = time.monotonic()
             tuned.start("cpu-partitioning")
@@ -177,8 +152,6 @@ def tuned_at(d: Latencyd, n: int, hold: float, every: set[int], etc: Path) -> di
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import os
-
     every = set(os.sched_getaffinity(0))
     sizes = [0, 1000] if args.quick else [int(s) for s in args.sizes.split(",")]
     with_tuned = shutil.which("tuned") is not None and not args.quick

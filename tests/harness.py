@@ -2,18 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 POLICY = REPO / "systemd" / "org.latencyd.Daemon1.conf"
 BUS_NAME = "org.latencyd.Daemon1"
+
+
+IDLE_THREADS = """
+import sys, threading, time
+threading.stack_size(256 * 1024)
+ev = threading.Event()
+for _ in range(int(sys.argv[1])):
+    threading.Thread(target=ev.wait, daemon=True).start()
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+@contextlib.contextmanager
+def idle_threads(n: int) -> Iterator[subprocess.Popen[str]]:
+    """One process holding `n` idle threads (a JVM's worth), allowed on every CPU; killed
+    on leaving the block."""
+    proc = subprocess.Popen([sys.executable, "-c", IDLE_THREADS, str(n)],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def name_has_owner(address: str) -> bool:

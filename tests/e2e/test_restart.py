@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +22,7 @@ from latencyd.errors import LatencydError
 from latencyd.plugin import Plugin, Target, decode_target, load_plugins, target_kinds
 from latencyd.system import System
 from tests.fdstore import FdStoreStandIn
-from tests.harness import Latencyd, wait_for
+from tests.harness import Latencyd, idle_threads, wait_for
 from tests.machine_state import pm_qos_holders
 from tests.sampler import SETTINGS, Sampler, all_tuned, finish, pm_qos_us, profile_for
 from tests.sampler import sampling as sampler_running
@@ -220,17 +218,6 @@ def test_kill9_and_restart_of_every_shipped_profile_starts_and_flips_nothing_bac
             assert plugin.same(target, original, plugin.read(target)), text
 
 
-THREADS = """
-import sys, threading, time
-threading.stack_size(256 * 1024)
-ev = threading.Event()
-for _ in range(int(sys.argv[1])):
-    threading.Thread(target=ev.wait, daemon=True).start()
-print("ready", flush=True)
-time.sleep(600)
-"""
-
-
 def test_kill9_in_the_middle_of_a_10000_thread_switch_then_restart_restores_them_all(
     start_daemon: Callable[..., Latencyd],
 ) -> None:
@@ -239,10 +226,7 @@ def test_kill9_in_the_middle_of_a_10000_thread_switch_then_restart_restores_them
     every = os.sched_getaffinity(0)
     if 1 not in every or len(every) < 2:
         pytest.skip("needs CPU 1 and another")
-    app = subprocess.Popen([sys.executable, "-c", THREADS, "10000"], stdout=subprocess.PIPE,
-                           text=True)  # fmt: skip
-    try:
-        assert app.stdout is not None and app.stdout.readline().strip() == "ready"
+    with idle_threads(10000) as app:
         tids = [int(t) for t in os.listdir(f"/proc/{app.pid}/task")]
         d = start_daemon(None)
         switch = d.spawn_ctl("switch", "cpu-partitioning")
@@ -257,6 +241,3 @@ def test_kill9_in_the_middle_of_a_10000_thread_switch_then_restart_restores_them
         d.start()  # no profile: what the journal holds is restored
         assert "adopted" in d.log() and "restored the originals" in d.log(), d.log()
         assert [t for t in tids if os.sched_getaffinity(t) != every] == [], moved
-    finally:
-        app.kill()
-        app.wait()
