@@ -45,6 +45,8 @@ from typing import Any
 from latencyd.cpuset import CpuSet
 from latencyd.errors import LatencydError
 from latencyd.latency import Histogram, ratios
+from latencyd.plugin import Plugin, Target, decode_target, discover
+from latencyd.system import System
 
 TOOLS = {  # tool -> (the command, the Debian package)
     "sockperf": ("sockperf", "sockperf"),
@@ -463,16 +465,18 @@ class TunedDaemon:
     """TuneD in the foreground without D-Bus or socket, for side-by-side comparisons only
     (latencyd never needs it). Stopped with SIGTERM, on which it rolls back its settings.
 
-    TuneD keeps the originals it must put back only in its memory, so three things make a
+    TuneD keeps the originals it must put back only in its memory, so four things make a
     comparison safe even if this process is killed outright: TuneD gets SIGTERM when this
     process dies (PR_SET_PDEATHSIG, through setpriv); with `hold`, it runs under
     `latencyctl hold HOLD`, so latencyd keeps that profile until TuneD has rolled back
     (otherwise latencyd's own hold would end with this process, and latencyd would
     re-apply its profile while TuneD rolls back, recording TuneD's values as originals);
-    and it runs in a mount namespace of its own over private copies of /etc/tuned and
-    /etc/modprobe.d, so its notes (active_profile, bootcmdline) and the module options its
-    scripts write never reach the machine's files. `etc` is the configuration to copy
-    instead of /etc/tuned (a comparison's own variables)."""
+    between the two, `guard_tuned` puts back what TuneD's rollback is known to leave
+    (RollbackLeftovers) before the hold ends; and it runs in a mount namespace of its own
+    over private copies of /etc/tuned and /etc/modprobe.d, so its notes (active_profile,
+    bootcmdline) and the module options its scripts write never reach the machine's
+    files. `etc` is the configuration to copy instead of /etc/tuned (a comparison's own
+    variables)."""
 
     FILES = (Path("/etc/tuned"), Path("/etc/modprobe.d"))
     ROLLBACK_S = 60.0  # its rollback joins its plugin threads: seconds, never SIGKILL it
@@ -489,14 +493,12 @@ class TunedDaemon:
         self.workdir: Path | None = None
         self.copied: dict[Path, dict[str, bytes]] = {}  # the private copies as made
         self.wrote: list[str] = []  # the files TuneD changed in its private copies
-        self.masks: dict[Path, str] = {}  # workqueue cpumasks before TuneD ran
         self.put_back: list[str] = []  # what TuneD's rollback left, put back
 
     def start(self, profile: str, timeout: float = 60.0) -> None:
         if shutil.which("tuned") is None:
             raise MeasureError("TuneD is not installed (apt-get install tuned)")
         self.stop()
-        self.masks = workqueue_masks()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"latencyd-tuned-{os.getpid()}-"))
         copies = [self.workdir / "tuned", self.workdir / "modprobe.d"]
         for source, copy in zip((self.etc, self.FILES[1]), copies, strict=True):
@@ -509,6 +511,8 @@ class TunedDaemon:
         argv = ["setpriv", "--pdeathsig", "TERM", "unshare", "--mount", "--propagation",
                 "private", "sh", "-c", self.PRIVATE, "sh", *map(str, copies), "tuned",
                 "--no-dbus", "--no-socket", "--profile", profile, "--log", str(log)]  # fmt: skip
+        argv = ["setpriv", "--pdeathsig", "TERM", sys.executable, "-m", "latencyd.measure",
+                str(self.workdir / "put-back"), *argv]  # fmt: skip
         if self.hold is not None:
             argv = ["setpriv", "--pdeathsig", "TERM", sys.executable, "-m", "latencyd.cli",
                     "hold", "--reason", f"TuneD {profile} (latencyctl measure)", self.hold,
@@ -530,23 +534,16 @@ class TunedDaemon:
             raise MeasureError(f"TuneD did not apply {profile}: {tail}")
 
     def stop(self) -> None:
-        """End TuneD (it rolls back), note what it wrote in its copies, delete them."""
+        """End TuneD (it rolls back, then its guard puts back what the rollback left), note
+        what it wrote in its copies, delete them."""
         if self.proc is not None:
             self.procs.end(self.proc, grace=self.ROLLBACK_S)
             with contextlib.suppress(ValueError):
                 self.procs.running.remove(self.proc)
             self.proc = None
-            # TuneD writes the writeback workqueue's mask through two paths (the
-            # workqueue/*/cpumask glob and /sys/bus/workqueue/devices/writeback/cpumask)
-            # and its rollback sometimes restores the second from a value read after the
-            # first was set: measured here, 2 of 4 cpu-partitioning runs left it isolated.
-            masks_now = workqueue_masks()
-            for path, mask in self.masks.items():
-                now = masks_now.get(path)
-                if now is not None and now != mask:
-                    path.write_text(mask)
-                    self.put_back.append(f"{path}: {now} -> {mask}")
         if self.workdir is not None:
+            report = self.workdir / "put-back"
+            self.put_back += report.read_text().splitlines() if report.exists() else []
             for real, copy in zip(self.FILES, ("tuned", "modprobe.d"), strict=True):
                 after = _files(self.workdir / copy)
                 before = self.copied[real]
@@ -556,10 +553,86 @@ class TunedDaemon:
             self.workdir = None
 
 
+class RollbackLeftovers:
+    """What TuneD's rollback is known to leave, read before TuneD starts and put back after
+    it has exited.
+
+    TuneD writes the writeback workqueue's mask through two paths (the workqueue/*/cpumask
+    glob and /sys/bus/workqueue/devices/writeback/cpumask) and its rollback sometimes
+    restores the second from a value read after the first was set: measured here, 2 of 4
+    cpu-partitioning runs left it isolated. And it writes back the vm.dirty_*ratio it read:
+    0 on a machine whose limits are in bytes, and the kernel then zeroes the bytes too."""
+
+    def __init__(self) -> None:
+        self.masks = workqueue_masks()
+        self.limits = DirtyLimits()
+        self.limits_before = self.limits.read()
+
+    def put_back(self) -> list[str]:
+        """Puts back what differs; says what it wrote."""
+        done = []
+        masks_now = workqueue_masks()
+        for path, mask in self.masks.items():
+            now = masks_now.get(path)
+            if now is not None and now != mask:
+                path.write_text(mask)
+                done.append(f"{path}: {now} -> {mask}")
+        return done + self.limits.put_back(self.limits_before)
+
+
+def guard_tuned(report: Path, argv: list[str]) -> int:
+    """Runs TuneD (`argv`) and, once it has exited (rolled back), puts back what its
+    rollback left, writing one line per setting to `report`. SIGTERM and SIGHUP are passed
+    to TuneD and waited for, never obeyed: the put-back must run after its rollback."""
+    leftovers = RollbackLeftovers()
+    child: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, frame: object) -> None:
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, forward)
+    child = subprocess.Popen(argv)
+    code = child.wait()
+    report.write_text("".join(f"{line}\n" for line in leftovers.put_back()))
+    return code
+
+
 def workqueue_masks() -> dict[Path, str]:
     """The unbound-workqueue cpumask and each workqueue's own."""
     wq = Path("/sys/devices/virtual/workqueue")
     return {p: p.read_text().strip() for p in [wq / "cpumask", *sorted(wq.glob("*/cpumask"))]}
+
+
+class DirtyLimits:
+    """The two vm dirty limits (dirty, dirty_background) through the writeback plugin, which
+    knows the kernel keeps either the ratio or the bytes of each pair."""
+
+    PAIRS = (
+        {"kind": "dirty_limit", "pair": "dirty"},
+        {"kind": "dirty_limit", "pair": "dirty_background"},
+    )
+
+    def __init__(self) -> None:
+        self.plugin: Plugin[Any] = discover()["writeback"](System("/"))
+        kinds = {t.kind: t for t in self.plugin.targets}
+        self.targets = [decode_target(kinds, pair) for pair in self.PAIRS]
+
+    def read(self) -> dict[Target, Any]:
+        return {t: self.plugin.read(t) for t in self.targets}
+
+    def put_back(self, before: dict[Target, Any]) -> list[str]:
+        """Writes each limit that differs from `before`; says what it wrote."""
+        done = []
+        for target, now in self.read().items():
+            was = before.get(target)
+            if was is not None and now != was:
+                self.plugin.write(target, was)
+                describe = self.plugin.describe
+                done.append(f"{describe(target, now)} -> {describe(target, was)}")
+        return done
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -754,3 +827,7 @@ def progress_bar(what: str, share: float) -> None:
     if share >= 1:
         sys.stderr.write("\n")
     sys.stderr.flush()
+
+
+if __name__ == "__main__":  # `python -m latencyd.measure REPORT TUNED-ARGV...`: guard_tuned
+    sys.exit(guard_tuned(Path(sys.argv[1]), sys.argv[2:]))

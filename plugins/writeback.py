@@ -111,6 +111,11 @@ class WritebackPlugin(Plugin[DirtyLimit | VmKnob]):
         if isinstance(target, DirtyLimit):
             ratio, size = PAIRS[target.pair]
             ((mode, number),) = value.items()
+            if mode == "ratio" and number == 0 and int(self.system.read(f"{VM}/{size}")):
+                # The kernel zeroes the bytes only when the ratio changes, and in bytes mode
+                # the ratio reads 0 already: a ratio of 1 first (what a machine left with
+                # no limit at all shows, and so what restoring it writes).
+                self.system.write(f"{VM}/{ratio}", "1")
             self.system.write(f"{VM}/{ratio if mode == 'ratio' else size}", str(number))
         else:
             self.system.write(f"{VM}/{target.name}", str(value))

@@ -111,3 +111,48 @@ def test_multi_field_sysctl_compares_field_by_field(engine: Engine) -> None:
     assert engine.verify() == []
     engine.off()
     assert plugin.read(Sysctl(key)) == current
+
+
+def test_measure_puts_back_limits_in_bytes_that_tuneds_rollback_zeroes() -> None:
+    """TuneD's rollback writes back the vm.dirty_*ratio it read: 0 on a machine whose limits
+    are in bytes, which zeroes the bytes too. `measure` puts the limits back."""
+    from latencyd.measure import DirtyLimits
+
+    plugin = WritebackPlugin(System("/"))
+    background = DirtyLimit("dirty_background")
+    original = {t: plugin.read(t) for t in (DIRTY, background)}
+    try:
+        plugin.write(DIRTY, {"bytes": 48 << 20})
+        plugin.write(background, {"bytes": 24 << 20})
+        limits = DirtyLimits()
+        before = limits.read()
+        for name, tuned in (("dirty_ratio", "10"), ("dirty_background_ratio", "3")):
+            (VM / name).write_text(tuned)  # TuneD applies its ratios...
+        for name in ("dirty_ratio", "dirty_background_ratio"):
+            (VM / name).write_text("0")  # ...and rolls back to the ratio it read
+        assert vm("dirty_bytes") == vm("dirty_background_bytes") == "0"
+        done = limits.put_back(before)
+        assert vm("dirty_bytes") == str(48 << 20) and vm("dirty_background_bytes") == str(24 << 20)
+        assert done == [
+            f"vm.dirty_ratio = 0 -> vm.dirty_bytes = {48 << 20}",
+            f"vm.dirty_background_ratio = 0 -> vm.dirty_background_bytes = {24 << 20}",
+        ]
+        assert limits.put_back(before) == []  # nothing left to put back
+    finally:
+        for target, value in original.items():
+            plugin.write(target, value)
+
+
+def test_a_ratio_of_0_is_written_over_bytes() -> None:
+    """In bytes mode the ratio reads 0 and the kernel ignores an unchanged ratio: restoring
+    "no limit" (ratio 0, bytes 0, as TuneD's rollback leaves a machine in bytes mode) must
+    still zero the bytes."""
+    plugin = WritebackPlugin(System("/"))
+    original = plugin.read(DIRTY)
+    try:
+        plugin.write(DIRTY, {"bytes": 48 << 20})
+        plugin.write(DIRTY, {"ratio": 0})
+        assert (vm("dirty_ratio"), vm("dirty_bytes")) == ("0", "0")
+        assert plugin.read(DIRTY) == {"ratio": 0}
+    finally:
+        plugin.write(DIRTY, original)
