@@ -166,6 +166,16 @@ class Latencyd:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
 
+def sysctl(key: str) -> str:
+    return Path("/proc/sys", key.replace(".", "/")).read_text().strip()
+
+
+def unlike_machine(key: str, value: str, alternative: str) -> str:
+    """`value`, or `alternative` where the machine already has `value` (a profile that
+    set it would change nothing there, and a test could not see it apply)."""
+    return alternative if sysctl(key) == value else value
+
+
 def wait_for(cond: Callable[[], bool], timeout: float) -> float:
     """Poll cond every 0.5 ms until true; returns the seconds it took."""
     start = time.monotonic()

@@ -45,9 +45,9 @@ ALTERNATIVES = {
         ('"kernel.timer_migration" = 0', "0"),
         ('"kernel.timer_migration" = 1', "1"),
     ),
-    "vm.dirty_bytes": (
-        ('dirty_bytes = "64M"', str(64 << 20)),
-        ('dirty_bytes = "65M"', str(65 << 20)),
+    "vm.dirty limit": (
+        ('dirty_bytes = "64M"', f"0 {64 << 20}"),
+        ('dirty_bytes = "65M"', f"0 {65 << 20}"),
     ),
     "vm.dirty_expire_centisecs": (
         ("dirty_expire_centisecs = 1500", "1500"),
@@ -85,8 +85,11 @@ def pm_qos_us() -> int:
 SETTINGS: dict[str, Callable[[], object]] = {
     "vm.swappiness": lambda: read("/proc/sys/vm/swappiness"),
     "kernel.timer_migration": lambda: read("/proc/sys/kernel/timer_migration"),
-    "vm.dirty_bytes": lambda: read("/proc/sys/vm/dirty_bytes"),
-    "vm.dirty_ratio": lambda: read("/proc/sys/vm/dirty_ratio"),
+    # One setting: the kernel keeps either the ratio or the bytes (the other reads 0), so
+    # on a machine whose limit is in bytes the ratio reads 0 tuned or not.
+    "vm.dirty limit": lambda: " ".join(
+        (read("/proc/sys/vm/dirty_ratio"), read("/proc/sys/vm/dirty_bytes"))
+    ),
     "vm.dirty_expire_centisecs": lambda: read("/proc/sys/vm/dirty_expire_centisecs"),
     "cpu1 resume latency": lambda: read(
         "/sys/devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"

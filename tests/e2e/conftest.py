@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Latencyd
+from tests.harness import Latencyd, unlike_machine
 
 PROFILE_A = """
 [main]
@@ -30,7 +30,7 @@ dirty_expire_centisecs = 1600
 
 [sysctl]
 "vm.swappiness" = 11
-"kernel.timer_migration" = 0
+"kernel.timer_migration" = {timer_migration}
 """
 
 BAD_PROFILE = """
@@ -48,7 +48,8 @@ def profiles(tmp_path: Path) -> Path:
     d = tmp_path / "profiles"
     d.mkdir()
     (d / "test-a.toml").write_text(PROFILE_A)
-    (d / "test-b.toml").write_text(PROFILE_B)
+    timer_migration = unlike_machine("kernel.timer_migration", "0", "1")
+    (d / "test-b.toml").write_text(PROFILE_B.format(timer_migration=timer_migration))
     (d / "test-bad.toml").write_text(BAD_PROFILE)
     return d
 

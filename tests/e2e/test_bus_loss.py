@@ -10,11 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import POLICY, Latencyd, name_has_owner, wait_for
-
-
-def sysctl(key: str) -> str:
-    return Path("/proc/sys", key.replace(".", "/")).read_text().strip()
+from tests.harness import POLICY, Latencyd, name_has_owner, sysctl, wait_for
 
 
 @pytest.fixture

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from latencyd.journal import Journal
-from tests.harness import Latencyd, wait_for
+from tests.harness import Latencyd, sysctl, unlike_machine, wait_for
 from tests.nobody import PERMISSIVE_POLICY, cli_as_nobody
+
+DIRTY_PAIR = ("vm.dirty_ratio", "vm.dirty_bytes")
 
 # Every sysctl the test-a profile changes.
 TEST_A_KEYS = (
@@ -23,12 +25,8 @@ TEST_A_KEYS = (
 )
 
 
-def sysctl(key: str) -> str:
-    return Path("/proc/sys", key.replace(".", "/")).read_text().strip()
-
-
 def test_start_applies_profile_and_status_reports_it(start_daemon: Callable[..., Latencyd]) -> None:
-    before = {k: sysctl(k) for k in ("vm.swappiness", "vm.dirty_ratio", "vm.stat_interval")}
+    before = {k: sysctl(k) for k in ("vm.swappiness", "vm.stat_interval", *DIRTY_PAIR)}
     d = start_daemon("test-a")
     assert sysctl("vm.swappiness") == "11"
     assert sysctl("vm.dirty_bytes") == str(64 << 20)
@@ -45,7 +43,10 @@ def test_start_applies_profile_and_status_reports_it(start_daemon: Callable[...,
     writeback = status["plugins"]["writeback"]["applied"]
     dirty = next(i for i in writeback if i["target"] == {"kind": "dirty_limit", "pair": "dirty"})
     assert dirty["value"] == {"bytes": 64 << 20}
-    assert dirty["original"] == {"ratio": int(before["vm.dirty_ratio"])}
+    # The machine's own mode: a ratio, or bytes (then its ratio reads 0).
+    nbytes = int(before["vm.dirty_bytes"])
+    original = {"bytes": nbytes} if nbytes else {"ratio": int(before["vm.dirty_ratio"])}
+    assert dirty["original"] == original
     text = d.ctl("status").stdout
     assert "active profile: test-a" in text and "vm.dirty_bytes = 67108864" in text
 
@@ -53,6 +54,7 @@ def test_start_applies_profile_and_status_reports_it(start_daemon: Callable[...,
 def test_incremental_switch_touches_only_differences(start_daemon: Callable[..., Latencyd]) -> None:
     original_stat_interval = sysctl("vm.stat_interval")
     original_timer_migration = sysctl("kernel.timer_migration")
+    timer_migration = unlike_machine("kernel.timer_migration", "0", "1")  # test-b's
     d = start_daemon("test-a")
     r = d.ctl("switch", "test-b", "--json")
     assert r.returncode == 0, r.stderr
@@ -66,7 +68,7 @@ def test_incremental_switch_touches_only_differences(start_daemon: Callable[...,
     assert sysctl("vm.dirty_ratio") == "15" and sysctl("vm.dirty_bytes") == "0"
     assert sysctl("vm.dirty_expire_centisecs") == "1600"
     assert sysctl("vm.stat_interval") == original_stat_interval
-    assert sysctl("kernel.timer_migration") == "0"
+    assert sysctl("kernel.timer_migration") == timer_migration
     assert d.ctl("active").stdout.strip() == "test-b"
     assert d.ctl("off").returncode == 0
     assert sysctl("kernel.timer_migration") == original_timer_migration
@@ -156,7 +158,7 @@ def test_kill9_then_restart_adopts_and_stop_restores_every_original(
 def test_kill9_then_restart_without_profile_leaves_originals(
     start_daemon: Callable[..., Latencyd],
 ) -> None:
-    before = {k: sysctl(k) for k in ("vm.swappiness", "vm.dirty_ratio", "vm.stat_interval")}
+    before = {k: sysctl(k) for k in ("vm.swappiness", "vm.stat_interval", *DIRTY_PAIR)}
     d = start_daemon("test-a")
     d.kill9()
     d.profile = None

@@ -8,8 +8,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.test_daemon import sysctl
-from tests.harness import BIN, Latencyd, wait_for
+from tests.harness import BIN, Latencyd, sysctl, wait_for
 from tests.nobody import cli_as_nobody
 
 
