@@ -17,11 +17,18 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from latencyd.errors import ApplyFailed, JournalError, KernelRefused, LatencydError, NotApplicable
+from latencyd.errors import (
+    ApplyFailed,
+    Cancelled,
+    JournalError,
+    KernelRefused,
+    LatencydError,
+    NotApplicable,
+)
 from latencyd.journal import Journal, JournalKey, JournalState
 from latencyd.plugin import (
     Expansion,
@@ -33,6 +40,7 @@ from latencyd.plugin import (
     Value,
     decode_target,
     encode_target,
+    in_one_go,
     target_kinds,
 )
 from latencyd.profile import Profile
@@ -56,6 +64,41 @@ ENGINE_OPTIONS = (
 
 
 ENGINE_OPTION_NAMES = frozenset(o.name for o in ENGINE_OPTIONS)
+
+# A long step (thousands of tasks) gives its caller back control at least this often, so
+# the daemon's main loop keeps answering (status, off) while it runs.
+SLICE_S = 0.02
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a step has come: `done` of `total` settings read or written."""
+
+    done: int
+    total: int
+
+
+Steps = Generator[Progress, None, "StepReport"]
+
+
+class Slices:
+    """Says when a loop has run for a slice (SLICE_S) and should give control back."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.until = time.perf_counter() + SLICE_S
+
+    def due(self) -> bool:
+        self.done += 1
+        if time.perf_counter() < self.until:
+            return False
+        self.until = time.perf_counter() + SLICE_S
+        return True
+
+    @property
+    def progress(self) -> Progress:
+        return Progress(self.done, self.total)
 
 
 def section_schemas(plugins: Mapping[str, Plugin[Any]]) -> dict[str, Schema]:
@@ -233,28 +276,41 @@ class Engine:
         """Plugin `name`'s applied settings, as a view (see Owned)."""
         return Owned(self, name)
 
-    def expand(self, profile: Profile, only: Iterable[str] | None = None) -> dict[str, Expansion]:
-        """Each section's expansion (reads the machine, changes nothing)."""
+    def expand_steps(
+        self, profile: Profile, only: Iterable[str] | None = None
+    ) -> Generator[Progress, None, dict[str, Expansion]]:
+        """Each section's expansion (reads the machine, changes nothing), giving control
+        back every slice (Plugin.expand_steps); its Progress counts no settings yet."""
         names = (
             list(profile.sections) if only is None else [n for n in only if n in profile.sections]
         )
         out: dict[str, Expansion] = {}
+        slices = Slices(0)
         for name in names:
             try:
                 options = plugin_options(profile.sections[name])
-                out[name] = self.plugins[name].expand(options, self.owned(name))
+                steps = self.plugins[name].expand_steps(options, self.owned(name))
+                while True:
+                    try:
+                        next(steps)
+                    except StopIteration as end:
+                        out[name] = end.value
+                        break
+                    if slices.due():
+                        yield Progress(0, 0)
             except NotApplicable as exc:
                 out[name] = Expansion(refused={SECTION: str(exc)})
             except LatencydError as exc:
                 raise ApplyFailed(f"[{name}]: {exc}") from exc
         return out
 
-    def apply(self, profile: Profile, only: Collection[str] | None = None) -> StepReport:
-        """Make the kernel match `profile` (or re-expand only some of its sections)."""
-        expansions = self.expand(profile, only)
+    def apply_steps(self, profile: Profile, only: Collection[str] | None = None) -> Steps:
+        """Make the kernel match `profile` (or re-expand only some of its sections), giving
+        control back every slice (see switch_steps)."""
+        expansions = yield from self.expand_steps(profile, only)
         wanted = {(n, t): v for n, e in expansions.items() for t, v in e.settings.items()}
         scope = None if only is None else set(only)
-        report = self.switch(wanted, profile.name, scope, recheck=only is not None)
+        report = yield from self.switch_steps(wanted, profile.name, scope, only is not None)
         if only is None:
             self.sections = {}
         for name, exp in expansions.items():
@@ -262,22 +318,31 @@ class Engine:
         return report
 
     # -- one transaction ------------------------------------------------------
-    def switch(
+    def switch_steps(
         self,
         wanted: Mapping[SettingId, Value],
         profile: str | None,
         scope: Collection[str] | None = None,
         recheck: bool | Collection[SettingId] = False,
         restore: Collection[SettingId] = (),
-    ) -> StepReport:
+    ) -> Steps:
         """Make the kernel match `wanted` (for plugins in `scope`, or all); all or nothing.
 
         `recheck` (all kept settings, or the given ones) reads kept settings back and
         re-applies those the kernel lost (an IRQ that vanished and came back).
         `restore` names owned settings to give back even outside `scope`.
+
+        Yields its Progress every slice (SLICE_S) of reading and writing. Nothing else may
+        step the engine until it ends; `throw` into it (Cancelled, say) rolls the step
+        back like any failure.
         """
         with self.stepping():
-            return self._switch(wanted, profile, scope, recheck, restore)
+            return (yield from self._switch(wanted, profile, scope, recheck, restore))
+
+    # The same, in one go (start-up, events, tests).
+    expand = in_one_go(expand_steps)
+    apply = in_one_go(apply_steps)
+    switch = in_one_go(switch_steps)
 
     def _switch(
         self,
@@ -286,17 +351,20 @@ class Engine:
         scope: Collection[str] | None,
         recheck: bool | Collection[SettingId],
         restore: Collection[SettingId],
-    ) -> StepReport:
+    ) -> Steps:
         started = time.perf_counter()
         step = plan(self.applied, wanted, scope, restore)
         if recheck:
             self._recheck(step, None if recheck is True else recheck)
         report = StepReport(unchanged=len(step.keep))
+        slices = Slices(2 * len(step.apply) + len(step.restore))
         try:
-            self._capture_originals(step, report)
-        except Exception as exc:
+            yield from self._capture_originals(step, report, slices)
+        except (Exception, GeneratorExit) as exc:
             self._forget_unapplied()  # originals read for a step that never ran
-            if isinstance(exc, LatencydError):
+            if isinstance(exc, Cancelled):
+                raise ApplyFailed(f"{exc}. Nothing was changed.") from exc
+            if isinstance(exc, LatencydError) or not isinstance(exc, Exception):
                 raise
             raise ApplyFailed(
                 f"reading the originals failed ({type(exc).__name__}: {exc}). Nothing was changed."
@@ -311,18 +379,24 @@ class Engine:
             for sid in step.restore:
                 self._restore_one(sid, undo, report)
                 report.restored += 1
+                if slices.due():
+                    yield slices.progress
             for sid, value in step.apply.items():
+                if slices.due():
+                    yield slices.progress
                 if sid in report.not_applicable:
                     continue
                 outcome = self._apply_one(sid, value, undo, report)
                 if outcome is not None:
                     done[sid] = value
                     report.applied += outcome
-        except Exception as exc:  # a plugin's bug must not leave a half-applied step either
+        except (Exception, GeneratorExit) as exc:  # a plugin's bug, a cancel, close()
             self._roll_back(undo)
             self.profile = previous_profile
             self._forget_unapplied()
             self._save(touched)
+            if not isinstance(exc, Exception):
+                raise  # GeneratorExit: the step was dropped
             what = exc if isinstance(exc, LatencydError) else f"{type(exc).__name__}: {exc}"
             raise ApplyFailed(f"{what}. Nothing was changed: the step was rolled back.") from exc
 
@@ -406,14 +480,19 @@ class Engine:
     def _forget_unapplied(self) -> None:
         self.originals = {s: v for s, v in self.originals.items() if s in self.applied}
 
-    def _capture_originals(self, step: Plan, report: StepReport) -> None:
+    def _capture_originals(
+        self, step: Plan, report: StepReport, slices: Slices
+    ) -> Generator[Progress, None, None]:
         for sid in list(step.apply):
+            if slices.due():
+                yield slices.progress
             if sid in self.originals:
                 continue
             plugin, target = self.plugins[sid[0]], sid[1]
             try:
                 current = plugin.read(target)
                 self.originals[sid] = plugin.original(target, current, self._owned_by(sid[0]))
+                _key(target)  # its journal key, encoded here in slices rather than in _save
             except (KernelRefused, NotApplicable) as exc:
                 if not plugin.exists(target):
                     del step.apply[sid]  # gone between expand and now: nothing to tune

@@ -83,6 +83,12 @@ class NoSuchHold(LatencydError):
     dbus_name = "org.latencyd.Error.NoSuchHold"
 
 
+class Cancelled(LatencydError):
+    """A change ended before it was done (`off` while it ran): rolled back, nothing stays."""
+
+    dbus_name = "org.latencyd.Error.Cancelled"
+
+
 class JournalError(LatencydError):
     dbus_name = "org.latencyd.Error.Journal"
 

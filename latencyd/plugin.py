@@ -13,14 +13,15 @@ round-trip through the journal, so no code ever parses a string key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
 
 from latencyd.schema import Schema
 from latencyd.system import System
@@ -182,6 +183,16 @@ class Plugin(Generic[T]):
         Raise NotApplicable when the whole section cannot apply on this machine."""
         raise NotImplementedError
 
+    def expand_steps(
+        self, options: Options, owned: Mapping[Target, Value]
+    ) -> Generator[None, None, Expansion]:
+        """`expand`, for a plugin whose expansion can take long (tens of thousands of
+        threads): a generator that yields between pieces of its work, so the daemon keeps
+        answering meanwhile, and returns the Expansion. Such a plugin defines `expand` as
+        `run_to_end(self.expand_steps(...))`; the others need not know of it."""
+        return self.expand(options, owned)
+        yield  # a generator function
+
     # -- one target ------------------------------------------------------------------
     def read(self, target: T) -> Value:
         """The target's current value (to save the original, and to verify)."""
@@ -328,6 +339,30 @@ def discover() -> dict[str, type[Plugin[Any]]]:
             continue
         found[name] = cls
     return found
+
+
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+def run_to_end(steps: Generator[Any, None, R]) -> R:
+    """Drives a stepwise operation (expand_steps, the engine's steps) to its end in one go;
+    its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+
+
+def in_one_go(steps: Callable[P, Generator[Any, None, R]]) -> Callable[P, R]:
+    """The one-go form of a stepwise function: `expand = in_one_go(expand_steps)`."""
+
+    @functools.wraps(steps)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return run_to_end(steps(*args, **kwargs))
+
+    return run
 
 
 def load_plugins(system: System) -> dict[str, Plugin[Any]]:

@@ -23,7 +23,7 @@ import fnmatch
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,6 +41,7 @@ from latencyd.plugin import (
     Table,
     Target,
     Value,
+    run_to_end,
 )
 from latencyd.schema import ArrayOfTables, Choice, Cpus, Int, ListOf, Option, Regex, Schema, Str
 from latencyd.system import POLICIES, System, Task
@@ -51,6 +52,7 @@ WORKQUEUES = {
     "unbound": "sys/devices/virtual/workqueue/cpumask",
 }
 RT_POLICIES = ("fifo", "rr")
+THREAD_CHUNK = 1024  # threads of one task read per piece of an expansion (expand_steps)
 MOVE_REFUSED = "the kernel will not move this thread"
 
 log = logging.getLogger(__name__)
@@ -253,7 +255,10 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             return f"put on isolated CPUs {cpus} on purpose: a task inside the shield stays"
         return None
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand_steps(
+        self, options: Options, owned: Mapping[Target, Value]
+    ) -> Generator[None, None, Expansion]:
+        """Yields after each task and each THREAD_CHUNK threads of one (a JVM's 20,000)."""
         rules = KthreadRules(
             rules_from(options),
             options.get("isolate_tasks", CpuSet()),
@@ -269,8 +274,15 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 settings.update(self.kthread_settings(rules, task))
             elif rules.isolate_tasks:
                 tids = self.thread_ids(task.pid)
-                settings.update(self.user_task_settings(rules, task, tids, owned))
+                for first in range(0, len(tids), THREAD_CHUNK):
+                    chunk = tids[first : first + THREAD_CHUNK]
+                    settings.update(self.user_task_settings(rules, task, chunk, owned))
+                    yield
+            yield
         return Expansion(settings, rules)
+
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        return run_to_end(self.expand_steps(options, owned))
 
     def follows_user_tasks(self, options: Options) -> bool:
         return bool(options.get("isolate_tasks"))

@@ -16,9 +16,10 @@ import pytest
 from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
+from latencyd import engine as engine_module
 from latencyd.cpuset import CpuSet
 from latencyd.engine import SECTION, Engine, Plan, Refused, Section, plan, section_schemas
-from latencyd.errors import ApplyFailed, KernelRefused, LatencydError, NotApplicable
+from latencyd.errors import ApplyFailed, Cancelled, KernelRefused, LatencydError, NotApplicable
 from latencyd.journal import Journal, JournalState
 from latencyd.plugin import (
     Expansion,
@@ -816,3 +817,40 @@ def test_journal_is_written_again_after_off(rig: Rig) -> None:
     rig.engine.switch(A, "A")
     assert rig.journal_on_disk() == (A_ORIGINALS, "A")
     assert rig.fake.journal_at_write == {"a": "0", "b": "0"}
+
+
+def test_a_step_gives_control_back_every_slice_and_ends_as_switch_does(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19: a long step yields its progress (the daemon answers D-Bus meanwhile)."""
+    monkeypatch.setattr(engine_module, "SLICE_S", 0.0)  # every setting is a slice
+    steps = rig.engine.switch_steps(A, "A")
+    progress = []
+    with pytest.raises(StopIteration) as end:
+        while True:
+            progress.append(next(steps))
+    report = end.value.value
+    assert report.applied == len(A) and rig.engine.applied == A
+    # reading the originals, then writing: each setting counted once per pass
+    assert [p.done for p in progress] == list(range(1, 2 * len(A) + 1))
+    assert {p.total for p in progress} == {2 * len(A)}
+    assert rig.changed() == A_FILES
+
+
+@pytest.mark.parametrize("after", [1, 4, 7])  # reading originals, restoring, applying
+def test_a_cancelled_step_is_rolled_back_like_a_failed_one(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, after: int
+) -> None:
+    rig.engine.switch(A, "A")
+    after_a, journal_a = rig.values(), rig.journal_on_disk()
+    monkeypatch.setattr(engine_module, "SLICE_S", 0.0)
+    steps = rig.engine.switch_steps(B, "B")
+    for _ in range(after):
+        next(steps)
+    with pytest.raises(ApplyFailed, match=r"^cancelled by off\. Nothing was changed"):
+        steps.throw(Cancelled("cancelled by off"))
+    assert rig.values() == after_a
+    assert rig.engine.applied == A and rig.engine.profile == "A"
+    assert rig.journal_on_disk() == journal_a
+    rig.engine.off()
+    assert rig.values() == rig.original

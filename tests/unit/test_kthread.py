@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from latencyd.plugins.kthread import (
     MOVE_REFUSED,
+    THREAD_CHUNK,
     KthreadPlugin,
     KthreadRules,
     TaskAffinity,
@@ -795,3 +796,29 @@ def test_a_switch_to_other_isolated_cpus_starts_from_what_the_task_was_given(
     assert m.sched.affinity[400] == {1, 2, 3} and m.sched.affinity[620] == {1, 2}
     assert engine.off() == []
     assert m.sched.affinity[400] == {0, 1, 2, 3} and m.sched.affinity[620] == {1, 2}
+
+
+def test_expanding_a_task_of_many_threads_yields_between_chunks(
+    m: Machinery, machine: Machine
+) -> None:
+    """Issue 19: a JVM's 20,000 threads are read a chunk at a time, so the daemon answers
+    D-Bus between chunks (Plugin.expand_steps); the result is expand's."""
+    threads = tuple(range(5001, 5001 + 2 * THREAD_CHUNK + 5))
+    add_task(m.root, 5000, "jvm", start_time=8000, threads=threads)
+    for tid in (5000, *threads):
+        m.sched.add(tid)
+    options = m.options(machine, ISOLATE)
+    steps = m.plugin.expand_steps(options, {})
+    pieces = 0
+    with pytest.raises(StopIteration) as end:
+        while True:
+            next(steps)
+            pieces += 1
+    expansion = end.value.value
+    users = [t.comm for t in m.system.tasks() if not t.is_kthread]
+    assert users == ["systemd", "sshd", "myapp", "jvm"]
+    # one per task, and one per chunk of a user task's threads: the jvm's 3, 1 each else
+    assert pieces == len(m.system.tasks()) + 3 + 3
+    narrowed = {t.tid for t in expansion.settings if isinstance(t, TaskAffinity)}
+    assert set(threads) | {5000} <= narrowed
+    assert expansion.settings == m.plugin.expand(options, {}).settings
