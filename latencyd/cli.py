@@ -71,6 +71,52 @@ def _call(method: str, *args: Any, timeout: float = 120.0) -> Any:
         raise CliError(FAILED, message) from exc
 
 
+def _call_showing_progress(method: str, *args: Any) -> Any:
+    """A change that may take long (thousands of tasks): on a terminal, once it has run
+    for PROGRESS_AFTER_S, a progress bar from the daemon's status until it replies."""
+    if not sys.stderr.isatty():
+        return _call(method, *args)
+    import threading
+
+    ended = threading.Event()
+    thread = threading.Thread(target=_show_progress, args=(ended,), daemon=True)
+    thread.start()
+    try:
+        return _call(method, *args)
+    finally:
+        ended.set()
+        thread.join(1.0)
+
+
+PROGRESS_AFTER_S = 1.0
+
+
+def _show_progress(ended: Any) -> None:
+    """Polls Status on a connection of its own (the call waits on the other)."""
+    import dbus
+
+    from latencyd.measure import progress_bar
+
+    if ended.wait(PROGRESS_AFTER_S):
+        return
+    bus = dbus.SystemBus(private=True)
+    shown = False
+    try:
+        proxy = bus.get_object(BUS_NAME, OBJECT_PATH, introspect=False)
+        while not ended.wait(0.2):
+            status = json.loads(str(proxy.Status(dbus_interface=INTERFACE, timeout=5)))
+            busy = status.get("in_progress")
+            if busy and busy["total"]:
+                progress_bar(busy["what"], busy["done"] / busy["total"])
+                shown = True
+    except dbus.DBusException:
+        pass  # the call itself reports what went wrong
+    finally:
+        if shown:
+            sys.stderr.write("\r\033[K")  # the reply's line replaces the bar
+        bus.close()
+
+
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
@@ -101,7 +147,7 @@ def cmd_active(args: argparse.Namespace) -> int:
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
-    report = json.loads(str(_call("SwitchProfile", args.profile)))
+    report = json.loads(str(_call_showing_progress("SwitchProfile", args.profile)))
     if report["held"]:
         text = (
             f"base profile set to {report['base']}; {report['profile']} stays in force "
@@ -129,7 +175,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     reason = args.reason or (" ".join(command) if command else "latencyctl hold")
-    cookie = int(_call("HoldProfile", args.profile, reason))
+    cookie = int(_call_showing_progress("HoldProfile", args.profile, reason))
     if not args.json:
         print(f"holding {args.profile} (cookie {cookie})", file=sys.stderr)
     try:
@@ -501,6 +547,9 @@ def format_status(status: dict[str, Any]) -> str:
             )
     if status.get("last_error"):
         out.append(f"last error: {status['last_error']}")
+    if status.get("in_progress"):
+        busy = status["in_progress"]
+        out.append(f"in progress: {busy['what']} ({busy['done']:,} of {busy['total']:,} steps)")
     rb = status.get("readback") or {}
     if rb.get("settings_without_a_file"):
         out.append(

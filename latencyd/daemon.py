@@ -8,19 +8,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
-from latencyd.engine import ADOPTED, Drift, Engine, SettingId, StepReport
+from latencyd.engine import ADOPTED, Drift, Engine, Progress, SettingId, StepReport
 from latencyd.errors import LatencydError, NoSuchHold, PermissionDenied
-from latencyd.plugin import DeviceEvent, Plugin, encode_target
+from latencyd.plugin import DeviceEvent, Plugin, encode_target, in_one_go
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
 from latencyd.system import System
 from latencyd.taskevents import TaskEvent
 
 log = logging.getLogger("latencyd")
+T = TypeVar("T")
+Steps = Generator[Progress, None, T]  # a change run a slice at a time (see engine.Slices)
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,11 @@ class Daemon:
         self.after_step: list[Callable[[], None]] = []
         self.delays: dict[str, Delays] = {}
         self.readback: dict[str, Any] = {}  # how settings without a file are read back
+        # The change in progress (latencyd.operations runs them a slice at a time), how far
+        # it has come, and the events that wait for it: they would see it half done.
+        self.busy: str | None = None
+        self.progress: Progress | None = None
+        self._deferred: list[Callable[[], object]] = []
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, profile: str | None, resume: bool = False) -> None:
@@ -155,7 +162,7 @@ class Daemon:
                     )
         return profile
 
-    def switch(self, ref: str, caller: Caller = ROOT) -> StepReport | None:
+    def switch_steps(self, ref: str, caller: Caller = ROOT) -> Steps[StepReport | None]:
         """Set the base profile. It is applied now, unless a hold keeps another in force
         (then it is checked now and applied when the last hold is released)."""
         if self.holds:
@@ -164,7 +171,7 @@ class Daemon:
             self._note_base()
             log.info("base profile set to %s; %s stays in force while held", ref, self.in_force())
             return None
-        report = self._apply(self.load(ref, caller), ref)
+        report = yield from self._apply_steps(self.load(ref, caller), ref)
         self.base = ref
         self._note_base()
         return report
@@ -175,9 +182,9 @@ class Daemon:
         except LatencydError as exc:
             log.warning("%s: a restart will apply the default profile", exc)
 
-    def hold(
+    def hold_steps(
         self, ref: str, reason: str, owner: str, caller: Caller = ROOT, pid: int | None = None
-    ) -> tuple[int, StepReport]:
+    ) -> Steps[tuple[int, StepReport]]:
         """Apply a profile for as long as the hold lasts (ReleaseProfile, or the holder
         leaving the bus). Holds stack: the newest is in force. The holder's process and
         what it starts (the application) are exempt from moving user tasks."""
@@ -187,24 +194,24 @@ class Daemon:
         self.holds[cookie] = Hold(cookie, ref, reason, owner, time.time(), pid)
         self._exempt()
         try:
-            report = self._apply(profile, ref)
-        except Exception:
+            report = yield from self._apply_steps(profile, ref)
+        except (Exception, GeneratorExit):
             del self.holds[cookie]
             self._exempt()
             raise
         log.info("hold %d on %s by %s (%s)", cookie, ref, owner or "latencyd", reason or "-")
         return cookie, report
 
-    def release(self, cookie: int) -> StepReport | None:
+    def release_steps(self, cookie: int) -> Steps[StepReport | None]:
         if cookie not in self.holds:
             held = ", ".join(str(c) for c in self.holds) or "none"
             raise NoSuchHold(f"no hold with cookie {cookie} (current holds: {held})")
         hold = self.holds.pop(cookie)
         log.info("hold %d on %s released", cookie, hold.profile)
         self._exempt()
-        return self._apply_in_force()
+        return (yield from self._apply_in_force())
 
-    def release_owners(self, gone: Callable[[str], bool], why: str) -> None:
+    def release_owners_steps(self, gone: Callable[[str], bool], why: str) -> Steps[None]:
         """Holders that left the bus (exited, crashed, or the bus restarted): their holds end."""
         ended = [c for c, h in self.holds.items() if gone(h.owner)]
         for cookie in ended:
@@ -212,9 +219,9 @@ class Daemon:
             log.info("hold %d on %s ended: %s %s", cookie, hold.profile, hold.owner, why)
         if ended:
             self._exempt()
-            self._apply_in_force()
+            yield from self._apply_in_force()
 
-    def _apply_in_force(self) -> StepReport | None:
+    def _apply_in_force(self) -> Steps[StepReport | None]:
         ref = self.in_force()
         if ref == self.active_ref and self.active is not None:
             return None
@@ -222,7 +229,7 @@ class Daemon:
             self._restore_all()
             return None
         try:
-            return self._apply(self.library.load(ref), ref)
+            return (yield from self._apply_steps(self.library.load(ref), ref))
         except LatencydError as exc:
             log.error(
                 "could not apply %s after a hold ended; %s stays: %s",
@@ -233,11 +240,11 @@ class Daemon:
             self.last_error = str(exc)
             return None
 
-    def _apply(self, profile: Profile, ref: str) -> StepReport:
+    def _apply_steps(self, profile: Profile, ref: str) -> Steps[StepReport]:
         self._before_apply(profile)
         try:
-            report = self.engine.apply(profile)
-        except Exception:
+            report = yield from self.engine.apply_steps(profile)
+        except (Exception, GeneratorExit):
             self._before_apply(self.active)  # the old profile stays, with its watchers
             raise
         finally:
@@ -284,10 +291,36 @@ class Daemon:
             self._changed("")
         return problems
 
-    def reload(self) -> None:
+    def reload_steps(self) -> Steps[None]:
         """Re-read profiles; re-apply the one in force incrementally if its files changed."""
         if self.active_ref is not None:
-            self._apply(self.library.load(self.active_ref), self.active_ref)
+            yield from self._apply_steps(self.library.load(self.active_ref), self.active_ref)
+
+    # The changes in one go (start-up, signals, tests); D-Bus runs them a slice at a time.
+    switch = in_one_go(switch_steps)
+    hold = in_one_go(hold_steps)
+    release = in_one_go(release_steps)
+    release_owners = in_one_go(release_owners_steps)
+    reload = in_one_go(reload_steps)
+    _apply = in_one_go(_apply_steps)
+
+    # -- events wait for a change in progress -------------------------------------------
+    def deferred(self, action: Callable[[], object]) -> bool:
+        """While a change runs a slice at a time, an event (a new thread, a device, a
+        drift check) would see it half done: it is kept for later. True if it was."""
+        if self.busy is None:
+            return False
+        self._deferred.append(action)
+        return True
+
+    def run_deferred(self) -> None:
+        """The events that waited, once the change is over, in the order they came."""
+        actions, self._deferred = self._deferred, []
+        for action in actions:
+            try:
+                action()
+            except Exception:  # one event's failure must not lose the others
+                log.exception("handling an event that waited for a change")
 
     # -- keeping it applied -----------------------------------------------------------
     def refresh(self, names: Iterable[str]) -> StepReport | None:
@@ -306,6 +339,8 @@ class Daemon:
         """udev events: CPUs re-resolve the profile; devices go to the plugins that follow
         them, as settings for just those devices (one engine step per plugin for all the
         events read together) or as a re-expansion of the section."""
+        if self.deferred(lambda: self.on_device_events(events)):
+            return
         if self.active is None:
             return
         started = time.monotonic_ns()
@@ -362,6 +397,8 @@ class Daemon:
 
     def on_task_events(self, events: list[TaskEvent]) -> None:
         """New or renamed threads: give them their settings now; lost events mean rescan."""
+        if self.deferred(lambda: self.on_task_events(events)):
+            return
         if self.active is None:
             return
         followers = [n for n in self.active.sections if self.plugins[n].follows.threads]
@@ -399,6 +436,8 @@ class Daemon:
 
     def machine_changed(self) -> None:
         """CPUs went on/offline: re-resolve the profile's CPU lists ("all") and re-apply."""
+        if self.deferred(self.machine_changed):
+            return
         self.library.machine = self.system.machine()
         if self.active_ref is not None:
             try:
@@ -409,6 +448,8 @@ class Daemon:
     def check(self, verify: Iterable[SettingId] | None = None) -> list[dict[str, Any]]:
         """The safety-net tick: pick up new targets, then verify what we own (everything,
         or the settings given)."""
+        if self.busy is not None:  # the next tick checks again
+            return []
         if self.active is None:
             return []
         changed = [
@@ -424,6 +465,10 @@ class Daemon:
 
     def check_drift(self, sids: Iterable[SettingId] | None) -> list[dict[str, Any]]:
         """Verify some (or all) owned settings; put drift back or report it, per section."""
+        if sids is not None:
+            sids = list(sids)
+        if self.deferred(lambda: self.check_drift(sids)):
+            return []
         drifts: list[Drift] = self.engine.verify(sids)
         if not drifts:
             return []
@@ -498,6 +543,17 @@ class Daemon:
                 for h in self.holds.values()
             ],
             "last_error": self.last_error,
+            # A change running a slice at a time: what, and how many settings of how many
+            # it has read or written (the rest of status is as before it began).
+            "in_progress": (
+                {
+                    "what": self.busy,
+                    "done": self.progress.done if self.progress else 0,
+                    "total": self.progress.total if self.progress else 0,
+                }
+                if self.busy
+                else None
+            ),
             "task_events": self.task_source,
             "readback": self.readback,
             "plugins": plugins,

@@ -298,12 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     # D-Bus is imported here, not at module level, so the Daemon logic is testable without it.
     import dbus.mainloop.glib
 
+    from latencyd.operations import Operations
     from latencyd.service import BusLink, Service
 
     dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
     daemon = build(args, config, FdStore.from_environment())
     loop = MainLoop()
-    service = Service(daemon, config)
+    operations = Operations(daemon, loop)
+    service = Service(daemon, config, operations)
     link = BusLink(service, loop)
 
     def on_terminate() -> bool:
@@ -314,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             keep, why = False, "restoring every original"
         log.info("stopping: %s", why)
+        operations.cancel("the daemon stopping")  # a change half done is rolled back first
         daemon.stop(restore=not keep)
         loop.quit()
         return False

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import pwd
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 import dbus
@@ -30,9 +30,10 @@ import dbus.service
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 from latencyd.config import Config
 from latencyd.daemon import Caller, Daemon
-from latencyd.engine import StepReport
+from latencyd.engine import Progress, StepReport
 from latencyd.errors import Internal, LatencydError, PermissionDenied
 from latencyd.mainloop import MainLoop
+from latencyd.operations import Operation, Operations
 
 log = logging.getLogger("latencyd.service")
 PROPERTIES = "org.freedesktop.DBus.Properties"
@@ -56,14 +57,38 @@ class ServiceError(dbus.DBusException):
 def _answer(fn: Callable[[], T]) -> T:
     try:
         return fn()
-    except LatencydError as exc:
-        raise ServiceError(exc.dbus_name, str(exc)) from exc
-    except dbus.DBusException:
-        raise
     except Exception as exc:
-        log.exception("internal error while answering a D-Bus call")
-        internal = Internal()
-        raise ServiceError(internal.dbus_name, str(internal)) from exc
+        raise _error_reply(exc) from exc
+
+
+def _error_reply(exc: Exception) -> dbus.DBusException:
+    """The error a caller sees for `exc`: declared, one line, never internals."""
+    if isinstance(exc, LatencydError):
+        return ServiceError(exc.dbus_name, str(exc))
+    if isinstance(exc, dbus.DBusException):
+        return exc
+    log.error("internal error while answering a D-Bus call", exc_info=exc)
+    internal = Internal()
+    return ServiceError(internal.dbus_name, str(internal))
+
+
+def _change(in_signature: str, out_signature: str) -> Callable[[Callable[..., None]], Any]:
+    """A method that changes state: the caller is named (`sender`), and it replies through
+    `reply`/`error` once the change has run (Service._run), not when the method returns."""
+    decorator: Callable[[Callable[..., None]], Any] = dbus.service.method(
+        INTERFACE,
+        in_signature=in_signature,
+        out_signature=out_signature,
+        sender_keyword="sender",
+        async_callbacks=("reply", "error"),
+    )
+    return decorator
+
+
+def _at_once(fn: Callable[[], T]) -> Generator[Progress, None, T]:
+    """`fn` as an operation of one slice (a read that must wait for the change before it)."""
+    return fn()
+    yield  # a generator function: run by Operations like any change
 
 
 def dbus_methods(cls: type) -> dict[tuple[str, str], str]:
@@ -82,10 +107,11 @@ class Service(dbus.service.Object):
     # new export is refused; signals go only to the connections still exported on.)
     SUPPORTS_MULTIPLE_CONNECTIONS = True
 
-    def __init__(self, daemon: Daemon, config: Config) -> None:
+    def __init__(self, daemon: Daemon, config: Config, operations: Operations) -> None:
         super().__init__()
         self.daemon = daemon
         self.config = config
+        self.operations = operations
         self.bus: dbus.bus.BusConnection | None = None
         self._name: dbus.service.BusName | None = None
         self._holders: dict[str, Any] = {}  # holder's bus name -> its NameOwnerChanged watch
@@ -208,51 +234,85 @@ class Service(dbus.service.Object):
         """JSON: the active profile, and per plugin what is applied, refused and measured."""
         return _answer(lambda: json.dumps(self.daemon.status()))
 
-    @dbus.service.method(INTERFACE, in_signature="", out_signature="s")
-    def Verify(self) -> str:
-        """JSON list of drifts: settings whose kernel value differs from the profile's."""
-        return _answer(lambda: json.dumps([d.as_json() for d in self.daemon.verify()]))
+    @dbus.service.method(
+        INTERFACE, in_signature="", out_signature="s", async_callbacks=("reply", "error")
+    )
+    def Verify(self, reply: Callable[[str], None], error: Callable[[Exception], None]) -> None:
+        """JSON list of drifts: settings whose kernel value differs from the profile's.
+        Answered after the change in progress, if any (it would read it half done)."""
+        self._run(
+            "verify",
+            lambda: _at_once(lambda: json.dumps([d.as_json() for d in self.daemon.verify()])),
+            reply,
+            error,
+        )
 
-    # -- changes ---------------------------------------------------------------
-    @dbus.service.method(INTERFACE, in_signature="s", out_signature="s", sender_keyword="sender")
-    def SwitchProfile(self, name: str, sender: str | None = None) -> str:
+    # -- changes: each runs as an operation (latencyd.operations) and replies when done ----
+    @_change("s", "s")
+    def SwitchProfile(
+        self,
+        name: str,
+        reply: Callable[[str], None],
+        error: Callable[[Exception], None],
+        sender: str | None = None,
+    ) -> None:
         """Set the base profile; returns once it is applied and verified (a JSON step
         report). While a hold is in force the base is only checked, and applied when the
         last hold ends ("held": true in the report). Non-root callers name profiles on
         the search path; root may also give a file path."""
+        caller = _answer(lambda: self._authorize(sender, "SwitchProfile"))
+        self._run(
+            f"switch to {name}",
+            lambda: self.daemon.switch_steps(str(name), caller),
+            lambda report: reply(json.dumps(self._report(report))),
+            error,
+        )
 
-        def run() -> str:
-            caller = self._authorize(sender, "SwitchProfile")
-            return json.dumps(self._report(self.daemon.switch(str(name), caller)))
-
-        return _answer(run)
-
-    @dbus.service.method(INTERFACE, in_signature="ss", out_signature="u", sender_keyword="sender")
-    def HoldProfile(self, name: str, reason: str, sender: str | None = None) -> int:
+    @_change("ss", "u")
+    def HoldProfile(
+        self,
+        name: str,
+        reason: str,
+        reply: Callable[[int], None],
+        error: Callable[[Exception], None],
+        sender: str | None = None,
+    ) -> None:
         """Apply a profile while the caller needs it; returns a cookie for ReleaseProfile.
         The hold also ends when the caller leaves the bus (exits or crashes)."""
+        caller = _answer(lambda: self._authorize(sender, "HoldProfile"))
+        pid = self._pid(sender)
 
-        def run() -> int:
-            caller = self._authorize(sender, "HoldProfile")
-            pid = self._pid(sender)
-            cookie, _ = self.daemon.hold(str(name), str(reason)[:256], sender or "", caller, pid)
+        def held(result: tuple[int, StepReport]) -> None:
+            cookie, _ = result
             if sender and sender not in self._holders and self.bus is not None:
                 self._holders[sender] = self.bus.watch_name_owner(
                     sender, lambda owner, holder=sender: self._holder_changed(holder, owner)
                 )
-            return cookie
+            reply(cookie)
 
-        return _answer(run)
+        self._run(
+            f"hold on {name}",
+            lambda: self.daemon.hold_steps(str(name), str(reason)[:256], sender or "", caller, pid),
+            held,
+            error,
+        )
 
-    @dbus.service.method(INTERFACE, in_signature="u", out_signature="", sender_keyword="sender")
-    def ReleaseProfile(self, cookie: int, sender: str | None = None) -> None:
+    @_change("u", "")
+    def ReleaseProfile(
+        self,
+        cookie: int,
+        reply: Callable[[], None],
+        error: Callable[[Exception], None],
+        sender: str | None = None,
+    ) -> None:
         """End a hold; the previous hold, or the base profile, comes back into force."""
-
-        def run() -> None:
-            self._authorize(sender, "ReleaseProfile")
-            self.daemon.release(int(cookie))
-
-        _answer(run)
+        _answer(lambda: self._authorize(sender, "ReleaseProfile"))
+        self._run(
+            f"release of hold {cookie}",
+            lambda: self.daemon.release_steps(int(cookie)),
+            lambda _: reply(),
+            error,
+        )
 
     def _holder_changed(self, holder: str, owner: str) -> None:
         if owner:  # the first call reports the current owner: still connected
@@ -260,7 +320,30 @@ class Service(dbus.service.Object):
         watch = self._holders.pop(holder, None)
         if watch is not None:
             watch.cancel()
-        self.daemon.release_owners(lambda o: o == holder, "left the bus")
+        self.release_owners(lambda o: o == holder, "left the bus")
+
+    def release_owners(self, gone: Callable[[str], bool], why: str) -> None:
+        """Holds whose holders are gone end, in turn with the other changes."""
+        self._run(
+            f"end of holds whose holder {why}",
+            lambda: self.daemon.release_owners_steps(gone, why),
+            lambda _: None,
+            lambda exc: log.error("ending holds failed: %s", exc),
+        )
+
+    def _run(
+        self,
+        what: str,
+        start: Callable[[], Generator[Progress, None, T]],
+        reply: Callable[[T], None],
+        error: Callable[[Exception], None],
+    ) -> None:
+        """Submit a change; its reply (or error reply) is sent when it has ended."""
+
+        def failed(exc: Exception) -> None:
+            error(_error_reply(exc))
+
+        self.operations.submit(Operation(what, start, reply, failed))
 
     def _report(self, report: StepReport | None) -> dict[str, Any]:
         active = self.daemon.active.name if self.daemon.active else ""
@@ -293,29 +376,35 @@ class Service(dbus.service.Object):
 
     @dbus.service.method(INTERFACE, in_signature="", out_signature="", sender_keyword="sender")
     def Off(self, sender: str | None = None) -> None:
-        """Restore every original value; no profile is active afterwards."""
+        """Restore every original value; no profile is active afterwards. Never waits: a
+        change in progress is cancelled (rolled back) and waiting ones never start."""
 
         def run() -> None:
             self._authorize(sender, "Off")
+            self.operations.cancel("off")
             self.daemon.off()
+            self.daemon.run_deferred()
 
         _answer(run)
 
-    @dbus.service.method(INTERFACE, in_signature="", out_signature="", sender_keyword="sender")
-    def Reload(self, sender: str | None = None) -> None:
+    @_change("", "")
+    def Reload(
+        self,
+        reply: Callable[[], None],
+        error: Callable[[Exception], None],
+        sender: str | None = None,
+    ) -> None:
         """Re-read profile files; the active profile is re-applied incrementally if it changed."""
-
-        def run() -> None:
-            self._authorize(sender, "Reload")
-            self.daemon.reload()
-
-        _answer(run)
+        _answer(lambda: self._authorize(sender, "Reload"))
+        self._run("reload", self.daemon.reload_steps, lambda _: reply(), error)
 
     def reload_from_signal(self) -> None:
-        try:
-            self.daemon.reload()
-        except LatencydError as exc:
-            log.error("reload failed, the active profile stays: %s", exc)
+        self._run(
+            "reload (SIGHUP)",
+            self.daemon.reload_steps,
+            lambda _: None,
+            lambda exc: log.error("reload failed, the active profile stays: %s", exc),
+        )
 
     # -- signals and properties --------------------------------------------------
     @dbus.service.signal(INTERFACE, signature="s")
@@ -436,5 +525,5 @@ class BusLink:
         self.retrying = False
         log.warning("system bus is back: %s owned again", BUS_NAME)
         # Holders were connections on the old bus; their unique names mean nothing now.
-        self.service.daemon.release_owners(lambda owner: bool(owner), "is gone: the bus restarted")
+        self.service.release_owners(lambda owner: bool(owner), "is gone: the bus restarted")
         return False
