@@ -51,6 +51,7 @@ TARGETS = {  # at the largest size, as issue 19 asks for 20,000 threads
     "rss_mib": 64.0,
     "verify_s": 0.5,
     "off_s": 0.5,
+    "status_during_switch_ms": 100.0,
 }
 
 
@@ -106,13 +107,45 @@ def timed(d: Latencyd, *args: str) -> float:
     return time.monotonic() - t0
 
 
+def status_while(switch: subprocess.Popen[str]) -> tuple[float | None, int]:
+    """Calls Status (on this process's own connection) until `switch` has replied: the
+    longest a Status reply took among those that said the switch was in progress, in ms,
+    and how many did."""
+    import dbus
+
+    from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
+
+    bus = dbus.SystemBus(private=True)
+    proxy = bus.get_object(BUS_NAME, OBJECT_PATH, introspect=False)
+    longest, during = None, 0
+    try:
+        while switch.poll() is None:
+            t0 = time.perf_counter()
+            status = json.loads(str(proxy.Status(dbus_interface=INTERFACE, timeout=30)))
+            took = (time.perf_counter() - t0) * 1000
+            if status["in_progress"] is not None:
+                during += 1
+                longest = max(longest or 0.0, took)
+            time.sleep(0.01)  # a client polling, not a flood that starves the switch
+    finally:
+        bus.close()
+    return (None if longest is None else round(longest, 1)), during
+
+
 def latencyd_at(d: Latencyd, n: int, hold: float, every: set[int]) -> dict[str, Any]:
     assert d.proc is not None
     with idle_threads(n) as app:
         t0 = time.monotonic()
-        switch = timed(d, "switch", "cpu-partitioning")
+        spawned = d.spawn_ctl("switch", "cpu-partitioning")
+        status_ms, answered = status_while(spawned)
+        _, err = spawned.communicate()
+        if spawned.returncode != 0:
+            raise RuntimeError(f"latencyctl switch cpu-partitioning: {err.strip()}")
+        switch = time.monotonic() - t0
         narrowed = time.monotonic() - t0 if wait_until(lambda: all_off(app.pid), 120) else None
         row = {
+            "status_during_switch_ms": status_ms,
+            "statuses_during_switch": answered,
             "switch_s": round(switch, 3),
             "all_narrowed_s": None if narrowed is None else round(narrowed, 3),
             "cpu_holding_pct": round(holding(d.proc.pid, hold), 3),
@@ -182,12 +215,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def report(r: dict[str, Any]) -> str:
     lines = ["latencyd cpu-partitioning beside one process's idle threads (this machine):",
              f"  {'threads':>8} {'switch s':>9} {'narrowed s':>11} {'CPU holding %':>14} "
-             f"{'RSS MiB':>8} {'verify s':>9} {'off s':>7} all back"]  # fmt: skip
+             f"{'RSS MiB':>8} {'verify s':>9} {'off s':>7} all back  "
+             "status during switch: slowest reply ms (replies)"]  # fmt: skip
     for n, row in r["latencyd"].items():
         lines.append(
             f"  {n:>8} {row['switch_s']:>9} {row['all_narrowed_s']!s:>11} "
             f"{row['cpu_holding_pct']:>14} {row['rss_mib']:>8} {row['verify_s']:>9} "
-            f"{row['off_s']:>7} {row['all_back']}"
+            f"{row['off_s']:>7} {row['all_back']!s:<8}  "
+            f"{row['status_during_switch_ms']!s} ({row['statuses_during_switch']})"
         )
     if r["tuned"]:
         lines += ["TuneD cpu-partitioning, same sizes:",
