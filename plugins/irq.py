@@ -20,6 +20,7 @@ from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.plugin import (
     CPU_ACTIONS,
     DEVICE_ACTIONS,
+    DeviceEvent,
     Expansion,
     Follows,
     Monitor,
@@ -103,7 +104,9 @@ IrqTarget = IrqAffinity | DefaultAffinity | IrqbalanceBan
 class IrqRules:
     rules: tuple[tuple[str, CpuSet], ...]  # (match, cpus), first match wins
     isolate: CpuSet
-    known_irqs: frozenset[int]  # the IRQs there were when expanded (new ones mean: again)
+    # The IRQs there were when last looked at (expanded, or a device event): others mean
+    # the section must be expanded again.
+    known_irqs: set[int]
 
 
 class IrqPlugin(Plugin[IrqTarget]):
@@ -214,17 +217,43 @@ class IrqPlugin(Plugin[IrqTarget]):
         elif isolate:
             settings[DefaultAffinity()] = housekeeping.to_list()
         _, irqs = self.inventory()
-        rules = tuple((r["match"], r["cpus"]) for r in options.get("rule", []))
-        for irq in irqs:
-            cpus = next((c for m, c in rules if self.matches(irq, m)), None)
-            if cpus is not None:
-                settings[IrqAffinity(irq.number)] = cpus.to_list()
-            elif isolate:
-                settings[IrqAffinity(irq.number)] = housekeeping.to_list()
+        rules = IrqRules(
+            tuple((r["match"], r["cpus"]) for r in options.get("rule", [])),
+            isolate,
+            {i.number for i in irqs},
+        )
+        settings.update(self.irq_settings(rules, irqs))
         if isolate and options.get("coordinate_irqbalance", True) and self.irqbalance_pid():
             settings[IrqbalanceBan()] = isolate.to_list()
-        known = frozenset(i.number for i in irqs)
-        return Expansion(settings, IrqRules(rules, isolate, known))
+        return Expansion(settings, rules)
+
+    def irq_settings(self, rules: IrqRules, irqs: list[Irq]) -> Settings:
+        """Each IRQ's affinity: the first rule matching it, else off the isolated CPUs."""
+        settings: Settings = {}
+        housekeeping = self.system.online_cpus() - rules.isolate
+        for irq in irqs:
+            cpus = next((c for m, c in rules.rules if self.matches(irq, m)), None)
+            if cpus is not None:
+                settings[IrqAffinity(irq.number)] = cpus.to_list()
+            elif rules.isolate:
+                settings[IrqAffinity(irq.number)] = housekeeping.to_list()
+        return settings
+
+    def on_device(
+        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+    ) -> tuple[Settings, set[Target]] | None:
+        """A device came, went or was (un)bound: just the IRQs that appeared get their
+        affinity, and those that vanished are dropped; the rest is left alone."""
+        if not isinstance(rules, IrqRules) or event.subsystem == "cpu":
+            return None
+        _, irqs = self.inventory()
+        now = {i.number for i in irqs}
+        appeared = [i for i in irqs if i.number not in rules.known_irqs]
+        vanished = {IrqAffinity(n) for n in rules.known_irqs - now}
+        rules.known_irqs.clear()
+        rules.known_irqs.update(now)
+        settings = self.irq_settings(rules, appeared)
+        return settings, {t for t in vanished if t in owned} | set(settings)
 
     @staticmethod
     def _path(target: IrqAffinity | DefaultAffinity) -> str:
@@ -283,7 +312,7 @@ class IrqPlugin(Plugin[IrqTarget]):
         """New or vanished IRQs since the section was expanded (same filter as inventory)."""
         if not isinstance(rules, IrqRules):  # the section was refused: nothing to follow
             return False
-        return frozenset(i.number for i in self.inventory()[1]) != rules.known_irqs
+        return {i.number for i in self.inventory()[1]} != rules.known_irqs
 
     def describe(self, target: IrqTarget, value: Value) -> str:
         if isinstance(target, DefaultAffinity):

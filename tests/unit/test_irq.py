@@ -34,7 +34,7 @@ from latencyd.engine import (
 )
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.journal import Journal
-from latencyd.plugin import Expansion, Value
+from latencyd.plugin import DeviceEvent, Expansion, Value
 from latencyd.profile import Profile
 from latencyd.schema import Machine, SchemaError, validate
 from latencyd.system import System
@@ -566,6 +566,27 @@ def test_changed_when_the_set_of_irqs_changes(
     (root / "proc/interrupts").write_text(original)  # the IRQ went away again
     assert plugin.changed(again.rules)
     assert not plugin.changed(first.rules)  # each expansion knows its own IRQs
+
+
+def test_a_device_event_tunes_just_the_irqs_that_came_and_drops_those_that_went(
+    root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    """Issue 19: a device appearing beside 4,096 IRQs must not expand them all again."""
+    exp = expand(plugin, machine, {"isolate": "1", "rule": [{"match": "50", "cpus": "3"}]})
+    owned = dict(exp.settings)
+    original = (root / "proc/interrupts").read_text()
+    add_irq_50(root)
+    event = DeviceEvent("pci", "add", "0000:00:05.0")
+    assert plugin.on_device(exp.rules, event, owned) == (
+        {IrqAffinity(50): "3"},  # its rule, as expand would give it
+        {IrqAffinity(50)},
+    )
+    assert not plugin.changed(exp.rules)  # the tick has nothing left to pick up
+    owned[IrqAffinity(50)] = "3"
+    (root / "proc/interrupts").write_text(original)  # unbound: IRQ 50 is gone
+    gone = DeviceEvent("pci", "remove", "0000:00:05.0")
+    assert plugin.on_device(exp.rules, gone, owned) == ({}, {IrqAffinity(50)})
+    assert plugin.on_device(exp.rules, gone, owned) == ({}, set())  # nothing new
 
 
 def test_section_refused_as_a_whole_is_not_expanded_again_on_every_tick(
