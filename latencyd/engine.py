@@ -29,7 +29,7 @@ from latencyd.errors import (
     LatencydError,
     NotApplicable,
 )
-from latencyd.journal import Journal, JournalKey, JournalState
+from latencyd.journal import Journal, JournalKey, JournalState, key_of
 from latencyd.plugin import (
     Expansion,
     Options,
@@ -790,8 +790,8 @@ def _give_back(plugin: Plugin[Any], target: Target, original: Value) -> bool:
 
 @functools.lru_cache(maxsize=1 << 16)  # a 50,000-task server's owned settings
 def _key(target: Target) -> str:
-    """A target in canonical JSON: the journal's key (each encoded once)."""
-    return json.dumps(encode_target(target), sort_keys=True, separators=(",", ":"))
+    """A target's journal key (each encoded once)."""
+    return key_of(encode_target(target))
 
 
 def _not_applicable(target: Target, exc: LatencydError) -> bool:

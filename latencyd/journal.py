@@ -9,6 +9,10 @@ announced a change that had not started yet, so it is ignored. Appending keeps
 the cost per new thread or IRQ constant instead of rewriting every original;
 the file is compacted back into one snapshot as it grows.
 TuneD keeps originals only in RAM.
+
+Settings with the same original are one record: 20,000 threads narrowed by a shield,
+all of them allowed on every CPU before, are one value and one table of their targets'
+fields (one row each), not 20,000 entries each spelling its target out.
 """
 
 from __future__ import annotations
@@ -23,11 +27,96 @@ from typing import Any
 
 from latencyd.errors import JournalError
 
-# 3: keys are targets in canonical JSON (2 had plugin-specific string keys).
-FORMAT = 3
+# 4: settings with the same original are one record (_group); 3 had one entry per setting
+# (still read: a journal a crash left before an upgrade); 2 had plugin-specific keys.
+FORMAT = 4
+READABLE = (3, 4)
 JournalKey = tuple[str, str]  # (plugin, the target as canonical JSON)
 COMPACT_SLACK = 256  # appended lines allowed beyond the number of originals
 _NONE = object()
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+Columns = tuple[tuple[str, ...] | None, tuple[Any, ...]]
+_COLUMNS: dict[str, Columns] = {}  # of the keys made by key_of, so record() parses none
+_COLUMNS_KEPT = 1 << 16  # as many as engine._key keeps: a 50,000-task server's settings
+_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}  # each kind's field names, sorted once
+
+
+def key_of(fields: Mapping[str, Any]) -> str:
+    """The journal's key for a target (its fields, `kind` too): canonical JSON."""
+    key = _canonical(fields)
+    if len(_COLUMNS) >= _COLUMNS_KEPT:
+        _COLUMNS.clear()
+    order = tuple(fields)
+    names = _NAMES.get(order)
+    if names is None:
+        names = _NAMES[order] = tuple(sorted(order))
+    _COLUMNS[key] = (names, tuple(fields[n] for n in names))
+    return key
+
+
+def _columns(key: str) -> Columns:
+    """A key as (field names, the row of their values) when it is a target in canonical
+    JSON with plain fields; else (None, (key,)): kept whole."""
+    known = _COLUMNS.get(key)
+    if known is not None:
+        return known
+    try:
+        obj = json.loads(key)
+    except ValueError:
+        return None, (key,)
+    if (
+        not isinstance(obj, dict)
+        or _canonical(obj) != key
+        or not all(v is None or isinstance(v, str | int) for v in obj.values())
+    ):
+        return None, (key,)
+    return tuple(obj), tuple(obj.values())
+
+
+def _group(items: Iterable[tuple[JournalKey, Any]]) -> dict[str, list[list[Any]]]:
+    """Per plugin, the records of format 4: [value, field names or null, rows], one per
+    value and kind of key (a row is a key's field values, or the key whole)."""
+    # Values compared as JSON, but a string (the common case) as itself: no encoding.
+    groups: dict[tuple[str, bool, str, tuple[str, ...] | None], list[Any]] = {}
+    for (plugin, key), value in items:
+        fields, row = _columns(key)
+        text = isinstance(value, str)
+        same = (plugin, text, value if text else _canonical(value), fields)
+        rows = groups.setdefault(same, [value, []])[1]
+        rows.append(key if fields is None else list(row))
+    out: dict[str, list[list[Any]]] = {}
+    for (plugin, _, _, fields), (value, rows) in groups.items():
+        out.setdefault(plugin, []).append([value, None if fields is None else list(fields), rows])
+    return out
+
+
+def _ungroup(records: Any) -> Iterable[tuple[str, Any]]:
+    """(key, value) of each setting in a plugin's records (ValueError if malformed)."""
+    if not isinstance(records, list):
+        raise ValueError("not a list of records")
+    for record in records:
+        if not isinstance(record, list) or len(record) != 3 or not isinstance(record[2], list):
+            raise ValueError(f"not a record: {record!r}"[:200])
+        value, fields, rows = record
+        for row in rows:
+            if fields is None:
+                if not isinstance(row, str):
+                    raise ValueError(f"not a key: {row!r}"[:200])
+                yield row, value
+            elif (
+                isinstance(fields, list)
+                and all(isinstance(f, str) for f in fields)
+                and isinstance(row, list)
+                and len(row) == len(fields)
+            ):
+                yield _canonical(dict(zip(fields, row, strict=True))), value
+            else:
+                raise ValueError(f"a row that does not fit its fields: {row!r}"[:200])
 
 
 @dataclass
@@ -37,10 +126,18 @@ class JournalState:
 
 
 def _snapshot(state: JournalState) -> dict[str, Any]:
-    by_plugin: dict[str, dict[str, Any]] = {}
-    for (plugin, key), value in state.originals.items():
-        by_plugin.setdefault(plugin, {})[key] = value
-    return {"format": FORMAT, "profile": state.profile, "originals": by_plugin}
+    return {
+        "format": FORMAT,
+        "profile": state.profile,
+        "originals": _group(state.originals.items()),
+    }
+
+
+def _entries_v3(settings: Any) -> Iterable[tuple[str, Any]]:
+    """A plugin's originals in format 3: {key: value}."""
+    if not isinstance(settings, dict):
+        raise ValueError("not a table of settings")
+    return settings.items()
 
 
 class Journal:
@@ -66,7 +163,7 @@ class Journal:
         lines = text.splitlines()
         if not lines:
             raise JournalError(f"journal {self.path} is unreadable: the file is empty")
-        state = self._parse_snapshot(lines[0])
+        state, version = self._parse_snapshot(lines[0])
         for number, line in enumerate(lines[1:], 2):
             try:
                 delta = json.loads(line)
@@ -76,36 +173,50 @@ class Journal:
                 if number == len(lines) and not text.endswith("\n"):
                     break  # a torn last append: its change never started
                 raise JournalError(f"journal {self.path}:{number} is malformed: {exc}") from exc
-            self._apply_delta(state, delta, number)
+            self._apply_delta(state, delta, number, version)
         return state
 
-    def _parse_snapshot(self, line: str) -> JournalState:
+    def _parse_snapshot(self, line: str) -> tuple[JournalState, int]:
         try:
             doc = json.loads(line)
         except ValueError as exc:
             raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
         if not isinstance(doc, dict):
             raise JournalError(f"journal {self.path} is not a JSON object")
-        if doc.get("format") != FORMAT:
-            raise JournalError(f"journal {self.path} has unknown format {doc.get('format')!r}")
+        version = doc.get("format")
+        if version not in READABLE or isinstance(version, bool):
+            raise JournalError(f"journal {self.path} has unknown format {version!r}")
         by_plugin = doc.get("originals", {})
-        if not isinstance(by_plugin, dict) or not all(
-            isinstance(settings, dict) for settings in by_plugin.values()
-        ):
-            raise JournalError(f"journal {self.path} has malformed originals")
-        originals = {
-            (plugin, key): value
-            for plugin, settings in by_plugin.items()
-            for key, value in settings.items()
-        }
-        return JournalState(originals, doc.get("profile"))
-
-    def _apply_delta(self, state: JournalState, delta: dict[str, Any], number: int) -> None:
         try:
-            for plugin, key, value in delta.get("set", []):
-                state.originals[(plugin, key)] = value
-            for plugin, key in delta.get("drop", []):
-                state.originals.pop((plugin, key), None)
+            if not isinstance(by_plugin, dict):
+                raise ValueError("not a table of plugins")
+            originals = {
+                (plugin, key): value
+                for plugin, settings in by_plugin.items()
+                for key, value in (
+                    _ungroup(settings) if version == FORMAT else _entries_v3(settings)
+                )
+            }
+        except ValueError as exc:
+            raise JournalError(f"journal {self.path} has malformed originals: {exc}") from exc
+        return JournalState(originals, doc.get("profile")), version
+
+    def _apply_delta(
+        self, state: JournalState, delta: dict[str, Any], number: int, version: int
+    ) -> None:
+        try:
+            if version == FORMAT:
+                for plugin, *record in delta.get("set", []):
+                    for key, value in _ungroup([record]):
+                        state.originals[(plugin, key)] = value
+                for plugin, *record in delta.get("drop", []):
+                    for key, _ in _ungroup([[None, *record]]):
+                        state.originals.pop((plugin, key), None)
+            else:
+                for plugin, key, value in delta.get("set", []):
+                    state.originals[(plugin, key)] = value
+                for plugin, key in delta.get("drop", []):
+                    state.originals.pop((plugin, key), None)
         except (TypeError, ValueError) as exc:
             raise JournalError(f"journal {self.path}:{number} is malformed: {exc}") from exc
         if "profile" in delta:
@@ -124,16 +235,21 @@ class Journal:
         written = self._written
         state = written.originals
         delta: dict[str, Any] = {}
-        changed = [[p, k, v] for (p, k), v in updates.items() if state.get((p, k), _NONE) != v]
-        dropped = [[p, k] for (p, k) in drops if (p, k) in state]
-        for p, k, v in changed:
-            state[(p, k)] = v
-        for p, k in dropped:
-            del state[(p, k)]
+        changed = [(key, v) for key, v in updates.items() if state.get(key, _NONE) != v]
+        dropped = [key for key in drops if key in state]
+        for key, v in changed:
+            state[key] = v
+        for key in dropped:
+            del state[key]
         if changed:
-            delta["set"] = changed
+            grouped = _group(changed).items()
+            delta["set"] = [[plugin, *record] for plugin, records in grouped for record in records]
         if dropped:
-            delta["drop"] = dropped
+            delta["drop"] = [
+                [plugin, fields, rows]
+                for plugin, records in _group((key, None) for key in dropped).items()
+                for _, fields, rows in records
+            ]
         if profile != written.profile:
             delta["profile"] = profile
         written.profile = profile

@@ -32,10 +32,60 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     doc = json.loads(journal.path.read_text())
     assert doc["format"] == FORMAT
     assert doc["profile"] == "latency-performance"
-    assert doc["originals"]["sysctl"] == {
-        "vm.swappiness": "60",
-        "net.ipv4.tcp_rmem": "4096 131072 6291456",
-    }
+    assert doc["originals"]["sysctl"] == [
+        ["60", None, ["vm.swappiness"]],
+        ["4096 131072 6291456", None, ["net.ipv4.tcp_rmem"]],
+    ]
+
+
+def test_settings_with_the_same_original_are_one_record(tmp_path: Path) -> None:
+    """Issue 19: 20,000 threads a shield narrowed, all on every CPU before, are one record
+    of the value and a row of fields per thread, not 20,000 entries spelling each out."""
+    journal = Journal(tmp_path)
+    threads = {
+        ("kthread", json.dumps({"kind": "task_affinity", "pid": 9, "start_time": 5, "tid": t},
+                               sort_keys=True, separators=(",", ":"))): "0-1"
+        for t in range(100, 20100)
+    }  # fmt: skip
+    other = ("kthread", '{"kind":"workqueue","name":"writeback"}')
+    state = JournalState({**threads, other: "3"}, "cpu-partitioning")
+    journal.save(state)
+    doc = json.loads(journal.path.read_text())
+    assert doc["originals"]["kthread"] == [
+        ["0-1", ["kind", "pid", "start_time", "tid"],
+         [["task_affinity", 9, 5, t] for t in range(100, 20100)]],
+        ["3", ["kind", "name"], [["workqueue", "writeback"]]],
+    ]  # fmt: skip
+    assert journal.path.stat().st_size < 40 * 20000  # was 75 bytes a thread
+    assert Journal(tmp_path).load() == state
+    # a delta too: 1,000 more threads, then 1,000 given back, one record each
+    more = {(p, k.replace('"pid":9', '"pid":10')): v for (p, k), v in list(threads.items())[:1000]}
+    journal.save(JournalState({**threads, other: "3", **more}, "cpu-partitioning"))
+    journal.save(JournalState({**threads, other: "3"}, "cpu-partitioning"))
+    added, dropped = map(json.loads, journal.path.read_text().splitlines()[1:])
+    assert [len(r) for r in added["set"]] == [4] and len(added["set"][0][3]) == 1000
+    assert [len(r) for r in dropped["drop"]] == [3] and len(dropped["drop"][0][2]) == 1000
+    assert Journal(tmp_path).load() == state
+
+
+def test_a_string_and_a_number_that_print_alike_stay_apart(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    state = JournalState({("sysctl", "a"): "5", ("sysctl", "b"): 5, ("sysctl", "c"): [5]})
+    journal.save(state)
+    assert Journal(tmp_path).load() == state
+
+
+def test_a_journal_of_format_3_is_still_read(tmp_path: Path) -> None:
+    """Left by the version before (a crash, then an upgrade): its originals are restored."""
+    key = '{"kind":"irq","irq":42}'
+    journal = Journal(tmp_path)
+    journal.path.write_text(
+        json.dumps({"format": 3, "profile": "p", "originals": {"irq": {key: "0-3"}}})
+        + "\n"
+        + json.dumps({"set": [["sysctl", "vm.swappiness", "60"]], "drop": [["irq", key]]})
+        + "\n"
+    )
+    assert journal.load() == JournalState({("sysctl", "vm.swappiness"): "60"}, "p")
 
 
 def test_save_replaces_atomically_and_privately(tmp_path: Path) -> None:
@@ -140,8 +190,9 @@ def test_later_saves_append_deltas_and_load_replays_them(tmp_path: Path) -> None
     journal.save(JournalState({("kthread", "thread/7@9/affinity"): "0-1"}, "q"))
     lines = journal.path.read_text().splitlines()
     assert len(lines) == 3  # a snapshot, then one small line per change
-    assert json.loads(lines[1]) == {"set": [["kthread", "thread/7@9/affinity", "0-1"]]}
-    assert json.loads(lines[2]) == {"drop": [["a", "k"]], "profile": "q"}
+    # a record: plugin, original value, no fields (a key that is no target), the keys
+    assert json.loads(lines[1]) == {"set": [["kthread", "0-1", None, ["thread/7@9/affinity"]]]}
+    assert json.loads(lines[2]) == {"drop": [["a", None, ["k"]]], "profile": "q"}
     assert Journal(tmp_path).load() == JournalState(
         {("kthread", "thread/7@9/affinity"): "0-1"}, "q"
     )

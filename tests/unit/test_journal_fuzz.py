@@ -122,24 +122,34 @@ def mutate(text: str, rng: random.Random) -> str:
         op = 0  # already torn: tear it further
     if op == 0:  # torn anywhere (not only at an append's end)
         return text[: rng.randrange(len(text) + 1)]
-    if op == 1:  # another format version
-        doc["format"] = rng.choice([2, 4, "3", None])
+    # A snapshot's originals: per plugin, records [value, field names, rows of values].
+    records = [
+        r
+        for plugin in sorted(doc["originals"])
+        if isinstance(doc["originals"][plugin], list)
+        for r in doc["originals"][plugin]
+        if isinstance(r, list) and len(r) == 3 and isinstance(r[2], list) and r[2]
+    ]
+    if not records and op in (2, 3, 4):
+        op = 5  # an earlier damage left no record to damage further
+    if op == 1:  # another format version (3 reads a table per plugin: these are lists)
+        doc["format"] = rng.choice([2, 3, 5, "4", None, True])
     elif op in (2, 3):  # a value of the wrong kind
-        plugin = rng.choice(sorted(doc["originals"]))
-        key = rng.choice(sorted(doc["originals"][plugin]))
-        doc["originals"][plugin][key] = rng.choice(JUNK)
-    elif op == 4:  # a target of the wrong shape (field types, unknown kinds)
-        plugin = rng.choice(sorted(doc["originals"]))
-        key = rng.choice(sorted(doc["originals"][plugin]))
-        target = json.loads(key)
-        field = rng.choice(sorted(target))
-        target[field] = rng.choice(JUNK)
-        value = doc["originals"][plugin].pop(key)
-        doc["originals"][plugin][json.dumps(target, separators=(",", ":"))] = value
-    elif op == 5:  # a plugin section that is not a table, or an unknown plugin
+        rng.choice(records)[0] = rng.choice(JUNK)
+    elif op == 4:  # a target of the wrong shape (field types, unknown kinds, row lengths)
+        record = rng.choice(records)
+        row = rng.choice(record[2])
+        if rng.randrange(4) and isinstance(row, list) and row:
+            row[rng.randrange(len(row))] = rng.choice(JUNK)
+        else:
+            record[rng.randrange(3)] = rng.choice(JUNK)
+    elif op == 5:  # a plugin's records that are not a list, or an unknown plugin
         doc["originals"][rng.choice(["irq", "kthread", "nosuch"])] = rng.choice(JUNK)
     else:  # junk appended deltas
-        extra = rng.choice(['{"set":[["irq","x"]]}', '{"drop":[1]}', "[]", '{"profile":7}'])
+        extra = rng.choice(
+            ['{"set":[["irq","x"]]}', '{"drop":[1]}', "[]", '{"profile":7}',
+             '{"set":[["irq","0",["irq"],[[1,2]]]]}', '{"drop":[["irq",null,[5]]]}']
+        )  # fmt: skip
         return text + extra + "\n"
     return json.dumps(doc, separators=(",", ":")) + "\n" + "".join(lines[1:])
 
