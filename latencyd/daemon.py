@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, TypeVar
+from typing import Any
 
-from latencyd.engine import ADOPTED, Drift, Engine, Progress, SettingId, StepReport
+from latencyd.engine import ADOPTED, Drift, Engine, Progress, SettingId, StepReport, Steps
 from latencyd.errors import LatencydError, NoSuchHold, PermissionDenied
 from latencyd.plugin import DeviceEvent, Plugin, encode_target, in_one_go
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
@@ -21,8 +21,6 @@ from latencyd.system import System
 from latencyd.taskevents import TaskEvent
 
 log = logging.getLogger("latencyd")
-T = TypeVar("T")
-Steps = Generator[Progress, None, T]  # a change run a slice at a time (see engine.Slices)
 
 
 @dataclass(frozen=True)

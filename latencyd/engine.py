@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from latencyd.errors import (
     ApplyFailed,
@@ -78,7 +78,8 @@ class Progress:
     total: int
 
 
-Steps = Generator[Progress, None, "StepReport"]
+T = TypeVar("T")
+Steps = Generator[Progress, None, T]  # work done a slice at a time, then its result
 
 
 class Slices:
@@ -278,7 +279,7 @@ class Engine:
 
     def expand_steps(
         self, profile: Profile, only: Iterable[str] | None = None
-    ) -> Generator[Progress, None, dict[str, Expansion]]:
+    ) -> Steps[dict[str, Expansion]]:
         """Each section's expansion (reads the machine, changes nothing), giving control
         back every slice (Plugin.expand_steps); its Progress counts no settings yet."""
         names = (
@@ -304,7 +305,9 @@ class Engine:
                 raise ApplyFailed(f"[{name}]: {exc}") from exc
         return out
 
-    def apply_steps(self, profile: Profile, only: Collection[str] | None = None) -> Steps:
+    def apply_steps(
+        self, profile: Profile, only: Collection[str] | None = None
+    ) -> Steps[StepReport]:
         """Make the kernel match `profile` (or re-expand only some of its sections), giving
         control back every slice (see switch_steps)."""
         expansions = yield from self.expand_steps(profile, only)
@@ -325,7 +328,7 @@ class Engine:
         scope: Collection[str] | None = None,
         recheck: bool | Collection[SettingId] = False,
         restore: Collection[SettingId] = (),
-    ) -> Steps:
+    ) -> Steps[StepReport]:
         """Make the kernel match `wanted` (for plugins in `scope`, or all); all or nothing.
 
         `recheck` (all kept settings, or the given ones) reads kept settings back and
@@ -351,7 +354,7 @@ class Engine:
         scope: Collection[str] | None,
         recheck: bool | Collection[SettingId],
         restore: Collection[SettingId],
-    ) -> Steps:
+    ) -> Steps[StepReport]:
         started = time.perf_counter()
         step = plan(self.applied, wanted, scope, restore)
         if recheck:
@@ -480,9 +483,7 @@ class Engine:
     def _forget_unapplied(self) -> None:
         self.originals = {s: v for s, v in self.originals.items() if s in self.applied}
 
-    def _capture_originals(
-        self, step: Plan, report: StepReport, slices: Slices
-    ) -> Generator[Progress, None, None]:
+    def _capture_originals(self, step: Plan, report: StepReport, slices: Slices) -> Steps[None]:
         for sid in list(step.apply):
             if slices.due():
                 yield slices.progress

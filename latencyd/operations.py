@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from latencyd.daemon import Daemon
-from latencyd.engine import Progress
+from latencyd.engine import Steps
 from latencyd.errors import Cancelled
 from latencyd.mainloop import MainLoop
 
@@ -30,7 +30,7 @@ PRIORITY_LOW = 300  # below D-Bus (GLib's default, 0) and the watchers
 @dataclass
 class Operation:
     what: str  # for status and the log: "switch to cpu-partitioning"
-    start: Callable[[], Generator[Progress, None, Any]]
+    start: Callable[[], Steps[Any]]
     done: Callable[[Any], None]
     failed: Callable[[Exception], None]
 
@@ -41,7 +41,7 @@ class Operations:
         self.loop = loop
         self.waiting: collections.deque[Operation] = collections.deque()
         self.current: Operation | None = None
-        self.steps: Generator[Progress, None, Any] | None = None
+        self.steps: Steps[Any] | None = None
         self.source: int | None = None
 
     def submit(self, op: Operation) -> None:

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import pwd
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import dbus
@@ -30,7 +30,7 @@ import dbus.service
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 from latencyd.config import Config
 from latencyd.daemon import Caller, Daemon
-from latencyd.engine import Progress, StepReport
+from latencyd.engine import StepReport, Steps
 from latencyd.errors import Internal, LatencydError, PermissionDenied
 from latencyd.mainloop import MainLoop
 from latencyd.operations import Operation, Operations
@@ -85,7 +85,7 @@ def _change(in_signature: str, out_signature: str) -> Callable[[Callable[..., No
     return decorator
 
 
-def _at_once(fn: Callable[[], T]) -> Generator[Progress, None, T]:
+def _at_once(fn: Callable[[], T]) -> Steps[T]:
     """`fn` as an operation of one slice (a read that must wait for the change before it)."""
     return fn()
     yield  # a generator function: run by Operations like any change
@@ -334,7 +334,7 @@ class Service(dbus.service.Object):
     def _run(
         self,
         what: str,
-        start: Callable[[], Generator[Progress, None, T]],
+        start: Callable[[], Steps[T]],
         reply: Callable[[T], None],
         error: Callable[[Exception], None],
     ) -> None:
