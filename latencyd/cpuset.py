@@ -83,6 +83,12 @@ class CpuSet:
         cpuset._cpus = cpus
         return cpuset
 
+    @classmethod
+    def from_kernel(cls, cpus: Iterable[int]) -> CpuSet:
+        """CPUs the kernel reported (sched_getaffinity): valid by construction, so not
+        checked again; checking costs O(CPUs) per thread, 50,000 times on a server."""
+        return cls._of(frozenset(cpus))
+
     # -- parsing ---------------------------------------------------------
     @classmethod
     def from_list(cls, text: str) -> CpuSet:
@@ -129,6 +135,11 @@ class CpuSet:
         words = [(value >> (32 * i)) & 0xFFFFFFFF for i in reversed(range(nwords))]
         first, *rest = words
         return ",".join([f"{first:x}"] + [f"{w:08x}" for w in rest])
+
+    def as_frozenset(self) -> frozenset[int]:
+        """The CPUs unordered, as the kernel's sched_setaffinity takes them (iterating a
+        CpuSet sorts)."""
+        return self._cpus
 
     # -- set behaviour ---------------------------------------------------
     def __iter__(self) -> Iterator[int]:

@@ -299,7 +299,7 @@ class System:
 
     def affinity(self, pid: int) -> CpuSet:
         try:
-            return CpuSet(frozenset(self.sched.sched_getaffinity(pid)))
+            return CpuSet.from_kernel(self.sched.sched_getaffinity(pid))
         except OSError as exc:
             raise KernelRefused(
                 f"reading the CPU affinity of pid {pid}", describe_oserror(exc)
@@ -307,7 +307,7 @@ class System:
 
     def set_affinity(self, pid: int, cpus: CpuSet) -> None:
         try:
-            self.sched.sched_setaffinity(pid, set(cpus))
+            self.sched.sched_setaffinity(pid, cpus.as_frozenset())
         except OSError as exc:
             raise KernelRefused(
                 f"setting the CPU affinity of pid {pid} to {cpus}", describe_oserror(exc)
