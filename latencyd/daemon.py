@@ -8,14 +8,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from latencyd.engine import ADOPTED, Drift, Engine, Progress, SettingId, StepReport, Steps
+from latencyd.engine import (
+    ADOPTED,
+    Drift,
+    Engine,
+    Progress,
+    Refused,
+    SettingId,
+    StepReport,
+    Steps,
+)
 from latencyd.errors import LatencydError, NoSuchHold, PermissionDenied
-from latencyd.plugin import DeviceEvent, Plugin, encode_target, in_one_go
+from latencyd.plugin import DeviceEvent, Plugin, Target, Value, encode_target, in_one_go
 from latencyd.profile import Profile, ProfileInfo, ProfileLibrary
 from latencyd.system import System
 from latencyd.taskevents import TaskEvent
@@ -482,30 +491,61 @@ class Daemon:
     def list_profiles(self) -> list[ProfileInfo]:
         return self.library.all()
 
-    def status(self) -> dict[str, Any]:
-        plugins: dict[str, Any] = {}
-        for name, plugin in self.plugins.items():
-            section = self.engine.sections.get(name)
-            notes = section.expansion.notes if section else {}
-            applied = [
+    def _applied_rows(
+        self,
+        name: str,
+        plugin: Plugin[Any],
+        owned: list[tuple[Target, Value]],
+        notes: Mapping[Target, str],
+    ) -> list[dict[str, Any]]:
+        """Status rows of one plugin's owned settings: one per setting, except that
+        targets of one `group` with the same value and original are one row (the
+        threads of a process), so status stays small and fast beside 50,000 threads."""
+        rows: list[dict[str, Any]] = []
+        groups: dict[tuple[Hashable, str, str], tuple[int, list[Target]]] = {}
+        originals = self.engine.originals
+        for t, value in owned:
+            key = plugin.group(t) if value is not ADOPTED and t not in notes else None
+            if key is not None:
+                group = (key, repr(value), repr(originals.get((name, t))))
+                if group in groups:
+                    groups[group][1].append(t)
+                    continue
+                groups[group] = (len(rows), [t])
+            rows.append(
                 {
                     "target": encode_target(t),
                     "value": None if value is ADOPTED else value,  # not re-applied yet
-                    "original": self.engine.originals.get((p, t)),
+                    "original": originals.get((name, t)),
                     "text": plugin.describe(t, "(adopted)" if value is ADOPTED else value),
                     "note": notes.get(t, ""),
                 }
-                for (p, t), value in self.engine.applied.items()
-                if p == name
-            ]
+            )
+        for at, targets in groups.values():
+            if len(targets) > 1:
+                rows[at]["targets"] = len(targets)
+                rows[at]["text"] = plugin.describe_group(targets, rows[at]["value"])
+        return rows
+
+    def status(self) -> dict[str, Any]:
+        plugins: dict[str, Any] = {}
+        owned: dict[str, list[tuple[Target, Value]]] = {}
+        for (p, t), value in self.engine.applied.items():
+            owned.setdefault(p, []).append((t, value))
+        refusals: dict[str, list[tuple[SettingId, Refused]]] = {}
+        for sid, refusal in self.engine.not_applicable.items():
+            refusals.setdefault(sid[0], []).append((sid, refusal))
+        for name, plugin in self.plugins.items():
+            section = self.engine.sections.get(name)
+            notes = section.expansion.notes if section else {}
+            applied = self._applied_rows(name, plugin, owned.get(name, []), notes)
             refused = [
                 {
                     "target": encode_target(t),
                     "text": plugin.describe(t, r.wanted),
                     "reason": r.reason,
                 }
-                for (p, t), r in self.engine.not_applicable.items()
-                if p == name
+                for (p, t), r in refusals.get(name, ())
             ] + [
                 {"target": None, "text": what, "reason": reason}
                 for what, reason in (section.expansion.refused.items() if section else ())

@@ -18,7 +18,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
@@ -246,6 +246,15 @@ class Plugin(Generic[T]):
 
     def describe(self, target: T, value: Value) -> str:
         raise NotImplementedError
+
+    def group(self, target: T) -> Hashable | None:
+        """Key of targets `status` shows as one row when they also share value and
+        original (the 20,000 threads of one process), or None: a row of its own."""
+        return None
+
+    def describe_group(self, targets: Sequence[T], value: Value) -> str:
+        """One status row for several targets of one `group` set to the same value."""
+        return f"{self.describe(targets[0], value)} and {len(targets) - 1:,} more like it"
 
     def watch_files(self, target: T) -> tuple[str, ...]:
         """Files (under the System root) whose modification can change this target: a

@@ -9,6 +9,7 @@ a cheap /proc/irq listing on the monitor tick.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -44,7 +45,7 @@ class Irq:
     number: int
     actions: tuple[str, ...]
     chip: str
-    counts: tuple[int, ...]  # per CPU, in /proc/interrupts column order
+    counts: tuple[int, ...]  # per CPU, in /proc/interrupts column order (or not parsed: ())
     devices: frozenset[str] = field(default_factory=frozenset)
 
     @property
@@ -52,18 +53,32 @@ class Irq:
         return ",".join(self.actions) or self.chip
 
 
-def parse_interrupts(text: str) -> tuple[list[int], list[Irq]]:
-    """/proc/interrupts -> (CPU numbers of the columns, numbered IRQs with their actions)."""
+def parse_interrupts(text: str, with_counts: bool = True) -> tuple[list[int], list[Irq]]:
+    """/proc/interrupts -> (CPU numbers of the columns, numbered IRQs with their actions).
+
+    The file is IRQs x CPUs numbers (a million on a 256-CPU server with 4,096 IRQs).
+    Without `with_counts` the count columns are not read at all: the kernel prints each
+    at a fixed width, so where they end on one line is where they end on the next, and
+    an IRQ event costs a slice per line. A line where that does not hold (a count wider
+    than the kernel pads to) is read in full."""
     lines = text.splitlines()
     cpus = [int(c[3:]) for c in lines[0].split()] if lines else []
+    end = 0  # where the count columns end, learnt from the first line read in full
     irqs = []
     for line in lines[1:]:
         label, _, rest = line.partition(":")
         if not label.strip().isdigit():
             continue
-        fields = rest.split()
-        counts = tuple(int(x) for x in fields[: len(cpus)])
-        tail = fields[len(cpus) :]
+        tail = rest[end:].split() if end and _counts_end_at(rest, end) else None
+        if with_counts or not tail or tail[0].isdigit():
+            fields = rest.split()
+            counts = tuple(map(int, fields[: len(cpus)])) if with_counts else ()
+            tail = fields[len(cpus) :]
+            if not with_counts:
+                skipped = _count_columns(len(cpus)).match(rest)
+                end = skipped.end() if skipped else 0
+        else:
+            counts = ()
         chip = tail[0] if tail else ""
         # Kernels with GENERIC_IRQ_SHOW_LEVEL (ARM) print Level/Edge before the actions.
         skip = 3 if tail[2:3] in (["Level"], ["Edge"]) else 2
@@ -72,6 +87,18 @@ def parse_interrupts(text: str) -> tuple[list[int], list[Irq]]:
         devices = frozenset(PCI_ADDR.findall(chip))
         irqs.append(Irq(int(label), names, chip, counts, devices))
     return cpus, irqs
+
+
+def _counts_end_at(rest: str, end: int) -> bool:
+    """Whether a line's counts end at `end`: a digit, then a blank. (Right-aligned numbers
+    never have a blank after a digit inside a column; a shifted line fails this, or its
+    tail starts with a number, which no chip name does.)"""
+    return end < len(rest) and rest[end - 1].isdigit() and rest[end].isspace()
+
+
+@functools.lru_cache(maxsize=4)
+def _count_columns(n: int) -> re.Pattern[str]:
+    return re.compile(rf"(?:[ \t]+\d+){{{n}}}")
 
 
 @dataclass(frozen=True)
@@ -174,10 +201,16 @@ class IrqPlugin(Plugin[IrqTarget]):
         self.counter_note = "unavailable: no profile applied"
 
     # -- the machine's IRQs ----------------------------------------------------------
-    def inventory(self) -> tuple[list[int], list[Irq]]:
+    def inventory(self, with_counts: bool = False) -> tuple[list[int], list[Irq]]:
         """(CPU columns of /proc/interrupts, the IRQs whose affinity can be read)."""
-        columns, irqs = parse_interrupts(self.system.read("proc/interrupts"))
-        movable = [i for i in irqs if self.system.exists(f"proc/irq/{i.number}/smp_affinity_list")]
+        columns, irqs = parse_interrupts(self.system.read("proc/interrupts"), with_counts)
+        # Those with a /proc/irq/N: one listing, not a stat per IRQ (4,096 on a server,
+        # for each device event). Each has smp_affinity_list unless the kernel is built
+        # without SMP, where none has.
+        listed = {n for n in self.system.listdir("proc/irq") if n.isdigit()}
+        if listed and not self.system.exists(f"proc/irq/{min(listed)}/smp_affinity_list"):
+            listed = set()
+        movable = [i for i in irqs if str(i.number) in listed]
         return columns, movable
 
     def device_address(self, name: str) -> str | None:
@@ -361,7 +394,7 @@ class IrqPlugin(Plugin[IrqTarget]):
 
     # -- monitoring -------------------------------------------------------------------------
     def on_applied(self, rules: Any) -> None:
-        self.columns, irqs = self.inventory()
+        self.columns, irqs = self.inventory(with_counts=True)
         self.baseline = {i.number: i.counts for i in irqs}
         self.baseline_at = time.monotonic()
         self._open_handler_counters()
@@ -395,7 +428,7 @@ class IrqPlugin(Plugin[IrqTarget]):
 
     def monitor(self, rules: Any) -> Monitor:
         isolated = rules.isolate if isinstance(rules, IrqRules) else CpuSet()
-        self.columns, irqs = self.inventory()
+        self.columns, irqs = self.inventory(with_counts=True)
         rows: list[tuple[Any, ...]] = []
         per_cpu = [0] * len(self.columns)
         on_isolated = 0

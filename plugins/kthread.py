@@ -23,7 +23,7 @@ import fnmatch
 import logging
 import re
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -422,6 +422,17 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         if isinstance(target, ThreadPolicy):
             return f"{name} policy = {value[0]} priority {value[1]}"
         return f"{name} CPUs = {value}"
+
+    def group(self, target: KthreadTarget) -> Hashable | None:
+        return ("task", target.pid, target.start) if isinstance(target, TaskAffinity) else None
+
+    def describe_group(self, targets: Sequence[KthreadTarget], value: Value) -> str:
+        first = targets[0]
+        if not isinstance(first, TaskAffinity):
+            return super().describe_group(targets, value)
+        task = self.system.task(first.pid)
+        name = f"{task.comm} " if task else ""
+        return f"user task {name}(pid {first.pid}, {len(targets):,} threads) CPUs = {value}"
 
     def monitor(self, rules: Any) -> Monitor:
         if not isinstance(rules, KthreadRules):

@@ -19,6 +19,7 @@ from latencyd.plugins.irq import parse_interrupts
 
 from latencyd.config import shipped_profiles_dir
 from latencyd.errors import LatencydError
+from latencyd.journal import Journal
 from latencyd.plugin import Plugin, Target, decode_target, load_plugins, target_kinds
 from latencyd.system import System
 from tests.fdstore import FdStoreStandIn
@@ -174,16 +175,23 @@ class OwnedSampler:
 
 
 def owned_settings(d: Latencyd) -> list[tuple[str, Plugin[Any], Target, object]]:
-    status = json.loads(d.ctl("status", "--json").stdout)
+    """Every setting the daemon has changed, from its journal (status shows the threads
+    of one process as one row), with the original each must get back."""
+    state = Journal(d.state_dir).load()
+    if state is None:  # nothing changed (untuned): no journal
+        return []
     plugins = load_plugins(System())
     owned = []
-    for name, info in status["plugins"].items():
+    for (name, key), original in state.originals.items():
         plugin = plugins[name]
-        for item in info["applied"]:
-            target = decode_target(target_kinds(plugin), item["target"])
-            if target.kind == "pm_qos" or plugin.same(target, item["original"], item["value"]):
-                continue
-            owned.append((f"[{name}] {item['text']}", plugin, target, item["original"]))
+        target = decode_target(target_kinds(plugin), json.loads(key))
+        try:
+            current = plugin.read(target)
+        except LatencydError:
+            continue  # gone meanwhile
+        if target.kind == "pm_qos" or plugin.same(target, original, current):
+            continue
+        owned.append((f"[{name}] {plugin.describe(target, current)}", plugin, target, original))
     return owned
 
 

@@ -28,13 +28,13 @@ system = System("/")
 plugin = IrqPlugin(system)
 rules = plugin.expand({}, {}).rules
 plugin.on_applied(rules)
-before = {i.number: sum(i.counts) for i in plugin.inventory()[1]}
+before = {i.number: sum(i.counts) for i in plugin.inventory(with_counts=True)[1]}
 # Make the disk interrupt: write and fsync a file (virtio-blk completion IRQs).
 with open(sys.argv[2], "wb") as f:
     for _ in range(20):
         f.write(os.urandom(65536)); f.flush(); os.fsync(f.fileno())
 time.sleep(0.1)
-after = {i.number: sum(i.counts) for i in plugin.inventory()[1]}
+after = {i.number: sum(i.counts) for i in plugin.inventory(with_counts=True)[1]}
 status = dict(plugin.monitor(rules).facts)
 plugin.close()
 print(json.dumps({"status": status, "proc_delta": sum(after[n] - before.get(n, 0) for n in after)}))

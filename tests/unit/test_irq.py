@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -222,6 +224,44 @@ def test_parse_interrupts_arm_gic_level_column() -> None:
     assert [i.actions for i in irqs] == [("arch_timer",), ("virtio0", "virtio1")]
 
 
+@pytest.mark.parametrize("text", [INTERRUPTS_4, INTERRUPTS_2, "/proc/interrupts"])
+def test_parse_interrupts_without_counts_reads_the_same_irqs(text: str) -> None:
+    """Skipping the count columns (what an IRQ event does) loses nothing but the counts."""
+    if text.startswith("/"):
+        text = Path(text).read_text()
+    cpus, irqs = parse_interrupts(text)
+    quick_cpus, quick = parse_interrupts(text, with_counts=False)
+    assert quick_cpus == cpus and quick
+    assert [dataclasses.replace(i, counts=()) for i in irqs] == quick
+
+
+def test_parse_interrupts_without_counts_reads_lines_wider_than_the_padding() -> None:
+    """Counts past 10 digits widen their column: such a line is read in full, even when
+    the widening is exactly one column's width (its counts then end where others do)."""
+
+    def line(n: int, counts: tuple[int, ...], name: str) -> str:
+        return f"{n:>3}:" + "".join(f" {c:>10}" for c in counts) + f"  PCI-MSI {n}-edge  {name}"
+
+    text = "\n".join([
+        "            CPU0       CPU1       CPU2",
+        line(24, (1, 2, 3), "virtio0-config"),
+        line(25, (12_345_678_901, 0, 7), "virtio0-input.0"),  # one digit wider
+        line(26, (18_446_744_073_709_551_615, 12_345_678_901, 0), "virtio0-output.0"),
+        line(27, (0, 0, 0), "nvme0q1"),
+    ])  # fmt: skip
+    _, full = parse_interrupts(text)
+    _, quick = parse_interrupts(text, with_counts=False)
+    assert [(i.number, i.actions, i.chip) for i in quick] == [
+        (i.number, i.actions, i.chip) for i in full
+    ]
+    assert [i.actions for i in quick] == [
+        ("virtio0-config",),
+        ("virtio0-input.0",),
+        ("virtio0-output.0",),
+        ("nvme0q1",),
+    ]
+
+
 # -- matching rules ---------------------------------------------------------------------------
 
 
@@ -261,10 +301,13 @@ def test_device_address_follows_the_sysfs_link(plugin: IrqPlugin) -> None:
 
 
 def test_inventory_skips_irqs_without_an_affinity_file(root: Path, plugin: IrqPlugin) -> None:
-    (root / "proc/irq/0/smp_affinity_list").unlink()
+    shutil.rmtree(root / "proc/irq/0")  # in /proc/interrupts, but gone from /proc/irq
     columns, irqs = plugin.inventory()
     assert [i.number for i in irqs] == ALL_IRQS[1:]
     assert columns == [0, 1, 2, 3]
+    for path in (root / "proc/irq").glob("*/smp_affinity_list"):
+        path.unlink()  # a kernel without SMP: no IRQ has an affinity
+    assert plugin.inventory()[1] == []
 
 
 # -- expand ------------------------------------------------------------------------------------

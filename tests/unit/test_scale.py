@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from latencyd.plugins.kthread import KthreadPlugin
 
 from latencyd.cpuset import CpuSet
 from latencyd.daemon import Daemon
@@ -22,6 +23,7 @@ from latencyd.plugin import Expansion, Options, Plugin, Target, Value
 from latencyd.profile import ProfileLibrary
 from latencyd.schema import Machine
 from latencyd.system import System
+from tests.unit.fakesys import FakeSched, add_task, make_fake_root
 
 OWNED = 5000
 
@@ -168,24 +170,27 @@ def test_read_back_is_bounded_per_poll_and_covers_everything_in_turn(tmp_path: P
     }
 
 
-def test_no_process_wide_stat_is_read_per_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The kernel sums CPU times over every thread for proc/PID/stat, so reading it once
-    per thread of a 20,000-thread process is quadratic (the issue's 58.6 s switch); the
-    main thread's own proc/PID/task/PID/stat says the same for one thread's cost."""
-    from latencyd.plugins.kthread import KthreadPlugin
-
-    from latencyd import system as system_module
-    from tests.unit.fakesys import FakeSched, add_task, make_fake_root
-
+def jvm_of_200_threads(tmp_path: Path) -> tuple[System, FakeSched]:
+    """A fake machine of 4 CPUs with one process (pid 1000, "jvm") of 200 threads."""
     root = make_fake_root(tmp_path)
     sched = FakeSched({0, 1, 2, 3})
     threads = tuple(range(1001, 1200))
     add_task(root, 1000, "jvm", threads=threads)
     for tid in (1000, *threads):
         sched.add(tid)
-    plugin = KthreadPlugin(System(root, sched=sched))
+    return System(root, sched=sched), sched
+
+
+def test_no_process_wide_stat_is_read_per_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel sums CPU times over every thread for proc/PID/stat, so reading it once
+    per thread of a 20,000-thread process is quadratic (the issue's 58.6 s switch); the
+    main thread's own proc/PID/task/PID/stat says the same for one thread's cost."""
+    from latencyd import system as system_module
+
+    system, sched = jvm_of_200_threads(tmp_path)
+    plugin = KthreadPlugin(system)
     engine = Engine({"kthread": plugin}, Journal(tmp_path / "state"))
     read = system_module._read_text
     process_wide: list[str] = []
@@ -203,3 +208,78 @@ def test_no_process_wide_stat_is_read_per_thread(
     assert report.applied == 200 and sched.affinity[1100] == {0, 2, 3}
     assert engine.verify() == [] and engine.off() == []
     assert process_wide == []
+
+
+def test_status_shows_a_process_s_moved_threads_as_one_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Status beside a 200-thread process: one row for the process (its thread count),
+    not a row and a /proc read per thread (0.5 s and 3.9 MB of JSON at 20,000 threads)."""
+    from latencyd import system as system_module
+
+    system, sched = jvm_of_200_threads(tmp_path)
+    sched.affinity[1199] = {0, 1}  # one thread its user pinned: its own row
+    plugin = KthreadPlugin(system)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "p.toml").write_text('[kthread]\nisolate_tasks = "1"\n')
+    library = ProfileLibrary([profiles], {"kthread": plugin.schema}, system.machine())
+    engine = Engine({"kthread": plugin}, Journal(tmp_path / "state"))
+    daemon = Daemon(system, {"kthread": plugin}, library, engine)
+    daemon.switch("p")
+    read = system_module._read_text
+    reads: list[str] = []
+
+    def counting(path: str | Path) -> str:
+        reads.append(str(path))
+        return read(path)
+
+    monkeypatch.setattr(system_module, "_read_text", counting)
+    rows = daemon.status()["plugins"]["kthread"]["applied"]
+    assert [(r["text"], r.get("targets"), r["original"]) for r in rows] == [
+        ("user task jvm (pid 1000, 199 threads) CPUs = 0,2-3", 199, "0-3"),
+        ("user task jvm (pid 1000, thread 1199) CPUs = 0", None, "0-1"),
+    ]
+    assert len(reads) < 10, reads
+
+
+def test_an_irq_event_lists_the_irqs_once_not_a_file_check_per_irq(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device event beside 2,000 IRQs finds the new one without a stat per IRQ (4,096
+    on a server, for every event)."""
+    from latencyd.plugins.irq import IrqAffinity, IrqPlugin
+
+    from latencyd.plugin import DeviceEvent
+    from tests.unit.fakesys import put
+
+    root = make_fake_root(tmp_path)
+    numbers = list(range(100, 2100))
+
+    def interrupts() -> None:
+        head = "           CPU0       CPU1       CPU2       CPU3"
+        counts = "".join(f" {0:>10}" for _ in range(4))  # the kernel's " %10u" per CPU
+        rows = [f"{n:>4}:{counts}  PCI-MSI {n}-edge  q{n}" for n in numbers]
+        put(root, "proc/interrupts", "\n".join([head, *rows]))
+        for n in numbers:
+            put(root, f"proc/irq/{n}/smp_affinity_list", "0-3")
+
+    interrupts()
+    system = System(root)
+    plugin = IrqPlugin(system)
+    rules = plugin.expand({"isolate": CpuSet({3})}, {}).rules
+    numbers.append(2100)
+    interrupts()
+    checks: list[str] = []
+    exists = System.exists
+
+    def counting(self: System, rel: str) -> bool:
+        checks.append(rel)
+        return exists(self, rel)
+
+    monkeypatch.setattr(System, "exists", counting)
+    result = plugin.on_device(rules, DeviceEvent("pci", "add", "0000:02:00.0"), {})
+    assert result is not None
+    settings, _ = result
+    assert settings == {IrqAffinity(2100): "0-2"}
+    assert len(checks) < 10, len(checks)
