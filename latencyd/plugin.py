@@ -65,9 +65,21 @@ class OwnedSettings(Mapping[Target, Value]):
 
 def encode_target(target: Target) -> dict[str, Any]:
     """{"kind": ..., field: value, ...}: the journal's and the D-Bus API's form of a target."""
-    return {"kind": type(target).kind} | {
-        f.name: getattr(target, f.name) for f in dataclasses.fields(target)
-    }
+    encoded = {"kind": type(target).kind}
+    for name in _field_names(type(target)):
+        encoded[name] = getattr(target, name)
+    return encoded
+
+
+_FIELD_NAMES: dict[type[Target], tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Target]) -> tuple[str, ...]:
+    """A target class's fields, looked up once (not per target of 20,000)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def decode_target(kinds: Mapping[str, type[Target]], data: Any) -> Target:

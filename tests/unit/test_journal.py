@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from latencyd.errors import JournalError
-from latencyd.journal import FORMAT, Journal, JournalState
+from latencyd.journal import FORMAT, Journal, JournalState, key_of
 
 
 def test_nothing_on_disk_means_clean_exit(tmp_path: Path) -> None:
@@ -227,3 +227,17 @@ def test_growing_journal_is_compacted_into_one_snapshot(tmp_path: Path) -> None:
         journal.save(state)
     assert len(journal.path.read_text().splitlines()) < 300
     assert Journal(tmp_path).load() == state
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"kind": "task_affinity", "pid": 1, "start": 5, "tid": 7},
+        {"name": 'é"\\ü\n', "kind": "x"},  # escapes and non-ASCII, keys out of order
+        {"kind": "k", "n": None},
+        {"kind": "z", "b": True},  # a bool is not an int here
+        {"kind": "s", "v": -3, "w": [1, "a"]},
+    ],
+)
+def test_a_key_is_the_canonical_json_of_the_target(fields: dict[str, object]) -> None:
+    assert key_of(fields) == json.dumps(fields, sort_keys=True, separators=(",", ":"))
