@@ -68,6 +68,8 @@ ENGINE_OPTION_NAMES = frozenset(o.name for o in ENGINE_OPTIONS)
 # A long step (thousands of tasks) gives its caller back control at least this often, so
 # the daemon's main loop keeps answering (status, off) while it runs.
 SLICE_S = 0.02
+# Originals journaled at a time while they are read (a few milliseconds of a slice).
+JOURNAL_BATCH = 1024
 
 
 @dataclass(frozen=True)
@@ -361,10 +363,12 @@ class Engine:
             self._recheck(step, None if recheck is True else recheck)
         report = StepReport(unchanged=len(step.keep))
         slices = Slices(2 * len(step.apply) + len(step.restore))
+        journaled: list[SettingId] = []
         try:
-            yield from self._capture_originals(step, report, slices)
+            yield from self._capture_originals(step, report, slices, journaled)
         except (Exception, GeneratorExit) as exc:
             self._forget_unapplied()  # originals read for a step that never ran
+            _quietly(lambda: self._save(journaled))  # and journaled: the journal drops them
             if isinstance(exc, Cancelled):
                 raise ApplyFailed(f"{exc}. Nothing was changed.") from exc
             if isinstance(exc, LatencydError) or not isinstance(exc, Exception):
@@ -483,9 +487,21 @@ class Engine:
     def _forget_unapplied(self) -> None:
         self.originals = {s: v for s, v in self.originals.items() if s in self.applied}
 
-    def _capture_originals(self, step: Plan, report: StepReport, slices: Slices) -> Steps[None]:
+    def _capture_originals(
+        self, step: Plan, report: StepReport, slices: Slices, journaled: list[SettingId]
+    ) -> Steps[None]:
+        """Read the original of each setting the step applies that is not owned yet, and
+        journal them a slice at a time (into `journaled`): one journal write of 20,000
+        would hold the main loop for a tenth of a second."""
+        yield slices.progress  # the diff that made `step` was a slice of its own
+        read: list[SettingId] = []
         for sid in list(step.apply):
-            if slices.due():
+            due = slices.due()
+            if due or len(read) >= JOURNAL_BATCH:
+                self._save(read)
+                journaled += read
+                read = []
+            if due:
                 yield slices.progress
             if sid in self.originals:
                 continue
@@ -493,7 +509,7 @@ class Engine:
             try:
                 current = plugin.read(target)
                 self.originals[sid] = plugin.original(target, current, self._owned_by(sid[0]))
-                _key(target)  # its journal key, encoded here in slices rather than in _save
+                read.append(sid)
             except (KernelRefused, NotApplicable) as exc:
                 if not plugin.exists(target):
                     del step.apply[sid]  # gone between expand and now: nothing to tune

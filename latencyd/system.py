@@ -13,7 +13,7 @@ import os
 import platform
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -211,6 +211,16 @@ class System:
             return sorted(os.listdir(self.fspath(rel)))
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    def entries(self, rel: str) -> Iterator[str]:
+        """Entries of a directory as the kernel lists them (unsorted, read as iterated: a
+        process's 20,000 thread ids come a batch at a time); none if it is missing."""
+        try:
+            with os.scandir(self.fspath(rel)) as listing:
+                for entry in listing:
+                    yield entry.name
+        except (FileNotFoundError, NotADirectoryError):
+            return
 
     def read(self, rel: str) -> str:
         try:

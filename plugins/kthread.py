@@ -20,10 +20,11 @@ inside. Tasks named in `allow` and the processes holding a profile are left alon
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import logging
 import re
 import time
-from collections.abc import Generator, Hashable, Mapping, Sequence
+from collections.abc import Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -244,8 +245,9 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             return "started under a hold (latencyctl hold)"  # the application itself
         return None
 
-    def thread_ids(self, pid: int) -> list[int]:
-        return [int(t) for t in self.system.listdir(f"proc/{pid}/task") if t.isdigit()]
+    def thread_ids(self, pid: int) -> Iterator[int]:
+        """The process's threads, as the kernel lists them (lazily: 20,000 take a while)."""
+        return (int(t) for t in self.system.entries(f"proc/{pid}/task") if t.isdigit())
 
     def handed_over(self, rules: Any, target: KthreadTarget, actual: Value) -> str | None:
         if not isinstance(target, TaskAffinity) or not isinstance(rules, KthreadRules):
@@ -272,10 +274,9 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         for task in self.system.tasks():
             if task.is_kthread:
                 settings.update(self.kthread_settings(rules, task))
-            elif rules.isolate_tasks:
+            elif rules.isolate_tasks and not self.left_alone(rules, task):
                 tids = self.thread_ids(task.pid)
-                for first in range(0, len(tids), THREAD_CHUNK):
-                    chunk = tids[first : first + THREAD_CHUNK]
+                while chunk := list(itertools.islice(tids, THREAD_CHUNK)):
                     settings.update(self.user_task_settings(rules, task, chunk, owned))
                     yield
             yield

@@ -831,8 +831,8 @@ def test_a_step_gives_control_back_every_slice_and_ends_as_switch_does(
             progress.append(next(steps))
     report = end.value.value
     assert report.applied == len(A) and rig.engine.applied == A
-    # reading the originals, then writing: each setting counted once per pass
-    assert [p.done for p in progress] == list(range(1, 2 * len(A) + 1))
+    # the diff, then reading the originals, then writing: each setting counted once per pass
+    assert [p.done for p in progress] == list(range(2 * len(A) + 1))
     assert {p.total for p in progress} == {2 * len(A)}
     assert rig.changed() == A_FILES
 
