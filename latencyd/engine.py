@@ -314,8 +314,11 @@ class Engine:
         control back every slice (see switch_steps)."""
         expansions = yield from self.expand_steps(profile, only)
         wanted = {(n, t): v for n, e in expansions.items() for t, v in e.settings.items()}
+        current = {(n, t): v for n, e in expansions.items() for t, v in e.current.items()}
         scope = None if only is None else set(only)
-        report = yield from self.switch_steps(wanted, profile.name, scope, only is not None)
+        report = yield from self.switch_steps(
+            wanted, profile.name, scope, only is not None, current=current
+        )
         if only is None:
             self.sections = {}
         for name, exp in expansions.items():
@@ -330,6 +333,7 @@ class Engine:
         scope: Collection[str] | None = None,
         recheck: bool | Collection[SettingId] = False,
         restore: Collection[SettingId] = (),
+        current: Mapping[SettingId, Value] | None = None,
     ) -> Steps[StepReport]:
         """Make the kernel match `wanted` (for plugins in `scope`, or all); all or nothing.
 
@@ -342,7 +346,7 @@ class Engine:
         back like any failure.
         """
         with self.stepping():
-            return (yield from self._switch(wanted, profile, scope, recheck, restore))
+            return (yield from self._switch(wanted, profile, scope, recheck, restore, current))
 
     # The same, in one go (start-up, events, tests).
     expand = in_one_go(expand_steps)
@@ -356,6 +360,7 @@ class Engine:
         scope: Collection[str] | None,
         recheck: bool | Collection[SettingId],
         restore: Collection[SettingId],
+        current: Mapping[SettingId, Value] | None = None,
     ) -> Steps[StepReport]:
         started = time.perf_counter()
         step = plan(self.applied, wanted, scope, restore)
@@ -365,7 +370,7 @@ class Engine:
         slices = Slices(2 * len(step.apply) + len(step.restore))
         journaled: list[SettingId] = []
         try:
-            yield from self._capture_originals(step, report, slices, journaled)
+            yield from self._capture_originals(step, report, slices, journaled, current or {})
         except (Exception, GeneratorExit) as exc:
             self._forget_unapplied()  # originals read for a step that never ran
             _quietly(lambda: self._save(journaled))  # and journaled: the journal drops them
@@ -488,11 +493,17 @@ class Engine:
         self.originals = {s: v for s, v in self.originals.items() if s in self.applied}
 
     def _capture_originals(
-        self, step: Plan, report: StepReport, slices: Slices, journaled: list[SettingId]
+        self,
+        step: Plan,
+        report: StepReport,
+        slices: Slices,
+        journaled: list[SettingId],
+        current: Mapping[SettingId, Value],
     ) -> Steps[None]:
-        """Read the original of each setting the step applies that is not owned yet, and
-        journal them a slice at a time (into `journaled`): one journal write of 20,000
-        would hold the main loop for a tenth of a second."""
+        """Read the original of each setting the step applies that is not owned yet (or
+        take what its expansion just read: `current`), and journal them a slice at a time
+        (into `journaled`): one journal write of 20,000 would hold the main loop for a
+        tenth of a second."""
         yield slices.progress  # the diff that made `step` was a slice of its own
         read: list[SettingId] = []
         for sid in list(step.apply):
@@ -507,8 +518,8 @@ class Engine:
                 continue
             plugin, target = self.plugins[sid[0]], sid[1]
             try:
-                current = plugin.read(target)
-                self.originals[sid] = plugin.original(target, current, self._owned_by(sid[0]))
+                now = current[sid] if sid in current else plugin.read(target)
+                self.originals[sid] = plugin.original(target, now, self._owned_by(sid[0]))
                 read.append(sid)
             except (KernelRefused, NotApplicable) as exc:
                 if not plugin.exists(target):

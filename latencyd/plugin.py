@@ -111,12 +111,15 @@ class Expansion:
     applied profile, so a rejected switch leaves no trace. `notes` explain a setting in
     `status` ("resolved from 'poll'"). `refused` lists parts of the section that cannot
     apply on this machine, with the reason; the rest of the profile still applies.
+    `current` holds values expand had to read anyway (a thread's CPUs): the engine takes
+    them as what is there now instead of reading each target again.
     """
 
     settings: Settings = field(default_factory=dict)
     rules: Any = None
     notes: dict[Target, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    current: dict[Target, Value] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -209,10 +209,16 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         return settings
 
     def user_task_settings(
-        self, rules: KthreadRules, task: Task, tids: list[int], owned: Mapping[Target, Value]
+        self,
+        rules: KthreadRules,
+        task: Task,
+        tids: list[int],
+        owned: Mapping[Target, Value],
+        current: dict[Target, Value] | None = None,
     ) -> Settings:
         """Narrow the threads of `task` that may run on isolated CPUs *and* elsewhere to
-        the elsewhere; threads confined to isolated CPUs are left where they are."""
+        the elsewhere; threads confined to isolated CPUs are left where they are. The
+        CPUs read of each thread it narrows go into `current` (Expansion.current)."""
         isolate = rules.isolate_tasks
         if not isolate or task.is_kthread or self.left_alone(rules, task):
             return {}
@@ -235,6 +241,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 continue
             if cpus & isolate and not cpus.issubset(isolate):
                 settings[target] = (cpus - isolate).to_list()
+                if given is None and current is not None:
+                    current[target] = cpus.to_list()
         return settings
 
     def left_alone(self, rules: KthreadRules, task: Task) -> str | None:
@@ -268,6 +276,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             time.monotonic(),
         )
         settings: Settings = {}
+        current: dict[Target, Value] = {}
         for name in ("writeback", "unbound"):
             if f"{name}_cpumask" in options:
                 settings[Workqueue(name)] = options[f"{name}_cpumask"].to_list()
@@ -277,10 +286,10 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             elif rules.isolate_tasks and not self.left_alone(rules, task):
                 tids = self.thread_ids(task.pid)
                 while chunk := list(itertools.islice(tids, THREAD_CHUNK)):
-                    settings.update(self.user_task_settings(rules, task, chunk, owned))
+                    settings.update(self.user_task_settings(rules, task, chunk, owned, current))
                     yield
             yield
-        return Expansion(settings, rules)
+        return Expansion(settings, rules, current=current)
 
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
         return run_to_end(self.expand_steps(options, owned))

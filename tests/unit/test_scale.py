@@ -181,6 +181,17 @@ def jvm_of_200_threads(tmp_path: Path) -> tuple[System, FakeSched]:
     return System(root, sched=sched), sched
 
 
+def shielding_daemon(tmp_path: Path, system: System) -> Daemon:
+    """A daemon with the kthread plugin alone and profile "p": the shield of CPU 1."""
+    plugin = KthreadPlugin(system)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "p.toml").write_text('[kthread]\nisolate_tasks = "1"\n')
+    library = ProfileLibrary([profiles], {"kthread": plugin.schema}, system.machine())
+    engine = Engine({"kthread": plugin}, Journal(tmp_path / "state"))
+    return Daemon(system, {"kthread": plugin}, library, engine)
+
+
 def test_no_process_wide_stat_is_read_per_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -219,13 +230,7 @@ def test_status_shows_a_process_s_moved_threads_as_one_row(
 
     system, sched = jvm_of_200_threads(tmp_path)
     sched.affinity[1199] = {0, 1}  # one thread its user pinned: its own row
-    plugin = KthreadPlugin(system)
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    (profiles / "p.toml").write_text('[kthread]\nisolate_tasks = "1"\n')
-    library = ProfileLibrary([profiles], {"kthread": plugin.schema}, system.machine())
-    engine = Engine({"kthread": plugin}, Journal(tmp_path / "state"))
-    daemon = Daemon(system, {"kthread": plugin}, library, engine)
+    daemon = shielding_daemon(tmp_path, system)
     daemon.switch("p")
     read = system_module._read_text
     reads: list[str] = []
@@ -283,3 +288,18 @@ def test_an_irq_event_lists_the_irqs_once_not_a_file_check_per_irq(
     settings, _ = result
     assert settings == {IrqAffinity(2100): "0-2"}
     assert len(checks) < 10, len(checks)
+
+
+def test_a_thread_s_cpus_are_read_once_before_it_is_moved(tmp_path: Path) -> None:
+    """The expansion reads each thread's CPUs to decide; the engine takes that as the
+    original (Expansion.current) instead of reading all 20,000 again: one read before
+    the move, one read-back after it."""
+    system, sched = jvm_of_200_threads(tmp_path)
+    daemon = shielding_daemon(tmp_path, system)
+    engine = daemon.engine
+    sched.calls.clear()
+    report = engine.apply(daemon.library.load("p"))
+    assert report.applied == 200 and engine.originals[("kthread", next(iter(engine.applied))[1])]
+    reads = [pid for call, pid in sched.calls if call == "getaffinity" and pid == 1100]
+    assert len(reads) == 2, sched.calls
+    assert engine.off() == [] and sched.affinity[1100] == {0, 1, 2, 3}
