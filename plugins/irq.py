@@ -276,7 +276,8 @@ class IrqPlugin(Plugin[IrqTarget]):
         self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
         """A device came, went or was (un)bound: just the IRQs that appeared get their
-        affinity, and those that vanished are dropped; the rest is left alone."""
+        affinity, those that vanished are dropped, and the device's own are read back;
+        the rest is left alone."""
         if not isinstance(rules, IrqRules) or event.subsystem == "cpu":
             return None
         _, irqs = self.inventory()
@@ -286,7 +287,13 @@ class IrqPlugin(Plugin[IrqTarget]):
         rules.known_irqs.clear()
         rules.known_irqs.update(now)
         settings = self.irq_settings(rules, appeared)
-        return settings, {t for t in vanished if t in owned} | set(settings)
+        # An unbind and a bind handled together find the device's IRQs under the same
+        # numbers, freed and requested again meanwhile with the default mask: the
+        # engine reads those back (and puts the rule's CPUs back) instead of trusting
+        # what it wrote before.
+        addresses = set(PCI_ADDR.findall(event.devpath)) | set(PCI_ADDR.findall(event.name))
+        own = {IrqAffinity(i.number) for i in irqs if i.devices & addresses}
+        return settings, {t for t in vanished | own if t in owned} | set(settings)
 
     @staticmethod
     def _path(target: IrqAffinity | DefaultAffinity) -> str:
