@@ -450,7 +450,8 @@ def test_an_unreadable_journal_is_set_aside(rig: Rig, caplog: pytest.LogCaptureF
 
 def test_off_skips_targets_that_vanished_and_reports_failures(rig: Rig) -> None:
     rig.engine.switch({("fake", KA): "1", ("fake", KB): "1", ("fake", KC): "1"}, "A")
-    rig.fake.gone.add("a")
+    rig.fake.gone.add("a")  # and so cannot be written
+    rig.fake.refuse_write["a"] = KernelRefused("writing fake/a", "No such file (ENOENT)")
     rig.fake.refuse_write["b"] = KernelRefused("writing fake/b", "Device busy (EBUSY)")
     problems = rig.engine.off()
     assert problems == ["[fake] restoring b = 0: writing fake/b: Device busy (EBUSY)"]
