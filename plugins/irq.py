@@ -286,14 +286,14 @@ class IrqPlugin(Plugin[IrqTarget]):
         vanished = {IrqAffinity(n) for n in rules.known_irqs - now}
         rules.known_irqs.clear()
         rules.known_irqs.update(now)
-        settings = self.irq_settings(rules, appeared)
         # An unbind and a bind handled together find the device's IRQs under the same
-        # numbers, freed and requested again meanwhile with the default mask: the
-        # engine reads those back (and puts the rule's CPUs back) instead of trusting
-        # what it wrote before.
+        # numbers, freed and requested again meanwhile with the default mask: they are
+        # wanted again too, so the engine reads them back (and puts the rule's CPUs
+        # back) instead of trusting what it wrote before.
         addresses = set(PCI_ADDR.findall(event.devpath)) | set(PCI_ADDR.findall(event.name))
-        own = {IrqAffinity(i.number) for i in irqs if i.devices & addresses}
-        return settings, {t for t in vanished | own if t in owned} | set(settings)
+        own = [i for i in irqs if i.devices & addresses]
+        settings = self.irq_settings(rules, [*appeared, *own])
+        return settings, {t for t in vanished if t in owned} | set(settings)
 
     @staticmethod
     def _path(target: IrqAffinity | DefaultAffinity) -> str:

@@ -622,21 +622,21 @@ def test_a_device_event_tunes_just_the_irqs_that_came_and_drops_those_that_went(
     original = (root / "proc/interrupts").read_text()
     add_irq_50(root)
     event = DeviceEvent("pci", "add", "0000:00:05.0")
-    its_own = {IrqAffinity(27), IrqAffinity(28)}
+    its_own = {IrqAffinity(27): "0,2-3", IrqAffinity(28): "0,2-3"}  # wanted again
     assert plugin.on_device(exp.rules, event, owned) == (
-        {IrqAffinity(50): "3"},  # its rule, as expand would give it
-        {IrqAffinity(50)} | its_own,
+        {IrqAffinity(50): "3"} | its_own,  # its rule, as expand would give it
+        {IrqAffinity(50)} | set(its_own),
     )
     assert not plugin.changed(exp.rules)  # the tick has nothing left to pick up
     owned[IrqAffinity(50)] = "3"
     (root / "proc/interrupts").write_text(original)  # unbound: IRQ 50 is gone
     gone = DeviceEvent("pci", "remove", "0000:00:05.0")
-    assert plugin.on_device(exp.rules, gone, owned) == ({}, {IrqAffinity(50)} | its_own)
-    assert plugin.on_device(exp.rules, gone, owned) == ({}, its_own)  # nothing new
+    assert plugin.on_device(exp.rules, gone, owned) == (its_own, {IrqAffinity(50)} | set(its_own))
+    assert plugin.on_device(exp.rules, gone, owned) == (its_own, set(its_own))  # nothing new
     virtio = DeviceEvent(
         "virtio", "bind", "virtio4", devpath="/devices/pci0000:00/0000:00:05.0/virtio4"
     )
-    assert plugin.on_device(exp.rules, virtio, owned) == ({}, its_own)  # its PCI device's
+    assert plugin.on_device(exp.rules, virtio, owned) == (its_own, set(its_own))  # its PCI's
 
 
 def test_section_refused_as_a_whole_is_not_expanded_again_on_every_tick(
