@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # typing costs ~2 ms of every latencyctl call; annotations only need it here
+    from collections.abc import Callable
     from typing import Any
 
     from latencyd.cpuset import CpuSet
@@ -95,12 +96,13 @@ def _show_progress(ended: Any) -> None:
     """Polls Status on a connection of its own (the call waits on the other)."""
     import dbus
 
-    from latencyd.measure import progress_bar
+    from latencyd.measure import ProgressBar
 
     if ended.wait(PROGRESS_AFTER_S):
         return
     bus = dbus.SystemBus(private=True)
     shown = False
+    progress_bar = ProgressBar()
     try:
         proxy = bus.get_object(BUS_NAME, OBJECT_PATH, introspect=False)
         while not ended.wait(0.2):
@@ -334,6 +336,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
     housekeeping = online - app
     if not app or not housekeeping:
         raise CliError(USAGE, f"need application CPUs and housekeeping CPUs (online: {online})")
+    if args.attribute and (not args.profile or args.vs):
+        raise CliError(USAGE, "--attribute takes --profile P (and no --vs)")
+    if not args.attribute and (args.group or args.control or args.budget):
+        raise CliError(USAGE, "--group, --control and --budget go with --attribute")
     scenarios = [args.profile or "current", *args.vs]
     if len(set(scenarios)) != len(scenarios):
         raise CliError(USAGE, f"a scenario is named twice: {' '.join(scenarios)}")
@@ -350,21 +356,25 @@ def cmd_measure(args: argparse.Namespace) -> int:
                 str(len(housekeeping)), "--io", "1", "--vm", "1", "--vm-bytes", "128M"]  # fmt: skip
     elif args.load_cmd:
         load = ["sh", "-c", args.load_cmd]
+    # Attribution defaults: 3 rounds (the verdicts' spread needs them, its many scenarios
+    # need the time) and 1 s of idle cost per scenario (recommend drops what costs).
+    rounds = args.rounds or (3 if args.attribute else 4)
+    idle = args.idle_seconds if args.idle_seconds is not None else float(args.attribute)
     plan = measure.Plan(
         scenarios,
         app,
         housekeeping,
-        args.seconds,
-        args.rounds,
+        args.seconds_given or 10.0,
+        rounds,
         tools,
         load,
-        args.idle_seconds,
+        idle,
         args.tuned_etc,
     )
-    if not args.json:
+    if not args.json and not args.attribute:
         print(
             f"measuring {', '.join(scenarios)} on CPUs {app} (housekeeping {housekeeping}): "
-            f"{args.rounds} rounds x {len(tools)} tools x {args.seconds:g} s, "
+            f"{rounds} rounds x {len(tools)} tools x {plan.seconds:g} s, "
             f"about {plan.estimate_s:.0f} s",
             file=sys.stderr,
         )
@@ -375,18 +385,17 @@ def cmd_measure(args: argparse.Namespace) -> int:
     def release(cookie: int) -> None:
         _call("ReleaseProfile", dbus.UInt32(cookie))
 
+    if args.attribute:
+        return _attribute(args, plan, hold, release)
     try:
-        result = measure.run(plan, hold, release, measure.progress_bar)
+        result = measure.run(plan, hold, release, measure.ProgressBar())
     except measure.MeasureError as exc:
         raise CliError(FAILED, str(exc)) from exc
     if args.plot:
         plot(result, args.plot)
         result["plot"] = args.plot
     if args.save:
-        args.save.mkdir(parents=True, exist_ok=True)
-        stamp = result["started"].replace(":", "").replace("-", "")
-        saved = args.save / f"measure-{stamp}.json"
-        saved.write_text(json.dumps(result, indent=1))
+        saved = _save(args.save, "measure", result["started"], result)
         with contextlib.suppress(ImportError):  # the picture too, where matplotlib is
             plot(result, str(saved.with_suffix(".png")))
         result["saved"] = str(saved)
@@ -396,71 +405,232 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return OK
 
 
+def _attribution_plan(
+    profile_name: str, app: CpuSet, specs: list[str], control: bool, profile_dirs: list[Path]
+) -> Any:
+    """P's settings in groups (--group first), the control group where asked for."""
+    from latencyd import attribute, measure
+    from latencyd.config import CONFIG_FILE, load_config, search_path
+    from latencyd.engine import section_schemas
+    from latencyd.errors import LatencydError
+    from latencyd.plugin import load_plugins
+    from latencyd.profile import ProfileLibrary
+    from latencyd.system import System
+
+    system = System("/")
+    schemas = section_schemas(load_plugins(system))
+    library = ProfileLibrary(search_path(profile_dirs, load_config(CONFIG_FILE)), schemas,
+                             system.machine())  # fmt: skip
+    try:
+        profile = library.load(profile_name)
+        groups = attribute.groups_of(profile.written, schemas, specs)
+    except LatencydError as exc:
+        raise CliError(USAGE, str(exc)) from exc
+    hog = None
+    if control:  # the hog measure starts on housekeeping, moved onto the measured CPUs
+        rule = {"match": f"^{measure.CONTROL_HOG}$", "cpus": app.to_list(), "user": True}
+        hog = {"kthread": {"rule": [rule]}}
+        groups.append(attribute.Group(attribute.CONTROL, ()))
+    settings = attribute.settings_of(profile.written, schemas)
+    return attribute.Attribution(profile.name, profile.written, settings, groups, hog)
+
+
+def _run_attribution(
+    at: Any,
+    plan: Any,
+    seconds: float | None,
+    budget: str | None,
+    quiet: bool,
+    hold: Callable[[str], int],
+    release: Callable[[int], None],
+) -> tuple[list[Any], dict[str, Any], str]:
+    """Each group of `at` left out of P and added to untuned, through the daemon: (the
+    groups judged, the measure result, the machine they hold on). Groups the daemon says
+    cannot act here are named with its reason, not measured."""
+    import dataclasses
+    import tempfile
+
+    from latencyd import attribute, measure
+    from latencyd.recommend import machine_kind, read_facts
+    from latencyd.system import System
+
+    machine = machine_kind(read_facts(System("/")), os.uname().release)
+    with tempfile.TemporaryDirectory(prefix="latencyd-attribute-") as name:
+        tmp = Path(name)
+        tmp.chmod(0o755)  # the daemon reads them; root's, not writable by others
+        skipped = []
+        for group in [g for g in at.groups if g.name != attribute.CONTROL]:
+            alone = tmp / "alone.toml"
+            alone.write_text(at.text(frozenset({group.name})))
+            cookie = hold(str(alone))
+            try:
+                reason = attribute.not_applicable(json.loads(str(_call("Status"))), group)
+            finally:
+                release(cookie)
+            if reason:
+                skipped.append(attribute.GroupResult(group.name, [s.id for s in group.settings],
+                                                     "not applicable", reason=reason))  # fmt: skip
+        gone = {r.name for r in skipped}
+        at = dataclasses.replace(at, groups=[g for g in at.groups if g.name not in gone])
+        if len(at.groups) == (at.control is not None):
+            raise CliError(FAILED, "no group of the profile can act here: "
+                           + "; ".join(f"{r.name}: {r.reason}" for r in skipped))  # fmt: skip
+        names = [s.name for s in at.scenarios]
+        if seconds is None:
+            seconds = attribute.seconds_for(_duration(budget or "15m", "--budget"), plan.rounds,
+                                            len(names), len(plan.tools), plan.idle_seconds,
+                                            at.transit_steps())  # fmt: skip
+        holds = {}
+        for scenario, text in at.files().items():
+            (tmp / f"{scenario}.toml").write_text(text)
+            holds[scenario] = str(tmp / f"{scenario}.toml")
+        plan = dataclasses.replace(plan, scenarios=names, seconds=seconds, holds=holds,
+                                   route=at.route, control_hog=at.control is not None)  # fmt: skip
+        if not quiet:
+            print(
+                f"attributing {at.profile} on {machine}: {len(at.groups)} groups measured, "
+                f"{len(names)} scenarios, {plan.rounds} rounds x {len(plan.tools)} tools x "
+                f"{seconds:.1f} s, about {plan.estimate_s / 60:.0f} min",
+                file=sys.stderr,
+            )
+        try:
+            result = measure.run(plan, hold, release, measure.ProgressBar())
+        except measure.MeasureError as exc:
+            raise CliError(FAILED, str(exc)) from exc
+    return attribute.judge(result, at.groups, at.comparisons) + skipped, result, machine
+
+
+def _attribute(
+    args: argparse.Namespace,
+    plan: Any,
+    hold: Callable[[str], int],
+    release: Callable[[int], None],
+) -> int:
+    """measure --attribute: each group of P's settings, left out of P and added to untuned."""
+    from latencyd import attribute
+
+    at = _attribution_plan(args.profile, plan.app_cpus, args.group, args.control,
+                           args.profile_dir)  # fmt: skip
+    groups, result, machine = _run_attribution(at, plan, args.seconds_given, args.budget,
+                                               args.json, hold, release)  # fmt: skip
+    data = {
+        "profile": at.profile,
+        "machine": machine,
+        "rule": attribute.RULE,
+        "groups": [g.as_json() for g in groups],
+        "measure": result,
+    }
+    if args.plot:
+        attribute.plot(groups, plan.tools, machine, args.plot)
+        data["plot"] = args.plot
+    if args.save:
+        data["saved"] = str(_save(args.save, "attribute", result["started"], data))
+    text = attribute.render(groups, plan.tools, machine)
+    text += [f"saved: {data['saved']}"] if "saved" in data else []
+    _emit(args, data, "\n".join(text))
+    return OK
+
+
+def _save(directory: Path, kind: str, started: str, data: dict[str, Any]) -> Path:
+    """A run's JSON kept as DIR/KIND-YYYYMMDDTHHMMSS.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = directory / f"{kind}-{started.replace(':', '').replace('-', '')}.json"
+    saved.write_text(json.dumps(data, indent=1))
+    return saved
+
+
+def _duration(text: str, what: str) -> float:
+    """ "900", "900s", "15m", "1h" -> seconds."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*", text)
+    if not m or float(m[1]) <= 0:
+        raise CliError(USAGE, f"{what}: expected a duration like 900s, 15m or 1h, got {text!r}")
+    return float(m[1]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m[2]]
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
-    """Propose a profile and isolated CPUs for this machine; --measure checks it first."""
+    """Propose a profile and isolated CPUs for this machine; --measure attributes the
+    proposal here and keeps only the groups of settings that measurably help."""
     from latencyd.cpuset import CpuSet
-    from latencyd.recommend import measured_gains, read_facts, recommend
+    from latencyd.recommend import read_facts, recommend
     from latencyd.system import System
 
     facts = read_facts(System("/"))
     rec = recommend(facts)
     data: dict[str, Any] = {}
-    verdict = []
+    verdict: list[str] = []
+    profile_file = rec.toml()
     if args.measure:
-        result = _measure_recommendation(rec.toml(), rec.isolated or CpuSet([max(facts.online)]),
-                                         facts.online, args)  # fmt: skip
-        # Ratios are untuned / proposal: 1.0 or more means the proposal is as good or better.
-        ratios = {t: result["tools"][t]["ratios"]["untuned"] for t in ("sockperf", "cyclictest")}
-        confirmed = all(r[q]["pooled"] >= 1.0 for r in ratios.values() for q in ("p50", "p99"))
-        gains = measured_gains(result)
-        rec = recommend(facts, measured=gains)  # the same proposal, its gains as measured
-        data |= {"measured": result, "confirmed": confirmed, "measured_gains": gains}
+        from latencyd import attribute
+
+        app = rec.isolated or CpuSet([max(facts.online)])
+        at, groups, result, machine = _attribute_recommendation(profile_file, app, facts.online,
+                                                                args)  # fmt: skip
+        kept, dropped = attribute.keep(groups)
+        rec = recommend(facts, measured=[f"{r.name}: {attribute.quote(r)}" for r in kept])
+        profile_file = attribute.evidence_profile(at, groups, machine) if kept else ""
+        data |= {
+            "machine": machine,
+            "attribution": [g.as_json() for g in groups],
+            "kept": [r.name for r in kept],
+            "dropped": [{"name": r.name, "why": why} for r, why in dropped],
+            "confirmed": bool(kept),
+            "measured": result,
+        }
         verdict = [
-            format_measure(result),
-            "confirmed: as good as or better than untuned at p50 and p99 (sockperf, cyclictest)"
-            if confirmed
-            else "NOT confirmed: untuned was as good or better somewhere (see the ratios); "
-            "keep the default profile",
+            "",
+            *attribute.render(groups, result["plan"]["tools"], machine),
+            "",
+            *(f"kept {r.name}: {attribute.quote(r)}" for r in kept),
+            *(f"dropped {r.name}: {why}" for r, why in dropped),
         ]
+        if not kept:
+            verdict.append("NOT confirmed: no group of the proposal measurably helped here; "
+                           "keep the default profile")  # fmt: skip
     data = {
         "profile": rec.profile,
         "isolated_cores": rec.isolated.to_list(),
         "reasons": rec.reasons,
-        "profile_file": rec.toml(),
+        "profile_file": profile_file,
     } | data
     lines = [f"recommended: {rec.profile}"
              + (f" with isolated_cores = {rec.isolated}" if rec.isolated else "")]  # fmt: skip
     lines += [f"  - {r}" for r in rec.reasons]
-    lines += ["", "as a profile (e.g. /etc/latencyd/profiles/recommended.toml):", rec.toml()]
+    if profile_file:
+        lines += ["", "as a profile (e.g. /etc/latencyd/profiles/recommended.toml):", profile_file]
     _emit(args, data, "\n".join(lines + verdict))
     return OK if not args.measure or data["confirmed"] else FAILED
 
 
-def _measure_recommendation(
+def _attribute_recommendation(
     profile_text: str, app: CpuSet, online: CpuSet, args: argparse.Namespace
-) -> dict[str, Any]:
-    """`latencyctl measure` of the proposal (held from a file) against untuned."""
+) -> tuple[Any, list[Any], dict[str, Any], str]:
+    """`measure --attribute` of the proposal (held from files) on this machine."""
     import tempfile
 
     import dbus
 
     from latencyd import measure
 
+    tools = ["sockperf", "cyclictest"] + ([] if measure.missing_tools(["oslat"]) else ["oslat"])
     with tempfile.TemporaryDirectory(prefix="latencyd-recommend-") as tmp:
         Path(tmp).chmod(0o755)  # the daemon reads it; root's, not writable by others
         proposal = Path(tmp) / "recommended.toml"
         proposal.write_text(profile_text)
-        plan = measure.Plan([str(proposal), "untuned"], app, online - app, args.seconds,
-                            args.rounds, ["sockperf", "cyclictest"])  # fmt: skip
-        try:
-            return measure.run(
-                plan,
-                lambda name: int(_call("HoldProfile", name, "latencyctl recommend --measure")),
-                lambda cookie: _call("ReleaseProfile", dbus.UInt32(cookie)),
-                measure.progress_bar,
-            )
-        except measure.MeasureError as exc:
-            raise CliError(FAILED, str(exc)) from exc
+        at = _attribution_plan(str(proposal), app, [], False, [])
+        plan = measure.Plan([], app, online - app, args.seconds or 10.0, args.rounds, tools,
+                            idle_seconds=1.0)  # fmt: skip
+        groups, result, machine = _run_attribution(
+            at,
+            plan,
+            args.seconds,
+            args.budget,
+            args.json,
+            lambda name: int(_call("HoldProfile", name, "latencyctl recommend --measure")),
+            lambda cookie: _call("ReleaseProfile", dbus.UInt32(cookie)),
+        )
+    return at, groups, result, machine
 
 
 def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) -> str:
@@ -477,7 +647,7 @@ def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) ->
         out.append("")
     if result.get("idle_busy_pct"):
         busy = ", ".join(f"{s} {v:.2f} %" for s, v in result["idle_busy_pct"].items())
-        out.append(f"CPUs awake with no traffic (running or polling, all CPUs): {busy}\n")
+        out.append(f"measured CPUs awake with no traffic (running or polling): {busy}\n")
     for scenario, blame in result["attribution"].items():
         top = ", ".join(f"{k} {v}" for k, v in list(blame["interrupts"].items())[:4]) or "none"
         soft = ", ".join(f"{k} {v}" for k, v in list(blame["softirqs"].items())[:4]) or "none"
@@ -699,14 +869,22 @@ def parser() -> argparse.ArgumentParser:
         help='more scenarios: a profile, "untuned", "current" or "tuned:NAME" (repeatable)',
     )
     m.add_argument("--cpus", help="application CPUs measured (default: the last CPU)")
-    m.add_argument("--seconds", type=float, default=10.0, help="per tool and round (10)")
-    m.add_argument("--rounds", type=int, default=4, help="rounds of all scenarios (4)")
+    m.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        dest="seconds_given",
+        help="per tool and round (10; with --attribute: what fits --budget)",
+    )
+    m.add_argument(
+        "--rounds", type=int, default=None, help="rounds of all scenarios (4; --attribute: 3)"
+    )
     m.add_argument(
         "--idle-seconds",
         type=float,
-        default=0.0,
-        help="per scenario and round, first measure how much of the time the CPUs stay "
-        "awake (running or polling) with no traffic",
+        default=None,
+        help="per scenario and round, first measure how much of the time the measured CPUs "
+        "stay awake (running or polling) with no traffic (0; with --attribute: 1)",
     )
     m.add_argument(
         "--tools", help="sockperf,cyclictest,oslat (default: those, oslat where installed)"
@@ -722,6 +900,37 @@ def parser() -> argparse.ArgumentParser:
         help='the TuneD configuration "tuned:NAME" scenarios read (TuneD gets a private '
         "copy either way: it never writes the machine's /etc/tuned)",
     )
+    m.add_argument(
+        "--attribute",
+        action="store_true",
+        help="what each group of --profile's settings buys: each left out of the profile "
+        "and added to untuned, alone",
+    )
+    m.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="NAME=SECTION[.OPTION],...",
+        help="with --attribute: a group of your own (repeatable); the rest are grouped by plugin",
+    )
+    m.add_argument(
+        "--control",
+        action="store_true",
+        help="with --attribute: add a group known to hurt (a CPU hog moved onto the measured "
+        "CPUs by a [[kthread.rule]]), to see the measurement catch harm",
+    )
+    m.add_argument(
+        "--budget",
+        metavar="DURATION",
+        help="with --attribute: the whole run's time (15m); shortens rounds, never drops a group",
+    )
+    m.add_argument(
+        "--profile-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --attribute: look for profiles here first (repeatable)",
+    )
     m.add_argument("--plot", metavar="FILE.png", help="histograms and tails, log scale")
     m.add_argument("--save", type=Path, metavar="DIR", help="keep the result (JSON, PNG) here")
     m.add_argument("--compare", type=Path, metavar="OLD.json", help="set a saved run beside")
@@ -731,10 +940,18 @@ def parser() -> argparse.ArgumentParser:
         "propose a profile and isolated CPUs for this machine, explaining each choice",
     )
     rec.add_argument(
-        "--measure", action="store_true", help="confirm it against untuned with `measure` first"
+        "--measure",
+        action="store_true",
+        help="attribute the proposal here (measure --attribute) and keep only the groups of "
+        "settings that measurably help",
     )
-    rec.add_argument("--seconds", type=float, default=5.0, help="with --measure: per tool (5)")
+    rec.add_argument(
+        "--seconds", type=float, help="with --measure: per tool and round (what fits --budget)"
+    )
     rec.add_argument("--rounds", type=int, default=3, help="with --measure: rounds (3)")
+    rec.add_argument(
+        "--budget", metavar="DURATION", help="with --measure: the attribution's time (15m)"
+    )
 
     ex.add_argument(
         "--profile-dir",

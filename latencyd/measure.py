@@ -61,6 +61,10 @@ UNITS = {
 SERVER_IP, CLIENT_IP = "10.231.0.1", "10.231.0.2"
 CYCLICTEST_RANGE_US = 20000  # histogram range; beyond it samples are counted as overflow
 OSLAT_BUCKETS = 1024  # µs; the last bucket holds everything above
+# The control hog's name (its comm): `sh` started through a link of this name, spinning on
+# the housekeeping CPUs until the control group's [[kthread.rule]] moves it, and ending by
+# itself when this process dies (even by SIGKILL).
+CONTROL_HOG = "ltdm-hog"
 
 
 class MeasureError(LatencydError):
@@ -78,6 +82,12 @@ class Plan:
     load: list[str] | None = None  # a command line run for the whole measurement
     idle_seconds: float = 0.0  # per scenario and round: CPU busy share with no traffic
     tuned_etc: Path = Path("/etc/tuned")  # the configuration "tuned:NAME" scenarios read
+    # What to hold for a scenario, where it is not the scenario's own name (a file).
+    holds: dict[str, str] = field(default_factory=dict)
+    # Profiles held on the way from one measured scenario to the next, not measured
+    # (attribution walks the daemon there one group of settings at a time).
+    route: Callable[[str, str], list[str]] | None = None
+    control_hog: bool = False  # run the CONTROL_HOG for the whole measurement
 
     @property
     def estimate_s(self) -> float:
@@ -347,13 +357,17 @@ class Counters:
 MEASURING = {"sockperf", "cyclictest", "oslat"}
 
 
-def busy_share(seconds: float) -> float:
-    """Share of all CPUs' time not spent in a real idle state (running, or polling) over
-    `seconds`: what a scenario costs while nothing happens. Polling happens inside the
-    idle task, so /proc/stat calls it idle; cpuidle residency does not (a VM's host sees
-    a polling vCPU as busy, a bare-metal CPU spends the power). Without cpuidle, the
-    share of time /proc/stat does not count idle."""
-    cpus = sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle"))
+def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
+    """Share of the `measured` CPUs' time (default all) not spent in a real idle state
+    (running, or polling) over `seconds`: what a scenario costs while nothing happens.
+    Polling happens inside the idle task, so /proc/stat calls it idle; cpuidle residency
+    does not (a VM's host sees a polling vCPU as busy, a bare-metal CPU spends the
+    power). Without cpuidle, the share of time /proc/stat does not count idle."""
+    cpus = [
+        p
+        for p in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle"))
+        if measured is None or int(p.parent.name[3:]) in measured
+    ]
 
     def asleep_us() -> int:
         total = 0
@@ -365,8 +379,15 @@ def busy_share(seconds: float) -> float:
         return total
 
     def stat() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields[:8]), fields[3] + fields[4]
+        total = idle = 0
+        for line in Path("/proc/stat").read_text().splitlines()[1:]:
+            name, *rest = line.split()
+            if not name.startswith("cpu"):
+                break
+            if measured is None or int(name[3:]) in measured:
+                fields = [int(x) for x in rest]
+                total, idle = total + sum(fields[:8]), idle + fields[3] + fields[4]
+        return total, idle
 
     start, (total0, idle0) = time.monotonic(), stat()
     asleep0 = asleep_us() if cpus else 0
@@ -661,18 +682,21 @@ class Switcher:
         self.cookie: int | None = None
         self.tuned = TunedDaemon(procs, tuned_etc, hold="untuned")
 
-    def enter(self, scenario: str) -> None:
+    def enter(self, scenario: str, hold: str | None = None, settle: float = 0.5) -> None:
+        """Put `scenario` in force, holding `hold` (default: the scenario's name)."""
         self.tuned.stop()
         previous = self.cookie
         if scenario == "current":
             self.cookie = None
         else:
-            self.cookie = self.hold("untuned" if scenario.startswith("tuned:") else scenario)
+            self.cookie = self.hold(
+                "untuned" if scenario.startswith("tuned:") else hold or scenario
+            )
         if previous is not None:
             self.release(previous)
         if scenario.startswith("tuned:"):
             self.tuned.start(scenario.split(":", 1)[1])
-        time.sleep(0.5)  # let the machine settle (idle states, caches)
+        time.sleep(settle)  # let the machine settle (idle states, caches)
 
     def leave(self) -> None:
         self.tuned.stop()
@@ -682,6 +706,14 @@ class Switcher:
 
 
 # -- the run --------------------------------------------------------------------------------
+
+
+def control_hog(workdir: Path, cpus: CpuSet) -> list[str]:
+    """A busy loop named CONTROL_HOG on `cpus`, alive only as long as this process."""
+    link = workdir / CONTROL_HOG
+    link.symlink_to(shutil.which("sh") or "/bin/sh")
+    loop = f"while kill -0 {os.getpid()} 2>/dev/null; do :; done"
+    return ["taskset", "-c", cpus.to_list(), str(link), "-c", loop]
 
 
 def missing_tools(tools: list[str]) -> list[str]:
@@ -720,6 +752,7 @@ def run(
     blame: dict[str, dict[str, Any]] = {}
     idle: dict[str, list[float]] = {}
     order: list[list[str]] = []
+    previous: str | None = None
     started = time.time()
     steps = plan.rounds * len(plan.scenarios) * len(plan.tools)
     done = 0
@@ -736,16 +769,24 @@ def run(
             with Network(procs) as net:
                 if plan.load:
                     procs.detach(plan.load, Path(tmp))
+                if plan.control_hog:
+                    procs.detach(control_hog(Path(tmp), plan.housekeeping), Path(tmp), "hog")
                 for r in range(plan.rounds):
                     # Alternate the order too, so no scenario always runs right after another.
                     scenarios = plan.scenarios if r % 2 == 0 else plan.scenarios[::-1]
                     order.append(list(scenarios))
                     for scenario in scenarios:
-                        switcher.enter(scenario)
+                        if plan.route is not None and previous is not None:
+                            for via in plan.route(previous, scenario):
+                                switcher.enter(via, plan.holds.get(via), settle=0.0)
+                        switcher.enter(scenario, plan.holds.get(scenario))
+                        previous = scenario
                         if plan.idle_seconds:
                             progress(f"round {r + 1}/{plan.rounds}: {scenario}: idle",
                                      done / steps)  # fmt: skip
-                            idle.setdefault(scenario, []).append(busy_share(plan.idle_seconds))
+                            idle.setdefault(scenario, []).append(
+                                busy_share(plan.idle_seconds, plan.app_cpus)
+                            )
                         before = counters(plan.app_cpus)
                         for tool in plan.tools:
                             progress(f"round {r + 1}/{plan.rounds}: {scenario}: {tool}",
@@ -794,6 +835,7 @@ def result(
         tools[tool] = {
             "unit": UNITS[tool],
             "stats": {s: pooled[s].summary() for s in plan.scenarios if s in pooled},
+            "per_round": {s: [h.summary() for h in hs] for s, hs in by_scenario.items()},
             "ratios": tables,
             "histograms": {s: h.as_json() for s, h in pooled.items()},
         }
@@ -817,16 +859,25 @@ def result(
     }
 
 
-def progress_bar(what: str, share: float) -> None:
-    """A one-line bar on stderr, on a terminal only."""
-    if not sys.stderr.isatty():
-        return
-    width = 30
-    filled = int(share * width)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {share:4.0%} {what[:60]:<60}")
-    if share >= 1:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+class ProgressBar:
+    """A one-line bar on stderr, on a terminal only, with the time left at the pace so far."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def __call__(self, what: str, share: float) -> None:
+        if not sys.stderr.isatty():
+            return
+        width = 30
+        filled = int(share * width)
+        elapsed = time.monotonic() - self.started
+        left = f"{elapsed * (1 - share) / share / 60:4.1f} min left" if share > 0.01 else ""
+        sys.stderr.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {share:4.0%} {left:>14} {what[:50]:<50}"
+        )
+        if share >= 1:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
 
 
 if __name__ == "__main__":  # `python -m latencyd.measure REPORT TUNED-ARGV...`: guard_tuned

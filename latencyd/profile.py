@@ -78,6 +78,9 @@ class Profile:
     variables: dict[str, Any] = field(default_factory=dict)
     files: tuple[Path, ...] = ()
     removed: dict[str, list[Removal]] = field(default_factory=dict)  # by section
+    # The options as the files wrote them, variables substituted, not yet validated:
+    # what a profile derived from this one (measure --attribute) writes back out.
+    written: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -456,11 +459,13 @@ class ProfileLibrary:
         resolved_vars = _resolve_variables(variables)
         sections: dict[str, dict[str, Any]] = {}
         origins: dict[str, dict[str, Location]] = {}
+        written: dict[str, dict[str, Any]] = {}
         for section, options in raw.items():
             substituted: dict[str, Any] = {}
             for opt, (val, source) in options.items():
                 substituted[opt] = _substitute(val, resolved_vars, source, (section, opt))
                 _check_size(substituted[opt], source, (section, opt))
+            written[section] = substituted
             try:
                 sections[section] = validate(self.schemas[section], substituted, self.machine)
             except SchemaError as exc:
@@ -478,6 +483,7 @@ class ProfileLibrary:
             variables=resolved_vars,
             files=tuple(dict.fromkeys(s.path for s in chain)),
             removed=removed,
+            written=written,
         )
 
 

@@ -10,9 +10,8 @@ interrupts can go, whether irqbalance runs — proposes, explains each choice, a
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused
@@ -99,10 +98,24 @@ def read_facts(system: System) -> Facts:
     )  # fmt: skip
 
 
+def machine_kind(f: Facts, kernel: str) -> str:
+    """The machine a measured claim holds on, named as the README's tables name it."""
+    if f.idle.driver == "haltpoll":
+        kind = "haltpoll guest"
+    elif f.virtual and f.idle.halts_regardless:
+        kind = "guest without a cpuidle driver"
+    elif f.virtual:
+        kind = f"guest with cpuidle driver {f.idle.driver}"
+    else:
+        kind = f"bare metal, cpuidle driver {f.idle.driver or 'none'}"
+    return f"{kind} ({len(f.online)} CPUs, Linux {kernel})"
+
+
 def expectation(expected: str, measured: Sequence[str] | None) -> str:
     """A gain claimed only as measured here, or else as what is expected, and from what."""
     if measured is not None:
-        return f"Measured here, untuned -> this proposal: {'; '.join(measured) or 'nothing'}."
+        helped = "; ".join(measured) or "no group of settings measurably helped"
+        return f"Measured here (latency with / without each group that helped): {helped}."
     return (
         f"Expected, not measured here: {expected}. `latencyctl recommend --measure` "
         "measures it on this machine."
@@ -170,22 +183,9 @@ def idle_reason(f: Facts, measured: Sequence[str] | None = None) -> str:
     )
 
 
-def measured_gains(result: Mapping[str, Any]) -> list[str]:
-    """What the proposal bought here, per tool, from a `measure` result whose first scenario
-    is the proposal and second untuned: "sockperf p50 41 -> 4, p99 60 -> 9 µs"."""
-    proposal, untuned = result["plan"]["scenarios"][:2]
-    out = []
-    for tool, info in result["tools"].items():
-        stats = info["stats"]
-        if proposal in stats and untuned in stats:
-            parts = [f"{q} {stats[untuned][q]:g} -> {stats[proposal][q]:g}" for q in ("p50", "p99")]
-            out.append(f"{tool} {', '.join(parts)} {info['unit'].split(',')[0]}")
-    return out
-
-
 def recommend(f: Facts, measured: Sequence[str] | None = None) -> Recommendation:
     """A profile and isolated CPUs for these facts, each choice with its reason; `measured`:
-    what `measure` found the proposal buys here (see measured_gains), when it was run."""
+    what attribution found the proposal's groups buy here (attribute.quote), when run."""
     why: list[str] = [idle_reason(f, measured)]
     if f.virtual:
         why.append(

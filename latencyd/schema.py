@@ -287,6 +287,11 @@ class Schema:
     # Options the kernel keeps only one of (dirty_ratio / dirty_bytes): within one
     # file both is an error; across includes, the later file's choice wins.
     exclusive: tuple[tuple[str, ...], ...] = ()
+    # Settings that act independently of the rest of the section, for `measure
+    # --attribute`: (group, patterns), each pattern an option name or TABLE.KEY (a key
+    # inside every entry of an array of tables), globs allowed. What no group names
+    # forms a group named after the section.
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def extended(self, options: tuple[Option, ...]) -> Schema:
         """This schema with more options (the engine's `on_drift` in every section)."""

@@ -200,6 +200,10 @@ class CstatePlugin(Plugin[CstateTarget]):
                 "Per-CPU-set settings; later entries win where CPU sets overlap",
             ),
         ),
+        groups=(
+            ("idle", ("idle", "force_latency_us", "haltpoll", "idle_governor")),  # how CPUs wait
+            ("cpus", ("cpus",)),  # per-CPU resume latency and state disables
+        ),
     )
 
     def __init__(self, system: System) -> None:

@@ -188,6 +188,10 @@ class IrqPlugin(Plugin[IrqTarget]):
                 "Affinity rules; the first rule that matches an IRQ wins",
             ),
         ),
+        groups=(
+            ("isolate", ("isolate", "default_affinity", "coordinate_irqbalance")),
+            ("rules", ("rule",)),
+        ),
     )
 
     def __init__(self, system: System) -> None:

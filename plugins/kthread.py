@@ -44,7 +44,18 @@ from latencyd.plugin import (
     Value,
     run_to_end,
 )
-from latencyd.schema import ArrayOfTables, Choice, Cpus, Int, ListOf, Option, Regex, Schema, Str
+from latencyd.schema import (
+    ArrayOfTables,
+    Bool,
+    Choice,
+    Cpus,
+    Int,
+    ListOf,
+    Option,
+    Regex,
+    Schema,
+    Str,
+)
 from latencyd.system import POLICIES, System, Task
 from latencyd.taskevents import TaskEvent
 
@@ -107,6 +118,7 @@ class Rule:
     cpus: CpuSet
     policy: str | None
     priority: int
+    user: bool = False  # matches user processes (all their threads), not kernel threads
 
 
 @dataclass(frozen=True)
@@ -119,7 +131,13 @@ class KthreadRules:
 
 def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(
-        Rule(re.compile(r["match"]), r["cpus"], r.get("policy"), r.get("priority", 0))
+        Rule(
+            re.compile(r["match"]),
+            r["cpus"],
+            r.get("policy"),
+            r.get("priority", 0),
+            r.get("user", False),
+        )
         for r in options.get("rule", [])
     )
 
@@ -178,11 +196,25 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                             "Scheduling policy: other, fifo, rr, batch or idle",
                         ),
                         Option("priority", Int(0, 99), "Real-time priority for fifo/rr (1-99)"),
+                        Option(
+                            "user",
+                            Bool(),
+                            "Match user processes (by name; every thread, CPUs only) instead "
+                            "of kernel threads, as TuneD's scheduler groups can; such a rule "
+                            "wins over isolate_tasks",
+                            default=False,
+                        ),
                     ),
                     required=("match", "cpus"),
                 ),
-                "Kernel-thread rules; the first rule whose regex matches a thread wins",
+                "Kernel-thread rules (and user-process rules, user = true); the first rule "
+                "whose regex matches wins",
             ),
+        ),
+        groups=(
+            ("rules", ("rule",)),
+            ("workqueues", ("writeback_cpumask", "unbound_cpumask")),
+            ("tasks", ("isolate_tasks", "allow")),
         ),
     )
 
@@ -196,7 +228,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     def kthread_settings(rules: KthreadRules, task: Task) -> Settings:
         if not task.is_kthread or task.pid == 2:
             return {}
-        rule = next((r for r in rules.rules if r.pattern.search(task.comm)), None)
+        rule = next((r for r in rules.rules if not r.user and r.pattern.search(task.comm)), None)
         if rule is None:
             return {}
         settings: Settings = {ThreadAffinity(task.pid, task.start_time): rule.cpus.to_list()}
@@ -207,6 +239,17 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 max(rule.priority, 1) if realtime else 0,
             ]
         return settings
+
+    @staticmethod
+    def user_rule(rules: KthreadRules, task: Task) -> Rule | None:
+        if task.is_kthread:
+            return None
+        return next((r for r in rules.rules if r.user and r.pattern.search(task.comm)), None)
+
+    @staticmethod
+    def user_rule_settings(rule: Rule, task: Task, tids: list[int]) -> Settings:
+        cpus = rule.cpus.to_list()
+        return {TaskAffinity(task.pid, task.start_time, tid): cpus for tid in tids}
 
     def user_task_settings(
         self,
@@ -283,6 +326,11 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         for task in self.system.tasks():
             if task.is_kthread:
                 settings.update(self.kthread_settings(rules, task))
+            elif (rule := self.user_rule(rules, task)) is not None:
+                tids = self.thread_ids(task.pid)
+                while chunk := list(itertools.islice(tids, THREAD_CHUNK)):
+                    settings.update(self.user_rule_settings(rule, task, chunk))
+                    yield
             elif rules.isolate_tasks and not self.left_alone(rules, task):
                 tids = self.thread_ids(task.pid)
                 while chunk := list(itertools.islice(tids, THREAD_CHUNK)):
@@ -295,7 +343,9 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         return run_to_end(self.expand_steps(options, owned))
 
     def follows_user_tasks(self, options: Options) -> bool:
-        return bool(options.get("isolate_tasks"))
+        return bool(options.get("isolate_tasks")) or any(
+            r.get("user") for r in options.get("rule", [])
+        )
 
     def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
         """Settings a just-created or renamed task needs; filters early so forks stay cheap."""
@@ -316,10 +366,13 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 self.young_kthreads.discard(event.tid)
                 task = self.system.task(event.tid)
                 return self.kthread_settings(rules, task) if task is not None else {}
-            if rules.isolate_tasks:
+            if rules.isolate_tasks or any(r.user for r in rules.rules):
                 task = self.system.task(event.pid)
-                if task is not None and not task.is_kthread:
-                    return self.user_task_settings(rules, task, [event.tid], owned)
+                if task is None or task.is_kthread:
+                    return {}
+                if (rule := self.user_rule(rules, task)) is not None:
+                    return self.user_rule_settings(rule, task, [event.tid])
+                return self.user_task_settings(rules, task, [event.tid], owned)
         return {}
 
     def changed(self, rules: Any) -> bool:

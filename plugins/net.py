@@ -199,7 +199,11 @@ class NetPlugin(Plugin[NetTarget]):
                 "NIC entries: the first one that matches a NIC (all of match, driver, bus, "
                 "mac it names) gives it its settings",
             ),
-        )
+        ),
+        groups=(
+            ("coalesce", ("nic.coalesce",)),
+            ("steering", ("nic.rps_cpus", "nic.xps_cpus", "nic.napi_*", "nic.gro_*")),
+        ),
     )
 
     def __init__(self, system: System) -> None:

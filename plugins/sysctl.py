@@ -110,7 +110,9 @@ class SysctlPlugin(Plugin[Sysctl]):
                 return f"sysctl key {key!r} is not usable: {exc.strerror}"
             return None
 
-        return Schema(free_keys=check_key, free_kind=OneOf((Int(), Str())))
+        # Socket busy polling acts on its own (network-latency), apart from the VM sysctls.
+        busy_poll = ("busy_poll", ("net.core.busy_read", "net.core.busy_poll"))
+        return Schema(free_keys=check_key, free_kind=OneOf((Int(), Str())), groups=(busy_poll,))
 
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
         return Expansion({Sysctl(key): normalize(value) for key, value in options.items()})

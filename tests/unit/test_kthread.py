@@ -513,6 +513,32 @@ def test_follows_threads_and_cpus_and_user_tasks_only_when_asked(
     assert not m.plugin.follows_user_tasks(m.options(machine, RULES))
 
 
+def test_user_rules_move_every_thread_of_matching_processes(m: Machinery, machine: Machine) -> None:
+    """`user = true`: a rule for user processes (TuneD's scheduler groups), winning over
+    isolate_tasks; kernel-thread rules still match kernel threads only."""
+    section = {
+        "isolate_tasks": "1",
+        "rule": [
+            {"match": "^myapp$", "cpus": "1", "user": True},
+            {"match": "^kswapd", "cpus": "0"},
+        ],
+    }
+    settings = m.settings(machine, section)
+    assert settings[TaskAffinity(400, 1000, 400)] == "1"
+    assert settings[TaskAffinity(400, 1000, 402)] == "1"  # kept off CPU 1 by its user: moved too
+    assert settings[ThreadAffinity(14, 10)] == "0"
+    assert TaskAffinity(300, 900, 300) in settings  # sshd is still shielded as before
+    assert m.plugin.follows_user_tasks(m.options(machine, {"rule": section["rule"]}))
+    # A process that exec's into the name gets the rule at its comm event.
+    rules = m.expand(machine, {"rule": section["rule"]}).rules
+    add_task(m.root, 700, "myapp", start_time=9000)
+    m.sched.add(700)
+    assert m.plugin.on_task(rules, TaskEvent("comm", 700, 700), {}) == {
+        TaskAffinity(700, 9000, 700): "1"
+    }
+    assert m.plugin.on_task(rules, TaskEvent("comm", 300, 300), {}) == {}
+
+
 # -- isolate_tasks ----------------------------------------------------------------------------
 
 

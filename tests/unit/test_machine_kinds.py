@@ -18,13 +18,14 @@ from latencyd.plugins.cstate import (
     StateDisable,
 )
 
+from latencyd import attribute as A
 from latencyd.config import shipped_profiles_dir
 from latencyd.engine import Engine, plugin_options, section_schemas
 from latencyd.idle import NO_DRIVER, IdleFacts, read_driver, read_idle
 from latencyd.journal import Journal
 from latencyd.plugin import Expansion, Table, load_plugins
 from latencyd.profile import Profile, ProfileLibrary
-from latencyd.recommend import measured_gains, read_facts, recommend
+from latencyd.recommend import read_facts, recommend
 from latencyd.schema import validate
 from latencyd.system import System
 from tests.unit.fakesys import (
@@ -333,20 +334,14 @@ def test_recommend_reasons_from_what_it_read(machine_kind: FakeMachine) -> None:
 
 def test_recommend_with_measure_quotes_the_measured_gain_only(machine_kind: FakeMachine) -> None:
     facts = read_facts(machine_kind.system)
-    result = {
-        "plan": {"scenarios": ["/tmp/x/recommended.toml", "untuned"]},
-        "tools": {
-            "sockperf": {"unit": "µs, UDP RTT/2", "stats": {
-                "/tmp/x/recommended.toml": {"p50": 5.5, "p99": 9.0},
-                "untuned": {"p50": 5.75, "p99": 12.0}}},
-            "cyclictest": {"unit": "µs, timer wake-up", "stats": {"untuned": {"p50": 3.0}}},
-        },
-    }  # fmt: skip
-    gains = measured_gains(result)
-    assert gains == ["sockperf p50 5.75 -> 5.5, p99 12 -> 9 µs"]  # cyclictest: no proposal
+    helped = A.GroupResult("cstate.idle", ["cstate.idle"], "helps", {"sockperf": {
+        "p50": {"leave_one_out": A.Effect(0.12, 1.04, "lower")},
+        "p99": {"leave_one_out": A.Effect(0.98, 1.3, None)}}})  # fmt: skip
+    gains = [f"{helped.name}: {A.quote(helped)}"]
+    assert gains == ["cstate.idle: sockperf p50 0.12x (leave-one-out)"]  # only what counted
     idle = recommend(facts, measured=gains).reasons[0]
-    assert idle.endswith("Measured here, untuned -> this proposal: sockperf p50 5.75 -> 5.5, "
-                         "p99 12 -> 9 µs.")  # fmt: skip
+    assert idle.endswith("Measured here (latency with / without each group that helped): "
+                         "cstate.idle: sockperf p50 0.12x (leave-one-out).")  # fmt: skip
     assert "Expected" not in idle and "~41" not in idle and "5.4-5.9" not in idle
     # The proposal itself does not depend on having measured it.
     assert recommend(facts, measured=gains).toml() == recommend(facts).toml()
@@ -382,27 +377,37 @@ def test_latencyctl_recommend_quotes_the_gain_only_with_measure(
     plain = json.loads(capsys.readouterr().out)
     assert "Expected, not measured here" in plain["reasons"][0] and "measured" not in plain
 
-    def measured(profile: str, app: Any, online: Any, args: Any) -> dict[str, Any]:
-        assert profile == plain["profile_file"]  # what it measures is what it proposes
-        ratios = {"p50": {"pooled": 1.2}, "p99": {"pooled": 0.9}}  # worse at p99
-        return {
-            "plan": {"scenarios": ["/tmp/r/recommended.toml", "untuned"]},
-            "tools": {
-                tool: {"unit": "µs, x", "ratios": {"untuned": ratios}, "stats": {
-                    "/tmp/r/recommended.toml": {"p50": 5.0, "p99": 10.0},
-                    "untuned": {"p50": 6.0, "p99": 9.0}}}
-                for tool in ("sockperf", "cyclictest")
-            },
-        }  # fmt: skip
+    written = {"cstate": {"idle": "responsive"}, "sysctl": {"vm.swappiness": 10}}
+    settings = [A.Setting("cstate", "idle"), A.Setting("sysctl", "vm.swappiness")]
+    groups = [A.Group("cstate.idle", (settings[0],)), A.Group("sysctl", (settings[1],))]
+    at = A.Attribution("recommended", written, settings, groups)
+    effect = {"sockperf": {"p50": {"add_one_in": A.Effect(0.2, 1.1, "lower")}}}
+    judged = [
+        A.GroupResult("cstate.idle", ["cstate.idle"], "helps", effect, 0.0),
+        A.GroupResult("sysctl", ["sysctl.vm.swappiness"], "no measurable effect", {}, 0.0),
+    ]
 
-    monkeypatch.setattr(cli, "_measure_recommendation", measured)
-    monkeypatch.setattr(cli, "format_measure", lambda result: "(tables)")
-    assert cli.main(["recommend", "--measure", "--json"]) == 1  # not confirmed: p99 worse
+    def attributed(profile: str, app: Any, online: Any, args: Any) -> Any:
+        assert profile == plain["profile_file"]  # what it measures is what it proposes
+        return at, judged, {"plan": {"tools": ["sockperf"]}}, "a fake machine"
+
+    monkeypatch.setattr(cli, "_attribute_recommendation", attributed)
+    assert cli.main(["recommend", "--measure", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    gains = ["sockperf p50 6 -> 5, p99 9 -> 10 µs", "cyclictest p50 6 -> 5, p99 9 -> 10 µs"]
-    assert data["measured_gains"] == gains and data["confirmed"] is False
-    assert data["reasons"][0].endswith(
-        f"Measured here, untuned -> this proposal: {'; '.join(gains)}."
-    )
+    assert (data["kept"], data["confirmed"]) == (["cstate.idle"], True)
+    assert data["dropped"] == [{"name": "sysctl", "why": "no measurable effect (what it costs "
+                                "is not worth reviewing for nothing)"}]  # fmt: skip
+    assert data["reasons"][0].endswith("cstate.idle: sockperf p50 0.20x (add-one-in).")
     assert "Expected" not in data["reasons"][0]
-    assert (data["profile"], data["profile_file"]) == (plain["profile"], plain["profile_file"])
+    # The profile holds the group that helped, with its effect quoted, and not the other.
+    text = data["profile_file"]
+    assert "# cstate.idle helps: sockperf p50 0.20x (add-one-in)\n[cstate]" in text
+    assert "swappiness" not in text.split("[main]")[1]
+    assert "# dropped sysctl (sysctl.vm.swappiness): no measurable effect" in text
+    # Nothing helped: not confirmed, and no profile to write.
+    judged[0] = A.GroupResult("cstate.idle", ["cstate.idle"], "no measurable effect", {}, 30.0)
+    assert cli.main(["recommend", "--measure", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["profile_file"] == "" and data["confirmed"] is False
+    assert "keeps the measured CPUs +30.0 % busier" in data["dropped"][0]["why"]
+    assert data["profile"] == plain["profile"]

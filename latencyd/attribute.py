@@ -1,0 +1,642 @@
+"""`latencyctl measure --attribute`: what each group of a profile's settings buys here.
+
+A profile P is split into groups of settings that act independently (the plugins declare
+them in their schemas; `--group` defines more). Each group G is measured two ways against
+a neighbour that differs from it by G alone:
+
+- leave-one-out: P against "P without G" (what G adds to the rest of P);
+- add-one-in: "untuned plus G" against untuned (what G does on its own).
+
+Each scenario is a profile written from P's own settings (variables substituted) and held
+through the daemon; between measured scenarios the daemon is walked there one group at a
+time, so every switch it makes changes one group's settings only. The scenarios alternate
+in rounds (measure's rounds), so drift of the machine hits all of them alike.
+
+Effects are ratios "with G / without G" of each tool's percentile: below 1, G lowers the
+latency. THE VERDICT RULE: an effect counts only when it is larger than the spread between
+rounds of the same scenario (the larger max/min over rounds of the two scenarios compared)
+and than MIN_EFFECT; p50, p99 and p99.9 of every tool vote, in both directions (max is
+shown, a single sample does not vote). A group `helps` when some effect counts as lower
+latency and none as higher, `hurts` in the opposite case, `mixed` when both count, and has
+`no measurable effect` when none counts.
+
+Pure functions over profiles and results: the measuring is measure.run's.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from latencyd.errors import LatencydError
+from latencyd.schema import Schema
+from latencyd.tomlwrite import toml_line, toml_section
+
+RULE = (
+    "ratio = latency with the group / without it (below 1: the group lowers latency). An "
+    "effect counts only when the ratio is beyond the spread between rounds of the same "
+    "scenario (the larger max/min over rounds of the two compared) and beyond 5 %; p50, "
+    "p99 and p99.9 of every tool vote, leave-one-out and add-one-in alike. helps: only "
+    "lower latency counts; hurts: only higher; mixed: both; no measurable effect: none."
+)
+VOTING = ("p50", "p99", "p99.9")
+SHOWN = (*VOTING, "max")
+MIN_EFFECT = 0.05  # effects within 5 % never count, however steady the rounds
+COSTLY_BUSY_PCT = 0.5  # idle busy share a group adds that recommend calls a cost
+DIRECTIONS = ("leave_one_out", "add_one_in")
+CONTROL = "control"
+UNTUNED = "untuned"
+ENGINE_KEYS = ("on_drift",)
+# What a scenario visit costs besides the tools' own seconds, as measured on the 2-CPU
+# guests: measure's settle time, a tool's start and end, a switch passed through.
+SETTLE_S, TOOL_OVERHEAD_S, TRANSIT_S = (
+    0.6,
+    1.0,
+    0.3,
+)  # every section's own: kept in every scenario, not a setting
+
+
+class AttributionError(LatencydError):
+    """Bad --group, or a profile with nothing to attribute."""
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    """One setting of a profile: `section.option`, or `section.table.key` for a key
+    inside every entry of an array of tables that a plugin splits by key ([[net.nic]])."""
+
+    section: str
+    option: str
+    key: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.section}.{self.option}" + (f".{self.key}" if self.key else "")
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    settings: tuple[Setting, ...]
+
+
+# -- grouping --------------------------------------------------------------------------------
+
+
+def split_tables(schema: Schema) -> set[str]:
+    """Tables the schema's groups split by key (a pattern TABLE.KEY)."""
+    return {p.split(".", 1)[0] for _, pats in schema.groups for p in pats if "." in p} & {
+        t.name for t in schema.tables
+    }
+
+
+def settings_of(
+    written: Mapping[str, Mapping[str, Any]], schemas: Mapping[str, Schema]
+) -> list[Setting]:
+    """Every setting of a profile, in the order its sections and options were written.
+    A split table's keys that no group names (match, exclude: which NICs) are selectors,
+    kept in every entry, not settings."""
+    out: list[Setting] = []
+    for section, options in written.items():
+        schema = schemas[section]
+        split = split_tables(schema)
+        for option, value in options.items():
+            if option in ENGINE_KEYS:
+                continue
+            if option not in split:
+                out.append(Setting(section, option))
+                continue
+            entries = value if isinstance(value, list) else [value]
+            keys = dict.fromkeys(k for e in entries for k in e if _grouped(schema, option, k))
+            out += [Setting(section, option, k) for k in keys]
+    return out
+
+
+def _grouped(schema: Schema, table: str, key: str) -> bool:
+    return any(fnmatch.fnmatchcase(f"{table}.{key}", p) for _, pats in schema.groups for p in pats)
+
+
+def _declared_group(schema: Schema, setting: Setting) -> str:
+    local = setting.option + (f".{setting.key}" if setting.key else "")
+    for name, patterns in schema.groups:
+        if any(fnmatch.fnmatchcase(local, p) for p in patterns):
+            return f"{setting.section}.{name}"
+    return setting.section
+
+
+def parse_group_spec(spec: str) -> tuple[str, list[str]]:
+    """`NAME=SECTION[.OPTION],...` -> (NAME, items)."""
+    name, sep, items = spec.partition("=")
+    name = name.strip()
+    parts = [i.strip() for i in items.split(",") if i.strip()]
+    if not sep or not parts:
+        raise AttributionError(f"--group {spec!r}: expected NAME=SECTION[.OPTION],...")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+@-]*", name):
+        raise AttributionError(f"--group {spec!r}: {name!r} is not a usable group name")
+    if name in (CONTROL, UNTUNED):
+        raise AttributionError(f"--group {spec!r}: {name!r} is reserved")
+    return name, parts
+
+
+def groups_of(
+    written: Mapping[str, Mapping[str, Any]],
+    schemas: Mapping[str, Schema],
+    specs: Sequence[str] = (),
+) -> list[Group]:
+    """The profile's settings in groups: the user's (`--group`) first, then what the
+    plugins declare, then one group per section for the rest; empty groups are none."""
+    settings = settings_of(written, schemas)
+    if not settings:
+        raise AttributionError("the profile sets nothing: there is nothing to attribute")
+    chosen: dict[Setting, str] = {}
+    order: list[str] = []
+    for spec in specs:
+        name, items = parse_group_spec(spec)
+        if name in order:
+            raise AttributionError(f"--group {name} is given twice")
+        order.append(name)
+        for item in items:
+            hits = [s for s in settings if s.id == item or s.id.startswith(item + ".")]
+            if not hits:
+                known = ", ".join(s.id for s in settings)
+                raise AttributionError(
+                    f"--group {name}: {item!r} names no setting of the profile (its settings: "
+                    f"{known})"
+                )
+            for s in hits:
+                if chosen.get(s, name) != name:
+                    raise AttributionError(
+                        f"--group {name}: {s.id} is already in group {chosen[s]}"
+                    )
+                chosen[s] = name
+    for s in settings:
+        if s not in chosen:
+            name = _declared_group(schemas[s.section], s)
+            chosen[s] = name
+            if name not in order:
+                order.append(name)
+    return [
+        Group(name, tuple(s for s in settings if chosen[s] == name))
+        for name in order
+        if any(chosen[s] == name for s in settings)
+    ]
+
+
+# -- scenarios -------------------------------------------------------------------------------
+
+
+def scenario_sections(
+    written: Mapping[str, Mapping[str, Any]], every: Sequence[Setting], keep: Iterable[Setting]
+) -> dict[str, dict[str, Any]]:
+    """P's sections (`every` its settings) with only the settings in `keep` (engine keys
+    stay with them)."""
+    kept = set(keep)
+    out: dict[str, dict[str, Any]] = {}
+    for section, options in written.items():
+        mine = {s for s in kept if s.section == section}
+        if not mine:
+            continue
+        values: dict[str, Any] = {}
+        for option, value in options.items():
+            keys = {s.key for s in mine if s.option == option}
+            if option in ENGINE_KEYS or None in keys:
+                values[option] = value
+            elif keys:  # a split table: each entry with its selectors and the kept keys
+                split = {s.key for s in every if (s.section, s.option) == (section, option)}
+                entries = value if isinstance(value, list) else [value]
+                trimmed = [
+                    {k: v for k, v in e.items() if k in keys or k not in split}
+                    for e in entries
+                    if any(k in keys for k in e)
+                ]
+                if trimmed:
+                    values[option] = trimmed
+        out[section] = values
+    return out
+
+
+def profile_text(summary: str, sections: Mapping[str, Mapping[str, Any]]) -> str:
+    lines = ["[main]", toml_line("summary", summary)]
+    for section, values in sections.items():
+        lines += ["", *toml_section(section, dict(values))]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    groups: frozenset[str]
+
+
+def scenarios(profile: str, groups: Sequence[Group], control: bool = False) -> list[Scenario]:
+    """Measured in this order in even rounds (reversed in odd ones): P, P without each
+    group, untuned plus each group in reverse, untuned; the control group added to P
+    first and to untuned last. Both baselines are measured once a round, at the ends."""
+    names = [g.name for g in groups if g.name != CONTROL]
+    full = frozenset(names)
+    out = [Scenario(profile, full)]
+    if control:
+        out.append(Scenario(f"{profile}+{CONTROL}", full | {CONTROL}))
+    out += [Scenario(f"{profile}-without-{n}", full - {n}) for n in names]
+    out += [Scenario(f"{UNTUNED}+{n}", frozenset({n})) for n in reversed(names)]
+    if control:
+        out.append(Scenario(f"{UNTUNED}+{CONTROL}", frozenset({CONTROL})))
+    out.append(Scenario(UNTUNED, frozenset()))
+    return out
+
+
+def route(a: frozenset[str], b: frozenset[str], order: Sequence[str]) -> list[frozenset[str]]:
+    """From group set `a` to `b` one group at a time: what b adds first, then what it
+    drops (in `order`); the steps after `a`, ending with `b`."""
+    steps, here = [], set(a)
+    for name in order:
+        if name in b and name not in here:
+            here.add(name)
+            steps.append(frozenset(here))
+    for name in order:
+        if name in here and name not in b:
+            here.discard(name)
+            steps.append(frozenset(here))
+    return steps
+
+
+def comparisons(
+    profile: str, groups: Sequence[Group], control: bool
+) -> dict[str, dict[str, tuple[str, str]]]:
+    """Per group and direction: (scenario with the group, scenario without it)."""
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    for g in groups:
+        if g.name == CONTROL:
+            continue
+        out[g.name] = {
+            "leave_one_out": (profile, f"{profile}-without-{g.name}"),
+            "add_one_in": (f"{UNTUNED}+{g.name}", UNTUNED),
+        }
+    if control:
+        out[CONTROL] = {
+            "leave_one_out": (f"{profile}+{CONTROL}", profile),
+            "add_one_in": (f"{UNTUNED}+{CONTROL}", UNTUNED),
+        }
+    return out
+
+
+@dataclass
+class Attribution:
+    """The plan of one attribution: P's settings in groups, the scenarios measured, and
+    a profile for every set of groups the daemon is walked through."""
+
+    profile: str
+    written: dict[str, dict[str, Any]]
+    settings: list[Setting]
+    groups: list[Group]  # P's groups, then the control group where asked for
+    control: dict[str, dict[str, Any]] | None = None  # the control group's own settings
+
+    @property
+    def order(self) -> list[str]:
+        return [g.name for g in self.groups]
+
+    @property
+    def scenarios(self) -> list[Scenario]:
+        return scenarios(self.profile, [g for g in self.groups if g.name != CONTROL],
+                         self.control is not None)  # fmt: skip
+
+    @property
+    def comparisons(self) -> dict[str, dict[str, tuple[str, str]]]:
+        return comparisons(self.profile, self.groups, self.control is not None)
+
+    def name_of(self, groups: frozenset[str]) -> str:
+        for scenario in self.scenarios:
+            if scenario.groups == groups:
+                return scenario.name
+        return "via-" + "-".join(str(i) for i, n in enumerate(self.order) if n in groups)
+
+    def sections(self, groups: frozenset[str]) -> dict[str, dict[str, Any]]:
+        keep = [s for g in self.groups if g.name in groups for s in g.settings]
+        out = scenario_sections(self.written, self.settings, keep)
+        if CONTROL in groups and self.control:
+            for section, values in self.control.items():
+                mine = out.setdefault(section, {})
+                for option, value in values.items():
+                    before = mine.get(option)
+                    # A control rule goes first: the first matching rule wins.
+                    mine[option] = value + before if isinstance(before, list) else value
+        return out
+
+    def text(self, groups: frozenset[str]) -> str:
+        name = self.name_of(groups)
+        return profile_text(f"{self.profile} attribution: {name}", self.sections(groups))
+
+    def route(self, a: str, b: str) -> list[str]:
+        """Names of the profiles held on the way from scenario a to b (b last)."""
+        sets = {s.name: s.groups for s in self.scenarios}
+        return [self.name_of(step) for step in route(sets[a], sets[b], self.order)]
+
+    def files(self) -> dict[str, str]:
+        """name -> profile text, for every set of groups a run visits (both directions)."""
+        names = [s.name for s in self.scenarios]
+        sets = {s.name: s.groups for s in self.scenarios}
+        visited = dict(sets)
+        for seq in (names, names[::-1]):
+            for a, b in itertools.pairwise(seq):
+                for step in route(sets[a], sets[b], self.order):
+                    visited[self.name_of(step)] = step
+        return {name: self.text(groups) for name, groups in visited.items()}
+
+    def transit_steps(self) -> int:
+        """Switches per round that only pass through (nothing measured)."""
+        names = [s.name for s in self.scenarios]
+        return sum(len(self.route(a, b)) - 1 for a, b in itertools.pairwise(names))
+
+
+def seconds_for(budget_s: float, rounds: int, scenarios: int, tools: int, idle_s: float,
+                transit: int) -> float:  # fmt: skip
+    """Seconds per tool and round that fit `budget_s`: what each scenario visit costs
+    besides the tools (settling, starting them) is taken off first; never below 1 s
+    (a group is never dropped: a budget too small for them all is exceeded)."""
+    overhead = scenarios * (SETTLE_S + idle_s + tools * TOOL_OVERHEAD_S) + transit * TRANSIT_S
+    per_round = budget_s / max(rounds, 1) - overhead
+    return max(1.0, per_round / (scenarios * tools))
+
+
+# -- effects and verdicts ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Effect:
+    ratio: float  # pooled percentile, with the group over without it
+    spread: float  # the larger max/min over rounds of the two scenarios (1.0: steady)
+    counts: str | None  # "lower" / "higher" latency when the effect counts, else None
+
+
+def effect(
+    with_: float,
+    without: float,
+    rounds_with: Sequence[float],
+    rounds_without: Sequence[float],
+    votes: bool = True,
+) -> Effect:
+    ratio = (
+        with_ / without if without and math.isfinite(without) and math.isfinite(with_) else math.nan
+    )
+    spread = max(_spread(rounds_with), _spread(rounds_without))
+    counts = None
+    if votes and math.isfinite(ratio) and math.isfinite(spread):
+        bar = max(spread, 1 + MIN_EFFECT)
+        if ratio > bar:
+            counts = "higher"
+        elif ratio * bar < 1:
+            counts = "lower"
+    return Effect(ratio, spread, counts)
+
+
+def _spread(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v) and v > 0]
+    if len(finite) < 2:
+        return math.nan if not finite else 1.0
+    return max(finite) / min(finite)
+
+
+def verdict(effects: Iterable[Effect]) -> str:
+    votes = {e.counts for e in effects if e.counts}
+    if votes == {"lower"}:
+        return "helps"
+    if votes == {"higher"}:
+        return "hurts"
+    if votes:
+        return "mixed"
+    return "no measurable effect"
+
+
+def not_applicable(status: Mapping[str, Any], group: Group) -> str | None:
+    """Why a group cannot act here, from the daemon's status while it holds "untuned plus
+    the group": none of its sections applied anything, and they say why not."""
+    sections = {s.section for s in group.settings}
+    plugins = status.get("plugins", {})
+    reasons = []
+    for section in sorted(sections):
+        info = plugins.get(section, {})
+        if info.get("applied") or not info.get("not_applicable"):
+            return None
+        reasons += [f"{r['text']}: {r['reason']}" for r in info["not_applicable"]]
+    return "; ".join(dict.fromkeys(reasons)) if reasons else None
+
+
+@dataclass
+class GroupResult:
+    name: str
+    settings: list[str]
+    verdict: str
+    effects: dict[str, dict[str, dict[str, Effect]]] = field(default_factory=dict)
+    idle_busy_pct: float | None = None  # added busy % of the measured CPUs, on its own
+    reason: str | None = None  # why it is not applicable here
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "settings": self.settings,
+            "verdict": self.verdict,
+            "effects": {
+                tool: {
+                    pct: {d: _effect_json(e) for d, e in by_dir.items()}
+                    for pct, by_dir in by_pct.items()
+                }
+                for tool, by_pct in self.effects.items()
+            },
+            "idle_busy_pct": self.idle_busy_pct,
+            **({"reason": self.reason} if self.reason else {}),
+        }
+
+
+def _effect_json(e: Effect) -> dict[str, Any]:
+    return {
+        "ratio": None if math.isnan(e.ratio) else round(e.ratio, 4),
+        "spread": None if math.isnan(e.spread) else round(e.spread, 4),
+        "counts": e.counts,
+    }
+
+
+def judge(
+    result: Mapping[str, Any],
+    groups: Sequence[Group],
+    compare: Mapping[str, Mapping[str, tuple[str, str]]],
+) -> list[GroupResult]:
+    """Verdicts from a measure.run result (its per-round summaries and pooled stats)."""
+    out = []
+    busy = result.get("idle_busy_pct", {})
+    by_name = {g.name: g for g in groups}
+    for name, directions in compare.items():
+        effects: dict[str, dict[str, dict[str, Effect]]] = {}
+        for tool, data in result["tools"].items():
+            stats, rounds = data["stats"], data["per_round"]
+            per_pct: dict[str, dict[str, Effect]] = {}
+            for pct in SHOWN:
+                per_dir = {}
+                for direction, (w, wo) in directions.items():
+                    if w not in stats or wo not in stats:
+                        continue
+                    per_dir[direction] = effect(
+                        stats[w][pct],
+                        stats[wo][pct],
+                        [r[pct] for r in rounds[w]],
+                        [r[pct] for r in rounds[wo]],
+                        votes=pct in VOTING,
+                    )
+                per_pct[pct] = per_dir
+            effects[tool] = per_pct
+        w, wo = directions["add_one_in"]
+        cost = round(busy[w] - busy[wo], 2) if w in busy and wo in busy else None
+        group = by_name.get(name)
+        out.append(
+            GroupResult(
+                name,
+                [s.id for s in group.settings] if group else [],
+                verdict(e for p in effects.values() for d in p.values() for e in d.values()),
+                effects,
+                cost,
+            )
+        )
+    return out
+
+
+def fmt_effect(e: Effect | None) -> str:
+    if e is None or math.isnan(e.ratio):
+        return "-"
+    mark = {"lower": "-", "higher": "+", None: " "}[e.counts]
+    return f"{e.ratio:.2f}{mark}"
+
+
+def render(results: Sequence[GroupResult], tools: Sequence[str], machine: str) -> list[str]:
+    """A table per direction: each group's ratios (with/without), '-' or '+' where the
+    effect counts (lower or higher latency), then the verdicts."""
+    width = max([len("group"), *(len(r.name) for r in results)])
+    lines = [f"attribution on {machine}"]
+    for direction, title in (
+        ("leave_one_out", "leave-one-out: the profile against the profile without the group"),
+        ("add_one_in", "add-one-in: untuned plus the group against untuned"),
+    ):
+        cols = [(t, p) for t in tools for p in SHOWN]
+        lines += ["", title]
+        lines.append("  " + "group".ljust(width) + "".join(
+            f"{t[:6]} {p}".rjust(13) for t, p in cols))  # fmt: skip
+        for r in results:
+            cells = [fmt_effect(r.effects.get(t, {}).get(p, {}).get(direction)) for t, p in cols]
+            lines.append("  " + r.name.ljust(width) + "".join(c.rjust(13) for c in cells))
+    lines += ["", "  " + "group".ljust(width) + "  " + "verdict".ljust(22) + "idle busy  settings"]
+    for r in results:
+        if r.reason:
+            lines.append("  " + r.name.ljust(width) + f"  not applicable here: {r.reason}")
+            continue
+        busy = "-" if r.idle_busy_pct is None else f"{r.idle_busy_pct:+.1f} %"
+        lines.append(
+            "  " + r.name.ljust(width) + "  " + r.verdict.ljust(22) + busy.rjust(9) + "  "
+            + ", ".join(r.settings)
+        )  # fmt: skip
+    lines += ["", "'-' / '+': the effect counts, as lower / higher latency. " + RULE]
+    return lines
+
+
+COLOURS = {"lower": "tab:green", "higher": "tab:red", None: "tab:gray"}
+
+
+def plot(results: Sequence[GroupResult], tools: Sequence[str], machine: str, path: str) -> None:
+    """One bar per group: its p99 ratio (log scale) per tool and direction, the round-to-
+    round spread as the error bar, green / red where it counts as lower / higher."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: no display needed
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(tools), 2, figsize=(14, 3.5 * len(tools)), squeeze=False)
+    names = [r.name for r in results]
+    for row, tool in enumerate(tools):
+        for col, direction in enumerate(DIRECTIONS):
+            ax = axes[row][col]
+            effects = [r.effects.get(tool, {}).get("p99", {}).get(direction) for r in results]
+            ratios = [e.ratio if e and math.isfinite(e.ratio) else 1.0 for e in effects]
+            spread = [e.spread - 1 if e and math.isfinite(e.spread) else 0.0 for e in effects]
+            colours = [COLOURS[e.counts if e else None] for e in effects]
+            ax.bar(names, [r - 1 for r in ratios], bottom=1, yerr=spread, color=colours,
+                   capsize=3)  # fmt: skip
+            ax.axhline(1, color="black", linewidth=0.8)
+            ax.set_yscale("log")
+            ax.set_title(f"{tool} p99, {direction.replace('_', '-')}")
+            ax.set_ylabel("with / without")
+            ax.tick_params(axis="x", labelrotation=60, labelsize=8)
+    fig.suptitle(f"what each group buys, {machine}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- a profile from the evidence (recommend --measure) ------------------------------------------
+
+
+def quote(result: GroupResult) -> str:
+    """The effects that counted, as "sockperf p50 0.12x, p99 0.31x (leave-one-out)"."""
+    parts = []
+    for direction in DIRECTIONS:
+        counted = [
+            f"{tool} {pct} {e.ratio:.2f}x"
+            for tool, by_pct in result.effects.items()
+            for pct, by_dir in by_pct.items()
+            if (e := by_dir.get(direction)) is not None and e.counts
+        ]
+        if counted:
+            parts.append(f"{', '.join(counted)} ({direction.replace('_', '-')})")
+    return "; ".join(parts) or "no effect counted"
+
+
+def keep(results: Sequence[GroupResult]) -> tuple[list[GroupResult], list[tuple[GroupResult, str]]]:
+    """The groups a profile built on evidence keeps (those that help), and those it drops
+    with why (hurts, mixed, no measurable effect and what it costs, not applicable)."""
+    kept, dropped = [], []
+    for r in results:
+        if r.name == CONTROL:
+            continue
+        if r.verdict == "helps":
+            kept.append(r)
+            continue
+        if r.verdict == "no measurable effect":
+            cost = r.idle_busy_pct
+            why = (
+                f"no measurable effect, and it keeps the measured CPUs {cost:+.1f} % busier "
+                "with no traffic"
+                if cost is not None and cost >= COSTLY_BUSY_PCT
+                else "no measurable effect (what it costs is not worth reviewing for nothing)"
+            )
+        elif r.verdict == "not applicable":
+            why = f"not applicable here: {r.reason}"
+        else:
+            why = f"{r.verdict}: {quote(r)}"
+        dropped.append((r, why))
+    return kept, dropped
+
+
+def evidence_profile(at: Attribution, results: Sequence[GroupResult], machine: str) -> str:
+    """`at`'s profile cut down to the groups that help, each section headed by a comment
+    quoting what its groups measured, and what was dropped and why."""
+    kept, dropped = keep(results)
+    names = frozenset(r.name for r in kept)
+    sections = at.sections(names)
+    by_section: dict[str, list[GroupResult]] = {}
+    groups = {g.name: g for g in at.groups}
+    for r in kept:
+        for section in dict.fromkeys(s.section for s in groups[r.name].settings):
+            by_section.setdefault(section, []).append(r)
+    lines = [
+        f"# Built by `latencyctl recommend --measure` from attribution on {machine}:",
+        "# only the groups of settings that measurably helped here are kept.",
+        *(f"# dropped {r.name} ({', '.join(r.settings)}): {why}" for r, why in dropped),
+        "[main]",
+        toml_line("summary", f"{at.profile}, cut to what helped on {machine}"),
+    ]
+    for section, values in sections.items():
+        lines.append("")
+        lines += [f"# {r.name} helps: {quote(r)}" for r in by_section.get(section, [])]
+        lines += toml_section(section, dict(values))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,203 @@
+"""measure --attribute's logic: grouping a profile's settings, the scenario plan (each
+switch changes one group), the profiles it holds, and the verdict rule."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from latencyd import attribute as A
+from latencyd.config import shipped_profiles_dir
+from latencyd.cpuset import CpuSet
+from latencyd.engine import section_schemas
+from latencyd.plugin import load_plugins
+from latencyd.profile import ProfileLibrary
+from latencyd.schema import Machine, Schema
+from latencyd.system import System
+from tests.unit.fakesys import make_fake_root
+
+MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)
+
+
+@pytest.fixture
+def schemas(tmp_path: Path) -> dict[str, Schema]:
+    return section_schemas(load_plugins(System(make_fake_root(tmp_path))))
+
+
+def load(schemas: dict[str, Schema], name: str, extra: Path | None = None) -> Any:
+    dirs = ([extra] if extra else []) + [shipped_profiles_dir()]
+    return ProfileLibrary(dirs, schemas, MACHINE).load(name)
+
+
+def attribution(schemas: dict[str, Schema], name: str, control: bool = False) -> A.Attribution:
+    p = load(schemas, name)
+    groups = A.groups_of(p.written, schemas)
+    hog = {"kthread": {"rule": [{"match": "^hog$", "cpus": "3", "user": True}]}}
+    if control:
+        groups.append(A.Group(A.CONTROL, ()))
+    return A.Attribution(p.name, p.written, A.settings_of(p.written, schemas), groups,
+                         hog if control else None)  # fmt: skip
+
+
+def test_cpu_partitioning_splits_sections_whose_parts_act_alone(schemas: dict[str, Schema]) -> None:
+    p = load(schemas, "cpu-partitioning")
+    groups = {g.name: [s.id for s in g.settings] for g in A.groups_of(p.written, schemas)}
+    assert groups == {
+        "cstate.idle": ["cstate.idle"],
+        "writeback": ["writeback.dirty_bytes", "writeback.dirty_background_bytes",
+                      "writeback.dirty_expire_centisecs", "writeback.dirty_writeback_centisecs"],
+        "sysctl": ["sysctl.vm.swappiness", "sysctl.vm.stat_interval",
+                   "sysctl.kernel.timer_migration", "sysctl.net.ipv4.tcp_fastopen"],
+        "sysctl.busy_poll": ["sysctl.net.core.busy_read", "sysctl.net.core.busy_poll"],
+        "net.coalesce": ["net.nic.coalesce"],
+        "net.steering": ["net.nic.rps_cpus", "net.nic.napi_defer_hard_irqs",
+                         "net.nic.gro_flush_timeout", "net.nic.xps_cpus"],
+        "irq.isolate": ["irq.isolate"],
+        "kthread.workqueues": ["kthread.writeback_cpumask", "kthread.unbound_cpumask"],
+        "kthread.tasks": ["kthread.isolate_tasks", "kthread.allow"],
+        "kthread.rules": ["kthread.rule"],
+    }  # fmt: skip
+
+
+def test_user_groups_come_first_and_bad_ones_say_what_is_wrong(schemas: dict[str, Schema]) -> None:
+    p = load(schemas, "cpu-partitioning")
+    specs = ["shield=irq,kthread.isolate_tasks", "vm=sysctl.vm.swappiness"]
+    groups = A.groups_of(p.written, schemas, specs)
+    assert [s.id for s in groups[0].settings] == ["irq.isolate", "kthread.isolate_tasks"]
+    assert [s.id for s in groups[1].settings] == ["sysctl.vm.swappiness"]
+    rest = {g.name: [s.id for s in g.settings] for g in groups[2:]}
+    assert rest["kthread.tasks"] == ["kthread.allow"]
+    assert "irq.isolate" not in rest and "sysctl.vm.swappiness" not in rest["sysctl"]
+    for spec, message in [
+        ("shield", r"expected NAME=SECTION\[\.OPTION\]"),
+        ("x=irq.nope", "'irq.nope' names no setting of the profile"),
+        ("untuned=irq", "is reserved"),
+        ("a b=irq", "not a usable group name"),
+    ]:
+        with pytest.raises(A.AttributionError, match=message):
+            A.groups_of(p.written, schemas, [spec])
+    with pytest.raises(A.AttributionError, match="already in group a"):
+        A.groups_of(p.written, schemas, ["a=irq", "b=irq.isolate"])
+
+
+def test_every_switch_of_a_run_changes_one_group(schemas: dict[str, Schema]) -> None:
+    at = attribution(schemas, "cpu-partitioning", control=True)
+    sets = {s.name: s.groups for s in at.scenarios}
+    names = [s.name for s in at.scenarios]
+    assert names[0] == "cpu-partitioning" and names[-1] == "untuned"
+    assert len(names) == len(set(names)) == 2 * (len(at.groups) - 1) + 4
+    files = at.files()
+    for order in (names, names[::-1]):  # even rounds, odd rounds (reversed)
+        for a, b in itertools.pairwise(order):
+            steps = [sets[a], *(_groups_of(at, n, files) for n in at.route(a, b))]
+            assert at.route(a, b)[-1] == b
+            for x, y in itertools.pairwise(steps):
+                assert len(x ^ y) == 1, (a, b, x, y)
+    # Each group's two comparisons differ by that group alone.
+    for name, directions in at.comparisons.items():
+        for with_, without in directions.values():
+            assert sets[with_] ^ sets[without] == {name}
+
+
+def _groups_of(at: A.Attribution, name: str, files: dict[str, str]) -> frozenset[str]:
+    for scenario in at.scenarios:
+        if scenario.name == name:
+            return scenario.groups
+    assert name in files  # a profile passed through has a file too
+    return frozenset(at.order[int(i)] for i in name.removeprefix("via-").split("-") if i)
+
+
+def test_scenario_profiles_hold_exactly_their_groups_settings(schemas: dict[str, Schema],
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    at = attribution(schemas, "cpu-partitioning", control=True)
+    files = at.files()
+    for name, text in files.items():
+        (tmp_path / f"{name}.toml").write_text(text)
+    full = load(schemas, "cpu-partitioning")
+    # P written back out is P: the same validated sections.
+    assert load(schemas, "cpu-partitioning", tmp_path).sections == full.sections
+    without = load(schemas, "cpu-partitioning-without-net.steering", tmp_path).sections
+    assert without["net"]["nic"][0].keys() >= {"coalesce", "match", "exclude"}
+    assert not {"rps_cpus", "xps_cpus"} & without["net"]["nic"][0].keys()
+    assert {k: v for k, v in without.items() if k != "net"} == {
+        k: v for k, v in full.sections.items() if k != "net"
+    }
+    alone = load(schemas, "untuned+kthread.tasks", tmp_path).sections
+    assert set(alone) == {"kthread"} and set(alone["kthread"]) - {"on_drift"} == {
+        "isolate_tasks",
+        "allow",
+    }
+    # The control rule goes first, so it wins over P's own rules.
+    ctl = tomllib.loads(files["cpu-partitioning+control"])
+    assert ctl["kthread"]["rule"][0]["match"] == "^hog$"
+    assert set(tomllib.loads(files["untuned"])) == {"main"}
+
+
+def test_the_verdict_counts_only_effects_beyond_the_rounds_spread() -> None:
+    steady = [10.0, 10.2, 9.9]
+    # A halving, far beyond a 3 % spread: counts as lower latency.
+    assert A.effect(5.0, 10.0, [5.0, 5.1, 4.9], steady).counts == "lower"
+    # 30 % higher, but the rounds of one scenario spread 2x: does not count.
+    e = A.effect(13.0, 10.0, [8.0, 16.0, 13.0], steady)
+    assert e.counts is None and e.spread == pytest.approx(2.0)
+    # Within MIN_EFFECT, however steady: does not count.
+    assert A.effect(10.4, 10.0, [10.4] * 3, [10.0] * 3).counts is None
+    assert A.effect(12.0, 10.0, [12.0] * 3, [10.0] * 3).counts == "higher"
+    # max never votes; a missing value is no effect.
+    assert A.effect(1.0, 10.0, [1.0] * 3, [10.0] * 3, votes=False).counts is None
+    assert math.isnan(A.effect(5.0, math.nan, [5.0], [math.nan]).ratio)
+    lower, higher, none = (A.Effect(0.5, 1.1, "lower"), A.Effect(2, 1.1, "higher"),
+                           A.Effect(1, 1, None))  # fmt: skip
+    assert A.verdict([lower, none]) == "helps"
+    assert A.verdict([higher, none]) == "hurts"
+    assert A.verdict([lower, higher]) == "mixed"
+    assert A.verdict([none, none]) == "no measurable effect"
+
+
+def _result(values: dict[str, list[float]]) -> dict[str, Any]:
+    """A measure result whose every percentile is `values[scenario][round]`."""
+    pooled = {s: sorted(v)[len(v) // 2] for s, v in values.items()}
+    return {
+        "tools": {
+            "sockperf": {
+                "stats": {s: {p: pooled[s] for p in A.SHOWN} for s in values},
+                "per_round": {s: [{p: x for p in A.SHOWN} for x in v] for s, v in values.items()},
+            }
+        },
+        "idle_busy_pct": {s: 1.0 for s in values} | {"untuned+g": 31.0},
+    }
+
+
+def test_judge_reads_both_directions() -> None:
+    groups = [A.Group("g", (A.Setting("cstate", "idle"),)), A.Group("h", ())]
+    compare = A.comparisons("p", groups, control=False)
+    result = _result({
+        "p": [5, 5.2, 5.1], "p-without-g": [40, 41, 39], "untuned+g": [5, 5.1, 5.2],
+        "untuned": [40, 40, 41], "p-without-h": [5, 5.3, 5.1], "untuned+h": [40, 42, 41],
+    })  # fmt: skip
+    g, h = A.judge(result, groups, compare)
+    assert (g.verdict, g.settings, g.idle_busy_pct) == ("helps", ["cstate.idle"], 30.0)
+    assert g.effects["sockperf"]["p99"]["leave_one_out"].ratio == pytest.approx(5.1 / 40)
+    assert h.verdict == "no measurable effect"
+    assert set(g.as_json()) == {"name", "settings", "verdict", "effects", "idle_busy_pct"}
+
+
+def test_a_group_the_daemon_cannot_apply_is_not_applicable() -> None:
+    group = A.Group("cstate.idle", (A.Setting("cstate", "idle"),))
+    na = {"text": "idle = responsive", "reason": "no cpuidle driver: idle CPUs halt"}
+    status = {"plugins": {"cstate": {"applied": [], "not_applicable": [na]}}}
+    assert A.not_applicable(status, group) == "idle = responsive: no cpuidle driver: idle CPUs halt"
+    status["plugins"]["cstate"]["applied"] = [{"text": "PM QoS"}]
+    assert A.not_applicable(status, group) is None
+
+
+def test_seconds_fit_the_budget_and_never_drop_below_one() -> None:
+    s = A.seconds_for(900, 3, 24, 3, 1.0, 29)
+    overhead = 24 * (A.SETTLE_S + 1.0 + 3 * A.TOOL_OVERHEAD_S) + 29 * A.TRANSIT_S
+    assert 3 * (overhead + s * 24 * 3) == pytest.approx(900)
+    assert A.seconds_for(10, 3, 24, 3, 1.0, 29) == 1.0
