@@ -40,11 +40,14 @@ from latencyd.tomlwrite import toml_line, toml_section
 RULE = (
     "ratio = latency with the group / without it (below 1: the group lowers latency). An "
     "effect counts only when the ratio is beyond the spread between rounds of the same "
-    "scenario (the larger max/min over rounds of the two compared) and beyond 5 %; p50, "
-    "p99 and p99.9 of every tool vote, leave-one-out and add-one-in alike. helps: only "
-    "lower latency counts; hurts: only higher; mixed: both; no measurable effect: none."
+    "scenario (the larger max/min over rounds of the two compared) and beyond 5 %, and "
+    "every round's own ratio lies on the same side of 1; p50, p99 and p99.9 of every tool "
+    "count, leave-one-out and add-one-in alike (max is shown, not counted). hurts: a p99 "
+    "or p99.9 counts as higher (the tails come first), or only higher counts; helps: "
+    "something counts as lower and no tail as higher; no measurable effect: nothing counts."
 )
 VOTING = ("p50", "p99", "p99.9")
+TAILS = ("p99", "p99.9")
 SHOWN = (*VOTING, "max")
 MIN_EFFECT = 0.05  # effects within 5 % never count, however steady the rounds
 COSTLY_BUSY_PCT = 0.5  # idle busy share a group adds that recommend calls a cost
@@ -384,12 +387,15 @@ def effect(
         with_ / without if without and math.isfinite(without) and math.isfinite(with_) else math.nan
     )
     spread = max(_spread(rounds_with), _spread(rounds_without))
+    # Rounds alternate the scenarios, so round k of each saw the same machine.
+    per_round = [w / wo for w, wo in zip(rounds_with, rounds_without, strict=False)
+                 if wo and math.isfinite(w) and math.isfinite(wo)]  # fmt: skip
     counts = None
     if votes and math.isfinite(ratio) and math.isfinite(spread):
         bar = max(spread, 1 + MIN_EFFECT)
-        if ratio > bar:
+        if ratio > bar and all(r > 1 for r in per_round):
             counts = "higher"
-        elif ratio * bar < 1:
+        elif ratio * bar < 1 and all(r < 1 for r in per_round):
             counts = "lower"
     return Effect(ratio, spread, counts)
 
@@ -401,14 +407,15 @@ def _spread(values: Sequence[float]) -> float:
     return max(finite) / min(finite)
 
 
-def verdict(effects: Iterable[Effect]) -> str:
-    votes = {e.counts for e in effects if e.counts}
-    if votes == {"lower"}:
-        return "helps"
-    if votes == {"higher"}:
+def verdict(effects: Iterable[tuple[str, Effect]]) -> str:
+    """From (percentile, effect) pairs: the tails first, as latency work protects them."""
+    counted = [(pct, e.counts) for pct, e in effects if e.counts]
+    if any(c == "higher" and pct in TAILS for pct, c in counted):
         return "hurts"
-    if votes:
-        return "mixed"
+    if any(c == "lower" for _, c in counted):
+        return "helps"
+    if counted:
+        return "hurts"
     return "no measurable effect"
 
 
@@ -495,7 +502,9 @@ def judge(
             GroupResult(
                 name,
                 [s.id for s in group.settings] if group else [],
-                verdict(e for p in effects.values() for d in p.values() for e in d.values()),
+                verdict(
+                    (pct, e) for p in effects.values() for pct, d in p.items() for e in d.values()
+                ),
                 effects,
                 cost,
             )
@@ -511,21 +520,26 @@ def fmt_effect(e: Effect | None) -> str:
 
 
 def render(results: Sequence[GroupResult], tools: Sequence[str], machine: str) -> list[str]:
-    """A table per direction: each group's ratios (with/without), '-' or '+' where the
-    effect counts (lower or higher latency), then the verdicts."""
+    """A table per tool: each group's ratios (with / without it) leaving it out of the
+    profile and adding it to untuned, '-' or '+' where the effect counts (lower or higher
+    latency); then the verdicts."""
     width = max([len("group"), *(len(r.name) for r in results)])
     lines = [f"attribution on {machine}"]
-    for direction, title in (
-        ("leave_one_out", "leave-one-out: the profile against the profile without the group"),
-        ("add_one_in", "add-one-in: untuned plus the group against untuned"),
-    ):
-        cols = [(t, p) for t in tools for p in SHOWN]
-        lines += ["", title]
-        lines.append("  " + "group".ljust(width) + "".join(
-            f"{t[:6]} {p}".rjust(13) for t, p in cols))  # fmt: skip
-        for r in results:
-            cells = [fmt_effect(r.effects.get(t, {}).get(p, {}).get(direction)) for t, p in cols]
-            lines.append("  " + r.name.ljust(width) + "".join(c.rjust(13) for c in cells))
+    measured = [r for r in results if not r.reason]
+    for tool in tools:
+        lines += ["", f"{tool}: latency with the group / without it",
+                  "  " + " " * width + "  leave-one-out (profile vs profile without)"
+                  + " " * 4 + "add-one-in (untuned + group vs untuned)",
+                  "  " + "group".ljust(width) + "  "
+                  + ("".join(p.rjust(9) for p in SHOWN) + " " * 10) * 2]  # fmt: skip
+        for r in measured:
+            cells = [
+                fmt_effect(r.effects.get(tool, {}).get(p, {}).get(d)).rjust(9)
+                for d in DIRECTIONS
+                for p in SHOWN
+            ]
+            lines.append("  " + r.name.ljust(width) + "  " + "".join(cells[:4]) + " " * 10
+                         + "".join(cells[4:]))  # fmt: skip
     lines += ["", "  " + "group".ljust(width) + "  " + "verdict".ljust(22) + "idle busy  settings"]
     for r in results:
         if r.reason:

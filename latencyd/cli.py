@@ -348,6 +348,11 @@ def cmd_measure(args: argparse.Namespace) -> int:
         unknown = [t for t in tools if t not in measure.TOOLS]
         if unknown:
             raise CliError(USAGE, f"unknown tools {unknown} (known: {', '.join(measure.TOOLS)})")
+    elif args.attribute:
+        # Not oslat: its samples are loop iterations (~35 million a second here), so its
+        # p50 to p99.9 read 1 µs whatever the profile (a CPU hog sharing its CPU included);
+        # only its max moves, and max does not count. --tools adds it.
+        tools = ["sockperf", "cyclictest"]
     else:  # sockperf and cyclictest, and oslat where it is installed
         tools = ["sockperf", "cyclictest"] + ([] if measure.missing_tools(["oslat"]) else ["oslat"])
     load = None
@@ -613,7 +618,7 @@ def _attribute_recommendation(
 
     from latencyd import measure
 
-    tools = ["sockperf", "cyclictest"] + ([] if measure.missing_tools(["oslat"]) else ["oslat"])
+    tools = ["sockperf", "cyclictest"]  # as measure --attribute's (oslat: see cmd_measure)
     with tempfile.TemporaryDirectory(prefix="latencyd-recommend-") as tmp:
         Path(tmp).chmod(0o755)  # the daemon reads it; root's, not writable by others
         proposal = Path(tmp) / "recommended.toml"

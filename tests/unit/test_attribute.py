@@ -151,12 +151,18 @@ def test_the_verdict_counts_only_effects_beyond_the_rounds_spread() -> None:
     # max never votes; a missing value is no effect.
     assert A.effect(1.0, 10.0, [1.0] * 3, [10.0] * 3, votes=False).counts is None
     assert math.isnan(A.effect(5.0, math.nan, [5.0], [math.nan]).ratio)
+    # Every round must agree: a pooled effect that one round contradicts does not count.
+    assert A.effect(5.0, 10.0, [5.0, 5.1, 10.4], [10.0, 10.1, 10.2]).counts is None
     lower, higher, none = (A.Effect(0.5, 1.1, "lower"), A.Effect(2, 1.1, "higher"),
                            A.Effect(1, 1, None))  # fmt: skip
-    assert A.verdict([lower, none]) == "helps"
-    assert A.verdict([higher, none]) == "hurts"
-    assert A.verdict([lower, higher]) == "mixed"
-    assert A.verdict([none, none]) == "no measurable effect"
+    assert A.verdict([("p50", lower), ("p99", none)]) == "helps"
+    assert A.verdict([("p99", higher), ("p50", none)]) == "hurts"
+    # The tails come first: a faster median does not excuse a worse p99 ...
+    assert A.verdict([("p50", lower), ("p99.9", higher)]) == "hurts"
+    # ... but a better tail is worth a slower median.
+    assert A.verdict([("p50", higher), ("p99", lower)]) == "helps"
+    assert A.verdict([("p50", higher)]) == "hurts"
+    assert A.verdict([("p50", none), ("p99", none)]) == "no measurable effect"
 
 
 def _result(values: dict[str, list[float]]) -> dict[str, Any]:
