@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "latency": "bench.latency",
     "tuned": "bench.tuned",
     "scale": "bench.scale",
+    "attribute": "bench.attribute",
 }
 
 USAGE = """\

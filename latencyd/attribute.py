@@ -54,14 +54,10 @@ COSTLY_BUSY_PCT = 0.5  # idle busy share a group adds that recommend calls a cos
 DIRECTIONS = ("leave_one_out", "add_one_in")
 CONTROL = "control"
 UNTUNED = "untuned"
-ENGINE_KEYS = ("on_drift",)
+ENGINE_KEYS = ("on_drift",)  # every section's own: kept in every scenario, not a setting
 # What a scenario visit costs besides the tools' own seconds, as measured on the 2-CPU
-# guests: measure's settle time, a tool's start and end, a switch passed through.
-SETTLE_S, TOOL_OVERHEAD_S, TRANSIT_S = (
-    0.6,
-    1.0,
-    0.3,
-)  # every section's own: kept in every scenario, not a setting
+# guests: measure's settle time, a tool's start and end, a switch (when not measured).
+SETTLE_S, TOOL_OVERHEAD_S, SWITCH_S = 0.5, 1.0, 0.3
 
 
 class AttributionError(LatencydError):
@@ -356,13 +352,22 @@ class Attribution:
         return sum(len(self.route(a, b)) - 1 for a, b in itertools.pairwise(names))
 
 
-def seconds_for(budget_s: float, rounds: int, scenarios: int, tools: int, idle_s: float,
-                transit: int) -> float:  # fmt: skip
+def seconds_for(
+    budget_s: float,
+    rounds: int,
+    scenarios: int,
+    tools: int,
+    idle_s: float,
+    transit: int,
+    switch_s: float = SWITCH_S,
+) -> float:
     """Seconds per tool and round that fit `budget_s`: what each scenario visit costs
-    besides the tools (settling, starting them) is taken off first; never below 1 s
-    (a group is never dropped: a budget too small for them all is exceeded)."""
-    overhead = scenarios * (SETTLE_S + idle_s + tools * TOOL_OVERHEAD_S) + transit * TRANSIT_S
-    per_round = budget_s / max(rounds, 1) - overhead
+    besides the tools (a switch, settling, starting them) and each switch passed through
+    are taken off first (`switch_s` as measured on this machine: with 50,000 tasks a
+    switch takes seconds); never below 1 s (a group is never dropped: a budget too small
+    for them all is exceeded)."""
+    visit = switch_s + SETTLE_S + idle_s + tools * TOOL_OVERHEAD_S
+    per_round = budget_s / max(rounds, 1) - scenarios * visit - transit * switch_s
     return max(1.0, per_round / (scenarios * tools))
 
 
