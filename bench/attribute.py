@@ -6,8 +6,9 @@ the same verdict for at least 90 % of the groups, and the control group `hurts` 
     python -m bench attribute [--profile cpu-partitioning] [--runs 1] [--budget 15m]
                               [--json] [--quick]
 
-The load is issue 16's: stress-ng started as from a shell, unpinned, so the shield's task
-isolation has something to move off the measured CPU. Run it on a quiet machine.
+The load is measure's `--load`: stress-ng started as from a shell, unpinned, so the
+shield's task isolation has something to move off the measured CPU. Run it on a quiet
+machine.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
-from bench.latency import LOAD
 from scripts.private_bus import PrivateBus
 from tests.harness import BIN, POLICY, REPO, Latencyd
 
@@ -31,7 +31,7 @@ AGREEMENT_TARGET = 0.9
 
 def attribute(d: Latencyd, profile: str, budget: str, quick: bool) -> tuple[dict[str, Any], float]:
     cmd = [str(BIN / "latencyctl"), "measure", "--attribute", "--profile", profile, "--control",
-           "--load-cmd", LOAD, "--json"]  # fmt: skip
+           "--load", "--json"]  # fmt: skip
     cmd += ["--seconds", "1", "--rounds", "2", "--idle-seconds", "0.5"] if quick else []
     cmd += [] if quick else ["--budget", budget]
     started = time.monotonic()
