@@ -577,10 +577,13 @@ def plot(results: Sequence[GroupResult], tools: Sequence[str], machine: str, pat
             ax = axes[row][col]
             effects = [r.effects.get(tool, {}).get("p99", {}).get(direction) for r in results]
             ratios = [e.ratio if e and math.isfinite(e.ratio) else 1.0 for e in effects]
-            spread = [e.spread - 1 if e and math.isfinite(e.spread) else 0.0 for e in effects]
+            spread = [e.spread if e and math.isfinite(e.spread) else 1.0 for e in effects]
+            # The spread is a factor: ratio / spread .. ratio * spread on the log axis.
+            yerr = [[r - r / f for r, f in zip(ratios, spread, strict=True)],
+                    [r * f - r for r, f in zip(ratios, spread, strict=True)]]  # fmt: skip
             colours = [COLOURS[e.counts if e else None] for e in effects]
-            ax.bar(names, [r - 1 for r in ratios], bottom=1, yerr=spread, color=colours,
-                   capsize=3)  # fmt: skip
+            ax.bar(names, [r - 1 for r in ratios], bottom=1, color=colours)
+            ax.errorbar(names, ratios, yerr=yerr, fmt="none", ecolor="black", capsize=3)
             ax.axhline(1, color="black", linewidth=0.8)
             ax.set_yscale("log")
             ax.set_title(f"{tool} p99, {direction.replace('_', '-')}")

@@ -4,6 +4,7 @@ switch changes one group), the profiles it holds, and the verdict rule."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import tomllib
 from pathlib import Path
@@ -209,3 +210,25 @@ def test_seconds_fit_the_budget_and_never_drop_below_one() -> None:
     # A server's slow switches (seconds, beside 50,000 tasks) shorten the rounds.
     assert A.seconds_for(900, 3, 24, 2, 1.0, 29, switch_s=2.0) < s - 1
     assert A.seconds_for(10, 3, 24, 2, 1.0, 29) == 1.0
+
+
+RECORDED = sorted((Path(__file__).parent.parent / "data" / "attribution").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_verdicts_on_samples_recorded_on_real_machines(path: Path) -> None:
+    """Runs of `latencyctl measure --attribute --save` (trimmed to what verdicts read; where
+    and how each was recorded is in its "recorded" field): the rule gives the verdicts
+    the run gave, the control group hurts, and on a haltpoll guest the idle-wait group
+    helps (halt-polling is what moves a haltpoll guest's wake-ups)."""
+    data = json.loads(path.read_text())
+    groups = [A.Group(g["name"], ()) for g in data["groups"] if g["verdict"] != "not applicable"]
+    compare = A.comparisons(
+        data["profile"], groups, control=any(g.name == A.CONTROL for g in groups)
+    )
+    judged = {r.name: r.verdict for r in A.judge(data["measure"], groups, compare)}
+    assert judged == {g["name"]: g["verdict"] for g in data["groups"] if g["name"] in judged}
+    if A.CONTROL in judged:
+        assert judged[A.CONTROL] == "hurts"
+    if data["machine"].startswith("haltpoll guest"):
+        assert judged["cstate.idle"] == "helps"

@@ -208,6 +208,33 @@ def test_shipped_profiles_apply_only_what_acts_here(
     assert system.pmqos.held() is None  # the request ends with its fd
 
 
+def test_attribution_names_the_idle_group_not_applicable_where_it_cannot_act(
+    machine_kind: FakeMachine, tmp_path: Path
+) -> None:
+    """measure --attribute asks the daemon, holding "untuned plus the group", whether a
+    group can act: on a guest without a cpuidle driver latency-performance's idle-wait
+    group cannot, and is reported so with the reason instead of being measured."""
+    system = machine_kind.system
+    schemas = section_schemas(load_plugins(system))
+    profile = ProfileLibrary([shipped_profiles_dir()], schemas, system.machine()).load(
+        "latency-performance"
+    )
+    [idle] = [g for g in A.groups_of(profile.written, schemas) if g.name == "cstate.idle"]
+    engine = Engine({"cstate": CstatePlugin(system)}, Journal(tmp_path / "state"))
+    engine.apply(Profile("alone", Path("x"), "", {"cstate": profile.sections["cstate"]}, {}))
+    refused = engine.sections["cstate"].expansion.refused
+    status = {"plugins": {"cstate": {  # the rows the daemon's Status gives for the section
+        "applied": [{"target": str(t)} for (_, t) in engine.applied],
+        "not_applicable": [{"text": w, "reason": r} for w, r in refused.items()],
+    }}}  # fmt: skip
+    reason = A.not_applicable(status, idle)
+    if machine_kind.kind == NO_CPUIDLE_GUEST:
+        assert reason is not None and "no cpuidle driver: " in reason
+    else:
+        assert reason is None
+    engine.off()
+
+
 # -- status: how idle CPUs wait here, and what can change it ---------------------------------
 
 
