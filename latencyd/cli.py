@@ -492,12 +492,25 @@ def _run_attribution(
             seconds = attribute.seconds_for(_duration(budget or "15m", "--budget"), plan.rounds,
                                             len(names), len(plan.tools), plan.idle_seconds,
                                             at.transit_steps(), max(switches))  # fmt: skip
-        holds = {}
-        for scenario, text in at.files().items():
-            (tmp / f"{scenario}.toml").write_text(text)
-            holds[scenario] = str(tmp / f"{scenario}.toml")
-        plan = dataclasses.replace(plan, scenarios=names, seconds=seconds, holds=holds,
-                                   route=at.route, control_hog=at.control is not None)  # fmt: skip
+        holds: dict[str, str] = {}
+
+        def held(names: list[str]) -> list[str]:
+            """Each profile written before the daemon is asked to hold it."""
+            for name in names:
+                if name not in holds:
+                    (tmp / f"{name}.toml").write_text(at.text(at.groups_named(name)))
+                    holds[name] = str(tmp / f"{name}.toml")
+            return names
+
+        plan = dataclasses.replace(
+            plan,
+            scenarios=held(names),
+            seconds=seconds,
+            holds=holds,
+            route=lambda a, b: held(at.route(a, b)),
+            order=at.round_order,
+            control_hog=at.control is not None,
+        )
         if not quiet:
             print(
                 f"attributing {at.profile} on {machine}: {len(at.groups)} groups measured, "

@@ -88,6 +88,7 @@ class Plan:
     # (attribution walks the daemon there one group of settings at a time).
     route: Callable[[str, str], list[str]] | None = None
     control_hog: bool = False  # run the CONTROL_HOG for the whole measurement
+    order: Callable[[int], list[str]] | None = None  # round -> its scenarios' order
 
     @property
     def estimate_s(self) -> float:
@@ -777,7 +778,10 @@ def run(
                     procs.detach(control_hog(Path(tmp), plan.housekeeping), Path(tmp), "hog")
                 for r in range(plan.rounds):
                     # Alternate the order too, so no scenario always runs right after another.
-                    scenarios = plan.scenarios if r % 2 == 0 else plan.scenarios[::-1]
+                    if plan.order is not None:
+                        scenarios = plan.order(r)
+                    else:
+                        scenarios = plan.scenarios if r % 2 == 0 else plan.scenarios[::-1]
                     order.append(list(scenarios))
                     for scenario in scenarios:
                         if plan.route is not None and previous is not None:

@@ -90,33 +90,35 @@ def test_every_switch_of_a_run_changes_one_group(schemas: dict[str, Schema]) -> 
     at = attribution(schemas, "cpu-partitioning", control=True)
     sets = {s.name: s.groups for s in at.scenarios}
     names = [s.name for s in at.scenarios]
-    assert names[0] == "cpu-partitioning" and names[-1] == "untuned"
     assert len(names) == len(set(names)) == 2 * (len(at.groups) - 1) + 4
-    files = at.files()
-    for order in (names, names[::-1]):  # even rounds, odd rounds (reversed)
+    orders = [at.round_order(r) for r in range(4)]
+    assert orders[0] == at.round_order(0)  # seeded: a run is repeatable
+    for r, order in enumerate(orders):
+        assert sorted(order) == sorted(names)
+        ends = ("cpu-partitioning", "untuned") if r % 2 == 0 else ("untuned", "cpu-partitioning")
+        assert (order[0], order[-1]) == ends
+        kinds = [next(s.kind for s in at.scenarios if s.name == n) for n in order[1:-1]]
+        assert kinds == sorted(kinds, reverse=r % 2 == 0)  # leave-one-out, then add-one-in
         for a, b in itertools.pairwise(order):
-            steps = [sets[a], *(_groups_of(at, n, files) for n in at.route(a, b))]
+            steps = [sets[a], *(at.groups_named(n) for n in at.route(a, b))]
             assert at.route(a, b)[-1] == b
             for x, y in itertools.pairwise(steps):
                 assert len(x ^ y) == 1, (a, b, x, y)
+        for name in {n for a, b in itertools.pairwise(order) for n in at.route(a, b)}:
+            assert at.name_of(at.groups_named(name)) == name
+    # No scenario follows the same one in every round.
+    follows = [dict(itertools.pairwise(o if r % 2 == 0 else o[::-1])) for r, o in enumerate(orders)]
+    assert any(len({f.get(n) for f in follows}) > 1 for n in names[1:-1])
     # Each group's two comparisons differ by that group alone.
     for name, directions in at.comparisons.items():
         for with_, without in directions.values():
             assert sets[with_] ^ sets[without] == {name}
 
 
-def _groups_of(at: A.Attribution, name: str, files: dict[str, str]) -> frozenset[str]:
-    for scenario in at.scenarios:
-        if scenario.name == name:
-            return scenario.groups
-    assert name in files  # a profile passed through has a file too
-    return frozenset(at.order[int(i)] for i in name.removeprefix("via-").split("-") if i)
-
-
 def test_scenario_profiles_hold_exactly_their_groups_settings(schemas: dict[str, Schema],
                                                              tmp_path: Path) -> None:  # fmt: skip
     at = attribution(schemas, "cpu-partitioning", control=True)
-    files = at.files()
+    files = {s.name: at.text(s.groups) for s in at.scenarios}
     for name, text in files.items():
         (tmp_path / f"{name}.toml").write_text(text)
     full = load(schemas, "cpu-partitioning")
