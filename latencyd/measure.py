@@ -188,10 +188,8 @@ class Processes:
         for proc in reversed(self.running):
             self.end(proc)
         self.running.clear()
-        for pgid in self.detached:  # its group holds all it started
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        self.detached.clear()
+        for pgid in list(self.detached):  # its group holds all it started; gone on return
+            self.end_group(pgid)
 
 
 # -- the network: two namespaces and a veth pair, made for this run --------------------------
