@@ -26,6 +26,7 @@ import re
 import time
 from collections.abc import Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
 from latencyd.cpuset import CpuSet, CpuSetError
@@ -128,6 +129,15 @@ class KthreadRules:
     allow: tuple[str, ...]
     scanned_at: float  # monotonic time of the expansion: the next rescan is due from here
 
+    # Split once per expansion, not per task: a rescan looks at every one of 50,000 tasks.
+    @cached_property
+    def kthread_rules(self) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if not r.user)
+
+    @cached_property
+    def user_rules(self) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if r.user)
+
 
 def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(
@@ -228,7 +238,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     def kthread_settings(rules: KthreadRules, task: Task) -> Settings:
         if not task.is_kthread or task.pid == 2:
             return {}
-        rule = next((r for r in rules.rules if not r.user and r.pattern.search(task.comm)), None)
+        rule = next((r for r in rules.kthread_rules if r.pattern.search(task.comm)), None)
         if rule is None:
             return {}
         settings: Settings = {ThreadAffinity(task.pid, task.start_time): rule.cpus.to_list()}
@@ -244,7 +254,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     def user_rule(rules: KthreadRules, task: Task) -> Rule | None:
         if task.is_kthread:
             return None
-        return next((r for r in rules.rules if r.user and r.pattern.search(task.comm)), None)
+        return next((r for r in rules.user_rules if r.pattern.search(task.comm)), None)
 
     @staticmethod
     def user_rule_settings(rule: Rule, task: Task, tids: list[int]) -> Settings:
@@ -326,15 +336,16 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         for task in self.system.tasks():
             if task.is_kthread:
                 settings.update(self.kthread_settings(rules, task))
-            elif (rule := self.user_rule(rules, task)) is not None:
+            elif (rule := self.user_rule(rules, task)) is not None or (
+                rules.isolate_tasks and not self.left_alone(rules, task)
+            ):
                 tids = self.thread_ids(task.pid)
                 while chunk := list(itertools.islice(tids, THREAD_CHUNK)):
-                    settings.update(self.user_rule_settings(rule, task, chunk))
-                    yield
-            elif rules.isolate_tasks and not self.left_alone(rules, task):
-                tids = self.thread_ids(task.pid)
-                while chunk := list(itertools.islice(tids, THREAD_CHUNK)):
-                    settings.update(self.user_task_settings(rules, task, chunk, owned, current))
+                    settings.update(
+                        self.user_rule_settings(rule, task, chunk)
+                        if rule is not None
+                        else self.user_task_settings(rules, task, chunk, owned, current)
+                    )
                     yield
             yield
         return Expansion(settings, rules, current=current)
@@ -366,7 +377,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 self.young_kthreads.discard(event.tid)
                 task = self.system.task(event.tid)
                 return self.kthread_settings(rules, task) if task is not None else {}
-            if rules.isolate_tasks or any(r.user for r in rules.rules):
+            if rules.isolate_tasks or rules.user_rules:
                 task = self.system.task(event.pid)
                 if task is None or task.is_kthread:
                     return {}
