@@ -32,6 +32,7 @@ import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from latencyd.errors import LatencydError
@@ -112,21 +113,24 @@ def settings_of(
                 out.append(Setting(section, option))
                 continue
             entries = value if isinstance(value, list) else [value]
-            keys = dict.fromkeys(k for e in entries for k in e if _grouped(schema, option, k))
+            keys = dict.fromkeys(
+                k for e in entries for k in e if _group_named(schema, f"{option}.{k}") is not None
+            )
             out += [Setting(section, option, k) for k in keys]
     return out
 
 
-def _grouped(schema: Schema, table: str, key: str) -> bool:
-    return any(fnmatch.fnmatchcase(f"{table}.{key}", p) for _, pats in schema.groups for p in pats)
+def _group_named(schema: Schema, local: str) -> str | None:
+    """The schema's group whose patterns name `local` (OPTION or TABLE.KEY), if any."""
+    for name, patterns in schema.groups:
+        if any(fnmatch.fnmatchcase(local, p) for p in patterns):
+            return name
+    return None
 
 
 def _declared_group(schema: Schema, setting: Setting) -> str:
-    local = setting.option + (f".{setting.key}" if setting.key else "")
-    for name, patterns in schema.groups:
-        if any(fnmatch.fnmatchcase(local, p) for p in patterns):
-            return f"{setting.section}.{name}"
-    return setting.section
+    name = _group_named(schema, setting.option + (f".{setting.key}" if setting.key else ""))
+    return setting.section if name is None else f"{setting.section}.{name}"
 
 
 def parse_group_spec(spec: str) -> tuple[str, list[str]]:
@@ -300,7 +304,7 @@ class Attribution:
     def order(self) -> list[str]:
         return [g.name for g in self.groups]
 
-    @property
+    @cached_property  # looked up on every step of every walk between scenarios
     def scenarios(self) -> list[Scenario]:
         return scenarios(self.profile, [g for g in self.groups if g.name != CONTROL],
                          self.control is not None)  # fmt: skip
