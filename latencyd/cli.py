@@ -419,19 +419,13 @@ def _attribution_plan(
 ) -> Any:
     """P's settings in groups (--group first), the control group where asked for."""
     from latencyd import attribute, measure
-    from latencyd.config import CONFIG_FILE, load_config, search_path
-    from latencyd.engine import section_schemas
     from latencyd.errors import LatencydError
-    from latencyd.plugin import load_plugins
-    from latencyd.profile import ProfileLibrary
-    from latencyd.system import System
+    from latencyd.explain import library
 
-    system = System("/")
-    schemas = section_schemas(load_plugins(system))
-    library = ProfileLibrary(search_path(profile_dirs, load_config(CONFIG_FILE)), schemas,
-                             system.machine())  # fmt: skip
+    profiles = library(profile_dirs)
+    schemas = profiles.schemas
     try:
-        profile = library.load(profile_name)
+        profile = profiles.load(profile_name)
         groups = attribute.groups_of(profile.written, schemas, specs)
     except LatencydError as exc:
         raise CliError(USAGE, str(exc)) from exc

@@ -25,15 +25,19 @@ def plain(value: Any) -> Any:
     return value
 
 
-def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dict[str, Any]:
+def library(profile_dirs: list[Path], root: str = "/") -> ProfileLibrary:
+    """Profiles as the CLI reads them without the daemon: the config's search path, this
+    machine's plugins (explain, measure --attribute)."""
     system = System(root)
-    plugins = load_plugins(system)
-    library = ProfileLibrary(
+    return ProfileLibrary(
         search_path(profile_dirs, load_config(CONFIG_FILE)),
-        section_schemas(plugins),
+        section_schemas(load_plugins(system)),
         system.machine(),
     )
-    profile = library.load(name_or_path)
+
+
+def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dict[str, Any]:
+    profile = library(profile_dirs, root).load(name_or_path)
     sections = {
         section: [
             {
