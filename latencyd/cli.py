@@ -633,7 +633,7 @@ def _attribute_recommendation(
     from latencyd import measure
 
     tools = ["sockperf", "cyclictest"]  # as measure --attribute's (oslat: see cmd_measure)
-    with tempfile.TemporaryDirectory(prefix="latencyd-recommend-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"latencyd-recommend-{os.getpid()}-") as tmp:
         Path(tmp).chmod(0o755)  # the daemon reads it; root's, not writable by others
         proposal = Path(tmp) / "recommended.toml"
         proposal.write_text(profile_text)

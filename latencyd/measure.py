@@ -237,13 +237,14 @@ def remove_what_dead_runs_left(netns: Path = Path("/run/netns")) -> list[str]:
     """A run killed outright (SIGKILL) cannot remove its namespaces or temporary
     directories, so each run removes those of runs whose process is gone. Their names
     carry the run's PID (ltdm-PID-s, latencyd-measure-PID-*, latencyd-tuned-PID-*,
-    latencyd-attribute-PID-*); a live run's are left alone."""
+    latencyd-attribute-PID-*, latencyd-recommend-PID-*); a live run's are left alone."""
     names = [ns.name for ns in netns.glob("ltdm-*-[sc]")] if netns.is_dir() else []
     tmp = Path(tempfile.gettempdir())
     dirs = [
         *tmp.glob("latencyd-measure-*-*"),
         *tmp.glob("latencyd-tuned-*-*"),
         *tmp.glob("latencyd-attribute-*-*"),
+        *tmp.glob("latencyd-recommend-*-*"),
     ]
     removed = []
     for name, path in [(n, None) for n in names] + [(d.name, d) for d in dirs]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,11 +37,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session", autouse=True)
 def machine_left_as_found() -> Iterator[None]:
-    """Fails the run if any IRQ mask, sysctl, cpuidle setting, QoS holder... differs at the end."""
+    """Fails the run if any IRQ mask, sysctl, cpuidle setting, QoS holder... differs at the end.
+    What earlier runs killed outright left (their daemons' settings, measure's namespaces and
+    files) is put back first, said so, and not counted against this run."""
+    if IS_ROOT:
+        put_back_what_killed_runs_left()
     before = snapshot()
     yield
     diffs = differences(before, snapshot())
     assert not diffs, "the test suite changed the machine:\n" + "\n".join(diffs)
+
+
+def put_back_what_killed_runs_left() -> None:
+    from latencyd.measure import remove_what_dead_runs_left
+    from scripts.private_bus import PrivateBus
+    from tests.harness import POLICY, STARTED_DAEMONS, recover_killed_runs
+
+    if STARTED_DAEMONS.is_dir() and any(STARTED_DAEMONS.iterdir()):
+        with PrivateBus(POLICY) as bus:
+            for state in recover_killed_runs(bus.address):
+                warnings.warn(f"restored what a killed run's daemon left applied ({state})",
+                              stacklevel=1)  # fmt: skip
+    for name in remove_what_dead_runs_left():
+        warnings.warn(f"removed what a killed measure run left: {name}", stacklevel=1)
 
 
 @pytest.fixture

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 POLICY = REPO / "systemd" / "org.latencyd.Daemon1.conf"
 BUS_NAME = "org.latencyd.Daemon1"
+# Each daemon started on the real machine is recorded here (PID of the run that started
+# it, its argv): a run killed outright cannot restore what its daemons hold, so the next
+# run does, from their journals, before it takes its snapshot of the machine.
+STARTED_DAEMONS = Path(tempfile.gettempdir()) / "latencyd-test-daemons"
 
 
 IDLE_THREADS = """
@@ -78,6 +84,7 @@ class Latencyd:
         self.launcher = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "latencyd.log"
+        self.record = STARTED_DAEMONS / f"{os.getpid()}-{id(self)}.json"
 
     @property
     def env(self) -> dict[str, str]:
@@ -105,6 +112,9 @@ class Latencyd:
         if self.launcher is not None:  # e.g. as systemd would, passing stored fds
             argv, fds, extra = self.launcher(argv)
             env = env | extra
+        if "--root" not in argv:  # a fake /proc+/sys is nothing to restore
+            STARTED_DAEMONS.mkdir(exist_ok=True)
+            self.record.write_text(json.dumps(self.argv()))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, pass_fds=fds)
         deadline = time.monotonic() + timeout
@@ -148,7 +158,10 @@ class Latencyd:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        if not (self.state_dir / "journal.jsonl").exists():
+            self.record.unlink(missing_ok=True)  # nothing left for a later run to restore
+        return code
 
     def recover(self) -> None:
         """If a killed daemon left a journal, restore it: start on the same state dir
@@ -164,6 +177,33 @@ class Latencyd:
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def recover_killed_runs(bus_address: str) -> list[str]:
+    """Restore what the daemons of runs that are gone (killed before their clean-up) left
+    applied: each is started again on its state dir with no profile, which restores the
+    journal it adopts, and stopped. Returns the state dirs recovered."""
+    recovered = []
+    for record in sorted(STARTED_DAEMONS.glob("*.json")) if STARTED_DAEMONS.is_dir() else []:
+        if Path(f"/proc/{record.name.split('-')[0]}").exists():
+            continue  # a live run's
+        argv: list[str] = json.loads(record.read_text())
+        state = Path(argv[argv.index("--state-dir") + 1])
+        if (state / "journal.jsonl").exists():
+            argv = [a for i, a in enumerate(argv) if "--profile" not in (a, argv[i - 1])]
+            env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=bus_address)
+            quiet = subprocess.DEVNULL
+            proc = subprocess.Popen([*argv, "--no-profile"], env=env, stdout=quiet, stderr=quiet)
+            deadline = time.monotonic() + 15
+            while not name_has_owner(bus_address) and proc.poll() is None:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(15)
+            recovered.append(str(state))
+        record.unlink()
+    return recovered
 
 
 def sysctl(key: str) -> str:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from latencyd.journal import Journal
-from tests.harness import Latencyd, sysctl, unlike_machine, wait_for
+from tests.harness import (
+    STARTED_DAEMONS,
+    Latencyd,
+    recover_killed_runs,
+    sysctl,
+    unlike_machine,
+    wait_for,
+)
 from tests.nobody import PERMISSIVE_POLICY, cli_as_nobody
 
 DIRTY_PAIR = ("vm.dirty_ratio", "vm.dirty_bytes")
@@ -319,3 +327,21 @@ def test_profile_changed_signal(start_daemon: Callable[..., Latencyd]) -> None:
         monitor.terminate()
         out = monitor.communicate(timeout=5)[0]
     assert "member=ProfileChanged" in out and 'string "test-b"' in out
+
+
+def test_the_next_run_restores_what_a_killed_runs_daemon_left(
+    start_daemon: Callable[..., Latencyd], private_bus: str, kernel_guard: None
+) -> None:
+    """A test run killed outright (CI timeout, kill -9) cannot stop its daemons; the next
+    run restores their journals before it takes its snapshot of the machine."""
+    before = {k: sysctl(k) for k in TEST_A_KEYS}
+    d = start_daemon("test-a")
+    d.kill9()
+    assert sysctl("vm.swappiness") == "11"
+    dead = subprocess.Popen(["true"])  # its PID stands for the run that was killed
+    dead.wait()
+    killed_runs_record = STARTED_DAEMONS / f"{dead.pid}-{id(d)}.json"
+    d.record.rename(killed_runs_record)
+    assert recover_killed_runs(private_bus) == [str(d.state_dir)]
+    assert {k: sysctl(k) for k in before} == before
+    assert not killed_runs_record.exists() and not (d.state_dir / "journal.jsonl").exists()
