@@ -360,9 +360,12 @@ def cmd_measure(args: argparse.Namespace) -> int:
         # Unpinned, as the machine's other work is: a load the tool pinned to housekeeping
         # is a shield already (measured on a haltpoll guest: untuned sockperf p99 91 µs
         # beside a pinned stress-ng, ~2 ms beside this one), and shows the shield buying
-        # nothing.
-        load = ["stress-ng", "--cpu", str(len(online)), "--io", "1", "--vm", "1",
-                "--vm-bytes", "128M"]  # fmt: skip
+        # nothing. CPU hogs only: stress-ng's --io/--vm workers spend long stretches in
+        # the kernel, which does not preempt them (PREEMPT_NONE), on the housekeeping CPU
+        # where the shield puts them and where measure's own client runs; on a haltpoll
+        # guest they made four rounds of cpu-partitioning read sockperf p99 46-2,000 µs
+        # (untuned 76-90), where CPU hogs alone read 18-58 µs (untuned 1,054-1,348).
+        load = ["stress-ng", "--cpu", str(len(online))]
     elif args.load_cmd:
         load = ["sh", "-c", args.load_cmd]
     # Attribution defaults: 3 rounds (the verdicts' spread needs them, its many scenarios
@@ -912,7 +915,7 @@ def parser() -> argparse.ArgumentParser:
     load.add_argument(
         "--load",
         action="store_true",
-        help="stress-ng, a CPU hog per CPU plus I/O and memory, unpinned (as from a shell)",
+        help="stress-ng, a CPU hog per CPU, unpinned (as from a shell)",
     )
     load.add_argument("--load-cmd", metavar="CMD", help="run CMD (sh -c) as the load")
     m.add_argument(
