@@ -13,12 +13,17 @@ time, so every switch it makes changes one group's settings only. The scenarios 
 in rounds (measure's rounds), so drift of the machine hits all of them alike.
 
 Effects are ratios "with G / without G" of each tool's percentile: below 1, G lowers the
-latency. THE VERDICT RULE: an effect counts only when it is larger than the spread between
-rounds of the same scenario (the larger max/min over rounds of the two scenarios compared)
-and than MIN_EFFECT; p50, p99 and p99.9 of every tool vote, in both directions (max is
-shown, a single sample does not vote). A group `helps` when some effect counts as lower
-latency and none as higher, `hurts` in the opposite case, `mixed` when both count, and has
-`no measurable effect` when none counts.
+latency. THE VERDICT RULE (RULE below, printed with every table): an effect counts only
+when it is larger than the spread between rounds of the same scenario, pooled over all of
+the run's scenarios (the standard deviation of log(percentile) within a scenario: 24
+scenarios of 3 rounds give it 48 degrees of freedom, where the two compared scenarios alone
+give 4 and one outlying round silences or invents an effect), by a margin that keeps a
+group's false alarms at 5 % over all its votes (Bonferroni), beyond MIN_EFFECT, and with
+every round's own ratio on the same side of 1. p50, p99 and p99.9 of every tool vote, in
+both directions (max is shown; a single sample does not vote). The tails come first: a
+group `hurts` when a p99 or p99.9 counts as higher (or only higher counts), `helps` when
+something counts as lower and no tail as higher, and has `no measurable effect` when
+nothing counts.
 
 Pure functions over profiles and results: the measuring is measure.run's.
 """
@@ -33,6 +38,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from statistics import NormalDist
 from typing import Any
 
 from latencyd.errors import LatencydError
@@ -41,17 +47,19 @@ from latencyd.tomlwrite import toml_line, toml_section
 
 RULE = (
     "ratio = latency with the group / without it (below 1: the group lowers latency). An "
-    "effect counts only when the ratio is beyond the spread between rounds of the same "
-    "scenario (the larger max/min over rounds of the two compared) and beyond 5 %, and "
-    "every round's own ratio lies on the same side of 1; p50, p99 and p99.9 of every tool "
-    "count, leave-one-out and add-one-in alike (max is shown, not counted). hurts: a p99 "
-    "or p99.9 counts as higher (the tails come first), or only higher counts; helps: "
-    "something counts as lower and no tail as higher; no measurable effect: nothing counts."
+    "effect counts only when the mean of its rounds' log ratios is beyond z standard errors "
+    "of the round-to-round spread (pooled over every scenario of the run; z for 5 % false "
+    "alarms over all of a group's votes), beyond 5 %, and every round's own ratio lies on the "
+    "same side of 1; p50, p99 and p99.9 of every tool count, leave-one-out and add-one-in "
+    "alike (max is shown, not counted). hurts: a p99 or p99.9 counts as higher (the tails "
+    "come first), or only higher counts; helps: something counts as lower and no tail as "
+    "higher; no measurable effect: nothing counts."
 )
 VOTING = ("p50", "p99", "p99.9")
 TAILS = ("p99", "p99.9")
 SHOWN = (*VOTING, "max")
 MIN_EFFECT = 0.05  # effects within 5 % never count, however steady the rounds
+FALSE_ALARMS = 0.05  # per group, over all its votes
 COSTLY_BUSY_PCT = 0.5  # idle busy share a group adds that recommend calls a cost
 DIRECTIONS = ("leave_one_out", "add_one_in")
 CONTROL = "control"
@@ -394,8 +402,27 @@ def seconds_for(
 @dataclass(frozen=True)
 class Effect:
     ratio: float  # pooled percentile, with the group over without it
-    spread: float  # the larger max/min over rounds of the two scenarios (1.0: steady)
+    spread: float  # round-to-round spread of the percentile, pooled (a factor: e^sd)
+    bar: float  # the factor the ratio must exceed (either way) to count
     counts: str | None  # "lower" / "higher" latency when the effect counts, else None
+
+
+def noise(per_round: Mapping[str, Sequence[Mapping[str, float]]], pct: str) -> float:
+    """The standard deviation of log(pct) between rounds of the same scenario, pooled over
+    every scenario with two rounds or more (nan with none)."""
+    squares, freedom = 0.0, 0
+    for rounds in per_round.values():
+        logs = [math.log(r[pct]) for r in rounds if _usable(r[pct])]
+        if len(logs) >= 2:
+            mean = sum(logs) / len(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            freedom += len(logs) - 1
+    return math.sqrt(squares / freedom) if freedom else math.nan
+
+
+def margin(votes: int, alarms: float = FALSE_ALARMS) -> float:
+    """z for a two-sided test at `alarms` shared by `votes` tests (Bonferroni)."""
+    return NormalDist().inv_cdf(1 - alarms / (2 * max(1, votes)))
 
 
 def effect(
@@ -403,30 +430,30 @@ def effect(
     without: float,
     rounds_with: Sequence[float],
     rounds_without: Sequence[float],
+    sd: float,
+    z: float,
     votes: bool = True,
 ) -> Effect:
-    ratio = (
-        with_ / without if without and math.isfinite(without) and math.isfinite(with_) else math.nan
-    )
-    spread = max(_spread(rounds_with), _spread(rounds_without))
+    """One comparison: `sd` is the run's pooled noise of this percentile, `z` the margin."""
+    ratio = with_ / without if _usable(with_) and _usable(without) else math.nan
     # Rounds alternate the scenarios, so round k of each saw the same machine.
-    per_round = [w / wo for w, wo in zip(rounds_with, rounds_without, strict=False)
-                 if wo and math.isfinite(w) and math.isfinite(wo)]  # fmt: skip
+    logs = [math.log(w / wo) for w, wo in zip(rounds_with, rounds_without, strict=False)
+            if _usable(w) and _usable(wo)]  # fmt: skip
+    bar = math.nan
+    if logs and math.isfinite(sd):
+        bar = max(math.exp(z * sd * math.sqrt(2 / len(logs))), 1 + MIN_EFFECT)
     counts = None
-    if votes and math.isfinite(ratio) and math.isfinite(spread):
-        bar = max(spread, 1 + MIN_EFFECT)
-        if ratio > bar and all(r > 1 for r in per_round):
+    if votes and logs and math.isfinite(bar):
+        mean = sum(logs) / len(logs)
+        if mean > math.log(bar) and all(x > 0 for x in logs):
             counts = "higher"
-        elif ratio * bar < 1 and all(r < 1 for r in per_round):
+        elif mean < -math.log(bar) and all(x < 0 for x in logs):
             counts = "lower"
-    return Effect(ratio, spread, counts)
+    return Effect(ratio, math.exp(sd) if math.isfinite(sd) else math.nan, bar, counts)
 
 
-def _spread(values: Sequence[float]) -> float:
-    finite = [v for v in values if math.isfinite(v) and v > 0]
-    if len(finite) < 2:
-        return math.nan if not finite else 1.0
-    return max(finite) / min(finite)
+def _usable(value: float) -> bool:
+    return math.isfinite(value) and value > 0
 
 
 def verdict(effects: Iterable[tuple[str, Effect]]) -> str:
@@ -485,6 +512,7 @@ def _effect_json(e: Effect) -> dict[str, Any]:
     return {
         "ratio": None if math.isnan(e.ratio) else round(e.ratio, 4),
         "spread": None if math.isnan(e.spread) else round(e.spread, 4),
+        "bar": None if math.isnan(e.bar) else round(e.bar, 4),
         "counts": e.counts,
     }
 
@@ -498,6 +526,12 @@ def judge(
     out = []
     busy = result.get("idle_busy_pct", {})
     by_name = {g.name: g for g in groups}
+    sd = {
+        (tool, pct): noise(data["per_round"], pct)
+        for tool, data in result["tools"].items()
+        for pct in SHOWN
+    }
+    z = margin(len(result["tools"]) * len(VOTING) * len(DIRECTIONS))
     for name, directions in compare.items():
         effects: dict[str, dict[str, dict[str, Effect]]] = {}
         for tool, data in result["tools"].items():
@@ -513,6 +547,8 @@ def judge(
                         stats[wo][pct],
                         [r[pct] for r in rounds[w]],
                         [r[pct] for r in rounds[wo]],
+                        sd[tool, pct],
+                        z,
                         votes=pct in VOTING,
                     )
                 per_pct[pct] = per_dir
@@ -580,8 +616,8 @@ COLOURS = {"lower": "tab:green", "higher": "tab:red", None: "tab:gray"}
 
 
 def plot(results: Sequence[GroupResult], tools: Sequence[str], machine: str, path: str) -> None:
-    """One bar per group: its p99 ratio (log scale) per tool and direction, the round-to-
-    round spread as the error bar, green / red where it counts as lower / higher."""
+    """One bar per group: its p99 ratio (log scale) per tool and direction, the margin it
+    must clear as the error bar, green / red where it counts as lower / higher."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless: no display needed
@@ -594,8 +630,8 @@ def plot(results: Sequence[GroupResult], tools: Sequence[str], machine: str, pat
             ax = axes[row][col]
             effects = [r.effects.get(tool, {}).get("p99", {}).get(direction) for r in results]
             ratios = [e.ratio if e and math.isfinite(e.ratio) else 1.0 for e in effects]
-            spread = [e.spread if e and math.isfinite(e.spread) else 1.0 for e in effects]
-            # The spread is a factor: ratio / spread .. ratio * spread on the log axis.
+            spread = [e.bar if e and math.isfinite(e.bar) else 1.0 for e in effects]
+            # The margin is a factor: ratio / bar .. ratio * bar on the log axis.
             yerr = [[r - r / f for r, f in zip(ratios, spread, strict=True)],
                     [r * f - r for r, f in zip(ratios, spread, strict=True)]]  # fmt: skip
             colours = [COLOURS[e.counts if e else None] for e in effects]

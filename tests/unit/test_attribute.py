@@ -141,23 +141,42 @@ def test_scenario_profiles_hold_exactly_their_groups_settings(schemas: dict[str,
     assert set(tomllib.loads(files["untuned"])) == {"main"}
 
 
-def test_the_verdict_counts_only_effects_beyond_the_rounds_spread() -> None:
-    steady = [10.0, 10.2, 9.9]
-    # A halving, far beyond a 3 % spread: counts as lower latency.
-    assert A.effect(5.0, 10.0, [5.0, 5.1, 4.9], steady).counts == "lower"
-    # 30 % higher, but the rounds of one scenario spread 2x: does not count.
-    e = A.effect(13.0, 10.0, [8.0, 16.0, 13.0], steady)
-    assert e.counts is None and e.spread == pytest.approx(2.0)
+def test_the_noise_is_the_spread_between_rounds_pooled_over_scenarios() -> None:
+    per_round = {
+        "a": [{"p99": 10.0}, {"p99": 10.0 * math.e}],  # log values 0 and 1 apart
+        "b": [{"p99": 5.0}, {"p99": 5.0}, {"p99": 5.0}],  # steady: adds freedom, no spread
+        "c": [{"p99": 7.0}],  # one round: no spread to learn from
+        "d": [{"p99": math.nan}, {"p99": 3.0}],
+    }
+    # squares: a 0.5, b 0; degrees of freedom: a 1 + b 2 = 3
+    assert A.noise(per_round, "p99") == pytest.approx(math.sqrt(0.5 / 3))
+    assert math.isnan(A.noise({"c": per_round["c"]}, "p99"))
+    # Bonferroni: one vote at 5 % is 1.96; twelve votes share the 5 %.
+    assert A.margin(1) == pytest.approx(1.96, abs=0.01)
+    assert A.margin(12) == pytest.approx(2.87, abs=0.01)
+
+
+def test_the_verdict_counts_only_effects_beyond_the_runs_noise() -> None:
+    z = A.margin(12)
+    # A halving, where rounds of a scenario differ by ~3 %: counts as lower latency.
+    e = A.effect(5.0, 10.0, [5.0, 5.1, 4.9], [10.0, 10.2, 9.9], sd=0.03, z=z)
+    assert e.counts == "lower" and e.bar == pytest.approx(1.07, abs=0.01)
+    # 30 % higher in every round, but rounds of the same scenario spread ~40 %: no count.
+    e = A.effect(13.0, 10.0, [13.0] * 3, [10.0] * 3, sd=0.35, z=z)
+    assert e.counts is None and e.spread == pytest.approx(math.exp(0.35)) and e.bar > 1.3
+    # ... and the same 30 % on a quiet machine counts.
+    assert A.effect(13.0, 10.0, [13.0] * 3, [10.0] * 3, sd=0.03, z=z).counts == "higher"
     # Within MIN_EFFECT, however steady: does not count.
-    assert A.effect(10.4, 10.0, [10.4] * 3, [10.0] * 3).counts is None
-    assert A.effect(12.0, 10.0, [12.0] * 3, [10.0] * 3).counts == "higher"
-    # max never votes; a missing value is no effect.
-    assert A.effect(1.0, 10.0, [1.0] * 3, [10.0] * 3, votes=False).counts is None
-    assert math.isnan(A.effect(5.0, math.nan, [5.0], [math.nan]).ratio)
-    # Every round must agree: a pooled effect that one round contradicts does not count.
-    assert A.effect(5.0, 10.0, [5.0, 5.1, 10.4], [10.0, 10.1, 10.2]).counts is None
-    lower, higher, none = (A.Effect(0.5, 1.1, "lower"), A.Effect(2, 1.1, "higher"),
-                           A.Effect(1, 1, None))  # fmt: skip
+    assert A.effect(10.4, 10.0, [10.4] * 3, [10.0] * 3, sd=0.0, z=z).counts is None
+    # max never votes; a missing value or no measured noise is no effect.
+    assert A.effect(1.0, 10.0, [1.0] * 3, [10.0] * 3, sd=0.01, z=z, votes=False).counts is None
+    assert math.isnan(A.effect(5.0, math.nan, [5.0], [math.nan], sd=0.01, z=z).ratio)
+    assert A.effect(1.0, 10.0, [1.0], [10.0], sd=math.nan, z=z).counts is None
+    # Every round must agree: a mean effect that one round contradicts does not count.
+    e = A.effect(3.0, 10.0, [1.0, 1.0, 10.4], [10.0, 10.1, 10.2], sd=0.01, z=z)
+    assert e.counts is None
+    lower, higher, none = (A.Effect(0.5, 1.1, 1.2, "lower"), A.Effect(2, 1.1, 1.2, "higher"),
+                           A.Effect(1, 1, 1.2, None))  # fmt: skip
     assert A.verdict([("p50", lower), ("p99", none)]) == "helps"
     assert A.verdict([("p99", higher), ("p50", none)]) == "hurts"
     # The tails come first: a faster median does not excuse a worse p99 ...

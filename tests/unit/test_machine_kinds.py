@@ -362,8 +362,8 @@ def test_recommend_reasons_from_what_it_read(machine_kind: FakeMachine) -> None:
 def test_recommend_with_measure_quotes_the_measured_gain_only(machine_kind: FakeMachine) -> None:
     facts = read_facts(machine_kind.system)
     helped = A.GroupResult("cstate.idle", ["cstate.idle"], "helps", {"sockperf": {
-        "p50": {"leave_one_out": A.Effect(0.12, 1.04, "lower")},
-        "p99": {"leave_one_out": A.Effect(0.98, 1.3, None)}}})  # fmt: skip
+        "p50": {"leave_one_out": A.Effect(0.12, 1.04, 1.1, "lower")},
+        "p99": {"leave_one_out": A.Effect(0.98, 1.3, 1.4, None)}}})  # fmt: skip
     gains = [f"{helped.name}: {A.quote(helped)}"]
     assert gains == ["cstate.idle: sockperf p50 0.12x (leave-one-out)"]  # only what counted
     idle = recommend(facts, measured=gains).reasons[0]
@@ -408,7 +408,7 @@ def test_latencyctl_recommend_quotes_the_gain_only_with_measure(
     settings = [A.Setting("cstate", "idle"), A.Setting("sysctl", "vm.swappiness")]
     groups = [A.Group("cstate.idle", (settings[0],)), A.Group("sysctl", (settings[1],))]
     at = A.Attribution("recommended", written, settings, groups)
-    effect = {"sockperf": {"p50": {"add_one_in": A.Effect(0.2, 1.1, "lower")}}}
+    effect = {"sockperf": {"p50": {"add_one_in": A.Effect(0.2, 1.1, 1.2, "lower")}}}
     judged = [
         A.GroupResult("cstate.idle", ["cstate.idle"], "helps", effect, 0.0),
         A.GroupResult("sysctl", ["sysctl.vm.swappiness"], "no measurable effect", {}, 0.0),
