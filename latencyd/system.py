@@ -7,6 +7,7 @@ Errors become `KernelRefused` with the errno spelled out, never a bare OSError.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -356,6 +357,80 @@ class System:
 
     # -- perf counters -----------------------------------------------------------------
     TRACEFS = ("sys/kernel/tracing", "sys/kernel/debug/tracing")
+
+    # -- a private tracefs instance (the noise watch) ------------------------------------
+    def tracefs(self) -> tuple[str, bool]:
+        """Where tracefs is, mounting it at /sys/kernel/tracing when it is nowhere (as
+        root, at boot it is not): (its path, whether this call mounted it)."""
+        for base in self.TRACEFS:
+            if self.exists(f"{base}/instances"):
+                return base, False
+        import subprocess
+
+        where = self.TRACEFS[0]
+        result = subprocess.run(["mount", "-t", "tracefs", "nodev", self.fspath(where)],
+                                capture_output=True, text=True, check=False)  # fmt: skip
+        if result.returncode != 0 or not self.exists(f"{where}/instances"):
+            raise KernelRefused("mounting tracefs", result.stderr.strip() or "no instances dir")
+        return where, True
+
+    def unmount(self, rel: str) -> None:
+        import subprocess
+
+        subprocess.run(["umount", self.fspath(rel)], capture_output=True, check=False)
+
+    def open_trace_instance(
+        self, base: str, name: str, cpus: CpuSet, events: Iterable[tuple[str, str]],
+        buffer_kb: int,
+    ) -> dict[int, int]:  # fmt: skip
+        """A private instance (its own buffers, nothing global touched) tracing `events`
+        on `cpus` only: cpu -> non-blocking fd of its trace_pipe_raw."""
+        inst = f"{base}/instances/{name}"
+        try:
+            os.mkdir(self.fspath(inst))
+        except FileExistsError:
+            pass  # left by a killed daemon: reused, as configured below
+        except OSError as exc:
+            raise KernelRefused(f"creating /{inst}", describe_oserror(exc)) from exc
+        self.write(f"{inst}/tracing_on", "0")
+        self.write(f"{inst}/buffer_size_kb", str(buffer_kb))
+        self.write(f"{inst}/trace_clock", "mono")  # timestamps comparable to CLOCK_MONOTONIC
+        self.write(f"{inst}/tracing_cpumask", cpus.to_mask())
+        for system, event in events:
+            self.write(f"{inst}/events/{system}/{event}/enable", "1")
+        fds = {}
+        for cpu in cpus:
+            path = self.fspath(f"{inst}/per_cpu/cpu{cpu}/trace_pipe_raw")
+            fds[cpu] = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.write(f"{inst}/tracing_on", "1")
+        return fds
+
+    @staticmethod
+    def read_trace_pages(fd: int, page_size: int = 4096) -> list[bytes]:
+        """The pages the kernel has for this CPU now (each read hands out one)."""
+        pages = []
+        while True:
+            try:
+                chunk = os.read(fd, page_size)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            pages.append(chunk)
+        return pages
+
+    def close_trace_instance(self, base: str, name: str, fds: Iterable[int]) -> None:
+        for fd in fds:
+            os.close(fd)
+        inst = f"{base}/instances/{name}"
+        with contextlib.suppress(OSError):
+            self.write(f"{inst}/tracing_on", "0")
+        try:
+            os.rmdir(self.fspath(inst))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise KernelRefused(f"removing /{inst}", describe_oserror(exc)) from exc
 
     def tracepoint_id(self, category: str, name: str) -> int | None:
         """The tracepoint's id, or None when tracefs is not mounted (or it does not exist)."""

@@ -114,7 +114,12 @@ def snapshot() -> dict[str, object]:
                 files[str(conf)] = _read(conf)
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    mounts = [line for line in _read(Path("/proc/mounts")).splitlines() if "latencyd" in line]
+    mounts = [line for line in _read(Path("/proc/mounts")).splitlines()
+              if "latencyd" in line or line.startswith("tracefs ")]  # fmt: skip
+    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        instances = Path(base, "instances")
+        if instances.is_dir():
+            mounts += [f"trace instance {base}/{d.name}" for d in sorted(instances.iterdir())]
     return {
         "files": files,
         "pm_qos_holders": pm_qos_holders(),

@@ -1,0 +1,109 @@
+"""The noise watch on the real kernel: a private tracefs instance on the last CPU finds
+injected noise by name (a task started with taskset, an IRQ steered there and made to
+fire), and a quiet CPU shows only what the kernel must do."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from latencyd.cpuset import CpuSet
+from latencyd.noisewatch import INSTANCE, NoiseInterval, NoiseWatch
+from latencyd.system import System
+
+pytestmark = pytest.mark.usefixtures("kernel_guard")
+
+SYSTEM = System("/")
+CPU = max(SYSTEM.online_cpus())
+
+
+@pytest.fixture
+def watch() -> Iterator[NoiseWatch]:
+    w = NoiseWatch(SYSTEM, CpuSet({CPU}))
+    w.start()
+    instance = Path("/", w.base, "instances", INSTANCE)
+    try:
+        assert instance.is_dir()
+        yield w
+    finally:
+        w.stop()
+    assert not instance.exists()  # its private instance is gone (and tracefs, if it mounted it)
+
+
+def sources(interval: NoiseInterval) -> dict[str, tuple[int, float]]:
+    """source -> (count, total ms) on the watched CPU, printed for the record."""
+    out = {s: (t.count, t.total_ns / 1e6) for s, t in interval.cpus[CPU].items()}
+    print(f"CPU {CPU}, {interval.end - interval.start:.2f} s, {interval.events} events:")
+    for s, (n, ms) in sorted(out.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {s}: {n} times, {ms:.3f} ms")
+    return out
+
+
+def test_a_task_started_with_taskset_is_named_with_its_pid_and_comm(watch: NoiseWatch) -> None:
+    watch.poll()
+    loop = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"
+    hog = subprocess.Popen(["taskset", "-c", str(CPU), "sh", "-c", loop])  # taskset execs sh
+    hog.wait(30)
+    seen = sources(watch.poll())
+    mine = {s: v for s, v in seen.items() if s == f"task {hog.pid} sh"}
+    assert mine, f"task {hog.pid} sh not among {sorted(seen)}"
+    ((count, ms),) = mine.values()
+    assert count >= 1 and ms > 10  # it ran there for a while
+
+
+def _irq_of(name: str) -> int | None:
+    for line in Path("/proc/interrupts").read_text().splitlines():
+        if line.rstrip().endswith(name):
+            return int(line.split(":")[0])
+    return None
+
+
+def test_an_irq_steered_onto_the_cpu_and_fired_is_named(watch: NoiseWatch) -> None:
+    """virtio-rng's request queue IRQ, fired by reads of /dev/hwrng."""
+    rng = Path("/sys/class/misc/hw_random/rng_current")
+    if not rng.exists() or not rng.read_text().startswith("virtio_rng"):
+        pytest.skip("no virtio-rng here to drive an IRQ with")
+    irq = next((n for n in range(256) if _irq_of(f"virtio{n}-input") is not None and
+                Path(f"/sys/bus/virtio/devices/virtio{n}/driver").resolve().name == "virtio_rng"),
+               None)  # fmt: skip
+    if irq is None:
+        pytest.skip("virtio-rng's IRQ not found in /proc/interrupts")
+    number = _irq_of(f"virtio{irq}-input")
+    assert number is not None
+    affinity = Path(f"/proc/irq/{number}/smp_affinity_list")
+    before = affinity.read_text().strip()
+    try:
+        affinity.write_text(str(CPU))
+        watch.poll()
+        with open("/dev/hwrng", "rb") as hw:
+            for _ in range(20):
+                hw.read(64)
+        seen = sources(watch.poll())
+    finally:
+        affinity.write_text(before)
+    named = [s for s in seen if re.fullmatch(rf"irq {number} virtio{irq}-input", s)]
+    assert named, f"IRQ {number} not among {sorted(seen)}"
+    assert seen[named[0]][0] >= 1
+
+
+def test_the_watch_itself_is_not_among_what_it_sees(watch: NoiseWatch) -> None:
+    """Its reader runs elsewhere (here: this process, kept off the watched CPU); reading a
+    CPU's buffer does not run anything on that CPU."""
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, own - {CPU} or own)
+    try:
+        watch.poll()
+        for _ in range(10):
+            time.sleep(0.1)
+            watch.poll()
+        time.sleep(0.5)
+        seen = sources(watch.poll())
+    finally:
+        os.sched_setaffinity(0, own)
+    assert not [s for s in seen if s.startswith(f"task {os.getpid()} ")]
