@@ -20,10 +20,10 @@ scenarios of 3 rounds give it 48 degrees of freedom, where the two compared scen
 give 4 and one outlying round silences or invents an effect), by a margin that keeps a
 group's false alarms at 5 % over all its votes (Bonferroni), beyond MIN_EFFECT, and with
 every round's own ratio on the same side of 1. p50, p99 and p99.9 of every tool vote, in
-both directions (max is shown; a single sample does not vote). The tails come first: a
-group `hurts` when a p99 or p99.9 counts as higher (or only higher counts), `helps` when
-something counts as lower and no tail as higher, and has `no measurable effect` when
-nothing counts.
+both directions (max is shown; a single sample does not vote). The tails and the profile
+come first: a group `hurts` when a p99 or p99.9 counts as higher leaving it out (or only
+higher counts), `helps` when something counts as lower and no tail as higher leaving it
+out, and has `no measurable effect` when nothing counts.
 
 Pure functions over profiles and results: the measuring is measure.run's.
 """
@@ -51,9 +51,11 @@ RULE = (
     "of the round-to-round spread (pooled over every scenario of the run; z for 5 % false "
     "alarms over all of a group's votes), beyond 5 %, and every round's own ratio lies on the "
     "same side of 1; p50, p99 and p99.9 of every tool count, leave-one-out and add-one-in "
-    "alike (max is shown, not counted). hurts: a p99 or p99.9 counts as higher (the tails "
-    "come first), or only higher counts; helps: something counts as lower and no tail as "
-    "higher; no measurable effect: nothing counts."
+    "alike (max is shown, not counted). hurts: a p99 or p99.9 counts as higher leaving the "
+    "group out (the tails and the profile come first), or only higher counts; helps: "
+    "something counts as lower and no tail as higher leaving it out (a tail higher with the "
+    "group alone is shown, not harm: the rest of the profile makes up for it); no "
+    "measurable effect: nothing counts."
 )
 VOTING = ("p50", "p99", "p99.9")
 TAILS = ("p99", "p99.9")
@@ -456,16 +458,20 @@ def _usable(value: float) -> bool:
     return math.isfinite(value) and value > 0
 
 
-def verdict(effects: Iterable[tuple[str, Effect]]) -> str:
-    """From (percentile, effect) pairs: the tails first, as latency work protects them."""
-    counted = [(pct, e.counts) for pct, e in effects if e.counts]
-    if any(c == "higher" and pct in TAILS for pct, c in counted):
+def verdict(effects: Iterable[tuple[str, str, Effect]]) -> str:
+    """From (direction, percentile, effect): the tails first, as latency work protects
+    them, and the profile first: a tail worse with the group in the profile (leave-one-
+    out) is harm; a tail worse with the group alone, where something else counts as
+    lower, is the rest of the profile making up for it (task isolation empties a CPU, and
+    without the profile's idle-wait setting an empty CPU wakes late), not harm."""
+    counted = [(d, pct, e.counts) for d, pct, e in effects if e.counts]
+    tail_up = {d for d, pct, c in counted if c == "higher" and pct in TAILS}
+    lower = any(c == "lower" for _, _, c in counted)
+    if "leave_one_out" in tail_up or (tail_up and not lower):
         return "hurts"
-    if any(c == "lower" for _, c in counted):
+    if lower:
         return "helps"
-    if counted:
-        return "hurts"
-    return "no measurable effect"
+    return "hurts" if counted else "no measurable effect"
 
 
 def not_applicable(status: Mapping[str, Any], group: Group) -> str | None:
@@ -561,7 +567,10 @@ def judge(
                 name,
                 [s.id for s in group.settings] if group else [],
                 verdict(
-                    (pct, e) for p in effects.values() for pct, d in p.items() for e in d.values()
+                    (direction, pct, e)
+                    for by_pct in effects.values()
+                    for pct, by_dir in by_pct.items()
+                    for direction, e in by_dir.items()
                 ),
                 effects,
                 cost,

@@ -434,7 +434,8 @@ def _attribution_plan(
         raise CliError(USAGE, str(exc)) from exc
     hog = None
     if control:  # the hog measure starts on housekeeping, moved onto the measured CPUs
-        rule = {"match": f"^{measure.CONTROL_HOG}$", "cpus": app.to_list(), "user": True}
+        rule = {"match": f"^{measure.CONTROL_HOG}$", "cpus": app.to_list(), "user": True,
+                "policy": "fifo", "priority": 1}  # fmt: skip
         hog = {"kthread": {"rule": [rule]}}
         groups.append(attribute.Group(attribute.CONTROL, ()))
     settings = attribute.settings_of(profile.written, schemas)
@@ -942,8 +943,9 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--control",
         action="store_true",
-        help="with --attribute: add a group known to hurt (a CPU hog moved onto the measured "
-        "CPUs by a [[kthread.rule]]), to see the measurement catch harm",
+        help="with --attribute: add a group known to hurt (a real-time task busy half of every "
+        "millisecond, moved onto the measured CPUs by a [[kthread.rule]]), to see the "
+        "measurement catch harm",
     )
     m.add_argument(
         "--budget",

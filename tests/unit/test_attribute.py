@@ -177,14 +177,17 @@ def test_the_verdict_counts_only_effects_beyond_the_runs_noise() -> None:
     assert e.counts is None
     lower, higher, none = (A.Effect(0.5, 1.1, 1.2, "lower"), A.Effect(2, 1.1, 1.2, "higher"),
                            A.Effect(1, 1, 1.2, None))  # fmt: skip
-    assert A.verdict([("p50", lower), ("p99", none)]) == "helps"
-    assert A.verdict([("p99", higher), ("p50", none)]) == "hurts"
-    # The tails come first: a faster median does not excuse a worse p99 ...
-    assert A.verdict([("p50", lower), ("p99.9", higher)]) == "hurts"
-    # ... but a better tail is worth a slower median.
-    assert A.verdict([("p50", higher), ("p99", lower)]) == "helps"
-    assert A.verdict([("p50", higher)]) == "hurts"
-    assert A.verdict([("p50", none), ("p99", none)]) == "no measurable effect"
+    loo, aoi = "leave_one_out", "add_one_in"
+    assert A.verdict([(loo, "p50", lower), (aoi, "p99", none)]) == "helps"
+    assert A.verdict([(aoi, "p99", higher), (loo, "p50", none)]) == "hurts"
+    # The tails come first: a faster median does not excuse a worse p99 in the profile ...
+    assert A.verdict([(aoi, "p50", lower), (loo, "p99.9", higher)]) == "hurts"
+    # ... but a better tail is worth a slower median,
+    assert A.verdict([(loo, "p50", higher), (loo, "p99", lower)]) == "helps"
+    # and a tail worse only with the group alone is the rest of the profile's to make up.
+    assert A.verdict([(loo, "p99", lower), (aoi, "p99", higher)]) == "helps"
+    assert A.verdict([(loo, "p50", higher)]) == "hurts"
+    assert A.verdict([(loo, "p50", none), (aoi, "p99", none)]) == "no measurable effect"
 
 
 def _result(values: dict[str, list[float]]) -> dict[str, Any]:
