@@ -24,7 +24,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import Generator, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
@@ -294,8 +294,12 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 continue
             if cpus & isolate and not cpus.issubset(isolate):
                 settings[target] = (cpus - isolate).to_list()
-                if given is None and current is not None:
-                    current[target] = cpus.to_list()
+            elif given is None and (parent := self.born_narrowed(target, cpus, owned)):
+                settings[target] = owned[parent]
+            else:
+                continue
+            if given is None and current is not None:
+                current[target] = cpus.to_list()
         return settings
 
     def left_alone(self, rules: KthreadRules, task: Task) -> str | None:
@@ -363,7 +367,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         if not isinstance(rules, KthreadRules):
             return {}
         if event.kind == "fork":
-            if event.ppid != 2:  # user forks inherit their parent's (already right) affinity
+            if event.ppid != 2:  # user forks inherit their parent's affinity (born_narrowed)
                 return {}
             task = self.system.task(event.tid)
             if task is None:
@@ -385,6 +389,53 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                     return self.user_rule_settings(rule, task, [event.tid])
                 return self.user_task_settings(rules, task, [event.tid], owned)
         return {}
+
+    def born_narrowed(
+        self, target: TaskAffinity, cpus: CpuSet | str, owned: Mapping[Target, Value]
+    ) -> TaskAffinity | None:
+        """The narrowed task `target` was forked from, when it carries exactly the CPUs the
+        shield gave that one: a new thread of a narrowed process, or a child of one. Forks
+        are not heard of (the kernel filter drops user forks, so a fork storm costs the
+        daemon nothing): an exec, a rescan or the next switch finds them, and owning them
+        lets `off` give them their parent's original CPUs instead of leaving them (and all
+        a narrowed shell starts) on the housekeeping CPUs for good. A task its user pinned
+        to exactly those CPUs after the switch is taken for such a child: the one case
+        told wrong."""
+        if not owned:
+            return None  # the first switch: nothing narrowed yet
+        wanted = cpus.to_list() if isinstance(cpus, CpuSet) else str(cpus)
+        if target.tid != target.pid:
+            parent = TaskAffinity(target.pid, target.start, target.pid)
+            if parent in owned and str(owned[parent]) == wanted:
+                return parent
+        try:
+            ppid = self._task(target).ppid
+        except NotApplicable:
+            return None
+        start = self._start_of(ppid)
+        if start is None:
+            return None
+        parent = TaskAffinity(ppid, start, ppid)
+        return parent if parent in owned and str(owned[parent]) == wanted else None
+
+    def _start_of(self, pid: int) -> int | None:
+        task = self.identities.get(pid) if self.identities is not None else None
+        task = task or self.system.task(pid)
+        return task.start_time if task is not None else None
+
+    def original(
+        self,
+        target: KthreadTarget,
+        current: Value,
+        owned: Callable[[Target], tuple[Value, Value] | None],
+    ) -> Value:
+        """A task born narrowed (born_narrowed) gets its parent's original back."""
+        if isinstance(target, TaskAffinity):
+            applied = _OwnedView(owned)
+            parent = self.born_narrowed(target, str(current), applied)
+            if parent is not None:
+                return applied.given(parent)
+        return current
 
     def changed(self, rules: Any) -> bool:
         """A periodic rescan: the safety net behind task events."""
@@ -542,3 +593,31 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             ("PID", "TID", "name", "isolated CPUs", "why it is there"),
             tuple(rows),
         )
+
+
+class _OwnedView(Mapping[Target, Value]):
+    """The engine's `owned(target) -> (original, applied)` as a mapping of applied values
+    (what born_narrowed reads), with the originals at hand."""
+
+    def __init__(self, owned: Callable[[Target], tuple[Value, Value] | None]) -> None:
+        self.owned = owned
+
+    def __getitem__(self, target: Target) -> Value:
+        got = self.owned(target)
+        if got is None:
+            raise KeyError(target)
+        return got[1]
+
+    def __contains__(self, target: object) -> bool:
+        return isinstance(target, Target) and self.owned(target) is not None
+
+    def __iter__(self) -> Iterator[Target]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 1  # unknown: never "empty" (born_narrowed's short cut is for real mappings)
+
+    def given(self, target: Target) -> Value:
+        got = self.owned(target)
+        assert got is not None
+        return got[0]

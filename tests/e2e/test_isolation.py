@@ -183,3 +183,39 @@ def wait_for_child(parent: int, comm: str) -> int:
 
     wait_for(child, timeout=5)
     return found[0]
+
+
+SHELL_THAT_FORKS = """
+read go                       # the profile is applied before this shell forks
+sleep 300 & echo $!           # a child, born with the narrowed CPUs
+read done
+"""
+
+
+def test_children_born_narrowed_get_their_parents_cpus_back(
+    start_daemon: Callable[..., Latencyd], profiles: Path, two_cpus: None
+) -> None:
+    """A process the shield narrowed forks after the switch: its child inherits the
+    narrowed CPUs. Off gives the child what the parent gets back, not the housekeeping
+    CPUs for ever (a narrowed shell would otherwise leave every later command there)."""
+    shell = subprocess.Popen(["sh", "-c", SHELL_THAT_FORKS], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert shell.stdin is not None and shell.stdout is not None
+    try:
+        before = os.sched_getaffinity(shell.pid)
+        assert 1 in before and len(before) > 1
+        (profiles / "shield.toml").write_text(PROFILE)
+        d = start_daemon("shield")
+        assert os.sched_getaffinity(shell.pid) == before - {1}
+        shell.stdin.write("go\n")
+        shell.stdin.flush()
+        child = int(shell.stdout.readline())
+        assert os.sched_getaffinity(child) == before - {1}  # born narrowed
+        wait_for(lambda: f"pid {child}" in json.dumps(_status(d)["plugins"]["kthread"]), 5)
+        d.stop()
+        assert os.sched_getaffinity(shell.pid) == before
+        assert os.sched_getaffinity(child) == before  # given back with its parent's
+    finally:
+        subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
+        shell.kill()
+        shell.wait()

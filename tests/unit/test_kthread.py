@@ -849,3 +849,30 @@ def test_expanding_a_task_of_many_threads_yields_between_chunks(
     narrowed = {t.tid for t in expansion.settings if isinstance(t, TaskAffinity)}
     assert set(threads) | {5000} <= narrowed
     assert expansion.settings == m.plugin.expand(options, {}).settings
+
+
+def test_tasks_born_narrowed_are_owned_and_given_their_parents_cpus(tmp_path: Path) -> None:
+    """A thread and a child process forked by a narrowed process after the switch carry
+    the narrowed CPUs (user forks are not heard of). The next expansion (a rescan, an exec,
+    a switch) owns them, so off gives them the parent's original; a task someone pinned
+    elsewhere is not taken for one."""
+    from tests.unit.test_scale import jvm_of_200_threads, shielding_daemon
+
+    system, sched = jvm_of_200_threads(tmp_path)
+    daemon = shielding_daemon(tmp_path, system)
+    daemon.switch("p")
+    assert sched.affinity[1000] == {0, 2, 3}
+    # Born since: a thread of the narrowed process, a child process, and an unrelated
+    # task its user pinned to CPU 0 (not what the shield gave the parent).
+    add_task(system.root, 1000, "jvm", threads=(*range(1001, 1200), 1300))
+    add_task(system.root, 1400, "jvm-child", ppid=1000, start_time=5000)
+    add_task(system.root, 1500, "pinned", ppid=1000, start_time=5001)
+    sched.add(1300, {0, 2, 3})
+    sched.add(1400, {0, 2, 3})
+    sched.add(1500, {0})
+    daemon.refresh(["kthread"])
+    owned = {t for _, t in daemon.engine.applied if isinstance(t, TaskAffinity)}
+    assert {t.tid for t in owned} >= {1300, 1400} and 1500 not in {t.tid for t in owned}
+    assert daemon.engine.off() == []
+    assert sched.affinity[1300] == sched.affinity[1400] == {0, 1, 2, 3}
+    assert sched.affinity[1500] == {0} and sched.affinity[1000] == {0, 1, 2, 3}
