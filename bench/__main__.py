@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "tuned": "bench.tuned",
     "scale": "bench.scale",
     "attribute": "bench.attribute",
+    "noise": "bench.noise",
 }
 
 USAGE = """\

@@ -115,6 +115,8 @@ def settings_of(
     out: list[Setting] = []
     for section, options in written.items():
         schema = schemas[section]
+        if schema.watches_only:
+            continue
         split = split_tables(schema)
         for option, value in options.items():
             if option in ENGINE_KEYS:

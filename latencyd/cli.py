@@ -238,14 +238,48 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     else:
         text = "ok: every applied setting matches the profile"
-    _emit(args, {"ok": not drifts, "drift": drifts}, text)
+    data: dict[str, Any] = {"ok": not drifts, "drift": drifts}
+    noise = _last_noise()
+    if noise is not None:  # beside drift: whether the shield's promise held, last interval
+        data["noise"] = noise
+        text += "\n" + "\n".join(
+            f"noise, last interval, CPU {cpu}: {sum(s['total_us'] for s in rows):.0f} µs"
+            + (f" (most: {rows[0]['source']} {rows[0]['total_us']:.0f} µs)" if rows else "")
+            for cpu, rows in noise.items()
+        )
+    _emit(args, data, text)
     return DRIFT if drifts else OK
+
+
+def _last_noise() -> dict[str, list[dict[str, Any]]] | None:
+    """The watched CPUs' sources in the last interval, when [monitor] is in force."""
+    from latencyd.noise import top_view
+
+    view = top_view(json.loads(str(_call("Status"))))
+    return view["cpus"] if view.get("watching") else None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     status = json.loads(str(_call("Status")))
     _emit(args, status, format_status(status))
     return OK
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """The watched CPUs' noise, refreshed each interval of the profile's [monitor]."""
+    import time
+
+    from latencyd.noise import format_top, top_view
+
+    while True:
+        view = top_view(json.loads(str(_call("Status"))))
+        if args.once or not view.get("watching"):
+            _emit(args, view, format_top(view))
+            return OK if view.get("watching") else FAILED
+        sys.stdout.write("\x1b[H\x1b[2J" + format_top(view) + "\n")
+        sys.stdout.flush()
+        interval = view.get("interval_ms")
+        time.sleep((interval if isinstance(interval, int) else 1000) / 1000)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -844,6 +878,8 @@ def parser() -> argparse.ArgumentParser:
     add("reload", cmd_reload, "re-read profile files; re-apply the active one if it changed")
     add("verify", cmd_verify, "check the kernel still matches the profile (exit 1 on drift)")
     add("status", cmd_status, "what each plugin applied, refused and measured")
+    top = add("top", cmd_top, "what interrupts the watched CPUs ([monitor]), live like top")
+    top.add_argument("--once", action="store_true", help="print one view and exit")
     ex = add(
         "explain",
         cmd_explain,

@@ -27,6 +27,7 @@ class Config:
     profile_dirs: tuple[Path, ...] = field(default=())
     task_events: str = "auto"  # auto | perf | proc-connector | none
     on_stop: str = "restore"  # restore | keep (leave the tuning; the next start adopts it)
+    metrics_listen: tuple[str, int] | None = None  # Prometheus exposition: off by default
 
 
 KNOWN: dict[str, type | tuple[type, ...]] = {
@@ -37,6 +38,7 @@ KNOWN: dict[str, type | tuple[type, ...]] = {
     "profile_dirs": list,
     "task_events": str,
     "on_stop": str,
+    "metrics_listen": str,
 }
 
 
@@ -62,6 +64,14 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
     dirs = data.get("profile_dirs", [])
     if not all(isinstance(d, str) for d in dirs):
         raise ConfigError(f"{path}: profile_dirs must be a list of directory paths ({dirs!r})")
+    listen = None
+    if "metrics_listen" in data:
+        from latencyd.metrics import parse_listen
+
+        try:
+            listen = parse_listen(data["metrics_listen"])
+        except ValueError as exc:
+            raise ConfigError(f"{path}: metrics_listen: {exc}") from exc
     return Config(
         default_profile=data.get("default_profile", FALLBACK_PROFILE),
         admin_group=data.get("admin_group"),
@@ -70,6 +80,7 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         profile_dirs=tuple(Path(p) for p in data.get("profile_dirs", [])),
         task_events=_choice(path, data, "task_events", ("auto", "perf", "proc-connector", "none")),
         on_stop=_choice(path, data, "on_stop", ("restore", "keep")),
+        metrics_listen=listen,
     )
 
 

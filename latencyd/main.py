@@ -17,6 +17,7 @@ from latencyd.engine import Engine, SettingId, section_schemas
 from latencyd.errors import LatencydError
 from latencyd.journal import Journal
 from latencyd.mainloop import PRIORITY_HIGH, MainLoop
+from latencyd.noisewatch import ShieldWatch
 from latencyd.plugin import load_plugins
 from latencyd.profile import Profile, ProfileLibrary
 from latencyd.sdnotify import FdStore, restart_pending
@@ -317,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             keep, why = False, "restoring every original"
         log.info("stopping: %s", why)
         operations.cancel("the daemon stopping")  # a change half done is rolled back first
+        shield.close()
         daemon.stop(restore=not keep)
         loop.quit()
         return False
@@ -337,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     DeviceWatch(daemon, loop)
     TaskWatch(daemon, loop, config.task_events)
     drift = DriftWatch(daemon, loop, config.poll_interval_s)
+    shield = ShieldWatch(daemon, loop, service.noise_exceeded)
+    if config.metrics_listen is not None:
+        try:
+            expose_metrics(daemon, shield, config.metrics_listen)
+        except LatencydError as exc:
+            log.error("%s", exc)
+            return 2
     # An explicit --profile wins; otherwise a restart resumes what `switch` left in force.
     daemon.start(
         None if args.no_profile else (args.profile or config.default_profile),
@@ -362,6 +371,38 @@ def main(argv: list[str] | None = None) -> int:
         loop.timeout_add(int(config.verify_interval_s * 1000), lambda: _tick(daemon, drift))
     loop.run()
     return 0
+
+
+def expose_metrics(daemon: Daemon, shield: ShieldWatch, listen: tuple[str, int]) -> None:
+    """The Prometheus exposition, fed from the main loop (see latencyd/metrics.py)."""
+    from latencyd.metrics import Metrics, serve
+
+    metrics = Metrics()
+
+    def stepped() -> None:
+        step = daemon.engine.last_step
+        metrics.update(
+            profile=daemon.active.name if daemon.active else "",
+            settings={
+                "applied": len(daemon.engine.applied),
+                "not_applicable": len(daemon.engine.not_applicable),
+            },
+            switch_seconds=step.seconds if step else None,
+        )
+
+    def drifted(records: list[dict[str, Any]]) -> None:
+        counts = dict(metrics.snapshot.drift)
+        for r in records:
+            key = (str(r["plugin"]), str(r["action"]).split(":")[0])
+            counts[key] = counts.get(key, 0) + 1
+        metrics.update(drift=counts)
+
+    daemon.after_step.append(stepped)
+    daemon.on_drift.append(drifted)
+    shield.on_interval.append(metrics.add_noise)
+    stepped()
+    serve(listen, metrics)
+    log.info("metrics at http://%s:%d/metrics", *listen)
 
 
 def _tick(daemon: Daemon, drift: DriftWatch) -> bool:

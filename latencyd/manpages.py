@@ -490,6 +490,8 @@ _CONFIG_DOCS = {
     "or none (periodic rescan)",
     "on_stop": "on SIGTERM: restore every original value, or keep the tuning for the "
     "next start to adopt",
+    "metrics_listen": "serve Prometheus metrics at http://ADDRESS:PORT/metrics, e.g. "
+    '"127.0.0.1:9477" (see METRICS); off when unset',
 }
 
 
@@ -527,6 +529,11 @@ def latencyd_page(readme: str | None = None) -> str:
         out += [".TP", f"{bold(field.name)} = {esc(shown)}"]
         if field.name in _CONFIG_DOCS:
             out.append(text_line(esc(sentence(_CONFIG_DOCS[field.name]))))
+    from latencyd.metrics import HELP, NAMES
+
+    out += [".SH METRICS", "With metrics_listen set, the exposition holds:"]
+    for key, name in NAMES.items():
+        out += [".TP", bold(name), text_line(esc(sentence(HELP[key])))]
     out += [
         ".SH SIGNALS",
         ".TP",

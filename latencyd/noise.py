@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from latencyd.cpuset import CpuSet
 
 # Entry / exit tracepoints of each kind of interruption, and the source it is named as.
 VECTORS = {
@@ -150,6 +153,19 @@ def page_events(page: bytes, layout: PageLayout = PageLayout()) -> Iterator[tupl
             pos += length
 
 
+DEFAULT_INTERVAL_MS = 1000
+
+
+@dataclass(frozen=True)
+class WatchPlan:
+    """What a profile's [monitor] section asks for; the daemon's noise watch follows it."""
+
+    cpus: CpuSet
+    interval_ms: int = DEFAULT_INTERVAL_MS
+    budget_us: int | None = None
+    max_single_us: int | None = None
+
+
 @dataclass
 class Tally:
     """One source's interruptions of one CPU in one interval."""
@@ -165,11 +181,20 @@ class Tally:
 
 
 @dataclass
+class LastInterval:
+    """What the daemon's watch saw last (the monitor plugin shows it in status)."""
+
+    mechanism: str = ""
+    seconds: float = 0.0
+    cpus: Mapping[int, Mapping[str, Tally]] | None = None
+
+
+@dataclass
 class CpuNoise:
     """Accounting of one CPU's events: open interruptions (a stack, as they nest) and the
     task on the CPU."""
 
-    expected: frozenset[int] = frozenset()  # pids expected here (the application's)
+    expected: Callable[[int], bool] = lambda tid: False  # the application's threads
     tallies: dict[str, Tally] = field(default_factory=dict)
     stack: list[tuple[str, int, int]] = field(default_factory=list)  # source, start, nested
     task: tuple[str, int, int] | None = None  # source, start, nested ns inside
@@ -191,7 +216,7 @@ class CpuNoise:
             source, start, nested = self.task
             self.tallies.setdefault(source, Tally()).add(max(0, ts - start - nested))
         self.task = None
-        if next_pid != 0 and next_pid not in self.expected:
+        if next_pid != 0 and not self.expected(next_pid):
             self.task = (f"task {next_pid} {next_comm}", ts, 0)
 
     def _nest(self, spent: int) -> None:
@@ -242,3 +267,136 @@ class Decoder:
             cpu.enter(f"softirq {kind}", ts)
         elif name.endswith("_entry"):
             cpu.enter(VECTORS.get(name[: -len("_entry")], name), ts)
+
+
+@dataclass(frozen=True)
+class Breach:
+    """A CPU beyond its noise budget in one interval."""
+
+    cpu: int
+    total_us: float
+    longest_us: float
+    why: str  # "budget 500 µs" or "max single 50 µs"
+    top: tuple[tuple[str, Tally], ...]
+
+    def sources_json(self) -> list[dict[str, object]]:
+        return [
+            {"source": s, "count": t.count, "total_us": round(t.total_ns / 1000, 1),
+             "max_us": round(t.max_ns / 1000, 1)}
+            for s, t in self.top
+        ]  # fmt: skip
+
+    def line(self) -> str:
+        top = ", ".join(f"{s} {t.total_ns / 1000:.0f} µs ({t.count}x)" for s, t in self.top)
+        return (f"CPU {self.cpu} took {self.total_us:.0f} µs of noise in one interval "
+                f"(longest {self.longest_us:.0f} µs; {self.why}): {top}")  # fmt: skip
+
+
+def over_budget(
+    cpus: Mapping[int, Mapping[str, Tally]],
+    budget_us: int | None,
+    max_single_us: int | None,
+    top: int = 3,
+) -> list[Breach]:
+    """The CPUs whose interval broke the budget (all sources' time together) or had one
+    interruption longer than max_single_us; each with its top sources by time."""
+    out = []
+    for cpu, tallies in sorted(cpus.items()):
+        total = sum(t.total_ns for t in tallies.values()) / 1000
+        longest = max((t.max_ns for t in tallies.values()), default=0) / 1000
+        whys = []
+        if budget_us is not None and total > budget_us:
+            whys.append(f"budget {budget_us} µs")
+        if max_single_us is not None and longest > max_single_us:
+            whys.append(f"max single {max_single_us} µs")
+        if whys:
+            ranked = sorted(tallies.items(), key=lambda kv: -kv[1].total_ns)[:top]
+            out.append(Breach(cpu, total, longest, ", ".join(whys), tuple(ranked)))
+    return out
+
+
+# -- `latencyctl top`: the watch's last interval beside what the profile did -------------------
+
+_SOURCE_IRQ = re.compile(r"irq (\d+) ")
+_SOURCE_TASK = re.compile(r"task (\d+) ")
+WHAT_THE_KERNEL_MUST_DO = {
+    "local timer": "the scheduler tick: it stops on a CPU running one task only with "
+    "nohz_full, which is a boot parameter (not something a daemon can set)",
+    "IPI reschedule": "another CPU woke a task here",
+    "IPI function call": "another CPU asked this one to run a function (TLB flush, ...)",
+    "irq work": "deferred kernel work raised on this CPU",
+}
+
+
+def top_view(status: Mapping[str, Any]) -> dict[str, Any]:
+    """From the daemon's Status: per watched CPU its sources (count, time, worst single)
+    with what the profile did about each, the expected tasks, the mechanism."""
+    plugins = status.get("plugins")
+    plugins = plugins if isinstance(plugins, dict) else {}
+    monitor = plugins.get("monitor")
+    if not isinstance(monitor, dict):
+        return {"watching": False, "why": "the active profile has no [monitor] section"}
+    facts = monitor.get("facts", {})
+    rows = monitor["tables"][0]["rows"] if monitor.get("tables") else []
+    did = _what_the_profile_did(plugins)
+    cpus: dict[str, list[dict[str, Any]]] = {}
+    for cpu, source, count, total_us, max_us in rows:
+        irq, task = _SOURCE_IRQ.match(source), _SOURCE_TASK.match(source)
+        about = (
+            did.get(("irq", int(irq[1])), "not steered by the profile") if irq
+            else did.get(("task", int(task[1])), "not moved by the profile") if task
+            else WHAT_THE_KERNEL_MUST_DO.get(source, "")
+        )  # fmt: skip
+        cpus.setdefault(str(cpu), []).append({
+            "source": source, "count": int(count), "total_us": float(total_us),
+            "max_us": float(max_us), "profile": about,
+        })  # fmt: skip
+    holds = status.get("holds")
+    return {
+        "watching": True,
+        "mechanism": facts.get("mechanism", ""),
+        "interval_ms": facts.get("interval_ms"),
+        "budget_us": facts.get("budget_us"),
+        "expected": [
+            f"pid {h['pid']} ({h['reason']})" for h in holds or [] if isinstance(h, dict)
+        ] if isinstance(holds, list) else [],
+        "cpus": cpus,
+    }  # fmt: skip
+
+
+def _what_the_profile_did(plugins: Mapping[str, Any]) -> dict[tuple[str, int], str]:
+    out: dict[tuple[str, int], str] = {}
+    for name in ("irq", "kthread"):
+        section = plugins.get(name)
+        if not isinstance(section, dict):
+            continue
+        for row in section.get("applied", []):
+            target = row.get("target") or {}
+            if target.get("kind") == "irq":
+                out[("irq", int(target["irq"]))] = f"{row['text']} by [irq]"
+            elif target.get("kind") in ("thread_affinity", "task_affinity"):
+                out[("task", int(target.get("tid", target["pid"])))] = f"{row['text']} by [kthread]"
+        for row in section.get("not_applicable", []):
+            target = row.get("target") or {}
+            if target.get("kind") == "irq":
+                out[("irq", int(target["irq"]))] = f"not movable: {row['reason']}"
+    return out
+
+
+def format_top(view: Mapping[str, Any]) -> str:
+    if not view.get("watching"):
+        return f"not watching: {view.get('why')}"
+    lines = [f"noise on the watched CPUs, last {view['interval_ms']} ms interval "
+             f"(budget {view['budget_us'] or 'none'} µs): {view['mechanism']}"]  # fmt: skip
+    expected = view.get("expected") or []
+    lines.append(f"expected there: {', '.join(expected) if expected else 'none held'}")
+    cpus = view.get("cpus")
+    for cpu, sources in cpus.items() if isinstance(cpus, dict) else []:
+        lines.append(f"CPU {cpu}")
+        lines.append(f"  {'source':32} {'count':>7} {'total µs':>10} {'max µs':>9}  profile")
+        for s in sources:
+            lines.append(f"  {s['source'][:32]:32} {s['count']:>7} {s['total_us']:>10.1f} "
+                         f"{s['max_us']:>9.1f}  {s['profile']}")  # fmt: skip
+    if not cpus:
+        lines.append("nothing interrupted the watched CPUs in the last interval")
+    return "\n".join(lines)

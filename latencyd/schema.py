@@ -292,6 +292,10 @@ class Schema:
     # inside every entry of an array of tables), globs allowed. What no group names
     # forms a group named after the section.
     groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # A section that sets nothing and only watches ([monitor]): `measure --attribute`
+    # leaves it out of every scenario, as it has no effect to attribute and its tracing
+    # must not run during the measurement.
+    watches_only: bool = False
 
     def extended(self, options: tuple[Option, ...]) -> Schema:
         """This schema with more options (the engine's `on_drift` in every section)."""

@@ -33,6 +33,7 @@ from latencyd.daemon import Caller, Daemon
 from latencyd.engine import StepReport, Steps
 from latencyd.errors import Internal, LatencydError, PermissionDenied
 from latencyd.mainloop import MainLoop
+from latencyd.noise import Breach
 from latencyd.operations import Operation, Operations
 
 log = logging.getLogger("latencyd.service")
@@ -416,6 +417,17 @@ class Service(dbus.service.Object):
         """Settings the profile owns were changed by someone else: a JSON list of
         {plugin, target, setting, wanted, actual, action}, action being "reapplied",
         "reported" or "failed: ..."."""
+
+    @dbus.service.signal(INTERFACE, signature="uts")
+    def NoiseExceeded(self, cpu: int, interval_us: int, sources_json: str) -> None:
+        """A watched CPU ([monitor]) took more noise in one interval than its budget: the
+        CPU, the interval's length, and its top sources as a JSON list of {source, count,
+        total_us, max_us}. At most one every 10 s per CPU."""
+
+    def noise_exceeded(self, breach: Breach, interval_s: float) -> None:
+        interval_us = dbus.UInt64(round(interval_s * 1e6))
+        sources = json.dumps(breach.sources_json())
+        self._emit(self.NoiseExceeded, dbus.UInt32(breach.cpu), interval_us, sources)
 
     @dbus.service.signal(PROPERTIES, signature="sa{sv}as")
     def PropertiesChanged(

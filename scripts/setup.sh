@@ -59,6 +59,10 @@ APT_PACKAGES=(
     # side-by-side benchmarks only (latencyd never needs it). No systemd as PID 1 here, so
     # installing it starts nothing.
     tuned
+    # Prometheus: the metrics test scrapes the daemon with a real server, started by the
+    # test on a free port (installing it starts nothing: no systemd as PID 1, and
+    # policy-rc.d forbids service starts on these images).
+    prometheus
 )
 
 missing=()

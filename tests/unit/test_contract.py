@@ -59,7 +59,7 @@ def test_plugin_keeps_the_contract(key: str, tmp_path: Path) -> None:
     system = make_fake_machine(tmp_path)
     plugin = PLUGINS[key](system)
     # Named, summarised, every option documented.
-    assert plugin.name and plugin.summary and plugin.targets
+    assert plugin.name and plugin.summary and (plugin.targets or plugin.schema.watches_only)
     assert all(doc.strip() for _, doc in every_option(plugin.schema)), every_option(plugin.schema)
     assert len({t.kind for t in plugin.targets}) == len(plugin.targets)
     # The example is a valid section (with the engine's options added).
@@ -69,6 +69,10 @@ def test_plugin_keeps_the_contract(key: str, tmp_path: Path) -> None:
     profile = Profile("example", tmp_path / "example.toml", "", {plugin.name: options}, {})
     engine = Engine({plugin.name: plugin}, Journal(tmp_path / "state"))
     expansion = engine.expand(profile)[plugin.name]
+    if plugin.schema.watches_only:  # sets nothing ([monitor]): what it watches is in status
+        assert not plugin.targets and not expansion.settings
+        assert plugin.monitor(expansion.rules).facts
+        return
     assert expansion.settings, f"{key}: the example wants nothing on the fake machine"
     # Targets round-trip through the journal's form.
     kinds = target_kinds(plugin)

@@ -79,7 +79,7 @@ def test_page_events_follow_deltas_extends_and_long_events() -> None:
 
 
 def decode(events: list[tuple[int, bytes]], expected: frozenset[int] = frozenset()) -> N.CpuNoise:
-    cpu = N.CpuNoise(expected)
+    cpu = N.CpuNoise(expected.__contains__)
     decoder = N.Decoder(FORMATS.values(), {28: "virtio1-input.0"})
     for ts, payload in N.page_events(page(0, events)):
         decoder.feed(cpu, ts, payload)
@@ -118,3 +118,75 @@ def test_a_task_still_running_at_the_end_of_an_interval_counts_in_both() -> None
     cpu = decode([(1_000, event("sched_switch", next_pid=55, next_comm="kworker/1:1"))])
     assert cpu.close(3_000)["task 55 kworker/1:1"].total_ns == 2_000
     assert cpu.close(4_500)["task 55 kworker/1:1"].total_ns == 1_500
+
+
+def test_a_cpu_beyond_its_budget_or_single_limit_is_named_with_its_top_sources() -> None:
+    tick, hog, irq = (
+        N.Tally(250, 750_000, 4_000),
+        N.Tally(1, 300_000, 300_000),
+        N.Tally(3, 9_000, 4_000),
+    )
+    quiet = {"local timer": tick}
+    noisy = {"local timer": tick, "task 77 stress-ng": hog, "irq 28 virtio1": irq}
+    assert N.over_budget({1: quiet}, budget_us=1000, max_single_us=None) == []
+    (breach,) = N.over_budget({1: quiet, 2: noisy}, budget_us=1000, max_single_us=None, top=2)
+    assert (breach.cpu, breach.total_us, breach.longest_us) == (2, 1059.0, 300.0)
+    assert [s for s, _ in breach.top] == ["local timer", "task 77 stress-ng"]
+    assert (
+        "CPU 2 took 1059 µs" in breach.line() and "task 77 stress-ng 300 µs (1x)" in breach.line()
+    )
+    (single,) = N.over_budget({2: noisy}, budget_us=None, max_single_us=100)
+    assert single.why == "max single 100 µs"
+    assert single.sources_json()[0] == {"source": "local timer", "count": 250, "total_us": 750.0,
+                                        "max_us": 4.0}  # fmt: skip
+
+
+def test_top_names_what_the_profile_did_about_each_source() -> None:
+    status = {
+        "holds": [{"pid": 4242, "reason": "latencyctl hold cpu-partitioning -- ./app"}],
+        "plugins": {
+            "monitor": {
+                "facts": {"mechanism": "tracefs instance", "interval_ms": 1000, "budget_us": 500},
+                "tables": [
+                    {
+                        "rows": [
+                            ["1", "irq 28 virtio1-input.0", "3", "12.0", "5.0"],
+                            ["1", "irq 40 nvme0q1", "1", "2.0", "2.0"],
+                            ["1", "task 77 stress-ng", "1", "300.0", "300.0"],
+                            ["1", "local timer", "250", "750.0", "4.0"],
+                        ]
+                    }
+                ],
+            },
+            "irq": {
+                "applied": [
+                    {
+                        "target": {"kind": "irq", "irq": 28},
+                        "text": "IRQ 28 (virtio1-input.0) CPUs = 0",
+                    }
+                ],
+                "not_applicable": [
+                    {"target": {"kind": "irq", "irq": 40}, "reason": "kernel-managed"}
+                ],
+            },
+            "kthread": {
+                "applied": [
+                    {
+                        "target": {"kind": "task_affinity", "pid": 70, "tid": 77},
+                        "text": "user task stress-ng CPUs = 0",
+                    }
+                ]
+            },
+        },
+    }
+    view = N.top_view(status)
+    rows = {r["source"]: r for r in view["cpus"]["1"]}
+    assert rows["irq 28 virtio1-input.0"]["profile"] == "IRQ 28 (virtio1-input.0) CPUs = 0 by [irq]"
+    assert rows["irq 40 nvme0q1"]["profile"] == "not movable: kernel-managed"
+    assert rows["task 77 stress-ng"]["profile"] == "user task stress-ng CPUs = 0 by [kthread]"
+    assert "nohz_full" in rows["local timer"]["profile"] and rows["local timer"]["count"] == 250
+    assert view["expected"] == ["pid 4242 (latencyctl hold cpu-partitioning -- ./app)"]
+    text = N.format_top(view)
+    assert "CPU 1" in text and "budget 500 µs" in text
+    assert N.top_view({"plugins": {}}) == {
+        "watching": False, "why": "the active profile has no [monitor] section"}  # fmt: skip

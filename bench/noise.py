@@ -1,0 +1,104 @@
+"""noise benchmark: what the noise watch costs (issue 17).
+
+The watch (latencyd/noisewatch.py) traces the shielded CPUs' interruptions in a private
+tracefs instance and decodes the pages once an interval. Figures, watching the last CPU
+with a 1 s interval, this process kept on the other CPUs as the daemon is:
+
+- reader CPU: the watch's own CPU time per second of watching (% of one CPU), on a
+  quiet CPU and with ~10 kHz of injected interruptions (a task on the watched CPU
+  sleeping 100 µs at a time: each wake-up is a timer interrupt and two task switches);
+- events decoded per second, and the decoding cost per event;
+- whether anything of the watch's own appears among the watched CPU's sources.
+
+    python -m bench noise [--seconds 10] [--json] [--quick]
+
+Target: reader CPU <= 0.1 % of one CPU on a quiet shield. Benchmarks print, never judge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench import arguments, not_root
+from latencyd.cpuset import CpuSet
+from latencyd.noisewatch import NoiseWatch
+from latencyd.system import System
+
+TARGET_QUIET_PCT = 0.1
+# A task that sleeps 100 µs at a time: ~10,000 wake-ups (timer interrupts) a second.
+TICKER = "import time\nwhile True:\n    time.sleep(0.0001)\n"
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def watch_for(watch: NoiseWatch, seconds: float, interval: float) -> dict[str, Any]:
+    """Poll every `interval` for `seconds`: the reader's CPU share and what it saw."""
+    watch.poll()
+    events, sources = 0, set()
+    start, used = time.monotonic(), cpu_seconds()
+    while time.monotonic() - start < seconds:
+        time.sleep(interval)
+        seen = watch.poll()
+        events += seen.events
+        for tallies in seen.cpus.values():
+            sources |= set(tallies)
+    wall, used = time.monotonic() - start, cpu_seconds() - used
+    return {
+        "reader_cpu_pct": round(100 * used / wall, 3),
+        "events_per_s": round(events / wall),
+        "us_per_event": round(1e6 * used / events, 2) if events else None,
+        "own_among_sources": sorted(s for s in sources if s.startswith(f"task {os.getpid()} ")),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = arguments("noise", __doc__, "2 s per phase")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per phase")
+    args = parser.parse_args(argv)
+    if not_root("noise", "a tracefs instance"):
+        return 1
+    seconds = 2.0 if args.quick else args.seconds
+    system = System("/")
+    cpu = max(system.online_cpus())
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, own - {cpu} or own)  # the daemon's place: housekeeping
+    watch = NoiseWatch(system, CpuSet({cpu}))
+    watch.start()
+    try:
+        quiet = watch_for(watch, seconds, 1.0)
+        ticker = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", TICKER])
+        try:
+            busy = watch_for(watch, seconds, 1.0)
+        finally:
+            ticker.kill()
+            ticker.wait()
+    finally:
+        watch.stop()
+        os.sched_setaffinity(0, own)
+    result = {"cpu": cpu, "quiet": quiet, "10khz": busy, "target_quiet_pct": TARGET_QUIET_PCT}
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    mark = "PASS" if quiet["reader_cpu_pct"] <= TARGET_QUIET_PCT else "MISS"
+    print(f"noise watch on CPU {cpu}, 1 s interval, {seconds:g} s per phase")
+    for name, r in (("quiet", quiet), ("~10 kHz injected", busy)):
+        print(
+            f"  {name}: reader {r['reader_cpu_pct']:.3f} % of one CPU, "
+            f"{r['events_per_s']:,} events/s, {r['us_per_event']} µs/event, "
+            f"own tasks among the watched CPU's sources: {r['own_among_sources'] or 'none'}"
+        )
+    print(f"  quiet target <= {TARGET_QUIET_PCT} %  [{mark}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

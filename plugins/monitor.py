@@ -1,0 +1,91 @@
+"""monitor: watch the shielded CPUs' promise, e.g. ``cpus = "${isolated_cores}"`` and
+``budget_us = 500``.
+
+A shield promises that nothing but the application runs on its CPUs. This section sets
+nothing: while it is in force, the daemon traces every interruption of `cpus` (hardware
+and soft IRQs, the local timer, IPIs, other tasks, kernel threads included) in a private
+tracefs instance (latencyd/noisewatch.py), tallies them by source each interval, and
+when a CPU's noise in one interval exceeds `budget_us` (or one interruption
+`max_single_us`) it says so: one log line naming the CPU and the top sources, and the
+D-Bus signal NoiseExceeded. `status` shows the last interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from latencyd.noise import DEFAULT_INTERVAL_MS, LastInterval, WatchPlan
+from latencyd.plugin import Expansion, Monitor, Options, Plugin, Table, Target, Value
+from latencyd.schema import Cpus, Int, Option, Schema
+from latencyd.system import System
+
+
+class MonitorPlugin(Plugin[Target]):
+    name = "monitor"
+    summary = "Watch the shielded CPUs: every interruption by source, against a noise budget"
+    example: ClassVar[dict[str, Any]] = {"cpus": "1", "interval_ms": 1000, "budget_us": 2000}
+    schema = Schema(
+        options=(
+            Option("cpus", Cpus(), "CPUs whose interruptions are watched (the shield's)"),
+            Option(
+                "interval_ms",
+                Int(100, 60_000),
+                "How long noise is tallied before it is judged and reported",
+                None,
+                "ms",
+            ),
+            Option(
+                "budget_us",
+                Int(1),
+                "Noise a watched CPU may take in one interval, all sources together; "
+                "beyond it, a log line and the NoiseExceeded signal",
+                None,
+                "µs",
+            ),
+            Option(
+                "max_single_us",
+                Int(1),
+                "The longest single interruption a watched CPU may take",
+                None,
+                "µs",
+            ),
+        ),
+        required=("cpus",),
+        watches_only=True,
+    )
+
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        self.last = LastInterval()
+
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        plan = WatchPlan(
+            options["cpus"],
+            options.get("interval_ms") or DEFAULT_INTERVAL_MS,
+            options.get("budget_us"),
+            options.get("max_single_us"),
+        )
+        return Expansion({}, rules=plan)
+
+    def describe(self, target: Target, value: Value) -> str:
+        return f"{target} = {value}"  # no targets: the section sets nothing
+
+    def monitor(self, rules: Any) -> Monitor:
+        plan: WatchPlan = rules
+        facts: dict[str, Any] = {
+            "cpus": plan.cpus.to_list(),
+            "interval_ms": plan.interval_ms,
+            "budget_us": plan.budget_us,
+            "max_single_us": plan.max_single_us,
+            "mechanism": self.last.mechanism or "not running",
+        }
+        rows = []
+        for cpu, tallies in sorted((self.last.cpus or {}).items()):
+            top = sorted(tallies.items(), key=lambda kv: -kv[1].total_ns)[:5]
+            for source, t in top:
+                rows.append((str(cpu), source, str(t.count), f"{t.total_ns / 1000:.1f}",
+                             f"{t.max_ns / 1000:.1f}"))  # fmt: skip
+        title = f"noise in the last interval ({self.last.seconds:.2f} s)"
+        table = Table(title, ("cpu", "source", "count", "total µs", "max µs"), tuple(rows))
+        return Monitor((table,), facts)
