@@ -468,8 +468,7 @@ def _attribution_plan(
         raise CliError(USAGE, str(exc)) from exc
     hog = None
     if control:  # the hog measure starts on housekeeping, moved onto the measured CPUs
-        rule = {"match": f"^{measure.CONTROL_HOG}$", "cpus": app.to_list(), "user": True,
-                "policy": "fifo", "priority": 1}  # fmt: skip
+        rule = {"match": f"^{measure.CONTROL_HOG}$", "cpus": app.to_list(), "user": True}
         hog = {"kthread": {"rule": [rule]}}
         groups.append(attribute.Group(attribute.CONTROL, ()))
     settings = attribute.settings_of(profile.written, schemas)

@@ -61,23 +61,33 @@ UNITS = {
 SERVER_IP, CLIENT_IP = "10.231.0.1", "10.231.0.2"
 CYCLICTEST_RANGE_US = 20000  # histogram range; beyond it samples are counted as overflow
 OSLAT_BUCKETS = 1024  # µs; the last bucket holds everything above
-# The control hog's name (its comm): Python started through a link of this name, on the
-# housekeeping CPUs until the control group's [[kthread.rule]] moves it onto the measured
-# ones with SCHED_FIFO 1, and ending by itself when this process dies (even by SIGKILL).
-# It is busy half of every millisecond: a real-time task the application cannot preempt,
+# The control hog's name (its comm): Python started through a link of this name, parked
+# on the housekeeping CPUs (asleep: it must not load them) until the control group's
+# [[kthread.rule]] moves it onto the measured ones; there it makes itself SCHED_FIFO 1
+# and is busy half of every millisecond: a real-time task the application cannot preempt,
 # so a wake-up landing in its busy half waits, whatever else runs (a plain CPU hog shares
 # the CPU by EEVDF's rules, and beside a load it made no difference some rounds: sockperf
 # p99 19 µs in one round, 1,460 µs in the next, on a haltpoll guest). Half a duty cycle
-# keeps the CPU's kernel threads and the fair tasks' share alive.
+# keeps the CPU's kernel threads and the fair tasks' share alive. It ends by itself when
+# measure dies (even by SIGKILL).
 CONTROL_HOG = "ltdm-hog"
 CONTROL_HOG_LOOP = """
 import os, sys, time
-parent, busy, period = int(sys.argv[1]), 0.0005, 0.001
+parent, measured = int(sys.argv[1]), {int(c) for c in sys.argv[2].split(",")}
+busy, period, fifo = 0.0005, 0.001, False
 while True:
     try:
         os.kill(parent, 0)
     except ProcessLookupError:
         break
+    there = os.sched_getaffinity(0) <= measured
+    if there != fifo:
+        policy = os.SCHED_FIFO if there else os.SCHED_OTHER
+        os.sched_setscheduler(0, policy, os.sched_param(1 if there else 0))
+        fifo = there
+    if not there:
+        time.sleep(0.02)
+        continue
     end = time.perf_counter() + busy
     while time.perf_counter() < end:
         pass
@@ -730,11 +740,14 @@ class Switcher:
 # -- the run --------------------------------------------------------------------------------
 
 
-def control_hog(workdir: Path, cpus: CpuSet) -> list[str]:
-    """The control hog (CONTROL_HOG_LOOP) on `cpus`, alive only as long as this process."""
+def control_hog(workdir: Path, parked: CpuSet, measured: CpuSet) -> list[str]:
+    """The control hog (CONTROL_HOG_LOOP), parked on `parked` until moved onto `measured`;
+    alive only as long as this process."""
     link = workdir / CONTROL_HOG
     link.symlink_to(sys.executable)  # exec through the link: its comm is the link's name
-    return ["taskset", "-c", cpus.to_list(), str(link), "-c", CONTROL_HOG_LOOP, str(os.getpid())]
+    cpus = ",".join(map(str, measured))
+    return ["taskset", "-c", parked.to_list(), str(link), "-c", CONTROL_HOG_LOOP,
+            str(os.getpid()), cpus]  # fmt: skip
 
 
 def missing_tools(tools: list[str]) -> list[str]:
@@ -791,7 +804,8 @@ def run(
                 if plan.load:
                     procs.detach(plan.load, Path(tmp))
                 if plan.control_hog:
-                    procs.detach(control_hog(Path(tmp), plan.housekeeping), Path(tmp), "hog")
+                    hog = control_hog(Path(tmp), plan.housekeeping, plan.app_cpus)
+                    procs.detach(hog, Path(tmp), "hog")
                 for r in range(plan.rounds):
                     # Alternate the order too, so no scenario always runs right after another.
                     if plan.order is not None:
