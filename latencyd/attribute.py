@@ -21,9 +21,10 @@ give 4 and one outlying round silences or invents an effect), by a margin that k
 group's false alarms at 5 % over all its votes (Bonferroni), beyond MIN_EFFECT, and with
 every round's own ratio on the same side of 1. p50, p99 and p99.9 of every tool vote, in
 both directions (max is shown; a single sample does not vote). The tails and the profile
-come first: a group `hurts` when a p99 or p99.9 counts as higher leaving it out (or only
-higher counts), `helps` when something counts as lower and no tail as higher leaving it
-out, and has `no measurable effect` when nothing counts.
+come first, and a verdict needs two corroborating votes (CORROBORATION): a group `hurts`
+when two p99/p99.9 votes count as higher leaving it out (or only higher votes count),
+`helps` when two votes count as lower and it does not hurt, and has `no measurable
+effect` otherwise.
 
 Pure functions over profiles and results: the measuring is measure.run's.
 """
@@ -51,17 +52,18 @@ RULE = (
     "of the round-to-round spread (pooled over every scenario of the run; z for 5 % false "
     "alarms over all of a group's votes), beyond 5 %, and every round's own ratio lies on the "
     "same side of 1; p50, p99 and p99.9 of every tool count, leave-one-out and add-one-in "
-    "alike (max is shown, not counted). hurts: a p99 or p99.9 counts as higher leaving the "
-    "group out (the tails and the profile come first), or only higher counts; helps: "
-    "something counts as lower and no tail as higher leaving it out (a tail higher with the "
-    "group alone is shown, not harm: the rest of the profile makes up for it); no "
-    "measurable effect: nothing counts."
+    "alike (max is shown, not counted); a verdict needs two such votes. hurts: two p99 or "
+    "p99.9 votes higher leaving the group out (the tails and the profile come first), or "
+    "only higher votes; helps: two votes lower, and not two tail votes higher leaving it "
+    "out (a tail higher with the group alone is shown, not harm: the rest of the profile "
+    "makes up for it); no measurable effect: otherwise."
 )
 VOTING = ("p50", "p99", "p99.9")
 TAILS = ("p99", "p99.9")
 SHOWN = (*VOTING, "max")
 MIN_EFFECT = 0.05  # effects within 5 % never count, however steady the rounds
 FALSE_ALARMS = 0.05  # per group, over all its votes
+CORROBORATION = 2  # votes a verdict needs (see verdict)
 COSTLY_BUSY_PCT = 0.5  # idle busy share a group adds that recommend calls a cost
 DIRECTIONS = ("leave_one_out", "add_one_in")
 CONTROL = "control"
@@ -465,15 +467,20 @@ def verdict(effects: Iterable[tuple[str, str, Effect]]) -> str:
     them, and the profile first: a tail worse with the group in the profile (leave-one-
     out) is harm; a tail worse with the group alone, where something else counts as
     lower, is the rest of the profile making up for it (task isolation empties a CPU, and
-    without the profile's idle-wait setting an empty CPU wakes late), not harm."""
+    without the profile's idle-wait setting an empty CPU wakes late), not harm. Each way
+    needs CORROBORATION votes: latency tails are heavy and often bimodal (p99.9 of one
+    scenario 65 µs in one round, 2.5 ms in the next), beyond the normal model behind the
+    margin, and a lone vote decided four of eleven groups differently in two runs of the
+    same attribution."""
     counted = [(d, pct, e.counts) for d, pct, e in effects if e.counts]
-    tail_up = {d for d, pct, c in counted if c == "higher" and pct in TAILS}
-    lower = any(c == "lower" for _, _, c in counted)
-    if "leave_one_out" in tail_up or (tail_up and not lower):
+    harm = [1 for d, pct, c in counted if c == "higher" and pct in TAILS and d == DIRECTIONS[0]]
+    higher = [1 for _, _, c in counted if c == "higher"]
+    lower = [1 for _, _, c in counted if c == "lower"]
+    if len(harm) >= CORROBORATION or (len(higher) >= CORROBORATION and not lower):
         return "hurts"
-    if lower:
+    if len(lower) >= CORROBORATION:
         return "helps"
-    return "hurts" if counted else "no measurable effect"
+    return "no measurable effect"
 
 
 def not_applicable(status: Mapping[str, Any], group: Group) -> str | None:
