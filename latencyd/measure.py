@@ -64,17 +64,18 @@ OSLAT_BUCKETS = 1024  # µs; the last bucket holds everything above
 # The control hog's name (its comm): Python started through a link of this name, parked
 # on the housekeeping CPUs (asleep: it must not load them) until the control group's
 # [[kthread.rule]] moves it onto the measured ones; there it makes itself SCHED_FIFO 1
-# and is busy half of every millisecond: a real-time task the application cannot preempt,
-# so a wake-up landing in its busy half waits, whatever else runs (a plain CPU hog shares
-# the CPU by EEVDF's rules, and beside a load it made no difference some rounds: sockperf
-# p99 19 µs in one round, 1,460 µs in the next, on a haltpoll guest). Half a duty cycle
-# keeps the CPU's kernel threads and the fair tasks' share alive. It ends by itself when
+# and is busy 0.8 ms of every millisecond: a real-time task the application cannot
+# preempt, so a wake-up landing in its busy part waits, whatever else runs (a plain CPU
+# hog shares the CPU by EEVDF's rules, and beside a load it made no difference some
+# rounds: sockperf p99 19 µs in one round, 1,460 µs in the next, on a haltpoll guest; at
+# half duty only p99 moved, 6x, one vote). The fifth left keeps the CPU's kernel threads
+# alive. It ends by itself when
 # measure dies (even by SIGKILL).
 CONTROL_HOG = "ltdm-hog"
 CONTROL_HOG_LOOP = """
 import os, sys, time
 parent, measured = int(sys.argv[1]), {int(c) for c in sys.argv[2].split(",")}
-busy, period, fifo = 0.0005, 0.001, False
+busy, period, fifo = 0.0008, 0.001, False
 while True:
     try:
         os.kill(parent, 0)
