@@ -286,6 +286,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             if given is None and target in owned:  # owned, original unknown: keep it so
                 settings[target] = owned[target]
                 continue
+            if given is not None and current is None and self._confined(tid, isolate):
+                continue  # an exec after its user confined it (`taskset -c 1 app`): theirs
             try:
                 cpus = (
                     CpuSet.from_list(str(given)) if given is not None else self.system.affinity(tid)
@@ -294,13 +296,25 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 continue
             if cpus & isolate and not cpus.issubset(isolate):
                 settings[target] = (cpus - isolate).to_list()
-            elif given is None and (parent := self.born_narrowed(target, cpus, owned)):
+            elif (
+                given is None
+                and current is not None
+                and (parent := self.born_narrowed(target, cpus, owned))
+            ):  # expansions only: on an exec it may be mid-way through `taskset -c 1 app`
                 settings[target] = owned[parent]
             else:
                 continue
             if given is None and current is not None:
                 current[target] = cpus.to_list()
         return settings
+
+    def _confined(self, tid: int, isolate: CpuSet) -> bool:
+        """Whether the thread now runs only on isolated CPUs (its user put it there;
+        `handed_over` then lets it go at the next check)."""
+        try:
+            return self.system.affinity(tid).issubset(isolate)
+        except KernelRefused:
+            return False
 
     def left_alone(self, rules: KthreadRules, task: Task) -> str | None:
         """Why the shield leaves a user task alone wherever it runs, or None."""
@@ -396,7 +410,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         """The narrowed task `target` was forked from, when it carries exactly the CPUs the
         shield gave that one: a new thread of a narrowed process, or a child of one. Forks
         are not heard of (the kernel filter drops user forks, so a fork storm costs the
-        daemon nothing): an exec, a rescan or the next switch finds them, and owning them
+        daemon nothing): a rescan or the next switch finds them, and owning them
         lets `off` give them their parent's original CPUs instead of leaving them (and all
         a narrowed shell starts) on the housekeeping CPUs for good. A task its user pinned
         to exactly those CPUs after the switch is taken for such a child: the one case

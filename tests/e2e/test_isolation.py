@@ -205,7 +205,8 @@ def test_children_born_narrowed_get_their_parents_cpus_back(
         before = os.sched_getaffinity(shell.pid)
         assert 1 in before and len(before) > 1
         (profiles / "shield.toml").write_text(PROFILE)
-        d = start_daemon("shield")
+        # No task events: every 0.2 s tick rescans, as the periodic rescan would.
+        d = start_daemon("shield", config='verify_interval_s = 0.2\ntask_events = "none"\n')
         assert os.sched_getaffinity(shell.pid) == before - {1}
         shell.stdin.write("go\n")
         shell.stdin.flush()
