@@ -269,6 +269,11 @@ class Decoder:
             cpu.enter(VECTORS.get(name[: -len("_entry")], name), ts)
 
 
+def ranked(tallies: Mapping[str, Tally], n: int) -> list[tuple[str, Tally]]:
+    """The `n` sources that took the most time."""
+    return sorted(tallies.items(), key=lambda kv: -kv[1].total_ns)[:n]
+
+
 @dataclass(frozen=True)
 class Breach:
     """A CPU beyond its noise budget in one interval."""
@@ -310,8 +315,7 @@ def over_budget(
         if max_single_us is not None and longest > max_single_us:
             whys.append(f"max single {max_single_us} µs")
         if whys:
-            ranked = sorted(tallies.items(), key=lambda kv: -kv[1].total_ns)[:top]
-            out.append(Breach(cpu, total, longest, ", ".join(whys), tuple(ranked)))
+            out.append(Breach(cpu, total, longest, ", ".join(whys), tuple(ranked(tallies, top))))
     return out
 
 

@@ -42,10 +42,6 @@ class NoiseInterval:
     cpus: dict[int, dict[str, noise.Tally]] = field(default_factory=dict)
     events: int = 0
 
-    def top(self, cpu: int, n: int = 5) -> list[tuple[str, noise.Tally]]:
-        tallies = self.cpus.get(cpu, {})
-        return sorted(tallies.items(), key=lambda kv: -kv[1].total_ns)[:n]
-
 
 class NoiseWatch:
     """Open with start(), read with poll() each interval, close with stop()."""

@@ -299,7 +299,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             elif (
                 given is None
                 and current is not None
-                and (parent := self.born_narrowed(target, cpus, owned))
+                and owned  # the first switch: nothing narrowed yet
+                and (parent := self.born_narrowed(target, cpus.to_list(), owned.get))
             ):  # expansions only: on an exec it may be mid-way through `taskset -c 1 app`
                 settings[target] = owned[parent]
             else:
@@ -405,22 +406,19 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         return {}
 
     def born_narrowed(
-        self, target: TaskAffinity, cpus: CpuSet | str, owned: Mapping[Target, Value]
+        self, target: TaskAffinity, cpus: str, applied: Callable[[Target], Value | None]
     ) -> TaskAffinity | None:
         """The narrowed task `target` was forked from, when it carries exactly the CPUs the
-        shield gave that one: a new thread of a narrowed process, or a child of one. Forks
-        are not heard of (the kernel filter drops user forks, so a fork storm costs the
-        daemon nothing): a rescan or the next switch finds them, and owning them
-        lets `off` give them their parent's original CPUs instead of leaving them (and all
-        a narrowed shell starts) on the housekeeping CPUs for good. A task its user pinned
-        to exactly those CPUs after the switch is taken for such a child: the one case
-        told wrong."""
-        if not owned:
-            return None  # the first switch: nothing narrowed yet
-        wanted = cpus.to_list() if isinstance(cpus, CpuSet) else str(cpus)
+        shield gave that one (`applied`: what an owned target was set to, else None): a
+        new thread of a narrowed process, or a child of one. Forks are not heard of (the
+        kernel filter drops user forks, so a fork storm costs the daemon nothing): a rescan
+        or the next switch finds them, and owning them lets `off` give them their parent's
+        original CPUs instead of leaving them (and all a narrowed shell starts) on the
+        housekeeping CPUs for good. A task its user pinned to exactly those CPUs after the
+        switch is taken for such a child: the one case told wrong."""
         if target.tid != target.pid:
             parent = TaskAffinity(target.pid, target.start, target.pid)
-            if parent in owned and str(owned[parent]) == wanted:
+            if str(applied(parent)) == cpus:
                 return parent
         try:
             ppid = self._task(target).ppid
@@ -430,7 +428,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         if start is None:
             return None
         parent = TaskAffinity(ppid, start, ppid)
-        return parent if parent in owned and str(owned[parent]) == wanted else None
+        return parent if str(applied(parent)) == cpus else None
 
     def _start_of(self, pid: int) -> int | None:
         task = self.identities.get(pid) if self.identities is not None else None
@@ -445,10 +443,15 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     ) -> Value:
         """A task born narrowed (born_narrowed) gets its parent's original back."""
         if isinstance(target, TaskAffinity):
-            applied = _OwnedView(owned)
+
+            def applied(t: Target) -> Value | None:
+                got = owned(t)
+                return got[1] if got is not None else None
+
             parent = self.born_narrowed(target, str(current), applied)
-            if parent is not None:
-                return applied.given(parent)
+            given = owned(parent) if parent is not None else None
+            if given is not None:
+                return given[0]
         return current
 
     def changed(self, rules: Any) -> bool:
@@ -607,31 +610,3 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             ("PID", "TID", "name", "isolated CPUs", "why it is there"),
             tuple(rows),
         )
-
-
-class _OwnedView(Mapping[Target, Value]):
-    """The engine's `owned(target) -> (original, applied)` as a mapping of applied values
-    (what born_narrowed reads), with the originals at hand."""
-
-    def __init__(self, owned: Callable[[Target], tuple[Value, Value] | None]) -> None:
-        self.owned = owned
-
-    def __getitem__(self, target: Target) -> Value:
-        got = self.owned(target)
-        if got is None:
-            raise KeyError(target)
-        return got[1]
-
-    def __contains__(self, target: object) -> bool:
-        return isinstance(target, Target) and self.owned(target) is not None
-
-    def __iter__(self) -> Iterator[Target]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 1  # unknown: never "empty" (born_narrowed's short cut is for real mappings)
-
-    def given(self, target: Target) -> Value:
-        got = self.owned(target)
-        assert got is not None
-        return got[0]

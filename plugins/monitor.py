@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from latencyd.noise import DEFAULT_INTERVAL_MS, LastInterval, WatchPlan
+from latencyd.noise import DEFAULT_INTERVAL_MS, LastInterval, WatchPlan, ranked
 from latencyd.plugin import Expansion, Monitor, Options, Plugin, Table, Target, Value
 from latencyd.schema import Cpus, Int, Option, Schema
 from latencyd.system import System
@@ -82,8 +82,7 @@ class MonitorPlugin(Plugin[Target]):
         }
         rows = []
         for cpu, tallies in sorted((self.last.cpus or {}).items()):
-            top = sorted(tallies.items(), key=lambda kv: -kv[1].total_ns)[:5]
-            for source, t in top:
+            for source, t in ranked(tallies, 5):
                 rows.append((str(cpu), source, str(t.count), f"{t.total_ns / 1000:.1f}",
                              f"{t.max_ns / 1000:.1f}"))  # fmt: skip
         title = f"noise in the last interval ({self.last.seconds:.2f} s)"
