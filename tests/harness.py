@@ -68,14 +68,15 @@ class Latencyd:
         profile: str | None = None,
         profile_dirs: list[Path] | None = None,
         extra: list[str] | None = None,
-        config: str = "",
+        config: str | None = "",  # None: the workdir's config as it is (a recovery)
         environment: dict[str, str] | None = None,
     ) -> None:
         self.address = bus_address
         self.workdir = workdir
         self.state_dir = workdir / "state"
         self.config = workdir / "latencyd.conf"
-        self.config.write_text(config)
+        if config is not None:
+            self.config.write_text(config)
         self.profile = profile
         self.profile_dirs = profile_dirs or []
         self.extra = extra or []
@@ -114,7 +115,9 @@ class Latencyd:
             env = env | extra
         if "--root" not in argv:  # a fake /proc+/sys is nothing to restore
             STARTED_DAEMONS.mkdir(exist_ok=True)
-            self.record.write_text(json.dumps(self.argv()))
+            record = {"workdir": str(self.workdir), "extra": self.extra,
+                      "profile_dirs": [str(d) for d in self.profile_dirs]}  # fmt: skip
+            self.record.write_text(json.dumps(record))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, pass_fds=fds)
         deadline = time.monotonic() + timeout
@@ -182,26 +185,17 @@ class Latencyd:
 def recover_killed_runs(bus_address: str) -> list[str]:
     """Restore what the daemons of runs that are gone (killed before their clean-up) left
     applied: each is started again on its state dir with no profile, which restores the
-    journal it adopts, and stopped. Returns the state dirs recovered."""
+    journal it adopts, and stopped (Latencyd.recover). Returns the state dirs recovered."""
     recovered = []
     for record in sorted(STARTED_DAEMONS.glob("*.json")) if STARTED_DAEMONS.is_dir() else []:
         if Path(f"/proc/{record.name.split('-')[0]}").exists():
             continue  # a live run's
-        argv: list[str] = json.loads(record.read_text())
-        state = Path(argv[argv.index("--state-dir") + 1])
-        if (state / "journal.jsonl").exists():
-            argv = [a for i, a in enumerate(argv) if "--profile" not in (a, argv[i - 1])]
-            env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=bus_address)
-            quiet = subprocess.DEVNULL
-            proc = subprocess.Popen([*argv, "--no-profile"], env=env, stdout=quiet, stderr=quiet)
-            deadline = time.monotonic() + 15
-            while not name_has_owner(bus_address) and proc.poll() is None:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(15)
-            recovered.append(str(state))
+        was = json.loads(record.read_text())
+        dirs = [Path(d) for d in was["profile_dirs"]]
+        daemon = Latencyd(bus_address, Path(was["workdir"]), None, dirs, was["extra"], config=None)
+        if (daemon.state_dir / "journal.jsonl").exists():
+            daemon.recover()
+            recovered.append(str(daemon.state_dir))
         record.unlink()
     return recovered
 
