@@ -978,8 +978,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--control",
         action="store_true",
-        help="with --attribute: add a group known to hurt (a real-time task busy 0.8 ms of "
-        "every millisecond, moved onto the measured CPUs by a [[kthread.rule]]), to see the "
+        help="with --attribute: add a group known to hurt (a real-time task busy 80 µs of "
+        "every 100, moved onto the measured CPUs by a [[kthread.rule]]), to see the "
         "measurement catch harm",
     )
     m.add_argument(

@@ -64,18 +64,18 @@ OSLAT_BUCKETS = 1024  # µs; the last bucket holds everything above
 # The control hog's name (its comm): Python started through a link of this name, parked
 # on the housekeeping CPUs (asleep: it must not load them) until the control group's
 # [[kthread.rule]] moves it onto the measured ones; there it makes itself SCHED_FIFO 1
-# and is busy 0.8 ms of every millisecond: a real-time task the application cannot
-# preempt, so a wake-up landing in its busy part waits, whatever else runs (a plain CPU
-# hog shares the CPU by EEVDF's rules, and beside a load it made no difference some
-# rounds: sockperf p99 19 µs in one round, 1,460 µs in the next, on a haltpoll guest; at
-# half duty only p99 moved, 6x, one vote). The fifth left keeps the CPU's kernel threads
-# alive. It ends by itself when
-# measure dies (even by SIGKILL).
+# and is busy 80 µs of every 100: a real-time task the application cannot preempt, so
+# most wake-ups wait, whatever else runs. The period is shorter than a round trip's
+# work so the median moves, not only the tail: at 0.8 ms of every ms a dozen round trips
+# fit in each gap and only one waits, so sockperf p50 moved 1.3x and p99 8-9x, one vote,
+# under load on a haltpoll guest (a plain CPU hog shares the CPU by EEVDF's rules and
+# beside a load made no difference some rounds). The fifth left keeps the CPU's kernel
+# threads alive. It ends by itself when measure dies (even by SIGKILL).
 CONTROL_HOG = "ltdm-hog"
 CONTROL_HOG_LOOP = """
 import os, sys, time
 parent, measured = int(sys.argv[1]), {int(c) for c in sys.argv[2].split(",")}
-busy, period, fifo = 0.0008, 0.001, False
+busy, period, fifo = 0.00008, 0.0001, False
 while True:
     try:
         os.kill(parent, 0)

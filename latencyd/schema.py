@@ -296,6 +296,9 @@ class Schema:
     # leaves it out of every scenario, as it has no effect to attribute and its tracing
     # must not run during the measurement.
     watches_only: bool = False
+    # A rule across options that no single option's kind can state: given the parsed
+    # values, the key at fault and what is wrong, or None.
+    consistent: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
 
     def extended(self, options: tuple[Option, ...]) -> Schema:
         """This schema with more options (the engine's `on_drift` in every section)."""
@@ -364,6 +367,8 @@ def validate(
     for name in schema.required:
         if name not in out:
             raise SchemaError(path, f"missing required option {name!r}")
+    if schema.consistent is not None and (fault := schema.consistent(out)) is not None:
+        raise SchemaError((*path, fault[0]), fault[1])
     for option in schema.options:
         if option.name not in out and option.default is not None:
             out[option.name] = option.default

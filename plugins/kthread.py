@@ -152,6 +152,19 @@ def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     )
 
 
+def _user_rules_set_cpus_only(rule: Mapping[str, Any]) -> tuple[str, str] | None:
+    # Policies are kept for kernel threads: a user process's policy is its own (and
+    # the daemon could not give it back after an exec changed what the process is).
+    if rule.get("user"):
+        for key in ("policy", "priority"):
+            if key in rule:
+                return key, (
+                    f"{key}: a user = true rule sets CPUs only (start the process "
+                    "with chrt for a real-time policy)"
+                )
+    return None
+
+
 def _require_movable(task: Task) -> None:
     if task.is_kthread and not task.pinnable:
         # The setting names the thread; the reason is the same for every such thread.
@@ -216,6 +229,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                         ),
                     ),
                     required=("match", "cpus"),
+                    consistent=_user_rules_set_cpus_only,
                 ),
                 "Kernel-thread rules (and user-process rules, user = true); the first rule "
                 "whose regex matches wins",

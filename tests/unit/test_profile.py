@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from latencyd.plugins.kthread import KthreadPlugin
 from latencyd.plugins.sysctl import SysctlPlugin
 from latencyd.plugins.writeback import WritebackPlugin
 
@@ -538,6 +539,23 @@ def test_exclusive_options_both_in_child(lib: ProfileLibrary, pdir: Path) -> Non
     assert str(load_error(lib, "child")).startswith(
         f"{child}:5: dirty_background_ratio and dirty_background_bytes are exclusive"
     )
+
+
+def test_a_user_rule_with_a_policy_is_refused_at_its_line(tmp_path: Path, pdir: Path) -> None:
+    """A policy in a `user = true` rule would be silently unused: refused where it stands."""
+    schemas = {"kthread": KthreadPlugin(System(make_fake_root(tmp_path))).schema}
+    lib = ProfileLibrary([pdir], schemas, MACHINE)
+    path = write(
+        pdir,
+        "p",
+        '[[kthread.rule]]\nmatch = "^app$"\ncpus = "1"\nuser = true\npolicy = "fifo"\n',
+    )
+    assert str(load_error(lib, "p")) == (
+        f"{path}:5: policy: a user = true rule sets CPUs only "
+        "(start the process with chrt for a real-time policy)"
+    )
+    write(pdir, "q", '[[kthread.rule]]\nmatch = "^k"\ncpus = "1"\npolicy = "fifo"\n')
+    assert lib.load("q").sections["kthread"]["rule"][0]["policy"] == "fifo"
 
 
 def test_directory_named_like_a_profile_is_not_one(lib: ProfileLibrary, pdir: Path) -> None:
