@@ -1,7 +1,7 @@
 # All metadata lives in pyproject.toml; this file only adds one build step.
 #
 # The man pages (latencyd(8), latencyctl(8), latencyd.profile(5)) and the bash and zsh
-# completions are generated from the code (latencyd/manpages.py: the argparse parsers,
+# completions are generated from the code (latencyd/tools/manpages.py: the argparse parsers,
 # every plugin's option schema, the README), not kept in the repository. Each build
 # (`pip install .`, a wheel) writes them to build/share/, and data_files installs them
 # from there to <prefix>/share/{man,bash-completion,zsh}.
@@ -19,7 +19,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from latencyd.manpages import install_layout  # standard library only: fine to import here
+from latencyd.tools.manpages import install_layout  # standard library only: fine to import here
 
 GENERATED = "build/share"
 
@@ -40,7 +40,7 @@ class BuildPyAndDocs(build_py):
                 )
             shutil.copytree(egg_info, os.path.join(stage, os.path.basename(egg_info)))
             readme, outdir = os.path.abspath("README.md"), os.path.abspath(GENERATED)
-            command = [sys.executable, "-m", "latencyd.manpages", "--readme", readme, outdir]
+            command = [sys.executable, "-m", "latencyd.tools.manpages", "--readme", readme, outdir]
             env = {**os.environ, "PYTHONPATH": stage, "PYTHONDONTWRITEBYTECODE": "1"}
             done = subprocess.run(command, env=env, cwd=stage)  # cwd: not the source's latencyd/
         # An editable install (make setup) gets no data_files from setuptools anyway, and a
@@ -57,6 +57,6 @@ setup(
         (f"share/{directory}", [f"{GENERATED}/{directory}/{name}" for name in names])
         for directory, names in install_layout().items()
     ]
-    # The shipped profiles, where latencyd.config.shipped_profiles_dir looks for them.
+    # The shipped profiles, where latencyd.service.config.shipped_profiles_dir looks for them.
     + [("share/latencyd/profiles", sorted(glob.glob("profiles/*.toml")))],
 )

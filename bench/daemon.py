@@ -272,7 +272,7 @@ class OwnerWatch:
         import dbus.bus
         import dbus.mainloop.glib
 
-        from latencyd.mainloop import MainLoop
+        from latencyd.service.mainloop import MainLoop
 
         self.conn = dbus.bus.BusConnection(address, mainloop=dbus.mainloop.glib.DBusGMainLoop())
         self.seen: float | None = None
@@ -707,7 +707,7 @@ def other_latencyd_pids() -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith((b"/latencyd", b"latencyd.main")) for a in argv[:3]):
+        if any(a.endswith((b"/latencyd", b"latencyd.service.main")) for a in argv[:3]):
             pids.append(int(entry.name))
     return sorted(pids)
 

@@ -1,6 +1,6 @@
 """drift benchmark: how fast drift is put back, and what keeping watch costs while idle.
 
-Design (see latencyd/main.py DriftWatch): every procfs/sysfs file holding an owned
+Design (see latencyd/service/main.py DriftWatch): every procfs/sysfs file holding an owned
 setting is watched with inotify, so a write by anyone wakes the daemon at once and
 nothing wakes it otherwise; settings that live in no file (thread affinities, NIC
 settings, the PM QoS request) are read back every `poll_interval_s` (1 s) while a

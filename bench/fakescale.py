@@ -18,13 +18,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from latencyd.daemon import Daemon
-from latencyd.engine import Engine, section_schemas
-from latencyd.journal import Journal
-from latencyd.plugin import DeviceEvent, load_plugins
-from latencyd.profile import ProfileLibrary
-from latencyd.system import System
-from latencyd.taskevents import TaskEvent
+from latencyd.core.engine import Engine, section_schemas
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import DeviceEvent, TaskEvent, load_plugins
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.system import System
+from latencyd.service.daemon import Daemon
 from tests.unit.fakesys import (
     FakeEthtool,
     FakeNic,

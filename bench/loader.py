@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments
-from latencyd.config import shipped_profiles_dir
-from latencyd.cpuset import CpuSet
-from latencyd.engine import section_schemas
-from latencyd.errors import ProfileError
-from latencyd.plugin import load_plugins
-from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine
-from latencyd.system import System
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import section_schemas
+from latencyd.core.errors import ProfileError
+from latencyd.core.plugin import load_plugins
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import Machine
+from latencyd.core.system import System
+from latencyd.service.config import shipped_profiles_dir
 from tests.fuzzprofiles import mutate
 
 

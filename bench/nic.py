@@ -46,7 +46,7 @@ rps_cpus = "0"
 CREATOR = r"""
 import json, os, sys, time
 from pyroute2 import IPRoute
-from latencyd.ethtool import NetlinkEthtool
+from latencyd.core.ethtool import NetlinkEthtool
 pairs = int(sys.argv[1])
 ethtool = NetlinkEthtool()
 def tuned(name):

@@ -1,6 +1,6 @@
 """noise benchmark: what the noise watch costs (issue 17).
 
-The watch (latencyd/noisewatch.py) traces the shielded CPUs' interruptions in a private
+The watch (latencyd/service/noisewatch.py) traces the shielded CPUs' interruptions in a private
 tracefs instance and decodes the pages once an interval. Figures, watching the last CPU
 with a 1 s interval, this process kept on the other CPUs as the daemon is:
 
@@ -26,9 +26,9 @@ import time
 from typing import Any
 
 from bench import arguments, not_root
-from latencyd.cpuset import CpuSet
-from latencyd.noisewatch import NoiseWatch
-from latencyd.system import System
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.system import System
+from latencyd.service.noisewatch import NoiseWatch
 
 TARGET_QUIET_PCT = 0.1
 # A task that sleeps 100 µs at a time: ~10,000 wake-ups (timer interrupts) a second.

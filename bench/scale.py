@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
-from latencyd.measure import Processes, TunedDaemon
+from latencyd.tools.measure import Processes, TunedDaemon
 from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, REPO, Latencyd, idle_threads
 

@@ -18,7 +18,7 @@ TuneD is configured for the run as a user of these profiles would: isolated_core
 its variables files, netdev_queue_count = eth0's own queue count (so realtime's
 `channels` is a no-op on eth0), and dynamic tuning off (realtime's [net] would otherwise
 change eth0's link speed on these VMs), in a copy of /etc/tuned; TuneD runs over private
-copies of /etc/tuned and /etc/modprobe.d (see latencyd.measure.TunedDaemon), so the
+copies of /etc/tuned and /etc/modprobe.d (see latencyd.tools.measure.TunedDaemon), so the
 machine's files are never written.
 
     python -m bench tuned [--profiles a,b] [--json] [--quick]
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
-from latencyd.measure import Processes, TunedDaemon, workqueue_masks
+from latencyd.tools.measure import Processes, TunedDaemon, workqueue_masks
 from scripts.private_bus import PrivateBus
 from tests.harness import BIN, POLICY, REPO, Latencyd
 

@@ -33,9 +33,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from latencyd.cpuset import CpuSet
-from latencyd.errors import KernelRefused, Location, NotApplicable, ProfileError
-from latencyd.plugin import (
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import KernelRefused, Location, NotApplicable, ProfileError
+from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
     Follows,
@@ -47,7 +47,7 @@ from latencyd.plugin import (
     Target,
     Value,
 )
-from latencyd.schema import (
+from latencyd.core.schema import (
     ArrayOfTables,
     Bool,
     Choice,

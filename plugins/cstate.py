@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.cpuset import CpuSet
-from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.idle import (
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import KernelRefused, NotApplicable
+from latencyd.core.idle import (
     NO_CONSTRAINT,
     NO_DRIVER,
     RESPONSIVE_POLL_NS,
@@ -26,7 +26,7 @@ from latencyd.idle import (
     read_idle,
     states_of,
 )
-from latencyd.plugin import (
+from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
     Follows,
@@ -38,7 +38,7 @@ from latencyd.plugin import (
     Target,
     Value,
 )
-from latencyd.schema import (
+from latencyd.core.schema import (
     ArrayOfTables,
     Bool,
     Choice,
@@ -53,7 +53,7 @@ from latencyd.schema import (
     Schema,
     Str,
 )
-from latencyd.system import System
+from latencyd.core.system import System
 
 CPU = "sys/devices/system/cpu"
 SYMBOLIC = Pattern(r"poll|shallowest|state:.+", '"poll", "shallowest" or "state:NAME"')

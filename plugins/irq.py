@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from latencyd.cpuset import CpuSet
-from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.plugin import (
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import KernelRefused, NotApplicable
+from latencyd.core.plugin import (
     CPU_ACTIONS,
     DEVICE_ACTIONS,
     DeviceEvent,
@@ -32,8 +32,8 @@ from latencyd.plugin import (
     Target,
     Value,
 )
-from latencyd.schema import ArrayOfTables, Bool, Cpus, Option, Schema, Str
-from latencyd.system import System
+from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Option, Schema, Str
+from latencyd.core.system import System
 
 PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
 IRQBALANCE_FILES = ("etc/default/irqbalance", "etc/sysconfig/irqbalance")

@@ -3,7 +3,7 @@
 Rules match kernel threads (children of kthreadd) by regex on their name and set
 their CPUs and, optionally, scheduling policy. Threads are keyed by pid and start
 time, so a recycled pid is never mistaken for the thread that was pinned. New
-threads arrive as task events (see latencyd.taskevents) and get their settings
+threads arrive as task events (see latencyd.service.taskevents) and get their settings
 within milliseconds; a periodic rescan is the safety net.
 
 On Linux >= 3.10 writeback runs on the unbound `writeback` workqueue, steered by
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
-from latencyd.cpuset import CpuSet, CpuSetError
-from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.plugin import (
+from latencyd.core.cpuset import CpuSet, CpuSetError
+from latencyd.core.errors import KernelRefused, NotApplicable
+from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
     Follows,
@@ -42,10 +42,11 @@ from latencyd.plugin import (
     Settings,
     Table,
     Target,
+    TaskEvent,
     Value,
     run_to_end,
 )
-from latencyd.schema import (
+from latencyd.core.schema import (
     ArrayOfTables,
     Bool,
     Choice,
@@ -57,8 +58,7 @@ from latencyd.schema import (
     Schema,
     Str,
 )
-from latencyd.system import POLICIES, System, Task
-from latencyd.taskevents import TaskEvent
+from latencyd.core.system import POLICIES, System, Task
 
 WORKQUEUES = {
     "writeback": "sys/devices/virtual/workqueue/writeback/cpumask",

@@ -4,7 +4,7 @@
 A shield promises that nothing but the application runs on its CPUs. This section sets
 nothing: while it is in force, the daemon traces every interruption of `cpus` (hardware
 and soft IRQs, the local timer, IPIs, other tasks, kernel threads included) in a private
-tracefs instance (latencyd/noisewatch.py), tallies them by source each interval, and
+tracefs instance (latencyd/service/noisewatch.py), tallies them by source each interval, and
 when a CPU's noise in one interval exceeds `budget_us` (or one interruption
 `max_single_us`) it says so: one log line naming the CPU and the top sources, and the
 D-Bus signal NoiseExceeded. `status` shows the last interval.
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from latencyd.noise import DEFAULT_INTERVAL_MS, LastInterval, WatchPlan, ranked
-from latencyd.plugin import Expansion, Monitor, Options, Plugin, Table, Target, Value
-from latencyd.schema import Cpus, Int, Option, Schema
-from latencyd.system import System
+from latencyd.core.noise import DEFAULT_INTERVAL_MS, LastInterval, WatchPlan, ranked
+from latencyd.core.plugin import Expansion, Monitor, Options, Plugin, Table, Target, Value
+from latencyd.core.schema import Cpus, Int, Option, Schema
+from latencyd.core.system import System
 
 
 class MonitorPlugin(Plugin[Target]):

@@ -3,7 +3,7 @@
 Every NIC a `[[net.nic]]` entry matches (by name, driver, bus address or MAC; the
 first matching entry wins) gets the entry's settings, virtual NICs included (veth,
 tap, bond, vlan: TuneD skips everything under /virtual/). ethtool settings go over
-netlink (latencyd.ethtool), never through ethtool's text. Every write is read back: a
+netlink (latencyd.core.ethtool), never through ethtool's text. Every write is read back: a
 driver that does not support a key, or accepts a value and keeps another
 (virtio_net's adaptive-rx), makes the setting "not applicable, with the reason".
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from latencyd.cpuset import CpuSet
-from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.ethtool import FEATURE_ALIASES, GROUPS
-from latencyd.plugin import (
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import KernelRefused, NotApplicable
+from latencyd.core.ethtool import FEATURE_ALIASES, GROUPS
+from latencyd.core.plugin import (
     DeviceEvent,
     Expansion,
     Follows,
@@ -38,8 +38,8 @@ from latencyd.plugin import (
     Target,
     Value,
 )
-from latencyd.schema import ArrayOfTables, Bool, Cpus, Fields, Int, ListOf, Option, Schema, Str
-from latencyd.system import System
+from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Fields, Int, ListOf, Option, Schema, Str
+from latencyd.core.system import System
 
 NET = "sys/class/net"
 PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.plugin import Expansion, Options, Plugin, Target, Value
-from latencyd.schema import Int, OneOf, Schema, Str
-from latencyd.system import System
+from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
+from latencyd.core.schema import Int, OneOf, Schema, Str
+from latencyd.core.system import System
 
 # Sysctls that hand out root: each names a program the kernel runs as root, or
 # switches off a protection against privilege escalation. A profile setting one is

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.errors import KernelRefused
-from latencyd.plugin import (
+from latencyd.core.errors import KernelRefused
+from latencyd.core.plugin import (
     CPU_ACTIONS,
     DeviceEvent,
     Expansion,
@@ -38,7 +38,7 @@ from latencyd.plugin import (
     Target,
     Value,
 )
-from latencyd.schema import Int, OneOf, Schema, Str
+from latencyd.core.schema import Int, OneOf, Schema, Str
 
 # Subsystems whose devices carry the files profiles set by glob: block queues, NICs, PCI
 # and USB power control, SCSI hosts' link power management, NVMe; CPUs too (a CPU that

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.plugin import Expansion, Options, Plugin, Settings, Target, Value
-from latencyd.schema import Int, Option, Schema, Size
+from latencyd.core.plugin import Expansion, Options, Plugin, Settings, Target, Value
+from latencyd.core.schema import Int, Option, Schema, Size
 
 VM = "proc/sys/vm"
 PAIRS = {

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from latencyd import attribute
+from latencyd.tools import attribute
 
 KEPT_PLAN = ("scenarios", "tools", "rounds", "seconds_per_tool", "load")
 

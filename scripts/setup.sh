@@ -38,7 +38,7 @@ APT_PACKAGES=(
     # D-Bus: dbus-daemon for the private test bus, dbus-send; headers for dbus-python.
     dbus libdbus-1-dev
     # dbus-python builds from source; its GLib main-loop integration needs GLib headers.
-    # (The daemon drives the GLib loop through ctypes: no PyGObject, see latencyd/mainloop.py.)
+    # (The daemon drives the GLib loop through ctypes: no PyGObject, see latencyd/service/mainloop.py.)
     libglib2.0-dev pkg-config
     # Toolchain for the C extensions and the perf python bindings (perf's build stops
     # without flex and bison; python/perf.so needs no libelf-dev).

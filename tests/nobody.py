@@ -41,7 +41,7 @@ def as_nobody(fn: Callable[[], int]) -> int:
 def cli_as_nobody(address: str, *args: str, capture: Path) -> int:
     import dbus  # noqa: F401  (imported before dropping privileges)
 
-    from latencyd import cli
+    from latencyd.tools import cli
 
     # Opened before dropping privileges: pytest's tmp dir is private to root.
     fd = os.open(capture, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

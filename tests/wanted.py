@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from latencyd.engine import SettingId
-from latencyd.plugin import Plugin
+from latencyd.core.engine import SettingId
+from latencyd.core.plugin import Plugin
 
 
 def wanted(plugin: Plugin[Any], options: Mapping[str, Any]) -> dict[SettingId, Any]:

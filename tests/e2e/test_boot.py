@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from latencyd.measure import DirtyLimits
+from latencyd.tools.measure import DirtyLimits
 from tests.harness import REPO, Latencyd, wait_for
 from tests.harness import sysctl as host_sysctl
 from tests.machine_state import differences, snapshot

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.journal import Journal
+from latencyd.core.journal import Journal
 from tests.harness import (
     STARTED_DAEMONS,
     Latencyd,

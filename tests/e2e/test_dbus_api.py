@@ -14,7 +14,7 @@ import dbus
 import pytest
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
-from latencyd.service import READ_METHODS, Service, dbus_methods
+from latencyd.service.dbus import READ_METHODS, Service, dbus_methods
 from tests.harness import POLICY, Latencyd
 from tests.nobody import PERMISSIVE_POLICY, cli_as_nobody
 
@@ -102,8 +102,8 @@ def test_every_error_is_declared_and_one_line(
 
 
 BROKEN_PLUGIN = '''
-from latencyd.plugin import Plugin
-from latencyd.schema import Bool, Option, Schema
+from latencyd.core.plugin import Plugin
+from latencyd.core.schema import Bool, Option, Schema
 
 
 class BrokenPlugin(Plugin):

@@ -13,8 +13,8 @@ import pytest
 from latencyd.plugins.cstate import WITHOUT_DRIVER
 from latencyd.plugins.irq import parse_interrupts
 
-from latencyd.idle import NO_DRIVER, read_driver
-from latencyd.system import System
+from latencyd.core.idle import NO_DRIVER, read_driver
+from latencyd.core.system import System
 from tests.harness import Latencyd, wait_for
 from tests.hotplug import cpu_offline
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from latencyd.cpuset import CpuSet
+from latencyd.core.cpuset import CpuSet
 from tests.harness import Latencyd, wait_for
 
 PROFILE = """

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.system import System
+from latencyd.core.system import System
 from tests.harness import Latencyd, wait_for
 
 CPU = max(System("/").online_cpus())

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from latencyd.plugins.irq import parse_interrupts
 
-from latencyd.config import shipped_profiles_dir
-from latencyd.errors import LatencydError
-from latencyd.journal import Journal
-from latencyd.plugin import Plugin, Target, decode_target, load_plugins, target_kinds
-from latencyd.system import System
+from latencyd.core.errors import LatencydError
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import Plugin, Target, decode_target, load_plugins, target_kinds
+from latencyd.core.system import System
+from latencyd.service.config import shipped_profiles_dir
 from tests.fdstore import FdStoreStandIn
 from tests.harness import Latencyd, idle_threads, wait_for
 from tests.machine_state import pm_qos_holders

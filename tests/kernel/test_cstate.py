@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.cstate import CstatePlugin
 
-from latencyd.cpuset import CpuSet
-from latencyd.engine import Engine
-from latencyd.journal import Journal
-from latencyd.system import System
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import Engine
+from latencyd.core.journal import Journal
+from latencyd.core.system import System
 from tests.machine_state import pm_qos_holders
 from tests.wanted import wanted
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.irq import IrqAffinity, IrqPlugin, parse_interrupts
 
-from latencyd.cpuset import CpuSet
-from latencyd.engine import Engine
-from latencyd.journal import Journal
-from latencyd.system import System
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import Engine
+from latencyd.core.journal import Journal
+from latencyd.core.system import System
 from tests.wanted import wanted
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")

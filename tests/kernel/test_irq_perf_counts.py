@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from latencyd.system import System
+from latencyd.core.system import System
 from latencyd.plugins.irq import IrqPlugin, parse_interrupts
 
 system = System("/")
@@ -76,7 +76,7 @@ def test_handler_counts_per_cpu_with_tracefs(tmp_path: Path) -> None:
 def test_without_tracefs_status_says_why() -> None:
     from latencyd.plugins.irq import IrqPlugin
 
-    from latencyd.system import System
+    from latencyd.core.system import System
 
     if System("/").tracepoint_id("irq", "irq_handler_entry") is not None:
         pytest.skip("tracefs is mounted on this machine")

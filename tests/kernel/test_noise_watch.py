@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.cpuset import CpuSet
-from latencyd.noisewatch import INSTANCE, NoiseInterval, NoiseWatch
-from latencyd.system import System
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.system import System
+from latencyd.service.noisewatch import INSTANCE, NoiseInterval, NoiseWatch
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.config import shipped_profiles_dir
-from latencyd.engine import Engine, section_schemas
-from latencyd.journal import Journal
-from latencyd.plugin import load_plugins
-from latencyd.profile import ProfileLibrary
-from latencyd.system import System
+from latencyd.core.engine import Engine, section_schemas
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import load_plugins
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.system import System
+from latencyd.service.config import shipped_profiles_dir
 
 SHIPPED = sorted(p.stem for p in shipped_profiles_dir().glob("*.toml"))
 

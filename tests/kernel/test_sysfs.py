@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.sysfs import SysfsFile, SysfsPlugin, bracketed
 
-from latencyd.engine import Engine, plugin_options, section_schemas
-from latencyd.journal import Journal
-from latencyd.profile import Profile
-from latencyd.schema import validate
-from latencyd.system import System
+from latencyd.core.engine import Engine, plugin_options, section_schemas
+from latencyd.core.journal import Journal
+from latencyd.core.profile import Profile
+from latencyd.core.schema import validate
+from latencyd.core.system import System
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")

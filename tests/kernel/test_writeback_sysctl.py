@@ -8,10 +8,10 @@ import pytest
 from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
-from latencyd.engine import Engine
-from latencyd.errors import ApplyFailed, KernelRefused
-from latencyd.journal import Journal
-from latencyd.system import System
+from latencyd.core.engine import Engine
+from latencyd.core.errors import ApplyFailed, KernelRefused
+from latencyd.core.journal import Journal
+from latencyd.core.system import System
 
 DIRTY = DirtyLimit("dirty")
 
@@ -116,7 +116,7 @@ def test_multi_field_sysctl_compares_field_by_field(engine: Engine) -> None:
 def test_measure_puts_back_limits_in_bytes_that_tuneds_rollback_zeroes() -> None:
     """TuneD's rollback writes back the vm.dirty_*ratio it read: 0 on a machine whose limits
     are in bytes, which zeroes the bytes too. `measure` puts the limits back."""
-    from latencyd.measure import DirtyLimits
+    from latencyd.tools.measure import DirtyLimits
 
     plugin = WritebackPlugin(System("/"))
     background = DirtyLimit("dirty_background")

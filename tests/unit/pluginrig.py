@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from latencyd.engine import Engine, plugin_options, section_schemas
-from latencyd.journal import Journal
-from latencyd.plugin import Expansion, Plugin
-from latencyd.profile import Profile
-from latencyd.schema import Machine, validate
-from latencyd.system import System
+from latencyd.core.engine import Engine, plugin_options, section_schemas
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import Expansion, Plugin
+from latencyd.core.profile import Profile
+from latencyd.core.schema import Machine, validate
+from latencyd.core.system import System
 from tests.unit.fakesys import tree_bytes
 
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from latencyd import attribute as A
-from latencyd.config import shipped_profiles_dir
-from latencyd.cpuset import CpuSet
-from latencyd.engine import section_schemas
-from latencyd.plugin import load_plugins
-from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine, Schema
-from latencyd.system import System
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import section_schemas
+from latencyd.core.plugin import load_plugins
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import Machine, Schema
+from latencyd.core.system import System
+from latencyd.service.config import shipped_profiles_dir
+from latencyd.tools import attribute as A
 from tests.unit.fakesys import make_fake_root
 
 MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)

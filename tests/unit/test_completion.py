@@ -1,4 +1,4 @@
-"""Shell completion for latencyctl, generated from its parser (latencyd/manpages.py).
+"""Shell completion for latencyctl, generated from its parser (latencyd/tools/manpages.py).
 
 - `latencyctl completion bash` passes `bash -n` and, driven with COMP_WORDS/COMP_CWORD
   in a real bash, completes commands, their options, option values, the shipped profile
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from latencyd import cli, manpages
-from latencyd.explain import plugin_docs
-from latencyd.manpages import bash_completion, complete_words, zsh_completion
+from latencyd.tools import cli, manpages
+from latencyd.tools.explain import plugin_docs
+from latencyd.tools.manpages import bash_completion, complete_words, zsh_completion
 from tests.harness import REPO
 
 SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.toml"))
@@ -167,7 +167,7 @@ def test_the_helper_is_hidden_and_works_without_the_daemon(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     env = {**ENV, "DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent"}
-    latencyctl = [sys.executable, "-m", "latencyd.cli"]
+    latencyctl = [sys.executable, "-m", "latencyd.tools.cli"]
     done = subprocess.run(
         [*latencyctl, "__complete", "profiles"], capture_output=True, text=True, env=env
     )

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from latencyd.engine import Engine, section_schemas
-from latencyd.journal import Journal
-from latencyd.plugin import Plugin, decode_target, discover, encode_target, target_kinds
-from latencyd.profile import Profile
-from latencyd.schema import ArrayOfTables, Schema, validate
+from latencyd.core.engine import Engine, section_schemas
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import Plugin, decode_target, discover, encode_target, target_kinds
+from latencyd.core.profile import Profile
+from latencyd.core.schema import ArrayOfTables, Schema, validate
 from tests.harness import REPO
 from tests.unit.fakesys import make_fake_machine, tree_values
 
@@ -108,7 +108,7 @@ def test_every_built_in_plugin_is_a_file_in_plugins_with_an_entry_point() -> Non
 
 
 def test_the_schemas_tables_are_documented_in_plugin_docs() -> None:
-    from latencyd.explain import plugin_docs
+    from latencyd.tools.explain import plugin_docs
 
     docs = plugin_docs()
     for name, cls in discover().items():

@@ -22,11 +22,11 @@ from latencyd.plugins.cpu import (
     PolicyBoost,
 )
 
-from latencyd.engine import SECTION, Engine, Refused
-from latencyd.errors import ApplyFailed, NotApplicable
-from latencyd.journal import Journal
-from latencyd.plugin import Target, Value
-from latencyd.schema import SchemaError
+from latencyd.core.engine import SECTION, Engine, Refused
+from latencyd.core.errors import ApplyFailed, NotApplicable
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import Target, Value
+from latencyd.core.schema import SchemaError
 from tests.unit.fakesys import (
     ACPI_GOVERNORS,
     CpufreqLikeSystem,

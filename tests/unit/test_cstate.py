@@ -22,13 +22,13 @@ from latencyd.plugins.cstate import (
     state_matches,
 )
 
-from latencyd.engine import Engine, SettingId, plugin_options, section_schemas
-from latencyd.errors import NotApplicable
-from latencyd.journal import Journal
-from latencyd.plugin import Expansion, Value
-from latencyd.profile import Profile
-from latencyd.schema import Machine, SchemaError, validate
-from latencyd.system import System
+from latencyd.core.engine import Engine, SettingId, plugin_options, section_schemas
+from latencyd.core.errors import NotApplicable
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import Expansion, Value
+from latencyd.core.profile import Profile
+from latencyd.core.schema import Machine, SchemaError, validate
+from latencyd.core.system import System
 from tests.unit.fakesys import (
     PM_QOS_DEFAULT_US,
     add_cpuidle,

@@ -16,12 +16,12 @@ import pytest
 from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
-from latencyd import engine as engine_module
-from latencyd.cpuset import CpuSet
-from latencyd.engine import SECTION, Engine, Plan, Refused, Section, plan, section_schemas
-from latencyd.errors import ApplyFailed, Cancelled, KernelRefused, LatencydError, NotApplicable
-from latencyd.journal import Journal, JournalState
-from latencyd.plugin import (
+from latencyd.core import engine as engine_module
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import SECTION, Engine, Plan, Refused, Section, plan, section_schemas
+from latencyd.core.errors import ApplyFailed, Cancelled, KernelRefused, LatencydError, NotApplicable
+from latencyd.core.journal import Journal, JournalState
+from latencyd.core.plugin import (
     Expansion,
     Options,
     Plugin,
@@ -30,9 +30,9 @@ from latencyd.plugin import (
     decode_target,
     target_kinds,
 )
-from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine
-from latencyd.system import System
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import Machine
+from latencyd.core.system import System
 from tests.unit.fakesys import (
     KernelLikeSystem,
     RefusingSystem,
@@ -775,7 +775,7 @@ def test_expand_errors_fail_the_profile_and_not_applicable_refuses_the_section(
             raise KernelRefused("listing IRQs", "EACCES")
 
     rig.plugins["fake"] = Broken(rig.system)
-    from latencyd.profile import Profile
+    from latencyd.core.profile import Profile
 
     profile = Profile("p", rig.root / "p.toml", "", {"fake": {"x": 1}}, {})
     with pytest.raises(ApplyFailed, match=r"^\[fake\]: listing IRQs: EACCES$"):

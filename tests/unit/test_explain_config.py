@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.config import (
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import ConfigError, ProfileError
+from latencyd.service.config import (
     ETC_PROFILES,
     FALLBACK_PROFILE,
     Config,
@@ -14,9 +16,7 @@ from latencyd.config import (
     search_path,
     shipped_profiles_dir,
 )
-from latencyd.cpuset import CpuSet
-from latencyd.errors import ConfigError, ProfileError
-from latencyd.explain import explain, plain
+from latencyd.tools.explain import explain, plain
 from tests.unit.fakesys import make_fake_root
 
 BASE = """\

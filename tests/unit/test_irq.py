@@ -23,8 +23,8 @@ from latencyd.plugins.irq import (
     parse_interrupts,
 )
 
-from latencyd.cpuset import CpuSet
-from latencyd.engine import (
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import (
     SECTION,
     ApplyFailed,
     Engine,
@@ -34,12 +34,12 @@ from latencyd.engine import (
     plugin_options,
     section_schemas,
 )
-from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.journal import Journal
-from latencyd.plugin import DeviceEvent, Expansion, Value
-from latencyd.profile import Profile
-from latencyd.schema import Machine, SchemaError, validate
-from latencyd.system import System
+from latencyd.core.errors import KernelRefused, NotApplicable
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import DeviceEvent, Expansion, Value
+from latencyd.core.profile import Profile
+from latencyd.core.schema import Machine, SchemaError, validate
+from latencyd.core.system import System
 from tests.unit.fakesys import (
     EIO_REASON,
     EPERM_REASON,

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from latencyd.engine import ADOPTED, Engine, section_schemas
-from latencyd.errors import LatencydError
-from latencyd.journal import Journal
-from latencyd.plugin import Plugin, discover
-from latencyd.profile import Profile
-from latencyd.schema import validate
-from latencyd.system import System
+from latencyd.core.engine import ADOPTED, Engine, section_schemas
+from latencyd.core.errors import LatencydError
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import Plugin, discover
+from latencyd.core.profile import Profile
+from latencyd.core.schema import validate
+from latencyd.core.system import System
 from tests.unit.fakesys import add_task, make_fake_machine, put, tree_bytes
 
 # Every plugin's example, and isolation (the sections whose new targets consult what the

@@ -24,24 +24,24 @@ from latencyd.plugins.kthread import (
     rules_from,
 )
 
-from latencyd.daemon import Daemon, Delays
-from latencyd.engine import Engine, Refused, SettingId, section_schemas
-from latencyd.errors import ApplyFailed, KernelRefused, NotApplicable
-from latencyd.journal import Journal
-from latencyd.plugin import (
+from latencyd.core.engine import Engine, Refused, SettingId, section_schemas
+from latencyd.core.errors import ApplyFailed, KernelRefused, NotApplicable
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
     Monitor,
     Target,
+    TaskEvent,
     Value,
     decode_target,
     encode_target,
     target_kinds,
 )
-from latencyd.profile import Profile, ProfileLibrary
-from latencyd.schema import Machine, SchemaError, validate
-from latencyd.system import PF_KTHREAD, System, Task
-from latencyd.taskevents import TaskEvent
+from latencyd.core.profile import Profile, ProfileLibrary
+from latencyd.core.schema import Machine, SchemaError, validate
+from latencyd.core.system import PF_KTHREAD, System, Task
+from latencyd.service.daemon import Daemon, Delays
 from tests.unit.fakesys import (
     EPERM_REASON,
     FakeSched,

@@ -18,16 +18,16 @@ from latencyd.plugins.cstate import (
     StateDisable,
 )
 
-from latencyd import attribute as A
-from latencyd.config import shipped_profiles_dir
-from latencyd.engine import Engine, plugin_options, section_schemas
-from latencyd.idle import NO_DRIVER, IdleFacts, read_driver, read_idle
-from latencyd.journal import Journal
-from latencyd.plugin import Expansion, Table, load_plugins
-from latencyd.profile import Profile, ProfileLibrary
-from latencyd.recommend import read_facts, recommend
-from latencyd.schema import validate
-from latencyd.system import System
+from latencyd.core.engine import Engine, plugin_options, section_schemas
+from latencyd.core.idle import NO_DRIVER, IdleFacts, read_driver, read_idle
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import Expansion, Table, load_plugins
+from latencyd.core.profile import Profile, ProfileLibrary
+from latencyd.core.schema import validate
+from latencyd.core.system import System
+from latencyd.service.config import shipped_profiles_dir
+from latencyd.tools import attribute as A
+from latencyd.tools.recommend import read_facts, recommend
 from tests.unit.fakesys import (
     HALTPOLL_GUEST,
     INTEL_METAL,
@@ -376,9 +376,9 @@ def test_recommend_with_measure_quotes_the_measured_gain_only(machine_kind: Fake
 
 def test_recommend_without_states_beyond_polling() -> None:
     """A driver that lists no real C-state: responsive cannot act, and recommend says so."""
-    from latencyd.cpuset import CpuSet
-    from latencyd.idle import IdleState
-    from latencyd.recommend import Facts
+    from latencyd.core.cpuset import CpuSet
+    from latencyd.core.idle import IdleState
+    from latencyd.tools.recommend import Facts
 
     idle = IdleFacts("acpi_idle", "menu", {0: (IdleState(0, "POLL", 0),)})
     one = CpuSet([0])
@@ -396,10 +396,12 @@ def test_latencyctl_recommend_quotes_the_gain_only_with_measure(
     with it, the reasons quote the figures of the run (measure itself is faked here)."""
     import json
 
-    import latencyd.recommend
-    from latencyd import cli
+    import latencyd.tools.recommend
+    from latencyd.tools import cli
 
-    monkeypatch.setattr(latencyd.recommend, "read_facts", lambda _: read_facts(machine_kind.system))
+    monkeypatch.setattr(
+        latencyd.tools.recommend, "read_facts", lambda _: read_facts(machine_kind.system)
+    )
     assert cli.main(["recommend", "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert "Expected, not measured here" in plain["reasons"][0] and "measured" not in plain

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from latencyd.mainloop import MainLoop
+from latencyd.service.mainloop import MainLoop
 
 
 def test_timeouts_fd_watches_and_signals_dispatch_in_the_loop() -> None:

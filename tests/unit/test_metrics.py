@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from latencyd.config import load_config
-from latencyd.errors import ConfigError
-from latencyd.metrics import Metrics, parse_listen
-from latencyd.noise import Tally
+from latencyd.core.errors import ConfigError
+from latencyd.core.noise import Tally
+from latencyd.service.config import load_config
+from latencyd.service.metrics import Metrics, parse_listen
 
 
 def test_listen_addresses_are_ip_and_port() -> None:

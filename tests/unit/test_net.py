@@ -14,13 +14,12 @@ from typing import Any
 import pytest
 from latencyd.plugins.net import NetPlugin, NetRules, NicFile, NicSetting
 
-from latencyd.cpuset import CpuSet
-from latencyd.daemon import Daemon, without_covered
-from latencyd.engine import Engine, Refused, SettingId, plugin_options, section_schemas
-from latencyd.errors import KernelRefused, NotApplicable
-from latencyd.ethtool import FEATURE_ALIASES, GROUPS
-from latencyd.journal import Journal
-from latencyd.plugin import (
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import Engine, Refused, SettingId, plugin_options, section_schemas
+from latencyd.core.errors import KernelRefused, NotApplicable
+from latencyd.core.ethtool import FEATURE_ALIASES, GROUPS
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import (
     DeviceEvent,
     Expansion,
     Monitor,
@@ -30,9 +29,10 @@ from latencyd.plugin import (
     encode_target,
     target_kinds,
 )
-from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine, SchemaError, validate
-from latencyd.system import System
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import Machine, SchemaError, validate
+from latencyd.core.system import System
+from latencyd.service.daemon import Daemon, without_covered
 from tests.unit.fakesys import (
     FakeEthtool,
     FakeNic,

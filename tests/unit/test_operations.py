@@ -9,11 +9,11 @@ from typing import Any, cast
 
 import pytest
 
-from latencyd.daemon import Daemon
-from latencyd.engine import Progress
-from latencyd.errors import Cancelled
-from latencyd.mainloop import MainLoop
-from latencyd.operations import Operation, Operations
+from latencyd.core.engine import Progress
+from latencyd.core.errors import Cancelled
+from latencyd.service.daemon import Daemon
+from latencyd.service.mainloop import MainLoop
+from latencyd.service.operations import Operation, Operations
 
 
 class StandIn:

@@ -12,28 +12,28 @@ from latencyd.plugins.kthread import KthreadPlugin, Workqueue
 from latencyd.plugins.sysctl import Sysctl, SysctlPlugin, key_parts, normalize, sysctl_path
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
-from latencyd.cpuset import CpuSet
-from latencyd.daemon import Caller, Daemon
-from latencyd.engine import ENGINE_OPTIONS, Engine, plugin_options, section_schemas
-from latencyd.errors import KernelRefused, PermissionDenied
-from latencyd.journal import Journal
-from latencyd.plugin import (
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import ENGINE_OPTIONS, Engine, plugin_options, section_schemas
+from latencyd.core.errors import KernelRefused, PermissionDenied
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import (
     DeviceEvent,
     Expansion,
     Follows,
     Monitor,
     Plugin,
     Target,
+    TaskEvent,
     decode_target,
     discover,
     encode_target,
     load_plugins,
     target_kinds,
 )
-from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine, SchemaError, validate
-from latencyd.system import System
-from latencyd.taskevents import TaskEvent
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import Machine, SchemaError, validate
+from latencyd.core.system import System
+from latencyd.service.daemon import Caller, Daemon
 from tests.unit.fakesys import (
     KernelLikeSystem,
     make_fake_root,
@@ -555,7 +555,7 @@ def test_plugin_defaults(fake_root: Path) -> None:
 
 
 def test_entry_point_specs_reads_installed_metadata_first_wins(tmp_path: Path) -> None:
-    from latencyd.plugin import entry_point_specs
+    from latencyd.core.plugin import entry_point_specs
 
     first, second = tmp_path / "a", tmp_path / "b"
     for base, dist, body in (
@@ -577,7 +577,7 @@ def test_entry_point_specs_reads_installed_metadata_first_wins(tmp_path: Path) -
 
 
 def test_installed_entry_points_name_every_builtin_plugin() -> None:
-    from latencyd.plugin import ENTRY_POINT_GROUP, entry_point_specs
+    from latencyd.core.plugin import ENTRY_POINT_GROUP, entry_point_specs
 
     specs = entry_point_specs(ENTRY_POINT_GROUP)
     assert {"sysctl", "writeback", "cstate", "irq", "kthread"} <= set(specs)

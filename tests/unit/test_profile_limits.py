@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.config import shipped_profiles_dir
-from latencyd.cpuset import CpuSet
-from latencyd.engine import section_schemas
-from latencyd.errors import ProfileError, ProfileNotFound
-from latencyd.plugin import load_plugins
-from latencyd.profile import LIMITS, ProfileLibrary, check_name, check_trusted
-from latencyd.schema import Machine
-from latencyd.system import System
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import section_schemas
+from latencyd.core.errors import ProfileError, ProfileNotFound
+from latencyd.core.plugin import load_plugins
+from latencyd.core.profile import LIMITS, ProfileLibrary, check_name, check_trusted
+from latencyd.core.schema import Machine
+from latencyd.core.system import System
+from latencyd.service.config import shipped_profiles_dir
 from tests.fuzzprofiles import mutate
 from tests.unit.fakesys import add_cpuidle, add_irqs, make_fake_root
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from latencyd.config import shipped_profiles_dir
-from latencyd.cpuset import CpuSet
-from latencyd.explain import explain
-from latencyd.idle import IdleFacts, IdleState
-from latencyd.recommend import Facts, Nic, read_facts, recommend
-from latencyd.system import System
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.idle import IdleFacts, IdleState
+from latencyd.core.system import System
+from latencyd.service.config import shipped_profiles_dir
+from latencyd.tools.explain import explain
+from latencyd.tools.recommend import Facts, Nic, read_facts, recommend
 from tests.unit.fakesys import add_nic, make_fake_root, put
 
 CPU = "sys/devices/system/cpu"

@@ -14,15 +14,15 @@ from typing import Any, ClassVar
 import pytest
 from latencyd.plugins.kthread import KthreadPlugin
 
-from latencyd.cpuset import CpuSet
-from latencyd.daemon import Daemon
-from latencyd.engine import Engine
-from latencyd.journal import Journal
-from latencyd.main import DriftWatch
-from latencyd.plugin import Expansion, Options, Plugin, Target, Value
-from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine
-from latencyd.system import System
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import Engine
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import Machine
+from latencyd.core.system import System
+from latencyd.service.daemon import Daemon
+from latencyd.service.main import DriftWatch
 from tests.unit.fakesys import FakeSched, add_task, make_fake_root
 
 OWNED = 5000
@@ -198,7 +198,7 @@ def test_no_process_wide_stat_is_read_per_thread(
     """The kernel sums CPU times over every thread for proc/PID/stat, so reading it once
     per thread of a 20,000-thread process is quadratic (the issue's 58.6 s switch); the
     main thread's own proc/PID/task/PID/stat says the same for one thread's cost."""
-    from latencyd import system as system_module
+    from latencyd.core import system as system_module
 
     system, sched = jvm_of_200_threads(tmp_path)
     plugin = KthreadPlugin(system)
@@ -226,7 +226,7 @@ def test_status_shows_a_process_s_moved_threads_as_one_row(
 ) -> None:
     """Status beside a 200-thread process: one row for the process (its thread count),
     not a row and a /proc read per thread (0.5 s and 3.9 MB of JSON at 20,000 threads)."""
-    from latencyd import system as system_module
+    from latencyd.core import system as system_module
 
     system, sched = jvm_of_200_threads(tmp_path)
     sched.affinity[1199] = {0, 1}  # one thread its user pinned: its own row
@@ -255,7 +255,7 @@ def test_an_irq_event_lists_the_irqs_once_not_a_file_check_per_irq(
     on a server, for every event)."""
     from latencyd.plugins.irq import IrqAffinity, IrqPlugin
 
-    from latencyd.plugin import DeviceEvent
+    from latencyd.core.plugin import DeviceEvent
     from tests.unit.fakesys import put
 
     root = make_fake_root(tmp_path)

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from latencyd.cpuset import CpuSet
-from latencyd.schema import (
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.schema import (
     ArrayOfTables,
     Bool,
     Choice,

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from latencyd.plugins.sysfs import ROOT_ONLY, SysfsFile, SysfsPlugin, SysfsRules, bracketed
 
-from latencyd.daemon import Caller, Daemon
-from latencyd.engine import Engine, section_schemas
-from latencyd.errors import ApplyFailed, KernelRefused, PermissionDenied, ProfileError
-from latencyd.journal import Journal
-from latencyd.plugin import DeviceEvent, Plugin
-from latencyd.profile import ProfileLibrary
-from latencyd.schema import SchemaError
+from latencyd.core.engine import Engine, section_schemas
+from latencyd.core.errors import ApplyFailed, KernelRefused, PermissionDenied, ProfileError
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import DeviceEvent, Plugin
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import SchemaError
+from latencyd.service.daemon import Caller, Daemon
 from tests.unit.fakesys import SysfsLikeSystem, make_fake_root, put
 from tests.unit.pluginrig import PluginRig
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `pytest` run without `python -m` from the repo root
     sys.path.insert(0, str(ROOT))
 
-from latencyd.service import READ_METHODS  # noqa: E402
+from latencyd.service.dbus import READ_METHODS  # noqa: E402
 from scripts.private_bus import PrivateBus, PrivateBusError  # noqa: E402
 
 SYSTEMD = ROOT / "systemd"
@@ -227,7 +227,7 @@ def test_root_can_own_the_name(bus: PrivateBus) -> None:
 _FAKE_SERVICE = """
 import dbus, dbus.service
 from dbus.mainloop.glib import DBusGMainLoop
-from latencyd.mainloop import MainLoop
+from latencyd.service.mainloop import MainLoop
 
 IFACE = "org.latencyd.Daemon1"
 DBusGMainLoop(set_as_default=True)

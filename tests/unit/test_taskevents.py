@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from latencyd.taskevents import (
+from latencyd.service.taskevents import (
     CN_IDX_PROC,
     CN_VAL_PROC,
     PROC_EVENT_COMM,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import tomllib
 
-from latencyd.tomlpos import key_lines, nearest_line
+from latencyd.core.tomlpos import key_lines, nearest_line
 
 
 def lines_of(text: str) -> dict[tuple[str | int, ...], int]:

@@ -18,28 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from latencyd import cli
-from latencyd import tuned_import as ti
-from latencyd.cpuset import CpuSet
-from latencyd.errors import ProfileError
-from latencyd.profile import ProfileLibrary
-from latencyd.schema import Machine, Schema
-from latencyd.system import POLICIES
-from latencyd.tomlwrite import toml_key, toml_value
-from latencyd.tuned_import.convert import CONVERTERS, convert_merged
-from latencyd.tuned_import.convert_cpu import EPB_NAMES, convert_force_latency
-from latencyd.tuned_import.convert_knobs import WRITEBACK_SYSCTLS
-from latencyd.tuned_import.convert_threads import (
+from latencyd.tools.tuned_import.convert import CONVERTERS, convert_merged
+from latencyd.tools.tuned_import.convert_cpu import EPB_NAMES, convert_force_latency
+from latencyd.tools.tuned_import.convert_knobs import WRITEBACK_SYSCTLS
+from latencyd.tools.tuned_import.convert_threads import (
     RT_POLICIES,
     TUNED_POLICIES,
     kthread_regex,
     regex_to_glob,
 )
-from latencyd.tuned_import.convert_unsupported import NO_PLUGIN
-from latencyd.tuned_import.cpulists import cpulist_expr, cpulist_unpack
-from latencyd.tuned_import.output import SECTION_ORDER, convert_chain
-from latencyd.tuned_import.profiles import (
+from latencyd.tools.tuned_import.convert_unsupported import NO_PLUGIN
+from latencyd.tools.tuned_import.cpulists import cpulist_expr, cpulist_unpack
+from latencyd.tools.tuned_import.output import SECTION_ORDER, convert_chain
+from latencyd.tools.tuned_import.profiles import (
     KNOWN_PLUGINS,
     load_chain,
     make_unit,
@@ -47,9 +38,18 @@ from latencyd.tuned_import.profiles import (
     parse_tuned,
     parse_variables_file,
 )
-from latencyd.tuned_import.results import WRITEBACK_PAIRS, Conversion
-from latencyd.tuned_import.values import Evaluator, Func, Text, Tr, Var, parse_value
-from latencyd.tuned_import.variables import Variables
+from latencyd.tools.tuned_import.results import WRITEBACK_PAIRS, Conversion
+from latencyd.tools.tuned_import.values import Evaluator, Func, Text, Tr, Var, parse_value
+from latencyd.tools.tuned_import.variables import Variables
+
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import ProfileError
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import Machine, Schema
+from latencyd.core.system import POLICIES
+from latencyd.core.tomlwrite import toml_key, toml_value
+from latencyd.tools import cli
+from latencyd.tools import tuned_import as ti
 
 STATES = (
     ti.IdleState(0, "POLL", 0),
@@ -981,10 +981,10 @@ SHIPPED = sorted(
 
 @pytest.fixture(scope="module")
 def installed() -> tuple[dict[str, Schema], Machine, ti.Host]:
-    """The installed plugins' schemas and this machine, as latencyd/explain.py builds them."""
-    from latencyd.engine import section_schemas
-    from latencyd.plugin import load_plugins
-    from latencyd.system import System
+    """The installed plugins' schemas and this machine, as latencyd/tools/explain.py builds them."""
+    from latencyd.core.engine import section_schemas
+    from latencyd.core.plugin import load_plugins
+    from latencyd.core.system import System
 
     system = System("/")
     return section_schemas(load_plugins(system)), system.machine(), ti.read_host()

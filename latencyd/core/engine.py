@@ -1,0 +1,843 @@
+"""Engine: turns "what the profile wants" into kernel state as one transaction.
+
+plan = diff(applied, wanted) -> journal originals (fsync) -> apply -> read back
+-> verify; any failure rolls back everything changed in the step. Switching
+profiles is the same diff, so settings two profiles share are never touched.
+
+The engine owns, once for every plugin: the journal, rollback, the drift policy
+(`on_drift`, valid in any section), turning refusals into "not applicable, with
+the reason" (per kind of target), dropping targets that vanished, and the rules
+each applied section keeps for targets that appear later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from latencyd.core.errors import (
+    ApplyFailed,
+    Cancelled,
+    JournalError,
+    KernelRefused,
+    LatencydError,
+    NotApplicable,
+)
+from latencyd.core.journal import Journal, JournalKey, JournalState, key_of
+from latencyd.core.plugin import (
+    Expansion,
+    Options,
+    OwnedSettings,
+    Plugin,
+    Settings,
+    Target,
+    Value,
+    decode_target,
+    encode_target,
+    in_one_go,
+    target_kinds,
+)
+from latencyd.core.profile import Profile
+from latencyd.core.schema import Choice, Option, Schema
+
+log = logging.getLogger(__name__)
+
+SettingId = tuple[str, Target]  # (plugin name, target)
+SECTION = "[section]"  # the `refused` key for a whole section that cannot apply
+
+# Options every section has, owned by the engine rather than by any plugin.
+ENGINE_OPTIONS = (
+    Option(
+        "on_drift",
+        Choice(("reapply", "report")),
+        "When something else changes a setting this section owns: put it back, or only "
+        "report it (log and D-Bus signal Drift)",
+        default="reapply",
+    ),
+)
+
+
+ENGINE_OPTION_NAMES = frozenset(o.name for o in ENGINE_OPTIONS)
+
+# A long step (thousands of tasks) gives its caller back control at least this often, so
+# the daemon's main loop keeps answering (status, off) while it runs.
+SLICE_S = 0.02
+# Originals journaled at a time while they are read (a few milliseconds of a slice).
+JOURNAL_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a step has come: `done` of `total` settings read or written."""
+
+    done: int
+    total: int
+
+
+T = TypeVar("T")
+Steps = Generator[Progress, None, T]  # work done a slice at a time, then its result
+
+
+class Slices:
+    """Says when a loop has run for a slice (SLICE_S) and should give control back."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.until = time.perf_counter() + SLICE_S
+
+    def due(self) -> bool:
+        self.done += 1
+        if time.perf_counter() < self.until:
+            return False
+        self.until = time.perf_counter() + SLICE_S
+        return True
+
+    @property
+    def progress(self) -> Progress:
+        return Progress(self.done, self.total)
+
+
+def section_schemas(plugins: Mapping[str, Plugin[Any]]) -> dict[str, Schema]:
+    """Each plugin's schema with the engine's own options added: what a section may hold."""
+    return {name: p.schema.extended(ENGINE_OPTIONS) for name, p in plugins.items()}
+
+
+def plugin_options(section: Options) -> dict[str, Any]:
+    """A section without the engine's own options: what the plugin sees."""
+    return {k: v for k, v in section.items() if k not in ENGINE_OPTION_NAMES}
+
+
+class _Unknown:
+    """The applied value of a setting adopted from the journal after a restart: we own it
+    and know its original, but not what the last run set it to."""
+
+    def __repr__(self) -> str:
+        return "<adopted>"
+
+
+ADOPTED: Any = _Unknown()
+
+
+class Owned(OwnedSettings):
+    """One plugin's applied settings: a view on the engine's table, so a task event that
+    asks "is this thread mine?" costs one lookup, not a copy of every owned setting. One
+    adopted from the journal is given as the kernel holds it now (what the last run set):
+    the placeholder never reaches a plugin; one that cannot be read any more is absent."""
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self._engine, self._name = engine, name
+
+    def __getitem__(self, target: Target) -> Value:
+        value = self._engine.applied[(self._name, target)]
+        if value is ADOPTED:
+            try:
+                return self._engine.plugins[self._name].read(target)
+            except LatencydError:
+                raise KeyError(target) from None
+        return value
+
+    def __contains__(self, target: object) -> bool:
+        try:
+            self[target]  # type: ignore[index]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[Target]:
+        return (t for p, t in list(self._engine.applied) if p == self._name and t in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def original(self, target: Target) -> Value | None:
+        return self._engine.originals.get((self._name, target))
+
+
+@dataclass(frozen=True)
+class Drift:
+    plugin: str
+    target: Target
+    wanted: Value
+    actual: Value
+    text: str  # the setting as the profile wants it, in words
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "plugin": self.plugin,
+            "target": encode_target(self.target),
+            "setting": self.text,
+            "wanted": self.wanted,
+            "actual": self.actual,
+        }
+
+
+@dataclass
+class Plan:
+    """What one step will do; computed without touching the kernel."""
+
+    restore: list[SettingId] = field(default_factory=list)
+    apply: dict[SettingId, Value] = field(default_factory=dict)
+    keep: list[SettingId] = field(default_factory=list)
+
+
+def plan(
+    applied: Mapping[SettingId, Value],
+    wanted: Mapping[SettingId, Value],
+    scope: Collection[str] | None = None,
+    restore: Collection[SettingId] = (),
+) -> Plan:
+    """Pure diff: restore what is no longer wanted, apply what is new or different.
+
+    `scope` limits which plugins' applied settings may be restored (None: all; an empty
+    scope only adds settings for new targets); `restore` names more to restore.
+    """
+    result = Plan()
+    # An empty scope (new targets: a thread, a NIC) looks only at what it names, so the
+    # step costs what it changes, not what is owned.
+    candidates = applied if scope is None or scope else [s for s in restore if s in applied]
+    for sid in candidates:
+        if sid not in wanted and (scope is None or sid[0] in scope or sid in restore):
+            result.restore.append(sid)
+    for sid, value in wanted.items():
+        if sid in applied and applied[sid] == value:
+            result.keep.append(sid)
+        else:
+            result.apply[sid] = value
+    return result
+
+
+@dataclass(frozen=True)
+class Section:
+    """An applied profile section: its options and its expansion, whose rules tune the
+    targets that appear later."""
+
+    options: Options
+    expansion: Expansion = field(default_factory=Expansion)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A setting this machine cannot take: what was wanted, and why not."""
+
+    wanted: Value
+    reason: str
+
+
+Change = tuple[Target, Value, Value]  # a setting written: (target, before, after)
+
+
+@dataclass
+class StepReport:
+    applied: int = 0
+    restored: int = 0
+    unchanged: int = 0
+    not_applicable: dict[SettingId, Refused] = field(default_factory=dict)
+    seconds: float = 0.0
+    changes: dict[str, list[Change]] = field(default_factory=dict)  # by plugin
+
+    def changed(self, plugin: str, target: Target, before: Value, after: Value) -> None:
+        self.changes.setdefault(plugin, []).append((target, before, after))
+
+
+class Engine:
+    def __init__(self, plugins: Mapping[str, Plugin[Any]], journal: Journal) -> None:
+        self.plugins = plugins
+        self.journal = journal
+        self.applied: dict[SettingId, Value] = {}
+        self.originals: dict[SettingId, Value] = {}
+        self.not_applicable: dict[SettingId, Refused] = {}
+        self.sections: dict[str, Section] = {}
+        self.profile: str | None = None
+        self.last_step: StepReport | None = None
+        self._changes: set[SettingId] | None = None  # see take_changes
+        self._depth = 0  # steps in progress (see stepping)
+
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        """One step for the plugins (Plugin.begin_step, end_step), however nested."""
+        self._depth += 1
+        if self._depth == 1:
+            for plugin in self.plugins.values():
+                plugin.begin_step()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                for plugin in self.plugins.values():
+                    plugin.end_step()
+
+    # -- what a profile wants -------------------------------------------------
+    def owned(self, name: str) -> Owned:
+        """Plugin `name`'s applied settings, as a view (see Owned)."""
+        return Owned(self, name)
+
+    def expand_steps(
+        self, profile: Profile, only: Iterable[str] | None = None
+    ) -> Steps[dict[str, Expansion]]:
+        """Each section's expansion (reads the machine, changes nothing), giving control
+        back every slice (Plugin.expand_steps); its Progress counts no settings yet."""
+        names = (
+            list(profile.sections) if only is None else [n for n in only if n in profile.sections]
+        )
+        out: dict[str, Expansion] = {}
+        slices = Slices(0)
+        for name in names:
+            try:
+                options = plugin_options(profile.sections[name])
+                steps = self.plugins[name].expand_steps(options, self.owned(name))
+                while True:
+                    try:
+                        next(steps)
+                    except StopIteration as end:
+                        out[name] = end.value
+                        break
+                    if slices.due():
+                        yield Progress(0, 0)
+            except NotApplicable as exc:
+                out[name] = Expansion(refused={SECTION: str(exc)})
+            except LatencydError as exc:
+                raise ApplyFailed(f"[{name}]: {exc}") from exc
+        return out
+
+    def apply_steps(
+        self, profile: Profile, only: Collection[str] | None = None
+    ) -> Steps[StepReport]:
+        """Make the kernel match `profile` (or re-expand only some of its sections), giving
+        control back every slice (see switch_steps)."""
+        expansions = yield from self.expand_steps(profile, only)
+        wanted = {(n, t): v for n, e in expansions.items() for t, v in e.settings.items()}
+        current = {(n, t): v for n, e in expansions.items() for t, v in e.current.items()}
+        scope = None if only is None else set(only)
+        report = yield from self.switch_steps(
+            wanted, profile.name, scope, only is not None, current=current
+        )
+        if only is None:
+            self.sections = {}
+        for name, exp in expansions.items():
+            self.sections[name] = Section(profile.sections[name], exp)
+        return report
+
+    # -- one transaction ------------------------------------------------------
+    def switch_steps(
+        self,
+        wanted: Mapping[SettingId, Value],
+        profile: str | None,
+        scope: Collection[str] | None = None,
+        recheck: bool | Collection[SettingId] = False,
+        restore: Collection[SettingId] = (),
+        current: Mapping[SettingId, Value] | None = None,
+    ) -> Steps[StepReport]:
+        """Make the kernel match `wanted` (for plugins in `scope`, or all); all or nothing.
+
+        `recheck` (all kept settings, or the given ones) reads kept settings back and
+        re-applies those the kernel lost (an IRQ that vanished and came back).
+        `restore` names owned settings to give back even outside `scope`.
+
+        Yields its Progress every slice (SLICE_S) of reading and writing. Nothing else may
+        step the engine until it ends; `throw` into it (Cancelled, say) rolls the step
+        back like any failure.
+        """
+        with self.stepping():
+            return (yield from self._switch(wanted, profile, scope, recheck, restore, current))
+
+    # The same, in one go (start-up, events, tests).
+    expand = in_one_go(expand_steps)
+    apply = in_one_go(apply_steps)
+    switch = in_one_go(switch_steps)
+
+    def _switch(
+        self,
+        wanted: Mapping[SettingId, Value],
+        profile: str | None,
+        scope: Collection[str] | None,
+        recheck: bool | Collection[SettingId],
+        restore: Collection[SettingId],
+        current: Mapping[SettingId, Value] | None = None,
+    ) -> Steps[StepReport]:
+        started = time.perf_counter()
+        step = plan(self.applied, wanted, scope, restore)
+        if recheck:
+            self._recheck(step, None if recheck is True else recheck)
+        report = StepReport(unchanged=len(step.keep))
+        slices = Slices(2 * len(step.apply) + len(step.restore))
+        journaled: list[SettingId] = []
+        try:
+            yield from self._capture_originals(step, report, slices, journaled, current or {})
+        except (Exception, GeneratorExit) as exc:
+            self._forget_unapplied()  # originals read for a step that never ran
+            _quietly(lambda: self._save(journaled))  # and journaled: the journal drops them
+            if isinstance(exc, Cancelled):
+                raise ApplyFailed(f"{exc}. Nothing was changed.") from exc
+            if isinstance(exc, LatencydError) or not isinstance(exc, Exception):
+                raise
+            raise ApplyFailed(
+                f"reading the originals failed ({type(exc).__name__}: {exc}). Nothing was changed."
+            ) from exc
+        previous_profile = self.profile
+        undo: list[Callable[[], None]] = []
+        done: dict[SettingId, Value] = {}  # what this step owns afterwards, by sid
+        touched = [*step.apply, *step.restore]
+        try:
+            self.profile = profile
+            self._save(touched)
+            for sid in step.restore:
+                self._restore_one(sid, undo, report)
+                report.restored += 1
+                if slices.due():
+                    yield slices.progress
+            for sid, value in step.apply.items():
+                if slices.due():
+                    yield slices.progress
+                if sid in report.not_applicable:
+                    continue
+                outcome = self._apply_one(sid, value, undo, report)
+                if outcome is not None:
+                    done[sid] = value
+                    report.applied += outcome
+        except (Exception, GeneratorExit) as exc:  # a plugin's bug, a cancel, close()
+            self._roll_back(undo)
+            self.profile = previous_profile
+            self._forget_unapplied()
+            self._save(touched)
+            if not isinstance(exc, Exception):
+                raise  # GeneratorExit: the step was dropped
+            what = exc if isinstance(exc, LatencydError) else f"{type(exc).__name__}: {exc}"
+            raise ApplyFailed(f"{what}. Nothing was changed: the step was rolled back.") from exc
+
+        for sid in step.restore:
+            self._disown(sid)
+        for sid in step.apply:
+            if sid in done:
+                self._own(sid, done[sid])
+            else:  # not applicable, or the target vanished
+                self._disown(sid)
+        if scope is None:
+            self.not_applicable = dict(report.not_applicable)
+        else:  # in place: a step for one new thread must not copy every refusal
+            if scope:
+                self.not_applicable = {
+                    s: r for s, r in self.not_applicable.items() if s[0] not in scope
+                }
+            for sid in step.apply:
+                self.not_applicable.pop(sid, None)
+            self.not_applicable.update(report.not_applicable)
+        # The journal already holds every original of this step; what it must lose now is
+        # what the step gave back or dropped (not applicable, vanished).
+        self._save([*step.restore, *(sid for sid in step.apply if sid not in done)])
+        self._tell(report)
+        report.seconds = time.perf_counter() - started
+        self.last_step = report
+        return report
+
+    def _tell(self, report: StepReport) -> None:
+        """Let each plugin say what the step changed, in as few log lines as it likes."""
+        for name, changes in report.changes.items():
+            try:
+                self.plugins[name].report(changes)
+            except Exception:  # a plugin's words must never fail its step
+                log.exception("[%s] reporting what changed", name)
+
+    def extend(self, plugin: str, settings: Settings) -> StepReport:
+        """Settings for new targets (a thread, a NIC): applied, nothing else touched."""
+        return self.switch({(plugin, t): v for t, v in settings.items()}, self.profile, scope=())
+
+    def update(
+        self,
+        plugin: str,
+        wanted: Mapping[SettingId, Value],
+        drop: Collection[SettingId],
+        recheck: Collection[SettingId],
+    ) -> StepReport:
+        """One device's settings: apply `wanted`, give back `drop`, re-read `recheck`
+        (a device that came back has its defaults again); the rest is left alone."""
+        return self.switch(wanted, self.profile, scope=(), recheck=recheck, restore=drop)
+
+    def _recheck(self, step: Plan, only: Collection[SettingId] | None) -> None:
+        for sid in list(step.keep):
+            if only is not None and sid not in only:
+                continue
+            plugin, target = self.plugins[sid[0]], sid[1]
+            try:
+                actual = plugin.read(target)
+            except LatencydError:
+                continue
+            if not plugin.same(target, self.applied[sid], actual):
+                step.keep.remove(sid)
+                if not self._handed_over(sid, actual):
+                    step.apply[sid] = self.applied[sid]
+
+    def _owned_by(self, name: str) -> Callable[[Target], tuple[Value, Value] | None]:
+        """(original, applied) of one of plugin `name`'s applied targets, or None."""
+        owned = self.owned(name)
+
+        def lookup(target: Target) -> tuple[Value, Value] | None:
+            sid = (name, target)
+            if sid not in self.originals:
+                return None
+            try:
+                return self.originals[sid], owned[target]  # adopted: as the kernel holds it
+            except KeyError:
+                return None
+
+        return lookup
+
+    def _forget_unapplied(self) -> None:
+        self.originals = {s: v for s, v in self.originals.items() if s in self.applied}
+
+    def _capture_originals(
+        self,
+        step: Plan,
+        report: StepReport,
+        slices: Slices,
+        journaled: list[SettingId],
+        current: Mapping[SettingId, Value],
+    ) -> Steps[None]:
+        """Read the original of each setting the step applies that is not owned yet (or
+        take what its expansion just read: `current`), and journal them a slice at a time
+        (into `journaled`): one journal write of 20,000 would hold the main loop for a
+        tenth of a second."""
+        yield slices.progress  # the diff that made `step` was a slice of its own
+        read: list[SettingId] = []
+        for sid in list(step.apply):
+            due = slices.due()
+            if due or len(read) >= JOURNAL_BATCH:
+                self._save(read)
+                journaled += read
+                read = []
+            if due:
+                yield slices.progress
+            if sid in self.originals:
+                continue
+            plugin, target = self.plugins[sid[0]], sid[1]
+            try:
+                now = current[sid] if sid in current else plugin.read(target)
+                self.originals[sid] = plugin.original(target, now, self._owned_by(sid[0]))
+                read.append(sid)
+            except (KernelRefused, NotApplicable) as exc:
+                if not plugin.exists(target):
+                    del step.apply[sid]  # gone between expand and now: nothing to tune
+                    continue
+                if _not_applicable(target, exc):
+                    report.not_applicable[sid] = Refused(step.apply[sid], _reason(target, exc))
+                    continue
+                raise ApplyFailed(
+                    f"[{sid[0]}] cannot read {plugin.describe(target, step.apply[sid])} "
+                    f"before changing it: {exc}"
+                ) from exc
+
+    def _apply_one(
+        self, sid: SettingId, value: Value, undo: list[Callable[[], None]], report: StepReport
+    ) -> int | None:
+        """1 if written, 0 if already as wanted, None if dropped (not applicable, gone)."""
+        plugin, target = self.plugins[sid[0]], sid[1]
+        original = self.originals[sid]
+        previous = self.applied.get(sid, original)
+        wrote = False
+        try:
+            if previous is ADOPTED:  # after a restart: what is there now is what we undo to
+                previous = plugin.read(target)
+            if (sid not in self.applied or self.applied[sid] is ADOPTED) and plugin.same(
+                target, value, previous
+            ):
+                report.unchanged += 1  # already as wanted: record it, write nothing
+                return 0
+            plugin.write(target, value)
+            wrote = True
+            undo.append(lambda: plugin.write(target, previous))
+            actual = plugin.read(target)
+            if not plugin.same(target, value, actual):
+                raise KernelRefused(
+                    f"[{sid[0]}] {plugin.describe(target, value)}",
+                    f"the kernel accepted the write but kept {actual!r}",
+                )
+            report.changed(sid[0], target, previous, value)
+        except (KernelRefused, NotApplicable) as exc:
+            gone = not plugin.exists(target)
+            if gone or _not_applicable(target, exc):
+                if not gone:
+                    report.not_applicable[sid] = Refused(value, _reason(target, exc))
+                if wrote:
+                    undo.pop()
+                # The step drops this setting: put the original back (also when an earlier
+                # step applied it), or it would stay changed with nobody tracking it.
+                if not gone and (wrote or sid in self.applied):
+                    _quietly(lambda: _give_back(plugin, target, original))
+                    if sid in self.applied:
+                        undo.append(lambda: plugin.write(target, previous))
+                return None
+            if isinstance(exc, KernelRefused) and not exc.what.startswith("["):
+                raise KernelRefused(
+                    f"[{sid[0]}] {plugin.describe(target, value)}", str(exc)
+                ) from exc
+            raise
+        return 1
+
+    def _restore_one(
+        self, sid: SettingId, undo: list[Callable[[], None]], report: StepReport
+    ) -> None:
+        plugin, target = self.plugins[sid[0]], sid[1]
+        current = self.applied[sid]
+        if not plugin.exists(target):
+            return
+        self._give_back(sid, report)
+        if current is not ADOPTED:
+            undo.append(lambda: plugin.write(target, current))
+
+    def _give_back(self, sid: SettingId, report: StepReport) -> None:
+        """Restore one owned setting's original (see _give_back) and note it in `report`."""
+        plugin, target, current = self.plugins[sid[0]], sid[1], self.applied[sid]
+        if _give_back(plugin, target, self.originals[sid]):
+            before = None if current is ADOPTED else current
+            report.changed(sid[0], target, before, self.originals[sid])
+
+    def _roll_back(self, undo: list[Callable[[], None]]) -> None:
+        for action in reversed(undo):
+            try:
+                action()
+            except LatencydError as exc:
+                log.error("rollback step failed: %s", exc)
+
+    # -- restoring everything ---------------------------------------------------
+    def off(self) -> list[str]:
+        """Restore every original, newest first; empty the journal. Returns problems, if any."""
+        with self.stepping():
+            return self._off()
+
+    def _off(self) -> list[str]:
+        problems = []
+        report = StepReport()
+        for sid in reversed(list(self.applied)):
+            plugin, target = self.plugins[sid[0]], sid[1]
+            try:
+                self._give_back(sid, report)
+            except Exception as exc:  # one bad setting must not keep the others changed
+                # Asked only when the restore failed (a stat per setting was a fifth of
+                # an off beside 20,000 threads): a target that is gone cannot be written.
+                if not plugin.exists(target):
+                    continue  # the thread/IRQ/device is gone: nothing to restore
+                if not isinstance(exc, LatencydError):
+                    log.exception("restoring %s", sid)
+                problems.append(
+                    f"[{sid[0]}] restoring {_what(plugin, target, self.originals[sid])}: {exc}"
+                )
+        for p in problems:
+            log.error("%s", p)
+        self._tell(report)
+        self.applied.clear()
+        self.originals.clear()
+        self.not_applicable.clear()
+        self._changes = None
+        self.sections.clear()
+        self.profile = None
+        self.journal.clear()
+        return problems
+
+    def adopt(self) -> JournalState | None:
+        """Take over what a previous run left in the journal (a crash, `kill -9`, a restart
+        with on_stop = "keep"): we own those settings and know their originals. The next
+        apply changes only what it wants differently and restores only what it does not
+        want, so a restart flips nothing back, even for a moment. None: nothing to adopt."""
+        try:
+            state = self.journal.load()
+        except JournalError as exc:
+            aside = self.journal.set_aside()
+            log.error("%s; moved it to %s and started without it", exc, aside)
+            return None
+        if state is None:
+            return None
+        stranded = []
+        for (name, key), original in state.originals.items():
+            plugin = self.plugins.get(name)
+            try:
+                if plugin is None:
+                    raise ValueError("plugin not installed")
+                target = decode_target(target_kinds(plugin), json.loads(key))
+                _check_value(plugin, target, original)
+            except ValueError as exc:
+                stranded.append(f"[{name}] {key}: {exc}")
+                continue
+            self.originals[(name, target)] = original
+            self._own((name, target), ADOPTED)
+        self.profile = state.profile
+        # The journal, rewritten as what we now own (entries that cannot be restored
+        # are logged below and dropped).
+        self._save(list(self.originals))
+        for line in stranded:
+            log.error("journal entry cannot be restored: %s", line)
+        log.warning(
+            "adopted %d settings from the journal of a previous run (profile %s)",
+            len(self.applied),
+            state.profile or "none",
+        )
+        return state
+
+    # -- checking -------------------------------------------------------------
+    def verify(self, sids: Iterable[SettingId] | None = None) -> list[Drift]:
+        """Settings whose kernel value differs from the profile's (vanished ones are dropped)."""
+        with self.stepping():
+            return self._verify(sids)
+
+    def _verify(self, sids: Iterable[SettingId] | None) -> list[Drift]:
+        drifts = []
+        for sid in list(self.applied if sids is None else sids):
+            wanted = self.applied.get(sid, ADOPTED)
+            if wanted is ADOPTED:
+                continue
+            plugin, target = self.plugins[sid[0]], sid[1]
+            try:
+                actual = plugin.read(target)
+            except LatencydError as exc:
+                if not plugin.exists(target):
+                    self._disown(sid)
+                    continue
+                text = plugin.describe(target, wanted)
+                drifts.append(Drift(sid[0], target, wanted, f"<unreadable: {exc}>", text))
+                continue
+            if not plugin.same(target, wanted, actual) and not self._handed_over(sid, actual):
+                drifts.append(
+                    Drift(sid[0], target, wanted, actual, plugin.describe(target, wanted))
+                )
+        return drifts
+
+    def _own(self, sid: SettingId, value: Value) -> None:
+        if self._changes is not None and sid not in self.applied:
+            self._changes.add(sid)
+        self.applied[sid] = value
+
+    def _disown(self, sid: SettingId) -> None:
+        if self._changes is not None and sid in self.applied:
+            self._changes.add(sid)
+        self.applied.pop(sid, None)
+        self.originals.pop(sid, None)
+
+    def take_changes(self) -> set[SettingId] | None:
+        """Settings that became or stopped being owned since the last call (None: all may
+        have): watchers follow what is owned at the cost of what changed."""
+        changes, self._changes = self._changes, set()
+        return changes
+
+    def _handed_over(self, sid: SettingId, actual: Value) -> bool:
+        """Stop owning a setting whose plugin says the change someone made is theirs to
+        keep (a task put inside the shield): no restore, no re-apply, out of the journal."""
+        plugin, target = self.plugins[sid[0]], sid[1]
+        section = self.sections.get(sid[0])
+        reason = plugin.handed_over(section.expansion.rules if section else None, target, actual)
+        if not reason:
+            return False
+        log.info("[%s] %s: left as it is, %s", sid[0], plugin.describe(target, actual), reason)
+        self._disown(sid)
+        self._save([sid])
+        return True
+
+    def on_drift(self, plugin: str) -> str:
+        section = self.sections.get(plugin)
+        return str(section.options.get("on_drift", "reapply")) if section else "reapply"
+
+    def handle_drift(self, drifts: Iterable[Drift]) -> list[dict[str, Any]]:
+        """Put drifted settings back or report them, as each section's `on_drift` says."""
+        records = []
+        for d in drifts:
+            record = d.as_json() | {"action": "reported"}
+            if self.on_drift(d.plugin) == "reapply":
+                plugin = self.plugins[d.plugin]
+                try:
+                    plugin.write(d.target, d.wanted)
+                    record["action"] = "reapplied"
+                except LatencydError as exc:
+                    record["action"] = f"failed: {exc}"
+            log.warning(
+                "drift: [%s] %s, but it is %r: %s", d.plugin, d.text, d.actual, record["action"]
+            )
+            records.append(record)
+        return records
+
+    def _save(self, touched: Iterable[SettingId]) -> None:
+        """Make the journal hold the current originals of `touched` (and the profile)."""
+        updates: dict[JournalKey, Value] = {}
+        drops: list[JournalKey] = []
+        for sid in touched:
+            key = (sid[0], _key(sid[1]))
+            if sid in self.originals:
+                updates[key] = self.originals[sid]
+            else:
+                drops.append(key)
+        self.journal.record(updates, drops, self.profile)
+
+
+def _what(plugin: Plugin[Any], target: Target, value: Value) -> str:
+    """A setting in words for an error message, even when its value makes no sense."""
+    try:
+        return plugin.describe(target, value)
+    except Exception:
+        return f"{target}"
+
+
+def _check_value(plugin: Plugin[Any], target: Target, value: Value) -> None:
+    """ValueError unless the plugin can compare and describe `value` for `target`: a journal
+    value of the wrong kind (another version, a hand edit) is stranded at adoption instead
+    of failing every later step."""
+    if not _is_json_value(value):
+        raise ValueError(f"{value!r} is not a JSON value")
+    try:
+        plugin.same(target, value, value)
+        plugin.describe(target, value)
+    except Exception as exc:
+        raise ValueError(f"{plugin.name} cannot use the value {value!r}: {exc}") from exc
+
+
+def _is_json_value(value: Any, depth: int = 0) -> bool:
+    if depth > 8:
+        return False
+    if value is None or isinstance(value, str | int | float | bool):
+        return True
+    if isinstance(value, list):
+        return all(_is_json_value(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json_value(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _give_back(plugin: Plugin[Any], target: Target, original: Value) -> bool:
+    """Restore an original, unless the kernel already holds it: a restore then writes
+    nothing (a setting found as wanted was never written, and a NIC or sysctl that is
+    already right is left alone). Whether it wrote."""
+    try:
+        if plugin.same(target, original, plugin.read(target)):
+            return False
+    except LatencydError:
+        pass  # unreadable now: try the write, which says why if it fails
+    plugin.restore(target, original)
+    return True
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a 50,000-task server's owned settings
+def _key(target: Target) -> str:
+    """A target's journal key (each encoded once)."""
+    return key_of(encode_target(target))
+
+
+def _not_applicable(target: Target, exc: LatencydError) -> bool:
+    return isinstance(exc, NotApplicable) or type(target).refusal_means is not None
+
+
+def _reason(target: Target, exc: LatencydError) -> str:
+    if isinstance(exc, NotApplicable):
+        return str(exc)
+    reason = exc.reason if isinstance(exc, KernelRefused) else str(exc)
+    meaning = type(target).refusal_means
+    return f"{meaning}: {reason}" if meaning else reason
+
+
+def _quietly(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except LatencydError as exc:
+        log.debug("ignored while backing out a refused setting: %s", exc)

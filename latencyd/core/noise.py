@@ -1,0 +1,406 @@
+"""What interrupted a shielded CPU, and for how long: tracefs ring-buffer pages decoded
+into interruptions by source (issue 17's noise watch).
+
+The kernel writes each traced event into a per-CPU ring buffer; `trace_pipe_raw` hands
+out its pages as they are (the field's tools, trace-cmd and rtla, read them the same
+way). Decoding them here costs ~1 µs an event, where parsing `trace_pipe`'s text costs
+several, and a shielded CPU that runs its application takes 250 timer ticks a second.
+The pieces are pure: the event formats from tracefs' `format` files, the page layout
+from `events/header_page`, and the accounting of entry/exit pairs into sources.
+
+Sources: a hardware IRQ ("irq 28 virtio1-input.0"), a softirq ("softirq NET_RX"), the
+local timer, IPIs (function call, reschedule, irq_work), and a task other than those
+expected on the CPU ("task 4242 stress-ng"), kernel threads included. The time of an
+interruption nested in a task's run (an IRQ while the task ran) is the interruption's,
+not the task's.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from latencyd.core.cpuset import CpuSet
+
+# Entry / exit tracepoints of each kind of interruption, and the source it is named as.
+VECTORS = {
+    "local_timer": "local timer",
+    "call_function": "IPI function call",
+    "call_function_single": "IPI function call",
+    "reschedule": "IPI reschedule",
+    "irq_work": "irq work",
+}
+EVENTS = (
+    ("irq", "irq_handler_entry"),
+    ("irq", "irq_handler_exit"),
+    ("irq", "softirq_entry"),
+    ("irq", "softirq_exit"),
+    *(("irq_vectors", f"{v}_{edge}") for v in VECTORS for edge in ("entry", "exit")),
+    ("sched", "sched_switch"),
+)
+SOFTIRQS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED",
+            "HRTIMER", "RCU")  # fmt: skip
+
+# Ring-buffer event header: type_len (5 bits), time_delta (27 bits).
+_PADDING, _TIME_EXTEND, _TIME_STAMP = 29, 30, 31
+_TS_SHIFT = 27
+_COMMIT_MASK = 0xFFFFF  # the commit word's low bits: bytes of data on the page
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    offset: int
+    size: int
+    signed: bool
+    data_loc: bool = False  # __data_loc: u32 (length << 16 | offset) to the bytes
+
+
+@dataclass(frozen=True)
+class EventFormat:
+    system: str
+    name: str
+    id: int
+    fields: Mapping[str, Field]
+
+    def value(self, payload: bytes, name: str) -> int | str:
+        f = self.fields[name]
+        if f.data_loc:
+            (loc,) = struct.unpack_from("<I", payload, f.offset)
+            start, length = loc & 0xFFFF, loc >> 16
+            return payload[start : start + length].split(b"\0", 1)[0].decode(errors="replace")
+        if f.size in (1, 2, 4, 8) and not f.name.endswith("]"):
+            code = {1: "b", 2: "h", 4: "i", 8: "q"}[f.size]
+            (v,) = struct.unpack_from("<" + (code if f.signed else code.upper()), payload, f.offset)
+            return int(v)
+        return payload[f.offset : f.offset + f.size].split(b"\0", 1)[0].decode(errors="replace")
+
+
+_FIELD = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(\d+);\s*size:(\d+);\s*signed:(\d+);")
+
+
+def parse_format(system: str, text: str) -> EventFormat:
+    """An event's `format` file."""
+    name = re.search(r"^name: (\S+)", text, re.M)
+    ident = re.search(r"^ID: (\d+)", text, re.M)
+    if not name or not ident:
+        raise ValueError("not a tracefs event format (no name or ID)")
+    fields = {}
+    for m in _FIELD.finditer(text):
+        decl = m["decl"].strip()
+        fname = re.sub(r"\[.*\]$", "", decl.split()[-1])
+        fields[fname] = Field(
+            fname, int(m[2]), int(m[3]), m[4] == "1", decl.startswith("__data_loc")
+        )
+    return EventFormat(system, name[1], int(ident[1]), fields)
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """From `events/header_page`: where the commit word and the data start."""
+
+    commit_offset: int = 8
+    commit_size: int = 8
+    data_offset: int = 16
+
+
+def parse_header_page(text: str) -> PageLayout:
+    found = {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(
+        r"field: \S+ (\w+);\s*offset:(\d+);\s*size:(\d+);", text)}  # fmt: skip
+    commit, data = found.get("commit", (8, 8)), found.get("data", (16, 0))
+    return PageLayout(commit[0], commit[1], data[0])
+
+
+def page_events(page: bytes, layout: PageLayout = PageLayout()) -> Iterator[tuple[int, bytes]]:
+    """(timestamp ns, payload) of each event on one ring-buffer page, in order."""
+    if len(page) < layout.data_offset:
+        return
+    (ts,) = struct.unpack_from("<Q", page, 0)
+    commit_fmt = "<Q" if layout.commit_size == 8 else "<I"
+    (commit,) = struct.unpack_from(commit_fmt, page, layout.commit_offset)
+    end = layout.data_offset + min(commit & _COMMIT_MASK, len(page) - layout.data_offset)
+    pos = layout.data_offset
+    while pos + 4 <= end:
+        (header,) = struct.unpack_from("<I", page, pos)
+        type_len, delta = header & 0x1F, header >> 5
+        pos += 4
+        if type_len == _PADDING:
+            if delta == 0:
+                return  # the rest of the page is empty
+            (length,) = struct.unpack_from("<I", page, pos)
+            pos += length
+            ts += delta
+        elif type_len == _TIME_EXTEND:
+            (high,) = struct.unpack_from("<I", page, pos)
+            ts += (high << _TS_SHIFT) + delta
+            pos += 4
+        elif type_len == _TIME_STAMP:
+            (high,) = struct.unpack_from("<I", page, pos)
+            ts = (ts & ~((1 << 59) - 1)) | (high << _TS_SHIFT) | delta
+            pos += 4
+        else:
+            if type_len == 0:
+                (length,) = struct.unpack_from("<I", page, pos)
+                pos += 4
+                length = (length - 4 + 3) & ~3
+            else:
+                length = type_len * 4
+            ts += delta
+            yield ts, page[pos : pos + length]
+            pos += length
+
+
+DEFAULT_INTERVAL_MS = 1000
+
+
+@dataclass(frozen=True)
+class WatchPlan:
+    """What a profile's [monitor] section asks for; the daemon's noise watch follows it."""
+
+    cpus: CpuSet
+    interval_ms: int = DEFAULT_INTERVAL_MS
+    budget_us: int | None = None
+    max_single_us: int | None = None
+
+
+@dataclass
+class Tally:
+    """One source's interruptions of one CPU in one interval."""
+
+    count: int = 0
+    total_ns: int = 0
+    max_ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.total_ns += ns
+        self.max_ns = max(self.max_ns, ns)
+
+
+@dataclass
+class LastInterval:
+    """What the daemon's watch saw last (the monitor plugin shows it in status)."""
+
+    mechanism: str = ""
+    seconds: float = 0.0
+    cpus: Mapping[int, Mapping[str, Tally]] | None = None
+
+
+@dataclass
+class CpuNoise:
+    """Accounting of one CPU's events: open interruptions (a stack, as they nest) and the
+    task on the CPU."""
+
+    expected: Callable[[int], bool] = lambda tid: False  # the application's threads
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    stack: list[tuple[str, int, int]] = field(default_factory=list)  # source, start, nested
+    task: tuple[str, int, int] | None = None  # source, start, nested ns inside
+    events: int = 0
+
+    def enter(self, source: str, ts: int) -> None:
+        self.stack.append((source, ts, 0))
+
+    def exit(self, ts: int) -> None:
+        if not self.stack:
+            return  # the entry was before the watch began
+        source, start, nested = self.stack.pop()
+        spent = max(0, ts - start)
+        self.tallies.setdefault(source, Tally()).add(spent - nested)
+        self._nest(spent)
+
+    def switch(self, ts: int, next_pid: int, next_comm: str) -> None:
+        if self.task is not None:
+            source, start, nested = self.task
+            self.tallies.setdefault(source, Tally()).add(max(0, ts - start - nested))
+        self.task = None
+        if next_pid != 0 and not self.expected(next_pid):
+            self.task = (f"task {next_pid} {next_comm}", ts, 0)
+
+    def _nest(self, spent: int) -> None:
+        if self.stack:
+            source, start, nested = self.stack[-1]
+            self.stack[-1] = (source, start, nested + spent)
+        elif self.task is not None:
+            source, start, nested = self.task
+            self.task = (source, start, nested + spent)
+
+    def close(self, ts: int) -> dict[str, Tally]:
+        """The interval's tallies, an unfinished task run counted up to `ts` (and carried
+        on into the next interval from there)."""
+        if self.task is not None:
+            source, start, nested = self.task
+            self.tallies.setdefault(source, Tally()).add(max(0, ts - start - nested))
+            self.task = (source, ts, 0)
+        out, self.tallies = self.tallies, {}
+        return out
+
+
+class Decoder:
+    """Turns events of the formats given into entries, exits and switches on a CpuNoise."""
+
+    def __init__(self, formats: Iterable[EventFormat], irq_names: Mapping[int, str]) -> None:
+        self.by_id = {f.id: f for f in formats}
+        self.irq_names = dict(irq_names)
+
+    def feed(self, cpu: CpuNoise, ts: int, payload: bytes) -> None:
+        (event_id,) = struct.unpack_from("<H", payload, 0)
+        fmt = self.by_id.get(event_id)
+        if fmt is None:
+            return
+        cpu.events += 1
+        name = fmt.name
+        if name == "sched_switch":
+            comm = fmt.value(payload, "next_comm")
+            cpu.switch(ts, int(fmt.value(payload, "next_pid")), str(comm))
+        elif name.endswith("_exit"):
+            cpu.exit(ts)
+        elif name == "irq_handler_entry":
+            irq = int(fmt.value(payload, "irq"))
+            label = self.irq_names.get(irq) or str(fmt.value(payload, "name"))
+            cpu.enter(f"irq {irq} {label}", ts)
+        elif name == "softirq_entry":
+            vec = int(fmt.value(payload, "vec"))
+            kind = SOFTIRQS[vec] if vec < len(SOFTIRQS) else str(vec)
+            cpu.enter(f"softirq {kind}", ts)
+        elif name.endswith("_entry"):
+            cpu.enter(VECTORS.get(name[: -len("_entry")], name), ts)
+
+
+def ranked(tallies: Mapping[str, Tally], n: int) -> list[tuple[str, Tally]]:
+    """The `n` sources that took the most time."""
+    return sorted(tallies.items(), key=lambda kv: -kv[1].total_ns)[:n]
+
+
+@dataclass(frozen=True)
+class Breach:
+    """A CPU beyond its noise budget in one interval."""
+
+    cpu: int
+    total_us: float
+    longest_us: float
+    why: str  # "budget 500 µs" or "max single 50 µs"
+    top: tuple[tuple[str, Tally], ...]
+
+    def sources_json(self) -> list[dict[str, object]]:
+        return [
+            {"source": s, "count": t.count, "total_us": round(t.total_ns / 1000, 1),
+             "max_us": round(t.max_ns / 1000, 1)}
+            for s, t in self.top
+        ]  # fmt: skip
+
+    def line(self) -> str:
+        top = ", ".join(f"{s} {t.total_ns / 1000:.0f} µs ({t.count}x)" for s, t in self.top)
+        return (f"CPU {self.cpu} took {self.total_us:.0f} µs of noise in one interval "
+                f"(longest {self.longest_us:.0f} µs; {self.why}): {top}")  # fmt: skip
+
+
+def over_budget(
+    cpus: Mapping[int, Mapping[str, Tally]],
+    budget_us: int | None,
+    max_single_us: int | None,
+    top: int = 3,
+) -> list[Breach]:
+    """The CPUs whose interval broke the budget (all sources' time together) or had one
+    interruption longer than max_single_us; each with its top sources by time."""
+    out = []
+    for cpu, tallies in sorted(cpus.items()):
+        total = sum(t.total_ns for t in tallies.values()) / 1000
+        longest = max((t.max_ns for t in tallies.values()), default=0) / 1000
+        whys = []
+        if budget_us is not None and total > budget_us:
+            whys.append(f"budget {budget_us} µs")
+        if max_single_us is not None and longest > max_single_us:
+            whys.append(f"max single {max_single_us} µs")
+        if whys:
+            out.append(Breach(cpu, total, longest, ", ".join(whys), tuple(ranked(tallies, top))))
+    return out
+
+
+# -- `latencyctl top`: the watch's last interval beside what the profile did -------------------
+
+_SOURCE_IRQ = re.compile(r"irq (\d+) ")
+_SOURCE_TASK = re.compile(r"task (\d+) ")
+WHAT_THE_KERNEL_MUST_DO = {
+    "local timer": "the scheduler tick: it stops on a CPU running one task only with "
+    "nohz_full, which is a boot parameter (not something a daemon can set)",
+    "IPI reschedule": "another CPU woke a task here",
+    "IPI function call": "another CPU asked this one to run a function (TLB flush, ...)",
+    "irq work": "deferred kernel work raised on this CPU",
+}
+
+
+def top_view(status: Mapping[str, Any]) -> dict[str, Any]:
+    """From the daemon's Status: per watched CPU its sources (count, time, worst single)
+    with what the profile did about each, the expected tasks, the mechanism."""
+    plugins = status.get("plugins")
+    plugins = plugins if isinstance(plugins, dict) else {}
+    monitor = plugins.get("monitor")
+    if not isinstance(monitor, dict):
+        return {"watching": False, "why": "the active profile has no [monitor] section"}
+    facts = monitor.get("facts", {})
+    rows = monitor["tables"][0]["rows"] if monitor.get("tables") else []
+    did = _what_the_profile_did(plugins)
+    cpus: dict[str, list[dict[str, Any]]] = {}
+    for cpu, source, count, total_us, max_us in rows:
+        irq, task = _SOURCE_IRQ.match(source), _SOURCE_TASK.match(source)
+        about = (
+            did.get(("irq", int(irq[1])), "not steered by the profile") if irq
+            else did.get(("task", int(task[1])), "not moved by the profile") if task
+            else WHAT_THE_KERNEL_MUST_DO.get(source, "")
+        )  # fmt: skip
+        cpus.setdefault(str(cpu), []).append({
+            "source": source, "count": int(count), "total_us": float(total_us),
+            "max_us": float(max_us), "profile": about,
+        })  # fmt: skip
+    holds = status.get("holds")
+    return {
+        "watching": True,
+        "mechanism": facts.get("mechanism", ""),
+        "interval_ms": facts.get("interval_ms"),
+        "budget_us": facts.get("budget_us"),
+        "expected": [
+            f"pid {h['pid']} ({h['reason']})" for h in holds or [] if isinstance(h, dict)
+        ] if isinstance(holds, list) else [],
+        "cpus": cpus,
+    }  # fmt: skip
+
+
+def _what_the_profile_did(plugins: Mapping[str, Any]) -> dict[tuple[str, int], str]:
+    out: dict[tuple[str, int], str] = {}
+    for name in ("irq", "kthread"):
+        section = plugins.get(name)
+        if not isinstance(section, dict):
+            continue
+        for row in section.get("applied", []):
+            target = row.get("target") or {}
+            if target.get("kind") == "irq":
+                out[("irq", int(target["irq"]))] = f"{row['text']} by [irq]"
+            elif target.get("kind") in ("thread_affinity", "task_affinity"):
+                out[("task", int(target.get("tid", target["pid"])))] = f"{row['text']} by [kthread]"
+        for row in section.get("not_applicable", []):
+            target = row.get("target") or {}
+            if target.get("kind") == "irq":
+                out[("irq", int(target["irq"]))] = f"not movable: {row['reason']}"
+    return out
+
+
+def format_top(view: Mapping[str, Any]) -> str:
+    if not view.get("watching"):
+        return f"not watching: {view.get('why')}"
+    lines = [f"noise on the watched CPUs, last {view['interval_ms']} ms interval "
+             f"(budget {view['budget_us'] or 'none'} µs): {view['mechanism']}"]  # fmt: skip
+    expected = view.get("expected") or []
+    lines.append(f"expected there: {', '.join(expected) if expected else 'none held'}")
+    cpus = view.get("cpus")
+    for cpu, sources in cpus.items() if isinstance(cpus, dict) else []:
+        lines.append(f"CPU {cpu}")
+        lines.append(f"  {'source':32} {'count':>7} {'total µs':>10} {'max µs':>9}  profile")
+        for s in sources:
+            lines.append(f"  {s['source'][:32]:32} {s['count']:>7} {s['total_us']:>10.1f} "
+                         f"{s['max_us']:>9.1f}  {s['profile']}")  # fmt: skip
+    if not cpus:
+        lines.append("nothing interrupted the watched CPUs in the last interval")
+    return "\n".join(lines)

@@ -1,0 +1,412 @@
+"""The plugin contract, and how plugins are found.
+
+A plugin is one file: its option schema, the typed targets it tunes, a pure
+`expand` from its profile section to wanted settings, and how to read and write
+one target. The engine owns everything else — journal, diffing, rollback, drift
+policy (`on_drift`), turning refusals into "not applicable, with the reason",
+hot-plug dispatch and the status tables — so every plugin gets it for free.
+
+Targets are frozen dataclasses of JSON scalars: they key the engine's state and
+round-trip through the journal, so no code ever parses a string key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
+
+from latencyd.core.schema import Schema
+from latencyd.core.system import System
+
+
+# What a plugin following tasks (Follows.threads) is told: the daemon reads these from the
+# kernel (latencyd.service.taskevents) and hands each to Plugin.on_task.
+@dataclass(frozen=True)
+class TaskEvent:
+    kind: str  # "fork" | "comm" | "exit"
+    pid: int  # thread group (process) id
+    tid: int  # the thread itself
+    ppid: int = 0  # fork: the parent process (2 for kernel threads, made by kthreadd)
+    time_ns: int = 0  # kernel timestamp (CLOCK_MONOTONIC scale), 0 when unknown
+    lost: bool = False  # the source dropped events: consumers should rescan
+
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "latencyd.plugins"
+
+Value = Any  # JSON-serialisable: what a target is set to
+Options = Mapping[str, Any]  # one validated profile section
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one setting lives (an IRQ, a thread, a NIC and option, a CPU and idle state).
+
+    Subclasses are frozen dataclasses whose fields are int, str or bool, and name their
+    `kind` (unique within the plugin). `refusal_means` declares what the kernel refusing
+    this kind of setting means when that is "not applicable here" (a kernel-managed IRQ,
+    a driver without the feature): it opens the reason shown in status. None: a refusal
+    fails the profile (and the step is rolled back).
+    """
+
+    kind: ClassVar[str] = ""
+    refusal_means: ClassVar[str | None] = None
+
+
+Settings = dict[Target, Value]
+T = TypeVar("T", bound=Target)
+
+
+class OwnedSettings(Mapping[Target, Value]):
+    """What `expand` and the event hooks get as `owned`: a plugin's applied settings,
+    and for each the original it will be given back (what its user had asked for)."""
+
+    def original(self, target: Target) -> Value | None:
+        """The value `target` had before latencyd first changed it; None if not owned."""
+        raise NotImplementedError
+
+
+def encode_target(target: Target) -> dict[str, Any]:
+    """{"kind": ..., field: value, ...}: the journal's and the D-Bus API's form of a target."""
+    encoded = {"kind": type(target).kind}
+    for name in _field_names(type(target)):
+        encoded[name] = getattr(target, name)
+    return encoded
+
+
+_FIELD_NAMES: dict[type[Target], tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Target]) -> tuple[str, ...]:
+    """A target class's fields, looked up once (not per target of 20,000)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def decode_target(kinds: Mapping[str, type[Target]], data: Any) -> Target:
+    """The inverse of encode_target; ValueError when `data` is not one of `kinds`."""
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("kind"), str)
+        or (data["kind"] not in kinds)
+    ):
+        raise ValueError(f"not a known target: {data!r}")
+    cls = kinds[data["kind"]]
+    values = {}
+    for f in dataclasses.fields(cls):
+        value = data.get(f.name)
+        type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        want = {"int": int, "str": str, "bool": bool}.get(type_name, object)
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise ValueError(f"target {data!r}: {f.name} is not a {f.type}")
+        values[f.name] = value
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """What a profile section wants on this machine, computed without changing anything.
+
+    `rules` is whatever the plugin needs later to tune targets that appear after the
+    profile was applied (new threads, hot-plugged NICs); the engine keeps it with the
+    applied profile, so a rejected switch leaves no trace. `notes` explain a setting in
+    `status` ("resolved from 'poll'"). `refused` lists parts of the section that cannot
+    apply on this machine, with the reason; the rest of the profile still applies.
+    `current` holds values expand had to read anyway (a thread's CPUs): the engine takes
+    them as what is there now instead of reading each target again.
+    """
+
+    settings: Settings = field(default_factory=dict)
+    rules: Any = None
+    notes: dict[Target, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    current: dict[Target, Value] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    """One udev event: `old_name` is set for a rename (action "move"); `devpath` is the
+    kernel's DEVPATH (/devices/.../net/eth0/queues/rx-1: whose queue it is)."""
+
+    subsystem: str
+    action: str
+    name: str
+    old_name: str = ""
+    devpath: str = ""
+
+
+@dataclass(frozen=True)
+class Follows:
+    """Events a plugin reacts to. The watchers' filters are derived from these, and only
+    for plugins whose section is in the active profile."""
+
+    udev: Mapping[str, frozenset[str]] = field(default_factory=dict)  # subsystem -> actions
+    threads: bool = False  # new and renamed tasks (see latencyd.service.taskevents)
+    user_tasks: bool = False  # also exec events of user tasks (when the section asks)
+
+
+DEVICE_ACTIONS = frozenset({"add", "remove", "bind", "unbind", "move", "change"})
+CPU_ACTIONS = frozenset({"online", "offline", "add", "remove"})
+
+
+@dataclass(frozen=True)
+class Table:
+    """One monitoring table; `latencyctl status` and `--json` render the same structure."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"title": self.title, "columns": list(self.columns), "rows": [*map(list, self.rows)]}
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """What a plugin measured: tables, and named facts (JSON values) for everything else."""
+
+    tables: tuple[Table, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Plugin(Generic[T]):
+    """Base of every plugin, generic in its target type(s). Required: `name`, `summary`,
+    `schema`, `targets`, `example`, `expand`, `read`, `write` and `describe`; the rest has
+    defaults."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    schema: Schema = Schema()  # an instance may refine it when checks need the machine
+    targets: ClassVar[tuple[type[Target], ...]] = ()
+    follows: ClassVar[Follows] = Follows()
+    # A section that exercises the plugin: the contract test (tests/unit/test_contract.py)
+    # applies it on a fake machine, verifies it and restores it, for every plugin found.
+    example: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, system: System) -> None:
+        self.system = system
+        # For plugins that follow events: how often `changed` should ask for a full
+        # rescan. The daemon sets it to 0 (every tick) when no event source is open.
+        self.rescan_interval_s = 60.0
+        # Processes the daemon protects: those holding a profile (`latencyctl hold PROFILE
+        # -- app`) and what they start; a plugin that moves user tasks leaves them alone.
+        self.exempt_pids: frozenset[int] = frozenset()
+
+    # -- what a section wants (pure: reads the machine, changes nothing, stores nothing) --
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        """The section's wanted settings. `owned` are this plugin's settings currently
+        applied by the engine (a plugin that moves tasks must keep owning what it moved).
+        Raise NotApplicable when the whole section cannot apply on this machine."""
+        raise NotImplementedError
+
+    def expand_steps(
+        self, options: Options, owned: Mapping[Target, Value]
+    ) -> Generator[None, None, Expansion]:
+        """`expand`, for a plugin whose expansion can take long (tens of thousands of
+        threads): a generator that yields between pieces of its work, so the daemon keeps
+        answering meanwhile, and returns the Expansion. Such a plugin defines `expand` as
+        `run_to_end(self.expand_steps(...))`; the others need not know of it."""
+        return self.expand(options, owned)
+        yield  # a generator function
+
+    # -- one target ------------------------------------------------------------------
+    def read(self, target: T) -> Value:
+        """The target's current value (to save the original, and to verify)."""
+        raise NotImplementedError
+
+    def write(self, target: T, value: Value) -> None:
+        """Set one target; raise KernelRefused (or NotApplicable) when the kernel says no."""
+        raise NotImplementedError
+
+    def original(
+        self, target: T, current: Value, owned: Callable[[Target], tuple[Value, Value] | None]
+    ) -> Value:
+        """What to restore for a target first tuned now, given its current value. `owned`
+        gives (original, applied) of one of this plugin's applied targets, or None. By
+        default the current value; a plugin whose new targets are born with a value the
+        profile set elsewhere (a new IRQ takes the default affinity) gives what it would
+        have had without the profile."""
+        return current
+
+    def restore(self, target: T, original: Value) -> None:
+        """Put an original back; by default the same as writing it."""
+        self.write(target, original)
+
+    def same(self, target: T, wanted: Value, actual: Value) -> bool:
+        """Whether the kernel's value is what was wanted (override to normalise)."""
+        return bool(wanted == actual)
+
+    def begin_step(self) -> None:
+        """A step (an apply, a verify, an off) begins: until end_step, a plugin may keep
+        what it read of the machine that cannot change meanwhile (which process a pid
+        is), instead of reading it again for each of thousands of targets."""
+
+    def end_step(self) -> None:
+        """The step is over: forget what begin_step allowed to keep."""
+
+    def report(self, changes: list[tuple[T, Value, Value]]) -> None:
+        """Say what a step wrote, as (target, before, after) each, after the step is done
+        (before is None for a setting adopted from the journal). One call per step, so
+        a plugin that moves 20,000 threads can say so in a few lines. Default: nothing
+        (status lists every setting)."""
+
+    def handed_over(self, rules: Any, target: T, actual: Value) -> str | None:
+        """Why a change someone else made to an owned target is theirs to keep (the engine
+        then stops owning it, without restoring or re-applying), or None: it is drift.
+        `rules` are the applied section's. By default every such change is drift."""
+        return None
+
+    def exists(self, target: T) -> bool:
+        """Whether the target is still there; vanished ones are dropped without error."""
+        return True
+
+    def describe(self, target: T, value: Value) -> str:
+        raise NotImplementedError
+
+    def group(self, target: T) -> Hashable | None:
+        """Key of targets `status` shows as one row when they also share value and
+        original (the 20,000 threads of one process), or None: a row of its own."""
+        return None
+
+    def describe_group(self, targets: Sequence[T], value: Value) -> str:
+        """One status row for several targets of one `group` set to the same value."""
+        return f"{self.describe(targets[0], value)} and {len(targets) - 1:,} more like it"
+
+    def watch_files(self, target: T) -> tuple[str, ...]:
+        """Files (under the System root) whose modification can change this target: a
+        write to any of them makes the engine check it at once. None: polled instead."""
+        return ()
+
+    # -- targets that appear later ---------------------------------------------------------
+    def root_only(self, options: Options) -> str | None:
+        """Why this section may be applied only for root, not for admin_group members (it
+        could hand out root, e.g. sysctl kernel.core_pattern), or None."""
+        return None
+
+    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+        """Settings a just-created or renamed task needs (plugins following threads)."""
+        return {}
+
+    def on_device(
+        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+    ) -> tuple[Settings, set[Target]] | None:
+        """A device event: (settings for the device, owned targets the event may have
+        reset or that belong to the device), or None to re-expand the whole section."""
+        return None
+
+    def changed(self, rules: Any) -> bool:
+        """Cheap check on the monitor tick: must the section be expanded again (new
+        IRQs, a rescan due)? The event sources do the real work; this is the safety net."""
+        return False
+
+    def follows_user_tasks(self, options: Options) -> bool:
+        """Whether this section needs exec events of user tasks, not just new kthreads."""
+        return False
+
+    # -- monitoring -------------------------------------------------------------------------
+    def on_applied(self, rules: Any) -> None:
+        """The section was just applied: reset monitoring baselines ("since applied")."""
+
+    def monitor(self, rules: Any) -> Monitor:
+        return Monitor()
+
+    def close(self) -> None:
+        """Release held resources (perf counters); called when the daemon stops."""
+
+
+def target_kinds(plugin: Plugin[Any]) -> dict[str, type[Target]]:
+    return {cls.kind: cls for cls in plugin.targets}
+
+
+def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, str]:
+    """name -> "module:attr" for an entry-point group, read from installed metadata.
+
+    Reads each distribution's entry_points.txt directly: importing importlib.metadata
+    (email, zipfile, csv, ...) cost 17 ms and 2.9 MiB of the daemon's start-up here.
+    The first distribution on the path to define a name wins, as with importlib.
+    """
+    found: dict[str, str] = {}
+    for entry in sys.path if path is None else path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            try:
+                text = Path(entry or ".", name, "entry_points.txt").read_text()
+            except OSError:
+                continue
+            section = ""
+            for raw in text.splitlines():
+                line = raw.strip()
+                if line.startswith("[") and line.endswith("]"):
+                    section = line[1:-1].strip()
+                elif section == group and "=" in line and not line.startswith(("#", ";")):
+                    key, _, value = line.partition("=")
+                    found.setdefault(key.strip(), value.strip())
+    return found
+
+
+def discover() -> dict[str, type[Plugin[Any]]]:
+    """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too)."""
+    found: dict[str, type[Plugin[Any]]] = {}
+    for name, spec in entry_point_specs(ENTRY_POINT_GROUP).items():
+        module, _, attr = spec.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module.strip()), attr.strip())
+        except Exception as exc:  # a broken third-party plugin must not stop the daemon
+            log.error("plugin %s (%s) failed to load: %s", name, spec, exc)
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, Plugin)):
+            log.error("plugin %s (%s) is not a latencyd Plugin class", name, spec)
+            continue
+        found[name] = cls
+    return found
+
+
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+def run_to_end(steps: Generator[Any, None, R]) -> R:
+    """Drives a stepwise operation (expand_steps, the engine's steps) to its end in one go;
+    its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+
+
+def in_one_go(steps: Callable[P, Generator[Any, None, R]]) -> Callable[P, R]:
+    """The one-go form of a stepwise function: `expand = in_one_go(expand_steps)`."""
+
+    @functools.wraps(steps)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return run_to_end(steps(*args, **kwargs))
+
+    return run
+
+
+def load_plugins(system: System) -> dict[str, Plugin[Any]]:
+    """One instance of every registered plugin, bound to `system`."""
+    plugins: dict[str, Plugin[Any]] = {}
+    for name, cls in discover().items():
+        try:
+            plugins[name] = cls(system)
+        except Exception as exc:  # one plugin that cannot start must not stop the rest
+            log.error("plugin %s failed to start: %s", name, exc)
+    return plugins

@@ -1,0 +1,614 @@
+"""Profiles: TOML files with includes, variables and CPU expressions, validated per plugin.
+
+Loading is pure apart from reading files: a profile either loads completely and
+validly or raises `ProfileError` naming the file and line, so nothing of a bad
+profile can ever reach the engine. Whatever a file contains, loading it is
+bounded in time and memory (see LIMITS): hostile input gets the same clear
+`file:line: what is wrong` as a typo, never a traceback.
+
+Where profiles come from is checked like sudo checks sudoers: when the daemon runs
+as root, a profile file (and the directory holding it) must be owned by root and
+not writable by group or others, or a local user could plant settings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from latencyd.core.errors import Location, ProfileError, ProfileNotFound
+from latencyd.core.schema import Machine, Schema, SchemaError, validate
+from latencyd.core.tomlpos import KeyPath, key_lines, max_nesting, nearest_line
+
+SUFFIX = ".toml"
+MAIN_KEYS = {"summary": "one-line description", "include": "profiles this one builds on"}
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@-]*")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one profile may contain; far beyond any real profile."""
+
+    file_bytes: int = 256 * 1024
+    name_chars: int = 128  # a profile name
+    path_chars: int = 4096  # an include given as a path
+    include_depth: int = 16
+    files: int = 64  # files in one profile, includes included
+    nesting: int = 16  # arrays and tables inside each other
+    variables: int = 256
+    value_chars: int = 4096  # a string after variables are substituted
+    items: int = 1024  # entries in one array (rules, CPU entries, list values)
+
+
+LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One parsed profile file, before includes are merged."""
+
+    name: str
+    path: Path
+    data: dict[str, Any]
+    lines: dict[KeyPath, int]
+
+    def at(self, *path: str | int) -> Location:
+        return Location(self.path, nearest_line(self.lines, tuple(path)))
+
+    @property
+    def summary(self) -> str:
+        main = self.data.get("main", {})
+        return str(main.get("summary", "")) if isinstance(main, dict) else ""
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: Path
+    summary: str
+    sections: dict[str, dict[str, Any]]  # plugin name -> validated options
+    origins: dict[str, dict[str, Location]]  # plugin name -> option -> where it was set
+    variables: dict[str, Any] = field(default_factory=dict)
+    files: tuple[Path, ...] = ()
+    removed: dict[str, list[Removal]] = field(default_factory=dict)  # by section
+    # The options as the files wrote them, variables substituted, not yet validated:
+    # what a profile derived from this one (measure --attribute) writes back out.
+    written: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Removal:
+    """Inherited settings a file took away: `option` (None: the whole section), and how."""
+
+    option: str | None
+    how: str  # "enabled = false", "replace = true" or "drop"
+    where: Location
+
+
+# Keys valid in any section that shape inheritance; the loader consumes them, plugins
+# never see them. TuneD's `enabled`, `replace` and `drop` map onto these.
+INHERITANCE_KEYS = ("enabled", "replace", "drop")
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    name: str
+    path: Path
+    summary: str
+    error: str | None = None
+
+
+def _toml_error(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> ProfileError:
+    # tomllib says "... (at line L, column C)" or "... (at end of document)".
+    msg = str(exc)
+    m = re.search(r"\s*\((?:at line (\d+), column \d+|at end of document)\)$", msg)
+    if m and m.group(1):
+        line = int(m.group(1))
+    else:  # the end of the document is its last line
+        line = max(1, text.count("\n") + (0 if text.endswith("\n") else 1))
+    reason = msg[: m.start()] if m else msg
+    return ProfileError(Location(path, line), f"TOML syntax error: {reason}")
+
+
+def parse_source(name: str, path: Path, text: str) -> SourceFile:
+    """One file's TOML, checked against LIMITS before and after parsing."""
+    deep = max_nesting(text, LIMITS.nesting)
+    if deep is not None:
+        raise ProfileError(
+            Location(path, deep), f"arrays or tables nested more than {LIMITS.nesting} deep"
+        )
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _toml_error(path, text, exc) from exc
+    lines = key_lines(text)
+    source = SourceFile(name, path, data, lines)
+    problem = _oversized(data)
+    if problem is not None:
+        where, what = problem
+        raise ProfileError(source.at(*where), what)
+    return source
+
+
+def _oversized(data: Any) -> tuple[KeyPath, str] | None:
+    """The first place that breaks LIMITS (nesting by dotted keys, array lengths), if any.
+    Iterative, so no content can exhaust the stack."""
+    stack: list[tuple[KeyPath, Any]] = [((), data)]
+    while stack:
+        where, value = stack.pop()
+        if len(where) > LIMITS.nesting:
+            return where, f"keys and tables nested more than {LIMITS.nesting} deep"
+        if isinstance(value, dict):
+            stack.extend(((*where, k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            if len(value) > LIMITS.items:
+                return where, f"{len(value)} entries; at most {LIMITS.items} are allowed"
+            stack.extend(((*where, i), v) for i, v in enumerate(value))
+    return None
+
+
+def read_source(name: str, path: Path) -> SourceFile:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(LIMITS.file_bytes + 1)
+    except OSError as exc:
+        raise ProfileError(Location(path), f"cannot read profile: {exc.strerror}") from exc
+    if len(raw) > LIMITS.file_bytes:
+        raise ProfileError(
+            Location(path), f"profile is larger than {LIMITS.file_bytes // 1024} KiB"
+        )
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ProfileError(
+            Location(path, line), f"cannot read profile: not UTF-8 text ({exc.reason})"
+        ) from exc
+    return parse_source(name, path, text)
+
+
+def check_trusted(path: Path) -> None:
+    """Refuse a profile that someone other than root could have written (as sudo does)."""
+    for what, target in (("profile", path), ("directory", path.parent)):
+        try:
+            st = os.stat(target)
+        except OSError as exc:
+            raise ProfileError(Location(path), f"cannot check {what}: {exc.strerror}") from exc
+        if st.st_uid != os.geteuid():
+            raise ProfileError(
+                Location(path),
+                f"refusing {what} {target}: owned by uid {st.st_uid}, not root",
+            )
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ProfileError(
+                Location(path),
+                f"refusing {what} {target}: writable by group or others "
+                f"(mode {stat.S_IMODE(st.st_mode):o})",
+            )
+
+
+def check_name(name: str, by_path: bool) -> None:
+    """A profile reference a caller may use: a plain name, or (root only) a file path."""
+    is_path = name.endswith(SUFFIX) or "/" in name
+    limit = LIMITS.path_chars if is_path else LIMITS.name_chars
+    if len(name) > limit:
+        raise ProfileNotFound(
+            Location(None), f"profile name is {len(name)} characters long (at most {limit})"
+        )
+    if "\0" in name or not name:
+        raise ProfileNotFound(Location(None), "profile name is empty or holds a NUL byte")
+    if is_path and not by_path:
+        raise ProfileNotFound(
+            Location(None),
+            f"{name[:80]!r} is a path: only root may apply profile files; name a profile "
+            "from the search path instead",
+        )
+    if not is_path and not _NAME.fullmatch(name):
+        raise ProfileNotFound(
+            Location(None),
+            f"{name[:80]!r} is not a profile name (letters, digits and _ . + @ -)",
+        )
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system, a loop of symlinks
+        return False
+
+
+class ProfileLibrary:
+    """The profile search path, and loading profiles from it against the known plugins."""
+
+    def __init__(
+        self,
+        search_path: Sequence[Path],
+        schemas: Mapping[str, Schema],
+        machine: Machine,
+        trusted_only: bool = False,
+    ) -> None:
+        self.search_path = [Path(p) for p in search_path]
+        self.schemas = schemas
+        self.machine = machine
+        self.trusted_only = trusted_only  # the daemon as root: see check_trusted
+
+    # -- finding -------------------------------------------------------------
+    def find(self, name: str, near: Path | None = None, by_path: bool = True) -> Path:
+        check_name(name, by_path)
+        if name.endswith(SUFFIX) or "/" in name:
+            candidate = Path(name)
+            if not candidate.is_absolute() and near is not None:
+                candidate = near.parent / candidate
+            if _is_file(candidate):
+                return candidate
+            raise ProfileNotFound(Location(candidate), "no such profile file")
+        for directory in self.search_path:
+            candidate = directory / f"{name}{SUFFIX}"
+            if _is_file(candidate):
+                return candidate
+        searched = ", ".join(str(d) for d in self.search_path) or "(empty search path)"
+        raise ProfileNotFound(Location(None), f"no profile named {name!r} (searched {searched})")
+
+    def names(self) -> dict[str, Path]:
+        """Every profile name on the search path; earlier directories win."""
+        found: dict[str, Path] = {}
+        for directory in self.search_path:
+            if not directory.is_dir():
+                continue
+            for path in sorted(directory.glob(f"*{SUFFIX}")):
+                found.setdefault(path.name[: -len(SUFFIX)], path)
+        return dict(sorted(found.items()))
+
+    def all(self) -> list[ProfileInfo]:
+        """All profiles with their summaries; invalid ones carry their error instead."""
+        infos = []
+        for name, path in self.names().items():
+            try:
+                profile = self.load(name)
+                infos.append(ProfileInfo(name, path, profile.summary))
+            except ProfileError as exc:
+                infos.append(ProfileInfo(name, path, "", str(exc)))
+        return infos
+
+    # -- loading -------------------------------------------------------------
+    def load(self, name_or_path: str, by_path: bool = True) -> Profile:
+        """Load and validate a profile; `by_path` allows file paths (root only)."""
+        path = self.find(name_or_path, by_path=by_path)
+        name = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
+        return self._merge(name, path, self._include_chain(name, path))
+
+    def _read(self, name: str, path: Path) -> SourceFile:
+        if self.trusted_only:
+            check_trusted(path)
+        return read_source(name, path)
+
+    def _include_chain(self, name: str, path: Path) -> list[SourceFile]:
+        """Files in merge order: includes depth-first (in listed order), then the file itself.
+
+        A file included along several paths (a diamond) is merged once, at its first
+        place: merging it again would silently undo what files after it changed.
+        Walked with an explicit stack, so a long chain is an error, not a RecursionError.
+        """
+        chain: list[SourceFile] = []
+        merged: set[Path] = set()
+        # Each frame: (source, its include paths still to visit, the resolved stack).
+        root = self._read(name, path)
+        frames: list[tuple[SourceFile, list[Path], tuple[Path, ...]]] = [
+            (root, self._includes(root), (path.resolve(),))
+        ]
+        files = 1
+        while frames:
+            source, pending, stack = frames[-1]
+            if not pending:
+                frames.pop()
+                if source.path.resolve() not in merged:
+                    merged.add(source.path.resolve())
+                    chain.append(source)
+                continue
+            inc_path = pending.pop(0)
+            resolved = inc_path.resolve()
+            if resolved in stack:
+                cycle = " -> ".join(p.name for p in (*stack, resolved))
+                raise ProfileError(source.at("main", "include"), f"include cycle: {cycle}")
+            if resolved in merged:
+                continue
+            if len(stack) >= LIMITS.include_depth:
+                raise ProfileError(
+                    source.at("main", "include"),
+                    f"includes nested more than {LIMITS.include_depth} deep",
+                )
+            files += 1
+            if files > LIMITS.files:
+                raise ProfileError(
+                    source.at("main", "include"), f"more than {LIMITS.files} files included"
+                )
+            inc_name = inc_path.name[: -len(SUFFIX)] if inc_path.suffix == SUFFIX else inc_path.name
+            try:
+                included = self._read(inc_name, inc_path)
+            except ProfileError as exc:
+                if exc.location.line is not None:
+                    raise  # an error inside the included file: its own file and line
+                # The file as a whole cannot be used: say which include named it, and where.
+                raise ProfileError(
+                    source.at("main", "include"), f"included profile {inc_path}: {exc.message}"
+                ) from exc
+            frames.append((included, self._includes(included), (*stack, resolved)))
+        return chain
+
+    def _includes(self, source: SourceFile) -> list[Path]:
+        main = source.data.get("main", {})
+        if not isinstance(main, dict):
+            raise ProfileError(source.at("main"), "[main] must be a table")
+        for key in main:
+            if key not in MAIN_KEYS:
+                known = ", ".join(MAIN_KEYS)
+                raise ProfileError(
+                    source.at("main", key), f"unknown key {key!r} in [main] (known: {known})"
+                )
+        if not isinstance(main.get("summary", ""), str):
+            raise ProfileError(source.at("main", "summary"), "summary must be a string")
+        includes = main.get("include", [])
+        if isinstance(includes, str):
+            includes = [includes]
+        if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+            raise ProfileError(
+                source.at("main", "include"), "include must be a list of profile names"
+            )
+        paths = []
+        for inc in includes:
+            try:
+                paths.append(self.find(inc, near=source.path))
+            except ProfileNotFound as exc:
+                raise ProfileError(
+                    source.at("main", "include"),
+                    f"included profile {inc[:80]!r} not found: {exc.message}",
+                ) from exc
+        return paths
+
+    @staticmethod
+    def _inherit(
+        section: str,
+        value: dict[str, Any],
+        source: SourceFile,
+        raw: dict[str, dict[str, tuple[Any, SourceFile]]],
+        removed: dict[str, list[Removal]],
+    ) -> dict[str, Any] | None:
+        """Apply a file's inheritance keys to what earlier files merged into `section`;
+        the file's own options, or None when it switches the section off."""
+        own = {k: v for k, v in value.items() if k not in INHERITANCE_KEYS}
+        enabled, replace, drop = (
+            value.get("enabled", True),
+            value.get("replace", False),
+            (value.get("drop", [])),
+        )
+        for key, given, ok in (
+            ("enabled", enabled, isinstance(enabled, bool)),
+            ("replace", replace, isinstance(replace, bool)),
+            ("drop", drop, isinstance(drop, list) and all(isinstance(d, str) for d in drop)),
+        ):
+            if not ok:
+                want = "a list of option names" if key == "drop" else "true or false"
+                raise ProfileError(
+                    source.at(section, key), f"{key}: expected {want}, got {given!r}"
+                )
+        merged = raw.get(section, {})
+        log = removed.setdefault(section, [])
+        if enabled is False:
+            log.append(Removal(None, "enabled = false", source.at(section, "enabled")))
+            raw.pop(section, None)
+            return None
+        if replace and merged:
+            log.extend(Removal(o, "replace = true", source.at(section, "replace")) for o in merged)
+            merged.clear()
+        for option in drop:
+            if option in merged:
+                del merged[option]
+                log.append(Removal(option, "drop", source.at(section, "drop")))
+        if not log:
+            del removed[section]
+        return own
+
+    def _merge(self, name: str, path: Path, chain: list[SourceFile]) -> Profile:
+        variables: dict[str, tuple[Any, SourceFile]] = {}
+        raw: dict[str, dict[str, tuple[Any, SourceFile]]] = {}
+        section_file: dict[str, SourceFile] = {}
+        removed: dict[str, list[Removal]] = {}
+        for source in chain:
+            for key, value in source.data.items():
+                if key == "main":
+                    continue
+                if not isinstance(value, dict):
+                    raise ProfileError(
+                        source.at(key), f"{key!r} must be a table like [{key}], not a value"
+                    )
+                if key == "variables":
+                    for var, val in value.items():
+                        variables[var] = (val, source)
+                    continue
+                if key not in self.schemas:
+                    known = ", ".join(sorted(self.schemas)) or "none installed"
+                    raise ProfileError(
+                        source.at(key), f"unknown plugin section [{key}] (plugins: {known})"
+                    )
+                section_file.setdefault(key, source)
+                value = self._inherit(key, value, source, raw, removed)
+                if value is None:  # enabled = false: the section is off
+                    continue
+                merged = raw.setdefault(key, {})
+                for opt, val in value.items():
+                    for group in self.schemas[key].exclusive:
+                        if opt in group:  # a later file's choice replaces the other mode
+                            for other in group:
+                                if other != opt and other in merged and merged[other][1] != source:
+                                    del merged[other]
+                    merged[opt] = (val, source)  # later files win, option by option
+
+        if len(variables) > LIMITS.variables:
+            source = next(iter(variables.values()))[1]
+            raise ProfileError(
+                source.at("variables"),
+                f"{len(variables)} variables; at most {LIMITS.variables} are allowed",
+            )
+        resolved_vars = _resolve_variables(variables)
+        sections: dict[str, dict[str, Any]] = {}
+        origins: dict[str, dict[str, Location]] = {}
+        written: dict[str, dict[str, Any]] = {}
+        for section, options in raw.items():
+            substituted: dict[str, Any] = {}
+            for opt, (val, source) in options.items():
+                substituted[opt] = _substitute(val, resolved_vars, source, (section, opt))
+                _check_size(substituted[opt], source, (section, opt))
+            written[section] = substituted
+            try:
+                sections[section] = validate(self.schemas[section], substituted, self.machine)
+            except SchemaError as exc:
+                head = exc.path[0] if exc.path else None
+                source = options[str(head)][1] if head in options else section_file[section]
+                raise ProfileError(source.at(section, *exc.path), exc.message) from exc
+            origins[section] = {opt: src.at(section, opt) for opt, (_, src) in options.items()}
+        return Profile(
+            name=name,
+            path=path,
+            summary=chain[-1].summary
+            or next((s.summary for s in reversed(chain) if s.summary), ""),
+            sections=sections,
+            origins=origins,
+            variables=resolved_vars,
+            files=tuple(dict.fromkeys(s.path for s in chain)),
+            removed=removed,
+            written=written,
+        )
+
+
+def _check_size(value: Any, source: SourceFile, where: KeyPath) -> None:
+    """A value built from variables (lists of lists of ...) stays within LIMITS. Counting
+    stops at the limit, so the check itself is bounded."""
+    count = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if count > LIMITS.items * 4 or depth > LIMITS.nesting:
+            raise ProfileError(
+                source.at(*where),
+                f"value is too large once variables are substituted (more than "
+                f"{LIMITS.items * 4} items or {LIMITS.nesting} levels)",
+            )
+        if isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+
+
+def _references(value: Any) -> set[str]:
+    """Variable names a value refers to (strings anywhere inside it)."""
+    found: set[str] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.update(_VAR.findall(item))
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return found
+
+
+def _resolve_variables(variables: dict[str, tuple[Any, SourceFile]]) -> dict[str, Any]:
+    """Expand variables that refer to other variables, in dependency order; a cycle or an
+    undefined name is an error. Iterative: a long chain cannot exhaust the stack."""
+    done: dict[str, Any] = {}
+    for start in variables:
+        stack: list[tuple[str, bool]] = [(start, False)]
+        visiting: list[str] = []
+        while stack:
+            var, expanded = stack.pop()
+            if var in done:
+                continue
+            value, source = variables[var]
+            if expanded:
+                visiting.remove(var)
+                done[var] = _substitute(value, done, source, ("variables", var))
+                _check_size(done[var], source, ("variables", var))
+                continue
+            if var in visiting:
+                cycle = " -> ".join((*visiting[visiting.index(var) :], var))
+                raise ProfileError(source.at("variables", var), f"variable cycle: {cycle}")
+            visiting.append(var)
+            stack.append((var, True))
+            for ref in sorted(_references(value)):
+                if ref not in variables:
+                    known = ", ".join(sorted(variables)) or "none defined"
+                    raise ProfileError(
+                        source.at("variables", var),
+                        f"undefined variable ${{{ref}}} (variables: {known})",
+                    )
+                if ref in visiting:  # reported where the cycle starts
+                    cycle = " -> ".join((*visiting[visiting.index(ref) :], ref))
+                    at = variables[ref][1].at("variables", ref)
+                    raise ProfileError(at, f"variable cycle: {cycle}")
+                if ref not in done:
+                    stack.append((ref, False))
+    return done
+
+
+def _substitute(
+    value: Any, variables: Mapping[str, Any], source: SourceFile, where: KeyPath
+) -> Any:
+    """Replace ${name} in strings (recursively); a value that is exactly ${name} keeps its type.
+
+    Recursion follows the value's nesting, which parse_source has bounded.
+    """
+    if isinstance(value, list):
+        return [_substitute(v, variables, source, (*where, i)) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _substitute(v, variables, source, (*where, k)) for k, v in value.items()}
+    if not isinstance(value, str):
+        return value
+    if len(value) > LIMITS.value_chars:
+        raise ProfileError(
+            source.at(*where), f"value is longer than {LIMITS.value_chars} characters"
+        )
+
+    def lookup(var: str) -> Any:
+        if var not in variables:
+            known = ", ".join(sorted(variables)) or "none defined"
+            raise ProfileError(
+                source.at(*where), f"undefined variable ${{{var}}} (variables: {known})"
+            )
+        return variables[var]
+
+    whole = _VAR.fullmatch(value)
+    if whole:
+        return lookup(whole.group(1))  # its size was checked when it was resolved
+    # Sum the pieces' lengths before joining them: doubling variables must not build a
+    # gigabyte string just to find out it is too long.
+    pieces: list[str] = []
+    size = 0
+    last = 0
+    for m in _VAR.finditer(value):
+        for piece in (value[last : m.start()], str(lookup(m.group(1)))):
+            size += len(piece)
+            if size > LIMITS.value_chars:
+                raise ProfileError(
+                    source.at(*where),
+                    f"value is longer than {LIMITS.value_chars} characters once variables "
+                    "are substituted",
+                )
+            pieces.append(piece)
+        last = m.end()
+    pieces.append(value[last:])
+    if size + len(pieces[-1]) > LIMITS.value_chars:
+        raise ProfileError(
+            source.at(*where),
+            f"value is longer than {LIMITS.value_chars} characters once variables are substituted",
+        )
+    return "".join(pieces)

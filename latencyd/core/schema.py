@@ -1,0 +1,375 @@
+"""Option schemas: what a plugin's profile section may contain, and how each value is read.
+
+Every kind of value parses to a canonical Python value or raises `ValueError`
+with a message that completes the sentence "<file>:<line>: <option>: ...".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from latencyd.core.cpuset import CpuSet, CpuSetError
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Facts about the machine that values may refer to (``all`` CPUs, % of RAM)."""
+
+    all_cpus: CpuSet
+    mem_total_bytes: int
+
+
+class Kind(Protocol):
+    @property
+    def label(self) -> str: ...
+
+    def parse(self, raw: Any, machine: Machine) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Int:
+    min: int | None = None
+    max: int | None = None
+
+    @property
+    def label(self) -> str:
+        return "integer"
+
+    def parse(self, raw: Any, machine: Machine) -> int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            if isinstance(raw, str) and re.fullmatch(r"-?\d+", raw.strip()):
+                raw = int(raw)
+            else:
+                raise ValueError(f"expected an integer, got {raw!r}")
+        if self.min is not None and raw < self.min:
+            raise ValueError(f"{raw} is below the minimum {self.min}")
+        if self.max is not None and raw > self.max:
+            raise ValueError(f"{raw} is above the maximum {self.max}")
+        return int(raw)
+
+
+@dataclass(frozen=True)
+class Str:
+    @property
+    def label(self) -> str:
+        return "string"
+
+    def parse(self, raw: Any, machine: Machine) -> str:
+        if not isinstance(raw, str):
+            raise ValueError(f"expected a string, got {raw!r}")
+        return raw
+
+
+@dataclass(frozen=True)
+class Bool:
+    @property
+    def label(self) -> str:
+        return "boolean"
+
+    def parse(self, raw: Any, machine: Machine) -> bool:
+        if not isinstance(raw, bool):
+            raise ValueError(f"expected true or false, got {raw!r}")
+        return raw
+
+
+@dataclass(frozen=True)
+class Choice:
+    values: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return " | ".join(self.values)
+
+    def parse(self, raw: Any, machine: Machine) -> str:
+        if raw not in self.values:
+            raise ValueError(f"expected one of {', '.join(self.values)}; got {raw!r}")
+        return str(raw)
+
+
+@dataclass(frozen=True)
+class Cpus:
+    """A CPU-list expression (``0-3,8``, ``all - ${isolated_cores}``), parsed to a cpulist."""
+
+    allow_empty: bool = False
+
+    @property
+    def label(self) -> str:
+        return "CPU list"
+
+    def parse(self, raw: Any, machine: Machine) -> CpuSet:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raw = str(raw)
+        if not isinstance(raw, str):
+            raise ValueError(f'expected a CPU list like "0-3,8", got {raw!r}')
+        try:
+            cpus = CpuSet.parse(raw, machine.all_cpus)
+        except CpuSetError as exc:
+            raise ValueError(str(exc)) from exc
+        missing = cpus - machine.all_cpus
+        if missing:
+            raise ValueError(
+                f"CPU list {raw!r} names CPUs {missing} that are not online "
+                f"(online: {machine.all_cpus})"
+            )
+        if not cpus and not self.allow_empty:
+            raise ValueError(f"CPU list {raw!r} is empty")
+        return cpus
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+@dataclass(frozen=True)
+class Size:
+    """Bytes: an integer, ``"64M"``-style (binary units), or ``"3%"`` of RAM."""
+
+    @property
+    def label(self) -> str:
+        return 'size (bytes, "64M", or "3%" of RAM)'
+
+    def parse(self, raw: Any, machine: Machine) -> int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            if raw < 0:
+                raise ValueError(f"a size cannot be negative ({raw})")
+            return raw
+        if not isinstance(raw, str):
+            raise ValueError(f'expected a size like 65536, "64M" or "3%", got {raw!r}')
+        if m := _PERCENT.match(raw):
+            pct = float(m.group(1))
+            if pct > 100:
+                raise ValueError(f"{raw!r} is more than all of RAM")
+            return int(machine.mem_total_bytes * pct / 100)
+        if m := _SIZE.match(raw):
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        raise ValueError(f'expected a size like 65536, "64M" or "3%", got {raw!r}')
+
+
+@dataclass(frozen=True)
+class ListOf:
+    item: Kind
+
+    @property
+    def label(self) -> str:
+        return f"list of {self.item.label}"
+
+    def parse(self, raw: Any, machine: Machine) -> list[Any]:
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list):
+            raise ValueError(f"expected a list, got {raw!r}")
+        return [self.item.parse(x, machine) for x in raw]
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """The first kind that accepts the value wins (e.g. µs or a symbolic name)."""
+
+    kinds: tuple[Kind, ...]
+
+    @property
+    def label(self) -> str:
+        return " or ".join(k.label for k in self.kinds)
+
+    def parse(self, raw: Any, machine: Machine) -> Any:
+        errors = []
+        for kind in self.kinds:
+            try:
+                return kind.parse(raw, machine)
+            except ValueError as exc:
+                errors.append(str(exc))
+        raise ValueError("; ".join(errors))
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A string matching a regex (e.g. ``state:NAME``); `example` shows the form in errors."""
+
+    regex: str
+    example: str
+
+    @property
+    def label(self) -> str:
+        return self.example
+
+    def parse(self, raw: Any, machine: Machine) -> str:
+        if not isinstance(raw, str) or not re.fullmatch(self.regex, raw):
+            raise ValueError(f"expected {self.example}, got {raw!r}")
+        return raw
+
+
+@dataclass(frozen=True)
+class Regex:
+    @property
+    def label(self) -> str:
+        return "regular expression"
+
+    def parse(self, raw: Any, machine: Machine) -> str:
+        if not isinstance(raw, str):
+            raise ValueError(f"expected a regular expression string, got {raw!r}")
+        try:
+            re.compile(raw)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression {raw!r}: {exc}") from exc
+        return raw
+
+
+@dataclass(frozen=True)
+class Fields:
+    """An inline table of named values (``{ rx-usecs = 0, adaptive-rx = false }``): the
+    names come from `fields` (name -> kind), or any name `check` accepts (it returns an
+    error message or None) with values of `kind`."""
+
+    fields: tuple[tuple[str, Kind], ...] = ()
+    check: Callable[[str], str | None] | None = None
+    kind: Kind | None = None
+    what: str = "key"
+
+    @property
+    def label(self) -> str:
+        names = f": {', '.join(n for n, _ in self.fields)}" if self.fields else ""
+        return f"table of {self.what}s{names}"
+
+    def parse(self, raw: Any, machine: Machine) -> dict[str, Any]:
+        if not isinstance(raw, dict):
+            raise ValueError(f"expected a table like {{ name = value }}, got {raw!r}")
+        known = dict(self.fields)
+        out = {}
+        for name, value in raw.items():
+            kind = known.get(name)
+            if kind is None and self.check is not None and self.kind is not None:
+                problem = self.check(name)
+                if problem:
+                    raise ValueError(problem)
+                kind = self.kind
+            if kind is None:
+                names = ", ".join(known)
+                raise ValueError(f"unknown {self.what} {name!r} (known: {names})")
+            try:
+                out[name] = kind.parse(value, machine)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from exc
+        return out
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    kind: Kind
+    doc: str
+    default: Any = None  # None: the setting is left untouched unless the profile names it
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class ArrayOfTables:
+    """An array of tables (``[[irq.rule]]``): each entry validated against `schema`."""
+
+    name: str
+    schema: Schema
+    doc: str
+
+
+@dataclass(frozen=True)
+class Schema:
+    options: tuple[Option, ...] = ()
+    tables: tuple[ArrayOfTables, ...] = ()
+    # Sections like [sysctl] take arbitrary keys; `free_keys` checks each key name
+    # (returns an error message or None) and `free_kind` parses its value.
+    free_keys: Callable[[str], str | None] | None = None
+    free_kind: Kind | None = None
+    required: tuple[str, ...] = field(default=())
+    # Options the kernel keeps only one of (dirty_ratio / dirty_bytes): within one
+    # file both is an error; across includes, the later file's choice wins.
+    exclusive: tuple[tuple[str, ...], ...] = ()
+    # Settings that act independently of the rest of the section, for `measure
+    # --attribute`: (group, patterns), each pattern an option name or TABLE.KEY (a key
+    # inside every entry of an array of tables), globs allowed. What no group names
+    # forms a group named after the section.
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # A section that sets nothing and only watches ([monitor]): `measure --attribute`
+    # leaves it out of every scenario, as it has no effect to attribute and its tracing
+    # must not run during the measurement.
+    watches_only: bool = False
+    # A rule across options that no single option's kind can state: given the parsed
+    # values, the key at fault and what is wrong, or None.
+    consistent: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
+
+    def extended(self, options: tuple[Option, ...]) -> Schema:
+        """This schema with more options (the engine's `on_drift` in every section)."""
+        return dataclasses.replace(self, options=self.options + options)
+
+    def option(self, name: str) -> Option | None:
+        return next((o for o in self.options if o.name == name), None)
+
+    def table(self, name: str) -> ArrayOfTables | None:
+        return next((t for t in self.tables if t.name == name), None)
+
+    def names(self) -> Sequence[str]:
+        return [o.name for o in self.options] + [t.name for t in self.tables]
+
+
+class SchemaError(ValueError):
+    """A validation failure at `path` (keys from the section down)."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+def validate(
+    schema: Schema, values: Mapping[str, Any], machine: Machine, path: tuple[str | int, ...] = ()
+) -> dict[str, Any]:
+    """Check a section against its schema; return canonical values with defaults filled in."""
+    out: dict[str, Any] = {}
+    for key, raw in values.items():
+        here = (*path, key)
+        option = schema.option(key)
+        table = schema.table(key)
+        if option is not None:
+            try:
+                out[key] = option.kind.parse(raw, machine)
+            except ValueError as exc:
+                raise SchemaError(here, f"{key}: {exc}") from exc
+        elif table is not None:
+            if isinstance(raw, dict):
+                raw = [raw]
+            if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
+                raise SchemaError(here, f"{key}: expected tables ([[...{key}]]), got {raw!r}")
+            out[key] = [
+                validate(table.schema, item, machine, (*here, i)) for i, item in enumerate(raw)
+            ]
+        elif schema.free_keys is not None and schema.free_kind is not None:
+            problem = schema.free_keys(key)
+            if problem:
+                raise SchemaError(here, problem)
+            try:
+                out[key] = schema.free_kind.parse(raw, machine)
+            except ValueError as exc:
+                raise SchemaError(here, f"{key}: {exc}") from exc
+        else:
+            known = ", ".join(schema.names()) or "none"
+            raise SchemaError(here, f"unknown option {key!r} (known options: {known})")
+    for group in schema.exclusive:
+        present = [name for name in group if name in values]
+        if len(present) > 1:
+            raise SchemaError(
+                (*path, present[-1]),
+                f"{' and '.join(present)} are exclusive (the kernel keeps only "
+                "one of them): set just one",
+            )
+    for name in schema.required:
+        if name not in out:
+            raise SchemaError(path, f"missing required option {name!r}")
+    if schema.consistent is not None and (fault := schema.consistent(out)) is not None:
+        raise SchemaError((*path, fault[0]), fault[1])
+    for option in schema.options:
+        if option.name not in out and option.default is not None:
+            out[option.name] = option.default
+    return out

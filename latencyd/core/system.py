@@ -1,0 +1,522 @@
+"""System: the only place latencyd touches the kernel.
+
+Every read and write of /proc, /sys and /dev goes through here, rooted at a
+path (default "/") so unit tests run the same plugin code against a fake tree.
+Errors become `KernelRefused` with the errno spelled out, never a bare OSError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import platform
+import struct
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import KernelRefused
+from latencyd.core.schema import Machine
+
+if TYPE_CHECKING:
+    from latencyd.core.ethtool import Ethtool
+
+
+def describe_oserror(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    text = exc.strerror or str(exc)
+    return f"{text} ({name})" if name else text
+
+
+class KeptFds(Protocol):
+    """Where open fds outlive the process (systemd's fd store: latencyd.service.sdnotify)."""
+
+    def take(self, prefix: str) -> list[tuple[str, int]]: ...
+
+    def store(self, fd: int, name: str) -> bool: ...
+
+    def remove(self, name: str) -> bool: ...
+
+
+class PmQos:
+    """The daemon's one CPU latency request on /dev/cpu_dma_latency.
+
+    The kernel keeps a request only while its fd is open, so the fd is the request.
+    Changing the value opens the new request before closing the old one (make before
+    break). With systemd's fd store the fd is also handed to the service manager, which
+    passes it back on the next start: a restart or crash never drops the request.
+    """
+
+    FD_PREFIX = "pmqos-"  # fd-store names: pmqos-<µs>-<sequence>
+
+    def __init__(self, device: Path, fdstore: KeptFds | None = None) -> None:
+        self.device = device
+        self.fdstore = fdstore
+        self.fd = -1
+        self.value_us: int | None = None
+        self.name = ""
+        if fdstore is not None:
+            self._adopt(fdstore.take(self.FD_PREFIX))
+
+    def _adopt(self, passed: list[tuple[str, int]]) -> None:
+        """Keep the newest request a previous run stored; close any others."""
+        newest = max(passed, key=lambda p: int(p[0].rsplit("-", 1)[1]), default=None)
+        for name, fd in passed:
+            if (name, fd) != newest:
+                os.close(fd)
+                self._forget(name)
+        if newest is not None:
+            self.name, self.fd = newest
+            self.value_us = int(self.name.split("-")[1])
+
+    def held(self) -> int | None:
+        return self.value_us
+
+    def hold(self, value_us: int) -> None:
+        try:
+            fd = os.open(self.device, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise KernelRefused(f"opening {self.device}", describe_oserror(exc)) from exc
+        try:
+            # The kernel takes a binary s32 (a hex string also works, but binary is exact).
+            os.write(fd, struct.pack("=i", value_us))
+        except OSError as exc:
+            os.close(fd)
+            raise KernelRefused(
+                f"holding {value_us} µs on {self.device}", describe_oserror(exc)
+            ) from exc
+        old_fd, old_name = self.fd, self.name
+        self.fd, self.value_us = fd, value_us
+        self.name = f"{self.FD_PREFIX}{value_us}-{time.monotonic_ns()}"
+        if self.fdstore is not None:
+            self.fdstore.store(fd, self.name)
+        self._close(old_fd, old_name)
+
+    def release(self) -> None:
+        self._close(self.fd, self.name)
+        self.fd, self.value_us, self.name = -1, None, ""
+
+    def _close(self, fd: int, name: str) -> None:
+        if fd >= 0:
+            os.close(fd)
+            self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        if self.fdstore is not None and name:
+            self.fdstore.remove(name)
+
+    def effective(self) -> int | None:
+        """The kernel's aggregate CPU latency target (the minimum of every request)."""
+        try:
+            fd = os.open(self.device, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            data = os.read(fd, 4)
+        finally:
+            os.close(fd)
+        return int(struct.unpack("=i", data)[0]) if len(data) == 4 else None
+
+
+PF_KTHREAD = 0x00200000
+PF_NO_SETAFFINITY = 0x04000000
+POLICIES = {
+    "other": os.SCHED_OTHER,
+    "fifo": os.SCHED_FIFO,
+    "rr": os.SCHED_RR,
+    "batch": os.SCHED_BATCH,
+    "idle": os.SCHED_IDLE,
+}
+POLICY_NAMES = {v: k for k, v in POLICIES.items()}
+
+
+@dataclass(frozen=True)
+class Task:
+    """What /proc/PID/stat says about a task, as far as latencyd cares."""
+
+    pid: int
+    comm: str
+    ppid: int
+    flags: int
+    start_time: int  # clock ticks after boot: with pid, identifies the task across pid reuse
+
+    @property
+    def is_kthread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD) or self.ppid == 2 or self.pid == 2
+
+    @property
+    def pinnable(self) -> bool:
+        return not self.flags & PF_NO_SETAFFINITY
+
+    @property
+    def ident(self) -> str:
+        return f"{self.pid}@{self.start_time}"
+
+
+def parse_stat(pid: int, text: str) -> Task:
+    # comm may contain spaces and parentheses: it runs to the *last* ')'.
+    head, _, rest = text.rpartition(")")
+    comm = head.partition("(")[2]
+    fields = rest.split()
+    return Task(pid, comm, int(fields[1]), int(fields[6]), int(fields[19]))
+
+
+class System:
+    """The kernel, rooted at `root`. Backends for what is not a plain file: `sched`
+    (scheduler calls; the os module, or a fake with its functions), `pmqos` (the PM QoS
+    request fd, with systemd's fd store when given one), `ethtool` (NIC settings over
+    netlink; unit tests pass a fake)."""
+
+    def __init__(
+        self,
+        root: Path | str = "/",
+        sched: ModuleType | Any = os,
+        fdstore: KeptFds | None = None,
+        ethtool: Ethtool | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self._prefix = str(self.root).rstrip("/") + "/"
+        self.sched = sched
+        self.pmqos = PmQos(self.path("dev/cpu_dma_latency"), fdstore)
+        self._ethtool = ethtool
+
+    @property
+    def ethtool(self) -> Ethtool:
+        """NIC settings over ethtool netlink; its socket opens when a profile first needs it."""
+        if self._ethtool is None:
+            from latencyd.core.ethtool import NetlinkEthtool
+
+            self._ethtool = NetlinkEthtool()
+        return self._ethtool
+
+    @property
+    def is_real(self) -> bool:
+        return self.root == Path("/")
+
+    def fspath(self, rel: str) -> str:
+        """`path` as a string: building a Path costs more than the read it names, and the
+        daemon does tens of thousands of small procfs reads for a big machine's threads."""
+        return self._prefix + rel.lstrip("/")
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel.lstrip("/")
+
+    # -- files ---------------------------------------------------------------
+    def exists(self, rel: str) -> bool:
+        return os.path.exists(self.fspath(rel))
+
+    def realpath(self, rel: str) -> str:
+        """Where a symlink (a device's sysfs link) leads, as an absolute path."""
+        return os.path.realpath(self.path(rel))
+
+    def listdir(self, rel: str) -> list[str]:
+        """Entries of a directory; none if it is missing or not a directory."""
+        try:
+            return sorted(os.listdir(self.fspath(rel)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def entries(self, rel: str) -> Iterator[str]:
+        """Entries of a directory as the kernel lists them (unsorted, read as iterated: a
+        process's 20,000 thread ids come a batch at a time); none if it is missing."""
+        try:
+            with os.scandir(self.fspath(rel)) as listing:
+                for entry in listing:
+                    yield entry.name
+        except (FileNotFoundError, NotADirectoryError):
+            return
+
+    def read(self, rel: str) -> str:
+        try:
+            return _read_text(self.fspath(rel)).strip()
+        except OSError as exc:
+            raise KernelRefused(f"reading /{rel.lstrip('/')}", describe_oserror(exc)) from exc
+
+    def write(self, rel: str, value: str) -> None:
+        """Write one value in a single write(2), as the kernel expects for sysfs/procfs."""
+        what = f"writing {value!r} to /{rel.lstrip('/')}"
+        try:
+            fd = os.open(self.fspath(rel), os.O_WRONLY | os.O_TRUNC)
+        except OSError as exc:
+            raise KernelRefused(what, describe_oserror(exc)) from exc
+        try:
+            os.write(fd, value.encode())
+        except OSError as exc:
+            raise KernelRefused(what, f"the kernel refused it: {describe_oserror(exc)}") from exc
+        finally:
+            os.close(fd)
+
+    # -- machine facts ---------------------------------------------------------
+    def online_cpus(self) -> CpuSet:
+        return CpuSet.from_list(self.read("sys/devices/system/cpu/online"))
+
+    def machine(self) -> Machine:
+        """The facts profile values may refer to: the online CPUs ("all") and RAM ("3%")."""
+        return Machine(self.online_cpus(), self.mem_total_bytes())
+
+    def mem_total_bytes(self) -> int:
+        for line in self.read("proc/meminfo").splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+        raise KernelRefused("reading /proc/meminfo", "no MemTotal line")
+
+    def replace_file(self, rel: str, text: str) -> None:
+        """Replace a config file atomically (for files like /etc/default/irqbalance)."""
+        path = self.path(rel)
+        tmp = path.with_name(f".{path.name}.latencyd-tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            if path.exists():
+                os.chmod(tmp, path.stat().st_mode & 0o7777)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise KernelRefused(f"writing /{rel.lstrip('/')}", describe_oserror(exc)) from exc
+
+    def remove_file(self, rel: str) -> None:
+        try:
+            self.path(rel).unlink(missing_ok=True)
+        except OSError as exc:
+            raise KernelRefused(f"removing /{rel.lstrip('/')}", describe_oserror(exc)) from exc
+
+    # -- tasks -------------------------------------------------------------------
+    def task(self, pid: int) -> Task | None:
+        """The task's stat, or None if it has exited. Read from its main thread's own stat
+        (proc/PID/task/PID/stat): the process's proc/PID/stat sums CPU times over every
+        thread, so reading it once per thread of a 20,000-thread process is quadratic."""
+        try:
+            return parse_stat(pid, _read_text(self.fspath(f"proc/{pid}/task/{pid}/stat")))
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def ancestors(self, pid: int) -> list[int]:
+        """pid, its parent, and so on up to init (bounded: a loop cannot trap us)."""
+        chain = []
+        for _ in range(64):
+            task = self.task(pid)
+            if task is None or pid in chain:
+                break
+            chain.append(pid)
+            if task.ppid <= 1:
+                break
+            pid = task.ppid
+        return chain
+
+    def tasks(self) -> list[Task]:
+        out = []
+        for entry in self.listdir("proc"):
+            if entry.isdigit():
+                task = self.task(int(entry))
+                if task is not None:
+                    out.append(task)
+        return out
+
+    def affinity(self, pid: int) -> CpuSet:
+        try:
+            return CpuSet.from_kernel(self.sched.sched_getaffinity(pid))
+        except OSError as exc:
+            raise KernelRefused(
+                f"reading the CPU affinity of pid {pid}", describe_oserror(exc)
+            ) from exc
+
+    def set_affinity(self, pid: int, cpus: CpuSet) -> None:
+        try:
+            self.sched.sched_setaffinity(pid, cpus.as_frozenset())
+        except OSError as exc:
+            raise KernelRefused(
+                f"setting the CPU affinity of pid {pid} to {cpus}", describe_oserror(exc)
+            ) from exc
+
+    def scheduler(self, pid: int) -> tuple[str, int]:
+        try:
+            policy = int(self.sched.sched_getscheduler(pid))
+            priority = int(self.sched.sched_getparam(pid).sched_priority)
+        except OSError as exc:
+            raise KernelRefused(
+                f"reading the scheduling policy of pid {pid}", describe_oserror(exc)
+            ) from exc
+        # SCHED_RESET_ON_FORK may be or-ed into the policy; it is not ours to change.
+        return POLICY_NAMES.get(policy & ~0x40000000, str(policy)), priority
+
+    def set_scheduler(self, pid: int, policy: str, priority: int) -> None:
+        try:
+            self.sched.sched_setscheduler(pid, POLICIES[policy], os.sched_param(priority))
+        except OSError as exc:
+            raise KernelRefused(
+                f"setting pid {pid} to {policy} priority {priority}", describe_oserror(exc)
+            ) from exc
+
+    # -- services ------------------------------------------------------------------
+    def restart_service(self, unit: str) -> bool:
+        """`systemctl try-restart UNIT` when systemd runs the machine; False otherwise."""
+        if not self.is_real or not os.path.isdir("/run/systemd/system"):
+            return False
+        import subprocess
+
+        result = subprocess.run(
+            ["systemctl", "try-restart", unit], capture_output=True, timeout=30, check=False
+        )
+        return result.returncode == 0
+
+    # -- perf counters -----------------------------------------------------------------
+    TRACEFS = ("sys/kernel/tracing", "sys/kernel/debug/tracing")
+
+    # -- a private tracefs instance (the noise watch) ------------------------------------
+    def tracefs(self) -> tuple[str, bool]:
+        """Where tracefs is, mounting it at /sys/kernel/tracing when it is nowhere (as
+        root, at boot it is not): (its path, whether this call mounted it)."""
+        for base in self.TRACEFS:
+            if self.exists(f"{base}/instances"):
+                return base, False
+        import subprocess
+
+        where = self.TRACEFS[0]
+        result = subprocess.run(["mount", "-t", "tracefs", "nodev", self.fspath(where)],
+                                capture_output=True, text=True, check=False)  # fmt: skip
+        if result.returncode != 0 or not self.exists(f"{where}/instances"):
+            raise KernelRefused("mounting tracefs", result.stderr.strip() or "no instances dir")
+        return where, True
+
+    def unmount(self, rel: str) -> None:
+        import subprocess
+
+        subprocess.run(["umount", self.fspath(rel)], capture_output=True, check=False)
+
+    def open_trace_instance(
+        self, base: str, name: str, cpus: CpuSet, events: Iterable[tuple[str, str]],
+        buffer_kb: int,
+    ) -> dict[int, int]:  # fmt: skip
+        """A private instance (its own buffers, nothing global touched) tracing `events`
+        on `cpus` only: cpu -> non-blocking fd of its trace_pipe_raw."""
+        inst = f"{base}/instances/{name}"
+        try:
+            os.mkdir(self.fspath(inst))
+        except FileExistsError:
+            pass  # left by a killed daemon: reused, as configured below
+        except OSError as exc:
+            raise KernelRefused(f"creating /{inst}", describe_oserror(exc)) from exc
+        self.write(f"{inst}/tracing_on", "0")
+        self.write(f"{inst}/buffer_size_kb", str(buffer_kb))
+        self.write(f"{inst}/trace_clock", "mono")  # timestamps comparable to CLOCK_MONOTONIC
+        self.write(f"{inst}/tracing_cpumask", cpus.to_mask())
+        for system, event in events:
+            self.write(f"{inst}/events/{system}/{event}/enable", "1")
+        fds = {}
+        for cpu in cpus:
+            path = self.fspath(f"{inst}/per_cpu/cpu{cpu}/trace_pipe_raw")
+            fds[cpu] = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.write(f"{inst}/tracing_on", "1")
+        return fds
+
+    @staticmethod
+    def read_trace_pages(fd: int, page_size: int = 4096) -> list[bytes]:
+        """The pages the kernel has for this CPU now (each read hands out one)."""
+        pages = []
+        while True:
+            try:
+                chunk = os.read(fd, page_size)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            pages.append(chunk)
+        return pages
+
+    def close_trace_instance(self, base: str, name: str, fds: Iterable[int]) -> None:
+        for fd in fds:
+            os.close(fd)
+        inst = f"{base}/instances/{name}"
+        with contextlib.suppress(OSError):
+            self.write(f"{inst}/tracing_on", "0")
+        try:
+            os.rmdir(self.fspath(inst))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise KernelRefused(f"removing /{inst}", describe_oserror(exc)) from exc
+
+    def tracepoint_id(self, category: str, name: str) -> int | None:
+        """The tracepoint's id, or None when tracefs is not mounted (or it does not exist)."""
+        for base in self.TRACEFS:
+            path = f"{base}/events/{category}/{name}/id"
+            if self.exists(path):
+                return int(self.read(path))
+        return None
+
+    def open_tracepoint_counters(self, tracepoint_id: int, cpus: CpuSet) -> dict[int, int]:
+        """One counting perf event per CPU (no sampling, no ring buffer): cpu -> fd."""
+        fds: dict[int, int] = {}
+        if _NR_PERF_EVENT_OPEN is None:
+            raise KernelRefused("opening perf counters", f"unsupported on {platform.machine()}")
+        attr = _PerfEventAttr(
+            type=_PERF_TYPE_TRACEPOINT, size=ctypes.sizeof(_PerfEventAttr), config=tracepoint_id
+        )
+        try:
+            for cpu in cpus:
+                fd = _libc.syscall(
+                    _NR_PERF_EVENT_OPEN, ctypes.byref(attr), -1, cpu, -1, _PERF_FLAG_FD_CLOEXEC
+                )
+                if fd < 0:
+                    err = ctypes.get_errno()
+                    raise KernelRefused(
+                        f"opening a perf counter on CPU {cpu}",
+                        describe_oserror(OSError(err, os.strerror(err))),
+                    )
+                fds[cpu] = fd
+        except KernelRefused:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        return fds
+
+    @staticmethod
+    def read_counter(fd: int) -> int:
+        return int(struct.unpack("=Q", os.read(fd, 8))[0])
+
+    @staticmethod
+    def close_counters(fds: Iterable[int]) -> None:
+        for fd in fds:
+            os.close(fd)
+
+
+def _read_text(path: str | Path) -> str:
+    """A kernel file's text, with plain syscalls: half the cost of Path.read_text, which
+    matters for the many small procfs/sysfs reads per event. Undecodable bytes (a task's
+    comm may hold any) are replaced, never an exception."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+# perf_event_open(2): only the fields a plain counter needs; `size` tells the kernel.
+_NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(platform.machine())
+_PERF_TYPE_TRACEPOINT = 2
+_PERF_FLAG_FD_CLOEXEC = 8
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _PerfEventAttr(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_period", ctypes.c_uint64),
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),
+        ("config2", ctypes.c_uint64),
+    ]

@@ -1,0 +1,108 @@
+"""Daemon configuration (/etc/latencyd/latencyd.conf, TOML) and where profiles are looked up."""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from latencyd.core.errors import ConfigError
+
+CONFIG_FILE = Path("/etc/latencyd/latencyd.conf")
+ETC_PROFILES = Path("/etc/latencyd/profiles")
+DEFAULT_STATE_DIR = Path("/run/latencyd")
+FALLBACK_PROFILE = "latency-performance"
+
+
+@dataclass(frozen=True)
+class Config:
+    default_profile: str = FALLBACK_PROFILE
+    admin_group: str | None = None  # members may change state, besides root
+    verify_interval_s: float = 10.0  # the safety-net tick: verify everything owned
+    poll_interval_s: float = (
+        1.0  # settings no event reports (thread affinities) are read this often
+    )
+    profile_dirs: tuple[Path, ...] = field(default=())
+    task_events: str = "auto"  # auto | perf | proc-connector | none
+    on_stop: str = "restore"  # restore | keep (leave the tuning; the next start adopts it)
+    metrics_listen: tuple[str, int] | None = None  # Prometheus exposition: off by default
+
+
+KNOWN: dict[str, type | tuple[type, ...]] = {
+    "default_profile": str,
+    "admin_group": str,
+    "verify_interval_s": (int, float),
+    "poll_interval_s": (int, float),
+    "profile_dirs": list,
+    "task_events": str,
+    "on_stop": str,
+    "metrics_listen": str,
+}
+
+
+def load_config(path: Path = CONFIG_FILE) -> Config:
+    """The config file's settings; a missing file means defaults, a broken one is an error."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return Config()
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    for key, value in data.items():
+        want = KNOWN.get(key)
+        if want is None:
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(KNOWN)})")
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ConfigError(f"{path}: {key} has the wrong type ({value!r})")
+    for key in ("verify_interval_s", "poll_interval_s"):
+        if data.get(key, 0) < 0:
+            raise ConfigError(f"{path}: {key} cannot be negative ({data[key]!r})")
+    dirs = data.get("profile_dirs", [])
+    if not all(isinstance(d, str) for d in dirs):
+        raise ConfigError(f"{path}: profile_dirs must be a list of directory paths ({dirs!r})")
+    listen = None
+    if "metrics_listen" in data:
+        from latencyd.service.metrics import parse_listen
+
+        try:
+            listen = parse_listen(data["metrics_listen"])
+        except ValueError as exc:
+            raise ConfigError(f"{path}: metrics_listen: {exc}") from exc
+    return Config(
+        default_profile=data.get("default_profile", FALLBACK_PROFILE),
+        admin_group=data.get("admin_group"),
+        verify_interval_s=float(data.get("verify_interval_s", Config.verify_interval_s)),
+        poll_interval_s=float(data.get("poll_interval_s", Config.poll_interval_s)),
+        profile_dirs=tuple(Path(p) for p in data.get("profile_dirs", [])),
+        task_events=_choice(path, data, "task_events", ("auto", "perf", "proc-connector", "none")),
+        on_stop=_choice(path, data, "on_stop", ("restore", "keep")),
+        metrics_listen=listen,
+    )
+
+
+def _choice(path: Path, data: dict[str, object], key: str, allowed: tuple[str, ...]) -> str:
+    value = str(data.get(key, allowed[0]))
+    if value not in allowed:
+        raise ConfigError(f"{path}: {key} must be one of {', '.join(allowed)} (got {value!r})")
+    return value
+
+
+def shipped_profiles_dir() -> Path:
+    """Profiles that come with latencyd: next to the source tree, or installed under share/."""
+    candidates = [
+        Path(__file__).resolve().parents[2] / "profiles",
+        # pip's data directory: sys.prefix in a venv, /usr/local for Debian's python3
+        Path(sysconfig.get_path("data")) / "share" / "latencyd" / "profiles",
+        Path(sys.prefix) / "share" / "latencyd" / "profiles",
+        Path("/usr/share/latencyd/profiles"),
+    ]
+    return next((c for c in candidates if c.is_dir()), candidates[-1])
+
+
+def search_path(cli_dirs: list[Path], config: Config) -> list[Path]:
+    """--profile-dir (in order) > config's profile_dirs > /etc/latencyd/profiles > shipped."""
+    return [*cli_dirs, *config.profile_dirs, ETC_PROFILES, shipped_profiles_dir()]

@@ -1,0 +1,629 @@
+"""Daemon: which profile is in force and why, independent of how it is asked (D-Bus, signals).
+
+The process around it (arguments, main loop, watchers, signals) is latencyd.service.main.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from latencyd.core.engine import (
+    ADOPTED,
+    Drift,
+    Engine,
+    Progress,
+    Refused,
+    SettingId,
+    StepReport,
+    Steps,
+)
+from latencyd.core.errors import LatencydError, NoSuchHold, PermissionDenied
+from latencyd.core.plugin import (
+    DeviceEvent,
+    Plugin,
+    Target,
+    TaskEvent,
+    Value,
+    encode_target,
+    in_one_go,
+)
+from latencyd.core.profile import Profile, ProfileInfo, ProfileLibrary
+from latencyd.core.system import System
+
+log = logging.getLogger("latencyd")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asked for a change: root may name profile files and apply root-only sections."""
+
+    uid: int = 0
+    name: str = "root"
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+
+ROOT = Caller()
+
+
+@dataclass(frozen=True)
+class Hold:
+    """An application holding a profile while it runs (D-Bus HoldProfile)."""
+
+    cookie: int
+    profile: str
+    reason: str
+    owner: str  # the holder's unique bus name; its holds end when it leaves the bus
+    since: float
+    pid: int | None = None  # the holder's process: it and its children are never moved
+
+
+@dataclass
+class Delays:
+    """Event -> settings in place, per plugin, for status and the benchmarks."""
+
+    ns: list[int] = field(default_factory=list)
+
+    def add(self, delay_ns: int) -> None:
+        self.ns.append(delay_ns)
+        del self.ns[:-1000]
+
+    def summary(self) -> dict[str, float]:
+        d = sorted(self.ns)
+        return {
+            "count": len(d),
+            "p50": round(d[len(d) // 2] / 1000, 1),
+            "p99": round(d[min(len(d) - 1, int(len(d) * 0.99))] / 1000, 1),
+            "max": round(d[-1] / 1000, 1),
+        }
+
+
+class Daemon:
+    def __init__(
+        self,
+        system: System,
+        plugins: dict[str, Plugin[Any]],
+        library: ProfileLibrary,
+        engine: Engine,
+    ) -> None:
+        self.system = system
+        self.plugins = plugins
+        self.library = library
+        self.engine = engine
+        self.active: Profile | None = None
+        self.active_ref: str | None = None  # the name or path `active` was loaded by
+        self.base: str | None = None  # the profile in force when nothing is held
+        self.holds: dict[int, Hold] = {}  # by cookie, oldest first
+        self._next_cookie = 1
+        self.last_error: str | None = None
+        self.on_profile_changed: list[Callable[[str], None]] = []
+        self.on_drift: list[Callable[[list[dict[str, Any]]], None]] = []
+        self.task_source = "none"
+        # Called with the profile about to be applied (watchers open and close here)...
+        self.before_apply: list[Callable[[Profile | None], None]] = []
+        # ...and after every change to what the engine owns (drift watches follow it).
+        self.after_step: list[Callable[[], None]] = []
+        self.delays: dict[str, Delays] = {}
+        self.readback: dict[str, Any] = {}  # how settings without a file are read back
+        # The change in progress (latencyd.service.operations runs them a slice at a time), how far
+        # it has come, and the events that wait for it: they would see it half done.
+        self.busy: str | None = None
+        self.progress: Progress | None = None
+        self._deferred: list[Callable[[], object]] = []
+
+    # -- lifecycle --------------------------------------------------------------
+    def start(self, profile: str | None, resume: bool = False) -> None:
+        """Adopt what a previous run left in the journal, then apply the start-up profile
+        incrementally: a restart changes only what the profile wants differently. With
+        `resume`, the base profile a previous run of this boot left in force (a restart,
+        a crash; `switch` changed it) is applied instead of `profile`."""
+        adopted = self.engine.adopt() is not None
+        if resume:
+            found, kept = self.engine.journal.load_base()
+            if found and kept != profile:
+                log.info("resuming %s, the profile in force before the restart", kept or "none")
+                profile = kept
+        if profile:
+            try:
+                self.switch(profile)
+            except LatencydError as exc:
+                # A bad start-up profile must not keep the daemon (and latencyctl) away.
+                self.last_error = str(exc)
+                log.error("start-up profile %s not applied: %s", profile, exc)
+        if adopted and self.active is None:
+            problems = self.engine.off()
+            log.warning(
+                "restored the originals a previous run left%s",
+                f" ({len(problems)} problems)" if problems else "",
+            )
+        self._stepped()
+
+    def stop(self, restore: bool = True) -> list[str]:
+        """Restore everything (the default), or leave the tuning and the journal in place
+        for the next start to adopt (on_stop = "keep")."""
+        problems = self.engine.off() if restore else []
+        if restore:
+            with contextlib.suppress(LatencydError):  # only the resume is lost
+                self.engine.journal.forget_base()
+        for plugin in self.plugins.values():
+            plugin.close()
+        return problems
+
+    # -- requests -----------------------------------------------------------------
+    def in_force(self) -> str | None:
+        """The profile that should be active: the newest hold's, else the base profile."""
+        return next(reversed(self.holds.values())).profile if self.holds else self.base
+
+    def load(self, ref: str, caller: Caller = ROOT) -> Profile:
+        """A profile as `caller` may have it: only root names files and applies sections
+        that can hand out root."""
+        profile = self.library.load(ref, by_path=caller.is_root)
+        if not caller.is_root:
+            for name, options in profile.sections.items():
+                reason = self.plugins[name].root_only(options)
+                if reason:
+                    raise PermissionDenied(
+                        f"profile {profile.name} cannot be applied for {caller.name} "
+                        f"(uid {caller.uid}): [{name}] {reason}; only root may apply it"
+                    )
+        return profile
+
+    def switch_steps(self, ref: str, caller: Caller = ROOT) -> Steps[StepReport | None]:
+        """Set the base profile. It is applied now, unless a hold keeps another in force
+        (then it is checked now and applied when the last hold is released)."""
+        if self.holds:
+            self.load(ref, caller)  # a bad profile is an error now, not at release time
+            self.base = ref
+            self._note_base()
+            log.info("base profile set to %s; %s stays in force while held", ref, self.in_force())
+            return None
+        report = yield from self._apply_steps(self.load(ref, caller), ref)
+        self.base = ref
+        self._note_base()
+        return report
+
+    def _note_base(self) -> None:
+        try:
+            self.engine.journal.save_base(self.base)
+        except LatencydError as exc:
+            log.warning("%s: a restart will apply the default profile", exc)
+
+    def hold_steps(
+        self, ref: str, reason: str, owner: str, caller: Caller = ROOT, pid: int | None = None
+    ) -> Steps[tuple[int, StepReport]]:
+        """Apply a profile for as long as the hold lasts (ReleaseProfile, or the holder
+        leaving the bus). Holds stack: the newest is in force. The holder's process and
+        what it starts (the application) are exempt from moving user tasks."""
+        profile = self.load(ref, caller)
+        cookie = self._next_cookie
+        self._next_cookie += 1
+        self.holds[cookie] = Hold(cookie, ref, reason, owner, time.time(), pid)
+        self._exempt()
+        try:
+            report = yield from self._apply_steps(profile, ref)
+        except (Exception, GeneratorExit):
+            del self.holds[cookie]
+            self._exempt()
+            raise
+        log.info("hold %d on %s by %s (%s)", cookie, ref, owner or "latencyd", reason or "-")
+        return cookie, report
+
+    def release_steps(self, cookie: int) -> Steps[StepReport | None]:
+        if cookie not in self.holds:
+            held = ", ".join(str(c) for c in self.holds) or "none"
+            raise NoSuchHold(f"no hold with cookie {cookie} (current holds: {held})")
+        hold = self.holds.pop(cookie)
+        log.info("hold %d on %s released", cookie, hold.profile)
+        self._exempt()
+        return (yield from self._apply_in_force())
+
+    def release_owners_steps(self, gone: Callable[[str], bool], why: str) -> Steps[None]:
+        """Holders that left the bus (exited, crashed, or the bus restarted): their holds end."""
+        ended = [c for c, h in self.holds.items() if gone(h.owner)]
+        for cookie in ended:
+            hold = self.holds.pop(cookie)
+            log.info("hold %d on %s ended: %s %s", cookie, hold.profile, hold.owner, why)
+        if ended:
+            self._exempt()
+            yield from self._apply_in_force()
+
+    def _apply_in_force(self) -> Steps[StepReport | None]:
+        ref = self.in_force()
+        if ref == self.active_ref and self.active is not None:
+            return None
+        if ref is None:
+            self._restore_all()
+            return None
+        try:
+            return (yield from self._apply_steps(self.library.load(ref), ref))
+        except LatencydError as exc:
+            log.error(
+                "could not apply %s after a hold ended; %s stays: %s",
+                ref,
+                self.active.name if self.active else "nothing",
+                exc,
+            )
+            self.last_error = str(exc)
+            return None
+
+    def _apply_steps(self, profile: Profile, ref: str) -> Steps[StepReport]:
+        self._before_apply(profile)
+        try:
+            report = yield from self.engine.apply_steps(profile)
+        except (Exception, GeneratorExit):
+            self._before_apply(self.active)  # the old profile stays, with its watchers
+            raise
+        finally:
+            self._stepped()
+        previous = self.active.name if self.active else None
+        self.active = profile
+        self.active_ref = ref
+        for name, section in self.engine.sections.items():
+            self.plugins[name].on_applied(section.expansion.rules)
+        self.last_error = None
+        na = len(report.not_applicable)
+        log.info(
+            "profile %s active: %d applied, %d restored, %d unchanged%s (%.1f ms)",
+            profile.name,
+            report.applied,
+            report.restored,
+            report.unchanged,
+            f", {na} not applicable" if na else "",
+            report.seconds * 1000,
+        )
+        if previous != profile.name:
+            self._changed(profile.name)
+        return report
+
+    def off(self) -> list[str]:
+        """Restore every original value; drops the base profile and every hold."""
+        if self.holds:
+            log.info("off: dropping %d hold(s)", len(self.holds))
+        self.holds.clear()
+        self._exempt()
+        self.base = None
+        self._note_base()
+        return self._restore_all()
+
+    def _restore_all(self) -> list[str]:
+        problems = self.engine.off()
+        had = self.active is not None
+        self.active = None
+        self.active_ref = None
+        self._before_apply(None)
+        self._stepped()
+        log.info("all settings restored%s", f" ({len(problems)} problems)" if problems else "")
+        if had:
+            self._changed("")
+        return problems
+
+    def reload_steps(self) -> Steps[None]:
+        """Re-read profiles; re-apply the one in force incrementally if its files changed."""
+        if self.active_ref is not None:
+            yield from self._apply_steps(self.library.load(self.active_ref), self.active_ref)
+
+    # The changes in one go (start-up, signals, tests); D-Bus runs them a slice at a time.
+    switch = in_one_go(switch_steps)
+    hold = in_one_go(hold_steps)
+    release = in_one_go(release_steps)
+    release_owners = in_one_go(release_owners_steps)
+    reload = in_one_go(reload_steps)
+    _apply = in_one_go(_apply_steps)
+
+    # -- events wait for a change in progress -------------------------------------------
+    def deferred(self, action: Callable[[], object]) -> bool:
+        """While a change runs a slice at a time, an event (a new thread, a device, a
+        drift check) would see it half done: it is kept for later. True if it was."""
+        if self.busy is None:
+            return False
+        self._deferred.append(action)
+        return True
+
+    def run_deferred(self) -> None:
+        """The events that waited, once the change is over, in the order they came."""
+        actions, self._deferred = self._deferred, []
+        for action in actions:
+            try:
+                action()
+            except Exception:  # one event's failure must not lose the others
+                log.exception("handling an event that waited for a change")
+
+    # -- keeping it applied -----------------------------------------------------------
+    def refresh(self, names: Iterable[str]) -> StepReport | None:
+        """Re-expand some sections (new IRQs, a rescan), re-applying what the kernel lost."""
+        if self.active is None:
+            return None
+        wanted = [n for n in names if n in self.active.sections]
+        if not wanted:
+            return None
+        try:
+            return self.engine.apply(self.active, only=wanted)
+        finally:
+            self._stepped()
+
+    def on_device_events(self, events: list[DeviceEvent]) -> None:
+        """udev events: CPUs re-resolve the profile; devices go to the plugins that follow
+        them, as settings for just those devices (one engine step per plugin for all the
+        events read together) or as a re-expansion of the section."""
+        if self.deferred(lambda: self.on_device_events(events)):
+            return
+        if self.active is None:
+            return
+        started = time.monotonic_ns()
+        if any(e.subsystem == "cpu" for e in events):
+            self.machine_changed()
+            return
+        events = without_covered(events)
+        for name in list(self.active.sections):
+            plugin = self.plugins[name]
+            mine = [e for e in events if e.action in plugin.follows.udev.get(e.subsystem, ())]
+            if not mine:
+                continue
+            try:
+                report = self._device_step(name, plugin, mine)
+            except LatencydError as exc:
+                log.error("applying the profile to new devices failed: %s", exc)
+                continue
+            if report is not None and (report.applied or report.restored):
+                log.info(
+                    "[%s] %s: %d applied, %d restored in %.1f ms",
+                    name,
+                    ", ".join(f"{e.subsystem} {e.name} {e.action}" for e in mine),
+                    report.applied,
+                    report.restored,
+                    report.seconds * 1000,
+                )
+            delays = self.delays.setdefault(name, Delays())
+            for _ in mine:
+                delays.add(time.monotonic_ns() - started)
+
+    def _device_step(
+        self, name: str, plugin: Plugin[Any], events: list[DeviceEvent]
+    ) -> StepReport | None:
+        """The settings the events' devices need, in one step; the whole section is
+        expanded again if the plugin cannot handle an event in place."""
+        section = self.engine.sections.get(name)
+        owned = self.engine.owned(name)
+        wanted: dict[SettingId, Any] = {}
+        touched: set[SettingId] = set()
+        for event in events:
+            update = plugin.on_device(section.expansion.rules, event, owned) if section else None
+            if update is None:
+                return self.refresh([name])
+            settings, targets = update
+            wanted.update({(name, t): v for t, v in settings.items()})
+            touched.update((name, t) for t in targets)
+        # Owned targets the events concern that the devices no longer want (a rename that
+        # stops matching) are given back; the rest of the section is left alone.
+        drop = [sid for sid in touched if sid not in wanted and sid in self.engine.applied]
+        try:
+            return self.engine.update(name, wanted, drop, touched | set(wanted))
+        finally:
+            self._stepped()
+
+    def on_task_events(self, events: list[TaskEvent]) -> None:
+        """New or renamed threads: give them their settings now; lost events mean rescan."""
+        if self.deferred(lambda: self.on_task_events(events)):
+            return
+        if self.active is None:
+            return
+        followers = [n for n in self.active.sections if self.plugins[n].follows.threads]
+        if not followers:
+            return
+        if any(e.lost for e in events):
+            log.warning("task events were lost: rescanning")
+            self.refresh(followers)
+            return
+        for name in followers:
+            section = self.engine.sections.get(name)
+            if section is None:
+                continue
+            plugin, owned = self.plugins[name], self.engine.owned(name)
+            settings: dict[Any, Any] = {}
+            timed: list[TaskEvent] = []
+            for event in events:
+                got = plugin.on_task(section.expansion.rules, event, owned)
+                if got:
+                    settings.update(got)
+                    timed.append(event)
+            if not settings:
+                continue
+            try:
+                self.engine.extend(name, settings)
+            except LatencydError as exc:
+                log.error("pinning new threads failed: %s", exc)
+                continue
+            finally:
+                self._stepped()
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            for event in timed:
+                if event.time_ns:
+                    self.delays.setdefault(name, Delays()).add(now - event.time_ns)
+
+    def machine_changed(self) -> None:
+        """CPUs went on/offline: re-resolve the profile's CPU lists ("all") and re-apply."""
+        if self.deferred(self.machine_changed):
+            return
+        self.library.machine = self.system.machine()
+        if self.active_ref is not None:
+            try:
+                self._apply(self.library.load(self.active_ref), self.active_ref)
+            except LatencydError as exc:
+                log.error("re-applying after a CPU change failed: %s", exc)
+
+    def check(self, verify: Iterable[SettingId] | None = None) -> list[dict[str, Any]]:
+        """The safety-net tick: pick up new targets, then verify what we own (everything,
+        or the settings given)."""
+        if self.busy is not None:  # the next tick checks again
+            return []
+        if self.active is None:
+            return []
+        changed = [
+            n for n, s in self.engine.sections.items() if self.plugins[n].changed(s.expansion.rules)
+        ]
+        if changed:
+            log.info("new targets for %s: re-applying", ", ".join(sorted(changed)))
+            try:
+                self.refresh(changed)
+            except LatencydError as exc:
+                log.error("applying the profile to new targets failed: %s", exc)
+        return self.check_drift(verify)
+
+    def check_drift(self, sids: Iterable[SettingId] | None) -> list[dict[str, Any]]:
+        """Verify some (or all) owned settings; put drift back or report it, per section."""
+        if sids is not None:
+            sids = list(sids)
+        if self.deferred(lambda: self.check_drift(sids)):
+            return []
+        drifts: list[Drift] = self.engine.verify(sids)
+        if not drifts:
+            return []
+        records = self.engine.handle_drift(drifts)
+        for callback in self.on_drift:
+            callback(records)
+        return records
+
+    def verify(self) -> list[Drift]:
+        return self.engine.verify()
+
+    # -- reads --------------------------------------------------------------------------
+    def list_profiles(self) -> list[ProfileInfo]:
+        return self.library.all()
+
+    def _applied_rows(
+        self,
+        name: str,
+        plugin: Plugin[Any],
+        owned: list[tuple[Target, Value]],
+        notes: Mapping[Target, str],
+    ) -> list[dict[str, Any]]:
+        """Status rows of one plugin's owned settings: one per setting, except that
+        targets of one `group` with the same value and original are one row (the
+        threads of a process), so status stays small and fast beside 50,000 threads."""
+        rows: list[dict[str, Any]] = []
+        groups: dict[tuple[Hashable, str, str], tuple[int, list[Target]]] = {}
+        originals = self.engine.originals
+        for t, value in owned:
+            key = plugin.group(t) if value is not ADOPTED and t not in notes else None
+            if key is not None:
+                group = (key, repr(value), repr(originals.get((name, t))))
+                if group in groups:
+                    groups[group][1].append(t)
+                    continue
+                groups[group] = (len(rows), [t])
+            rows.append(
+                {
+                    "target": encode_target(t),
+                    "value": None if value is ADOPTED else value,  # not re-applied yet
+                    "original": originals.get((name, t)),
+                    "text": plugin.describe(t, "(adopted)" if value is ADOPTED else value),
+                    "note": notes.get(t, ""),
+                }
+            )
+        for at, targets in groups.values():
+            if len(targets) > 1:
+                rows[at]["targets"] = len(targets)
+                rows[at]["text"] = plugin.describe_group(targets, rows[at]["value"])
+        return rows
+
+    def status(self) -> dict[str, Any]:
+        plugins: dict[str, Any] = {}
+        owned: dict[str, list[tuple[Target, Value]]] = {}
+        for (p, t), value in self.engine.applied.items():
+            owned.setdefault(p, []).append((t, value))
+        refusals: dict[str, list[tuple[SettingId, Refused]]] = {}
+        for sid, refusal in self.engine.not_applicable.items():
+            refusals.setdefault(sid[0], []).append((sid, refusal))
+        for name, plugin in self.plugins.items():
+            section = self.engine.sections.get(name)
+            notes = section.expansion.notes if section else {}
+            applied = self._applied_rows(name, plugin, owned.get(name, []), notes)
+            refused = [
+                {
+                    "target": encode_target(t),
+                    "text": plugin.describe(t, r.wanted),
+                    "reason": r.reason,
+                }
+                for (p, t), r in refusals.get(name, ())
+            ] + [
+                {"target": None, "text": what, "reason": reason}
+                for what, reason in (section.expansion.refused.items() if section else ())
+            ]
+            monitor = plugin.monitor(section.expansion.rules) if section else None
+            facts = dict(monitor.facts) if monitor else {}
+            if name in self.delays and self.delays[name].ns:
+                facts["event_to_applied_us"] = self.delays[name].summary()
+            if applied or refused or section:
+                plugins[name] = {
+                    "applied": applied,
+                    "not_applicable": refused,
+                    "tables": [t.as_json() for t in monitor.tables] if monitor else [],
+                    "facts": facts,
+                    "on_drift": self.engine.on_drift(name),
+                }
+        step = self.engine.last_step
+        return {
+            "active_profile": self.active.name if self.active else "",
+            "profile_files": [str(p) for p in self.active.files] if self.active else [],
+            "summary": self.active.summary if self.active else "",
+            "last_apply_ms": round(step.seconds * 1000, 3) if step else None,
+            "base_profile": self.base or "",
+            "holds": [
+                {
+                    "cookie": h.cookie,
+                    "profile": h.profile,
+                    "reason": h.reason,
+                    "owner": h.owner,
+                    "pid": h.pid,
+                    "since": h.since,
+                }
+                for h in self.holds.values()
+            ],
+            "last_error": self.last_error,
+            # A change running a slice at a time: what, and how many settings of how many
+            # it has read or written (the rest of status is as before it began).
+            "in_progress": (
+                {
+                    "what": self.busy,
+                    "done": self.progress.done if self.progress else 0,
+                    "total": self.progress.total if self.progress else 0,
+                }
+                if self.busy
+                else None
+            ),
+            "task_events": self.task_source,
+            "readback": self.readback,
+            "plugins": plugins,
+        }
+
+    def _exempt(self) -> None:
+        pids = frozenset(h.pid for h in self.holds.values() if h.pid)
+        for plugin in self.plugins.values():
+            plugin.exempt_pids = pids
+
+    def _before_apply(self, profile: Profile | None) -> None:
+        for hook in self.before_apply:
+            hook(profile)
+
+    def _stepped(self) -> None:
+        for hook in self.after_step:
+            hook()
+
+    def _changed(self, name: str) -> None:
+        for callback in self.on_profile_changed:
+            callback(name)
+
+
+def without_covered(events: list[DeviceEvent]) -> list[DeviceEvent]:
+    """Events of sub-devices (a NIC's queues) whose device was added or renamed in the same
+    batch are covered by that event: plugins tune a device as a whole when it appears."""
+    whole = {e.devpath for e in events if e.action in ("add", "move") and e.devpath}
+    return [e for e in events if not any(str(p) in whole for p in PurePosixPath(e.devpath).parents)]

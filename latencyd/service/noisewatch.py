@@ -1,0 +1,230 @@
+"""The noise watch: a private tracefs instance tracing interruptions on the shielded CPUs
+only, read every interval and tallied by source (latencyd/core/noise.py decodes).
+
+Why this mechanism, on the kernels this runs on (Linux 6.18 guests): the kernel's own
+osnoise/timerlat tracers and hist triggers are not built in; the perf binding cannot read
+tracepoint samples back; /proc/interrupts deltas name IRQs but not tasks nor time. A
+tracefs instance has its own buffers and CPU mask, so a trace the user runs is never
+disturbed, and only the shielded CPUs' events are written at all. The events are
+written by the CPU they happen on; the reading is done here, on a housekeeping CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from latencyd.core import noise
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import LatencydError
+from latencyd.core.noise import Breach, LastInterval, WatchPlan, over_budget
+from latencyd.core.system import System
+
+if TYPE_CHECKING:
+    from latencyd.service.daemon import Daemon
+    from latencyd.service.mainloop import MainLoop
+
+log = logging.getLogger(__name__)
+
+INSTANCE = "latencyd"
+BUFFER_KB = 512  # per CPU: ~20,000 events, far more than an interval of a quiet shield
+
+
+@dataclass
+class NoiseInterval:
+    """One interval: per CPU, source -> tally."""
+
+    start: float  # CLOCK_MONOTONIC seconds
+    end: float
+    cpus: dict[int, dict[str, noise.Tally]] = field(default_factory=dict)
+    events: int = 0
+
+
+class NoiseWatch:
+    """Open with start(), read with poll() each interval, close with stop()."""
+
+    def __init__(self, system: System, cpus: CpuSet) -> None:
+        self.system = system
+        self.cpus = cpus
+        self.mechanism = ""
+        self.base = ""
+        self._mounted = False
+        self._fds: dict[int, int] = {}
+        self._state: dict[int, noise.CpuNoise] = {}
+        self._decoder: noise.Decoder | None = None
+        self._layout = noise.PageLayout()
+        self._since = 0.0
+
+    def start(self, expected: Callable[[int], bool] = lambda tid: False) -> None:
+        self.base, self._mounted = self.system.tracefs()
+        events = self.base + "/events"
+        formats = [
+            noise.parse_format(sys_, self.system.read(f"{events}/{sys_}/{name}/format"))
+            for sys_, name in noise.EVENTS
+            if self.system.exists(f"{events}/{sys_}/{name}/format")
+        ]
+        self._layout = noise.parse_header_page(self.system.read(f"{events}/header_page"))
+        self._decoder = noise.Decoder(formats, self._irq_names())
+        present = [(f.system, f.name) for f in formats]
+        self._fds = self.system.open_trace_instance(
+            self.base, INSTANCE, self.cpus, present, BUFFER_KB
+        )
+        self._state = {cpu: noise.CpuNoise(expected) for cpu in self.cpus}
+        self.mechanism = (
+            f"tracefs instance /{self.base}/instances/{INSTANCE}: the watched CPUs' own "
+            "ring buffers, read once an interval (no osnoise/timerlat tracer or hist "
+            "triggers needed)"
+        )
+        self._since = time.monotonic()
+
+    def poll(self) -> NoiseInterval:
+        """What interrupted each CPU since the last poll."""
+        assert self._decoder is not None, "start() first"
+        now = time.monotonic()
+        interval = NoiseInterval(self._since, now)
+        for cpu, fd in self._fds.items():
+            state = self._state[cpu]
+            before = state.events
+            for page in self.system.read_trace_pages(fd):
+                for ts, payload in noise.page_events(page, self._layout):
+                    self._decoder.feed(state, ts, payload)
+            interval.events += state.events - before
+            interval.cpus[cpu] = state.close(time.monotonic_ns())
+        self._since = now
+        return interval
+
+    def stop(self) -> None:
+        if self._fds or self.base:
+            self.system.close_trace_instance(self.base, INSTANCE, self._fds.values())
+            self._fds = {}
+        if self._mounted:
+            self.system.unmount(self.base)
+            self._mounted = False
+
+    def _irq_names(self) -> dict[int, str]:
+        """IRQ number -> its name as /proc/interrupts shows it (the device's action)."""
+        names = {}
+        for line in self.system.read("proc/interrupts").splitlines()[1:]:
+            head, _, rest = line.partition(":")
+            if head.strip().isdigit():
+                parts = rest.split()
+                names[int(head)] = parts[-1] if parts else ""
+        return names
+
+
+# -- the daemon's side: follow the active profile's [monitor] section ---------------------
+
+REPORT_EVERY_S = 10.0  # one report per CPU at most this often, however long a leak lasts
+
+
+class ShieldWatch:
+    """Runs a NoiseWatch while the profile in force has a [monitor] section: polls it each
+    interval, keeps the last interval for `status` (the monitor plugin shows it), and says
+    when a CPU breaks its budget: a log line and `notify(breach, interval_s)` (the D-Bus
+    signal). The application's threads (a hold's process and what it started) are
+    expected on the watched CPUs, not noise."""
+
+    def __init__(
+        self, daemon: Daemon, loop: MainLoop, notify: Callable[[Breach, float], None]
+    ) -> None:
+        self.daemon = daemon
+        self.loop = loop
+        self.notify = notify
+        self.plan: WatchPlan | None = None
+        self.watch: NoiseWatch | None = None
+        self.source: int | None = None
+        self.reported: dict[int, float] = {}
+        self._roots: frozenset[int] = frozenset()
+        self._owner: dict[int, bool] = {}  # tid -> whether it is the application's
+        # Called with each interval's tallies (cpu -> source -> Tally): the metrics.
+        self.on_interval: list[Callable[[dict[int, dict[str, noise.Tally]]], None]] = []
+        daemon.after_step.append(self.sync)
+
+    @property
+    def plugin(self) -> Any:
+        """The monitor plugin (it shows `last` in status), found by name: the daemon knows
+        plugins only through their entry points."""
+        plugin = self.daemon.plugins.get("monitor")
+        return plugin if isinstance(getattr(plugin, "last", None), LastInterval) else None
+
+    def sync(self) -> None:
+        section = self.daemon.engine.sections.get("monitor")
+        plan = section.expansion.rules if section else None
+        if plan == self.plan:
+            return
+        self.close()
+        self.plan = plan
+        if plan is None or self.plugin is None:
+            return
+        watch = NoiseWatch(self.daemon.system, plan.cpus)
+        try:
+            watch.start(self.expected)
+        except (LatencydError, OSError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+            log.error("noise watch on CPUs %s not started: %s", plan.cpus, reason)
+            self.plugin.last = LastInterval(f"not running: {reason}")
+            return
+        self.watch = watch
+        self.plugin.last = LastInterval(watch.mechanism)
+        self.source = self.loop.timeout_add(plan.interval_ms, self._poll)
+        log.info("watching CPUs %s for noise (%s)", plan.cpus, watch.mechanism)
+
+    def _poll(self) -> bool:
+        if self.watch is None or self.plan is None or self.plugin is None:
+            return False
+        interval = self.watch.poll()
+        seconds = interval.end - interval.start
+        self.plugin.last = LastInterval(self.watch.mechanism, seconds, interval.cpus)
+        for callback in self.on_interval:
+            callback(interval.cpus)
+        now = time.monotonic()
+        for breach in over_budget(interval.cpus, self.plan.budget_us, self.plan.max_single_us):
+            if now - self.reported.get(breach.cpu, -REPORT_EVERY_S) < REPORT_EVERY_S:
+                continue
+            self.reported[breach.cpu] = now
+            log.warning("noise: %s", breach.line())
+            self.notify(breach, seconds)
+        return True
+
+    def expected(self, tid: int) -> bool:
+        """Whether thread `tid` is the application's: of a process holding a profile, or
+        started by one. Asked once per thread seen on a watched CPU, then remembered."""
+        roots = frozenset(h.pid for h in self.daemon.holds.values() if h.pid)
+        if roots != self._roots or len(self._owner) > 65_536:
+            self._roots, self._owner = roots, {}
+        if not roots:
+            return False
+        if tid not in self._owner:
+            self._owner[tid] = self._descends(tid, roots)
+        return self._owner[tid]
+
+    def _descends(self, tid: int, roots: frozenset[int]) -> bool:
+        pid = tid
+        for _ in range(64):  # the process tree's depth, bounded
+            if pid in roots:
+                return True
+            try:
+                status = self.daemon.system.read(f"proc/{pid}/status")
+            except LatencydError:
+                return False
+            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+            tgid, ppid = int(fields.get("Tgid", "0")), int(fields.get("PPid", "0"))
+            pid = tgid if tgid not in (0, pid) else ppid
+            if pid <= 1:
+                return False
+        return False
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.loop.source_remove(self.source)
+            self.source = None
+        if self.watch is not None:
+            try:
+                self.watch.stop()
+            except LatencydError as exc:
+                log.error("noise watch not closed cleanly: %s", exc)
+            self.watch = None
+        self.plan = None

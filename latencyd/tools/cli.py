@@ -1,0 +1,1067 @@
+"""latencyctl: drive latencyd over D-Bus, and explain profiles without it.
+
+Exit codes: 0 ok, 1 verify found drift (or an apply failed), 2 usage or bad
+profile, 3 daemon unreachable, 4 permission denied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # typing costs ~2 ms of every latencyctl call; annotations only need it here
+    from collections.abc import Callable
+    from typing import Any
+
+    from latencyd.core.cpuset import CpuSet
+
+from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
+
+OK, DRIFT, USAGE, UNREACHABLE, DENIED = 0, 1, 2, 3, 4
+FAILED = 1  # the daemon tried and the kernel refused: like drift, the machine is not as asked
+
+_UNREACHABLE = {
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+    "org.freedesktop.DBus.Error.NoServer",
+    "org.freedesktop.DBus.Error.FileNotFound",
+    "org.freedesktop.DBus.Error.NoReply",
+    "org.freedesktop.DBus.Error.Disconnected",
+    "org.freedesktop.DBus.Error.Spawn.ServiceNotFound",
+}
+_DENIED = {"org.freedesktop.DBus.Error.AccessDenied", "org.latencyd.Error.PermissionDenied"}
+_BAD_INPUT = {
+    "org.latencyd.Error.BadProfile",
+    "org.latencyd.Error.NoSuchProfile",
+    "org.latencyd.Error.NoSuchHold",
+}
+
+
+class CliError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _call(method: str, *args: Any, timeout: float = 120.0) -> Any:
+    import dbus
+
+    try:
+        bus = dbus.SystemBus()
+        proxy = bus.get_object(BUS_NAME, OBJECT_PATH, introspect=False)
+        return getattr(proxy, method)(*args, dbus_interface=INTERFACE, timeout=timeout)
+    except dbus.DBusException as exc:
+        name = exc.get_dbus_name() or ""
+        message = exc.get_dbus_message() or str(exc)
+        if name in _UNREACHABLE:
+            raise CliError(
+                UNREACHABLE,
+                "latencyd is not running or not reachable on the system "
+                f"bus ({message}). Start it (systemctl start latencyd) or check "
+                "DBUS_SYSTEM_BUS_ADDRESS.",
+            ) from exc
+        if name in _DENIED:
+            raise CliError(DENIED, f"permission denied: {message}") from exc
+        if name in _BAD_INPUT:
+            raise CliError(USAGE, message) from exc
+        raise CliError(FAILED, message) from exc
+
+
+def _call_showing_progress(method: str, *args: Any) -> Any:
+    """A change that may take long (thousands of tasks): on a terminal, once it has run
+    for PROGRESS_AFTER_S, a progress bar from the daemon's status until it replies."""
+    if not sys.stderr.isatty():
+        return _call(method, *args)
+    import threading
+
+    ended = threading.Event()
+    thread = threading.Thread(target=_show_progress, args=(ended,), daemon=True)
+    thread.start()
+    try:
+        return _call(method, *args)
+    finally:
+        ended.set()
+        thread.join(1.0)
+
+
+PROGRESS_AFTER_S = 1.0
+
+
+def _show_progress(ended: Any) -> None:
+    """Polls Status on a connection of its own (the call waits on the other)."""
+    import dbus
+
+    from latencyd.tools.measure import ProgressBar
+
+    if ended.wait(PROGRESS_AFTER_S):
+        return
+    bus = dbus.SystemBus(private=True)
+    shown = False
+    progress_bar = ProgressBar()
+    try:
+        proxy = bus.get_object(BUS_NAME, OBJECT_PATH, introspect=False)
+        while not ended.wait(0.2):
+            status = json.loads(str(proxy.Status(dbus_interface=INTERFACE, timeout=5)))
+            busy = status.get("in_progress")
+            if busy and busy["total"]:
+                progress_bar(busy["what"], busy["done"] / busy["total"])
+                shown = True
+    except dbus.DBusException:
+        pass  # the call itself reports what went wrong
+    finally:
+        if shown:
+            sys.stderr.write("\r\033[K")  # the reply's line replaces the bar
+        bus.close()
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    elif text:
+        print(text)
+
+
+# -- commands ------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    profiles = [
+        {"name": str(n), "summary": str(s), "error": str(e) or None}
+        for n, s, e in _call("ListProfiles")
+    ]
+    active = str(_call("ActiveProfile"))
+    lines = []
+    for p in profiles:
+        mark = "*" if p["name"] == active else " "
+        desc = f"INVALID: {p['error']}" if p["error"] else p["summary"]
+        lines.append(f"{mark} {p['name']:<24} {desc}")
+    _emit(args, {"active": active or None, "profiles": profiles}, "\n".join(lines))
+    return OK
+
+
+def cmd_active(args: argparse.Namespace) -> int:
+    active = str(_call("ActiveProfile"))
+    _emit(args, {"active": active or None}, active or "none (all settings at their originals)")
+    return OK
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    report = json.loads(str(_call_showing_progress("SwitchProfile", args.profile)))
+    if report["held"]:
+        text = (
+            f"base profile set to {report['base']}; {report['profile']} stays in force "
+            "while it is held (latencyctl status lists the holds)"
+        )
+        _emit(args, report, text)
+        return OK
+    text = (
+        f"{report['profile']}: {report['applied']} applied, {report['restored']} restored, "
+        f"{report['unchanged']} unchanged in {report['apply_ms']:.1f} ms"
+    )
+    for item in report["not_applicable"]:
+        text += f"\n  not applicable: [{item['plugin']}] {item['setting']}: {item['reason']}"
+    _emit(args, report, text)
+    return OK
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    """Hold a profile while a command runs. The hold lives on this process's bus
+    connection, so it ends even if latencyctl is killed. SIGTERM and SIGHUP are passed to
+    the command, and the hold lasts until it has exited: a command that undoes its own
+    changes when stopped does so while the profile is still held."""
+    import signal
+    import subprocess
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    reason = args.reason or (" ".join(command) if command else "latencyctl hold")
+    cookie = int(_call_showing_progress("HoldProfile", args.profile, reason))
+    if not args.json:
+        print(f"holding {args.profile} (cookie {cookie})", file=sys.stderr)
+    try:
+        if not command:  # hold until interrupted
+            stop = {signal.SIGINT, signal.SIGTERM}
+            signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+            signal.sigwait(stop)
+            return OK
+        try:
+            child = subprocess.Popen(command)
+        except OSError as exc:
+            print(f"latencyctl: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+            return 127
+
+        def forward(signum: int, frame: object) -> None:
+            child.send_signal(signum)
+
+        # ^C reaches the command from the terminal itself: it decides; we wait for it.
+        # (A handler, not SIG_IGN: an ignored signal would stay ignored in the command.)
+        signal.signal(signal.SIGINT, lambda signum, frame: None)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, forward)
+        return child.wait()
+    finally:
+        try:
+            import dbus
+
+            _call("ReleaseProfile", dbus.UInt32(cookie))
+        except CliError as exc:
+            print(f"latencyctl: releasing hold {cookie}: {exc}", file=sys.stderr)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    import dbus
+
+    _call("ReleaseProfile", dbus.UInt32(args.cookie))
+    _emit(args, {"released": args.cookie}, f"hold {args.cookie} released")
+    return OK
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    _call("Reload")
+    _emit(args, {"reloaded": True}, "profiles re-read; the active one re-applied if it changed")
+    return OK
+
+
+def cmd_off(args: argparse.Namespace) -> int:
+    _call("Off")
+    _emit(args, {"active": None}, "all settings restored to their original values")
+    return OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    drifts = json.loads(str(_call("Verify")))
+    if drifts:
+        text = "\n".join(
+            f"drift: [{d['plugin']}] {d['setting']}, but it is {d['actual']!r}" for d in drifts
+        )
+    else:
+        text = "ok: every applied setting matches the profile"
+    data: dict[str, Any] = {"ok": not drifts, "drift": drifts}
+    noise = _last_noise()
+    if noise is not None:  # beside drift: whether the shield's promise held, last interval
+        data["noise"] = noise
+        text += "\n" + "\n".join(
+            f"noise, last interval, CPU {cpu}: {sum(s['total_us'] for s in rows):.0f} µs"
+            + (f" (most: {rows[0]['source']} {rows[0]['total_us']:.0f} µs)" if rows else "")
+            for cpu, rows in noise.items()
+        )
+    _emit(args, data, text)
+    return DRIFT if drifts else OK
+
+
+def _last_noise() -> dict[str, list[dict[str, Any]]] | None:
+    """The watched CPUs' sources in the last interval, when [monitor] is in force."""
+    from latencyd.core.noise import top_view
+
+    view = top_view(json.loads(str(_call("Status"))))
+    return view["cpus"] if view.get("watching") else None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = json.loads(str(_call("Status")))
+    _emit(args, status, format_status(status))
+    return OK
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """The watched CPUs' noise, refreshed each interval of the profile's [monitor]."""
+    import time
+
+    from latencyd.core.noise import format_top, top_view
+
+    while True:
+        view = top_view(json.loads(str(_call("Status"))))
+        if args.once or not view.get("watching"):
+            _emit(args, view, format_top(view))
+            return OK if view.get("watching") else FAILED
+        sys.stdout.write("\x1b[H\x1b[2J" + format_top(view) + "\n")
+        sys.stdout.flush()
+        interval = view.get("interval_ms")
+        time.sleep((interval if isinstance(interval, int) else 1000) / 1000)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from latencyd.tools.explain import explain
+
+    try:
+        data = explain(args.profile, args.profile_dir)
+    except Exception as exc:
+        from latencyd.core.errors import LatencydError
+
+        if isinstance(exc, LatencydError):
+            raise CliError(USAGE, str(exc)) from exc
+        raise
+    _emit(args, data, format_explain(data))
+    return OK
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from latencyd.tools.explain import plugin_docs
+
+    docs = plugin_docs()
+    _emit(args, docs, format_plugins(docs))
+    return OK
+
+
+def cmd_import_tuned(args: argparse.Namespace) -> int:
+    """Convert a TuneD profile and the profiles it includes into latencyd profiles: exit 0
+    if everything converted, 1 if some settings did not (listed on stderr and in the
+    files), 2 if nothing could be (not a TuneD profile, unreadable, an include cycle)."""
+    from latencyd.tools.tuned_import import ImportFailed, import_tuned
+
+    try:
+        result = import_tuned(args.tuned_profile, args.output, args.tuned_dir)
+    except ImportFailed as exc:
+        raise CliError(USAGE, f"import-tuned: {exc}") from exc
+    lines = []
+    for path, f in result.files:
+        lines.append(f"wrote {path} ({'complete' if f.complete else 'partial'}; {f.source})")
+        for x in f.findings:
+            if x.counted:
+                print(f"{path.name}: not converted: {x.label}: {x.text}", file=sys.stderr)
+    for name in result.shadows:
+        print(f"note: {name}.toml {result.SHADOW_NOTE}", file=sys.stderr)
+    _emit(args, result.as_json(), "\n".join(lines))
+    return result.code
+
+
+MAN_PAGES = ("latencyctl", "latencyd", "latencyd.profile")  # latencyd.tools.manpages.PAGES
+
+
+def cmd_man(args: argparse.Namespace) -> int:
+    """A man page as roff, from the same source as --help: latencyctl man | man -l -"""
+    from latencyd.tools.manpages import page
+
+    sys.stdout.write(page(args.page))
+    return OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from latencyd.tools.manpages import completion
+
+    sys.stdout.write(completion(args.shell))
+    return OK
+
+
+def cmd_complete(args: argparse.Namespace) -> int:
+    """What the completion scripts ask for on Tab (hidden: added without help)."""
+    from latencyd.tools.manpages import complete_words
+
+    words = complete_words(args.kind, args.profile_dir)
+    sys.stdout.write("".join(w + "\n" for w in words))
+    return OK
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    """Run the standard latency tools per scenario, alternating scenarios in rounds."""
+    import dbus
+
+    from latencyd.core.cpuset import CpuSet, CpuSetError
+    from latencyd.tools import measure
+    from latencyd.tools.latency import plot
+
+    online = CpuSet.from_list(Path("/sys/devices/system/cpu/online").read_text())
+    try:
+        app = CpuSet.parse(args.cpus, online) if args.cpus else CpuSet([max(online)])
+    except CpuSetError as exc:
+        raise CliError(USAGE, f"--cpus: {exc}") from exc
+    housekeeping = online - app
+    if not app or not housekeeping:
+        raise CliError(USAGE, f"need application CPUs and housekeeping CPUs (online: {online})")
+    if args.attribute and (not args.profile or args.vs):
+        raise CliError(USAGE, "--attribute takes --profile P (and no --vs)")
+    if not args.attribute and (args.group or args.control or args.budget):
+        raise CliError(USAGE, "--group, --control and --budget go with --attribute")
+    scenarios = [args.profile or "current", *args.vs]
+    if len(set(scenarios)) != len(scenarios):
+        raise CliError(USAGE, f"a scenario is named twice: {' '.join(scenarios)}")
+    if args.tools:
+        tools = args.tools.split(",")
+        unknown = [t for t in tools if t not in measure.TOOLS]
+        if unknown:
+            raise CliError(USAGE, f"unknown tools {unknown} (known: {', '.join(measure.TOOLS)})")
+    elif args.attribute:
+        # Not oslat: its samples are loop iterations (~35 million a second here), so its
+        # p50 to p99.9 read 1 µs whatever the profile (a CPU hog sharing its CPU included);
+        # only its max moves, and max does not count. --tools adds it.
+        tools = ["sockperf", "cyclictest"]
+    else:  # sockperf and cyclictest, and oslat where it is installed
+        tools = ["sockperf", "cyclictest"] + ([] if measure.missing_tools(["oslat"]) else ["oslat"])
+    load = None
+    if args.load:
+        # Unpinned, as the machine's other work is: a load the tool pinned to housekeeping
+        # is a shield already (measured on a haltpoll guest: untuned sockperf p99 91 µs
+        # beside a pinned stress-ng, ~2 ms beside this one), and shows the shield buying
+        # nothing. CPU hogs only: stress-ng's --io/--vm workers spend long stretches in
+        # the kernel, which does not preempt them (PREEMPT_NONE), on the housekeeping CPU
+        # where the shield puts them and where measure's own client runs; on a haltpoll
+        # guest they made four rounds of cpu-partitioning read sockperf p99 46-2,000 µs
+        # (untuned 76-90), where CPU hogs alone read 18-58 µs (untuned 1,054-1,348).
+        load = ["stress-ng", "--cpu", str(len(online))]
+    elif args.load_cmd:
+        load = ["sh", "-c", args.load_cmd]
+    # Attribution defaults: 3 rounds (the verdicts' spread needs them, its many scenarios
+    # need the time) and 1 s of idle cost per scenario (recommend drops what costs).
+    rounds = args.rounds or (3 if args.attribute else 4)
+    idle = args.idle_seconds if args.idle_seconds is not None else float(args.attribute)
+    plan = measure.Plan(
+        scenarios,
+        app,
+        housekeeping,
+        args.seconds_given or 10.0,
+        rounds,
+        tools,
+        load,
+        idle,
+        args.tuned_etc,
+    )
+    if not args.json and not args.attribute:
+        print(
+            f"measuring {', '.join(scenarios)} on CPUs {app} (housekeeping {housekeeping}): "
+            f"{rounds} rounds x {len(tools)} tools x {plan.seconds:g} s, "
+            f"about {plan.estimate_s:.0f} s",
+            file=sys.stderr,
+        )
+
+    def hold(profile: str) -> int:
+        return int(_call("HoldProfile", profile, "latencyctl measure"))
+
+    def release(cookie: int) -> None:
+        _call("ReleaseProfile", dbus.UInt32(cookie))
+
+    if args.attribute:
+        return _attribute(args, plan, hold, release)
+    try:
+        result = measure.run(plan, hold, release, measure.ProgressBar())
+    except measure.MeasureError as exc:
+        raise CliError(FAILED, str(exc)) from exc
+    if args.plot:
+        plot(result, args.plot)
+        result["plot"] = args.plot
+    if args.save:
+        saved = _save(args.save, "measure", result["started"], result)
+        with contextlib.suppress(ImportError):  # the picture too, where matplotlib is
+            plot(result, str(saved.with_suffix(".png")))
+        result["saved"] = str(saved)
+    old = json.loads(args.compare.read_text()) if args.compare else None
+    _emit(args, result if old is None else {"new": result, "old": old},
+          format_measure(result, old))  # fmt: skip
+    return OK
+
+
+def _attribution_plan(
+    profile_name: str, app: CpuSet, specs: list[str], control: bool, profile_dirs: list[Path]
+) -> Any:
+    """P's settings in groups (--group first), the control group where asked for."""
+    from latencyd.core.errors import LatencydError
+    from latencyd.tools import attribute, measure
+    from latencyd.tools.explain import library
+
+    profiles = library(profile_dirs)
+    schemas = profiles.schemas
+    try:
+        profile = profiles.load(profile_name)
+        groups = attribute.groups_of(profile.written, schemas, specs)
+    except LatencydError as exc:
+        raise CliError(USAGE, str(exc)) from exc
+    hog = None
+    if control:  # the hog measure starts on housekeeping, moved onto the measured CPUs
+        rule = {"match": f"^{measure.CONTROL_HOG}$", "cpus": app.to_list(), "user": True}
+        hog = {"kthread": {"rule": [rule]}}
+        groups.append(attribute.Group(attribute.CONTROL, ()))
+    settings = attribute.settings_of(profile.written, schemas)
+    return attribute.Attribution(profile.name, profile.written, settings, groups, hog)
+
+
+def _run_attribution(
+    at: Any,
+    plan: Any,
+    seconds: float | None,
+    budget: str | None,
+    quiet: bool,
+    hold: Callable[[str], int],
+    release: Callable[[int], None],
+) -> tuple[list[Any], dict[str, Any], str]:
+    """Each group of `at` left out of P and added to untuned, through the daemon: (the
+    groups judged, the measure result, the machine they hold on). Groups the daemon says
+    cannot act here are named with its reason, not measured."""
+    import dataclasses
+    import tempfile
+    import time
+
+    from latencyd.core.system import System
+    from latencyd.tools import attribute, measure
+    from latencyd.tools.recommend import machine_kind, read_facts
+
+    machine = machine_kind(read_facts(System("/")), os.uname().release)
+    with tempfile.TemporaryDirectory(prefix=f"latencyd-attribute-{os.getpid()}-") as name:
+        tmp = Path(name)
+        tmp.chmod(0o755)  # the daemon reads them; root's, not writable by others
+        skipped, switches = [], []
+        for group in [g for g in at.groups if g.name != attribute.CONTROL]:
+            alone = tmp / "alone.toml"
+            alone.write_text(at.text(frozenset({group.name})))
+            started = time.monotonic()
+            cookie = hold(str(alone))
+            switches.append(time.monotonic() - started)
+            try:
+                reason = attribute.not_applicable(json.loads(str(_call("Status"))), group)
+            finally:
+                release(cookie)
+            if reason:
+                skipped.append(attribute.GroupResult(group.name, [s.id for s in group.settings],
+                                                     "not applicable", reason=reason))  # fmt: skip
+        gone = {r.name for r in skipped}
+        at = dataclasses.replace(at, groups=[g for g in at.groups if g.name not in gone])
+        if len(at.groups) == (at.control is not None):
+            raise CliError(FAILED, "no group of the profile can act here: "
+                           + "; ".join(f"{r.name}: {r.reason}" for r in skipped))  # fmt: skip
+        names = [s.name for s in at.scenarios]
+        if seconds is None:
+            seconds = attribute.seconds_for(_duration(budget or "15m", "--budget"), plan.rounds,
+                                            len(names), len(plan.tools), plan.idle_seconds,
+                                            at.transit_steps(), max(switches))  # fmt: skip
+        holds: dict[str, str] = {}
+
+        def held(names: list[str]) -> list[str]:
+            """Each profile written before the daemon is asked to hold it."""
+            for name in names:
+                if name not in holds:
+                    (tmp / f"{name}.toml").write_text(at.text(at.groups_named(name)))
+                    holds[name] = str(tmp / f"{name}.toml")
+            return names
+
+        plan = dataclasses.replace(
+            plan,
+            scenarios=held(names),
+            seconds=seconds,
+            holds=holds,
+            route=lambda a, b: held(at.route(a, b)),
+            order=at.round_order,
+            control_hog=at.control is not None,
+        )
+        if not quiet:
+            print(
+                f"attributing {at.profile} on {machine}: {len(at.groups)} groups measured, "
+                f"{len(names)} scenarios, {plan.rounds} rounds x {len(plan.tools)} tools x "
+                f"{seconds:.1f} s, about {plan.estimate_s / 60:.0f} min",
+                file=sys.stderr,
+            )
+        try:
+            result = measure.run(plan, hold, release, measure.ProgressBar())
+        except measure.MeasureError as exc:
+            raise CliError(FAILED, str(exc)) from exc
+    return attribute.judge(result, at.groups, at.comparisons) + skipped, result, machine
+
+
+def _attribute(
+    args: argparse.Namespace,
+    plan: Any,
+    hold: Callable[[str], int],
+    release: Callable[[int], None],
+) -> int:
+    """measure --attribute: each group of P's settings, left out of P and added to untuned."""
+    from latencyd.tools import attribute
+
+    at = _attribution_plan(args.profile, plan.app_cpus, args.group, args.control,
+                           args.profile_dir)  # fmt: skip
+    groups, result, machine = _run_attribution(at, plan, args.seconds_given, args.budget,
+                                               args.json, hold, release)  # fmt: skip
+    data = {
+        "profile": at.profile,
+        "machine": machine,
+        "rule": attribute.RULE,
+        "groups": [g.as_json() for g in groups],
+        "measure": result,
+    }
+    if args.plot:
+        attribute.plot(groups, plan.tools, machine, args.plot)
+        data["plot"] = args.plot
+    if args.save:
+        data["saved"] = str(_save(args.save, "attribute", result["started"], data))
+    text = attribute.render(groups, plan.tools, machine)
+    text += [f"saved: {data['saved']}"] if "saved" in data else []
+    _emit(args, data, "\n".join(text))
+    return OK
+
+
+def _save(directory: Path, kind: str, started: str, data: dict[str, Any]) -> Path:
+    """A run's JSON kept as DIR/KIND-YYYYMMDDTHHMMSS.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = directory / f"{kind}-{started.replace(':', '').replace('-', '')}.json"
+    saved.write_text(json.dumps(data, indent=1))
+    return saved
+
+
+def _duration(text: str, what: str) -> float:
+    """ "900", "900s", "15m", "1h" -> seconds."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*", text)
+    if not m or float(m[1]) <= 0:
+        raise CliError(USAGE, f"{what}: expected a duration like 900s, 15m or 1h, got {text!r}")
+    return float(m[1]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m[2]]
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    """Propose a profile and isolated CPUs for this machine; --measure attributes the
+    proposal here and keeps only the groups of settings that measurably help."""
+    from latencyd.core.cpuset import CpuSet
+    from latencyd.core.system import System
+    from latencyd.tools.recommend import read_facts, recommend
+
+    facts = read_facts(System("/"))
+    rec = recommend(facts)
+    data: dict[str, Any] = {}
+    verdict: list[str] = []
+    profile_file = rec.toml()
+    if args.measure:
+        from latencyd.tools import attribute
+
+        app = rec.isolated or CpuSet([max(facts.online)])
+        at, groups, result, machine = _attribute_recommendation(profile_file, app, facts.online,
+                                                                args)  # fmt: skip
+        kept, dropped = attribute.keep(groups)
+        rec = recommend(facts, measured=[f"{r.name}: {attribute.quote(r)}" for r in kept])
+        profile_file = attribute.evidence_profile(at, groups, machine) if kept else ""
+        data |= {
+            "machine": machine,
+            "attribution": [g.as_json() for g in groups],
+            "kept": [r.name for r in kept],
+            "dropped": [{"name": r.name, "why": why} for r, why in dropped],
+            "confirmed": bool(kept),
+            "measured": result,
+        }
+        verdict = [
+            "",
+            *attribute.render(groups, result["plan"]["tools"], machine),
+            "",
+            *(f"kept {r.name}: {attribute.quote(r)}" for r in kept),
+            *(f"dropped {r.name}: {why}" for r, why in dropped),
+        ]
+        if not kept:
+            verdict.append("NOT confirmed: no group of the proposal measurably helped here; "
+                           "keep the default profile")  # fmt: skip
+    data = {
+        "profile": rec.profile,
+        "isolated_cores": rec.isolated.to_list(),
+        "reasons": rec.reasons,
+        "profile_file": profile_file,
+    } | data
+    lines = [f"recommended: {rec.profile}"
+             + (f" with isolated_cores = {rec.isolated}" if rec.isolated else "")]  # fmt: skip
+    lines += [f"  - {r}" for r in rec.reasons]
+    if profile_file:
+        lines += ["", "as a profile (e.g. /etc/latencyd/profiles/recommended.toml):", profile_file]
+    _emit(args, data, "\n".join(lines + verdict))
+    return OK if not args.measure or data["confirmed"] else FAILED
+
+
+def _attribute_recommendation(
+    profile_text: str, app: CpuSet, online: CpuSet, args: argparse.Namespace
+) -> tuple[Any, list[Any], dict[str, Any], str]:
+    """`measure --attribute` of the proposal (held from files) on this machine."""
+    import tempfile
+
+    import dbus
+
+    from latencyd.tools import measure
+
+    tools = ["sockperf", "cyclictest"]  # as measure --attribute's (oslat: see cmd_measure)
+    with tempfile.TemporaryDirectory(prefix=f"latencyd-recommend-{os.getpid()}-") as tmp:
+        Path(tmp).chmod(0o755)  # the daemon reads it; root's, not writable by others
+        proposal = Path(tmp) / "recommended.toml"
+        proposal.write_text(profile_text)
+        at = _attribution_plan(str(proposal), app, [], False, [])
+        plan = measure.Plan([], app, online - app, args.seconds or 10.0, args.rounds, tools,
+                            idle_seconds=1.0)  # fmt: skip
+        groups, result, machine = _run_attribution(
+            at,
+            plan,
+            args.seconds,
+            args.budget,
+            args.json,
+            lambda name: int(_call("HoldProfile", name, "latencyctl recommend --measure")),
+            lambda cookie: _call("ReleaseProfile", dbus.UInt32(cookie)),
+        )
+    return at, groups, result, machine
+
+
+def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) -> str:
+    from latencyd.tools.latency import Ratio, render_ratios, render_table
+
+    out = []
+    baseline = result["baseline"]
+    for tool, data in result["tools"].items():
+        out += render_table(tool, data["unit"], data["stats"], baseline)
+        table = {s: {k: Ratio(**v) for k, v in per.items()} for s, per in data["ratios"].items()}
+        out += render_ratios(tool, table, baseline)
+        if old is not None and tool in old.get("tools", {}):
+            out += _compare(tool, data["stats"], old["tools"][tool]["stats"])
+        out.append("")
+    if result.get("idle_busy_pct"):
+        busy = ", ".join(f"{s} {v:.2f} %" for s, v in result["idle_busy_pct"].items())
+        out.append(f"measured CPUs awake with no traffic (running or polling): {busy}\n")
+    for scenario, blame in result["attribution"].items():
+        top = ", ".join(f"{k} {v}" for k, v in list(blame["interrupts"].items())[:4]) or "none"
+        soft = ", ".join(f"{k} {v}" for k, v in list(blame["softirqs"].items())[:4]) or "none"
+        tasks = ", ".join(f"{t['comm']} {t['ran_ms']:.1f} ms" for t in blame["tasks_that_ran"][:4])
+        out.append(f"on CPUs {result['plan']['app_cpus']} during {scenario}:")
+        out.append(f"  interrupts: {top}")
+        out.append(f"  softirqs: {soft}")
+        out.append(f"  schedule() calls: {blame['schedule_calls']}; other tasks: {tasks or 'none'}")
+    if result.get("saved"):
+        out.append(f"\nsaved: {result['saved']}")
+    if result.get("plot"):
+        out.append(f"plot: {result['plot']}")
+    return "\n".join(out).rstrip()
+
+
+def _compare(tool: str, new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    from latencyd.tools.latency import fmt, fmt_ratio, ratio
+
+    lines = [f"{tool}: this run beside the old one (new / old)"]
+    for scenario in [s for s in new if s in old]:
+        cells = "  ".join(
+            f"{q} {fmt(old[scenario][q])}->{fmt(new[scenario][q])} "
+            f"({fmt_ratio(ratio(new[scenario][q], old[scenario][q]))})"
+            for q in ("p50", "p99", "p99.9")
+        )
+        lines.append(f"  {scenario}: {cells}")
+    return lines
+
+
+# -- rendering -------------------------------------------------------------------------
+def format_plugins(docs: dict[str, Any]) -> str:
+    out = []
+    for name, info in docs.items():
+        out.append(f"[{name}]  {info['summary']}")
+        out.extend(_format_options(info["options"], "  "))
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _format_options(options: list[dict[str, Any]], indent: str) -> list[str]:
+    out = []
+    for opt in options:
+        unit = f" [{opt['unit']}]" if opt["unit"] else ""
+        default = f" (default: {opt['default']!r})" if opt["default"] is not None else ""
+        out.append(f"{indent}{opt['option']}: {opt['type']}{unit}{default}")
+        out.append(f"{indent}    {opt['doc']}")
+        out.extend(_format_options(opt.get("fields", []), indent + "    "))
+    return out
+
+
+def format_status(status: dict[str, Any]) -> str:
+    out = []
+    name = status.get("active_profile") or ""
+    if name:
+        out.append(f"active profile: {name} — {status.get('summary', '')}")
+        out.append(f"files: {', '.join(status.get('profile_files', []))}")
+        if status.get("last_apply_ms") is not None:
+            out.append(f"last apply: {status['last_apply_ms']:.1f} ms")
+    else:
+        out.append("active profile: none (all settings at their originals)")
+    if status.get("holds"):
+        out.append(f"base profile: {status.get('base_profile') or 'none'}")
+        for h in status["holds"]:
+            out.append(
+                f"hold {h['cookie']}: {h['profile']} by {h['owner'] or '?'} "
+                f"({h['reason'] or 'no reason given'})"
+            )
+    if status.get("last_error"):
+        out.append(f"last error: {status['last_error']}")
+    if status.get("in_progress"):
+        busy = status["in_progress"]
+        out.append(f"in progress: {busy['what']} ({busy['done']:,} of {busy['total']:,} steps)")
+    rb = status.get("readback") or {}
+    if rb.get("settings_without_a_file"):
+        out.append(
+            f"read-back: {rb['settings_without_a_file']} settings without a file (thread "
+            f"affinities, NIC settings), {rb['read_per_poll']} every {rb['poll_interval_s']:g} s:"
+            f" each checked every {rb['each_checked_every_s']:g} s"
+        )
+    for plugin, info in status.get("plugins", {}).items():
+        out.append(f"\n[{plugin}]  (on drift: {info.get('on_drift', 'reapply')})")
+        for item in info.get("applied", []):
+            note = f" ({item['note']})" if item.get("note") else ""
+            out.append(f"  {item['text']}{note}   (original: {_short(item['original'])})")
+        for item in info.get("not_applicable", []):
+            out.append(f"  not applicable: {item['text']}: {item['reason']}")
+        out.extend(format_tables(info.get("tables", [])))
+        out.extend(f"  {k}: {_short(v)}" for k, v in info.get("facts", {}).items())
+    return "\n".join(out)
+
+
+def format_tables(tables: list[dict[str, Any]]) -> list[str]:
+    """Monitoring tables (latencyd.core.plugin.Table as JSON), columns right-aligned."""
+    out = []
+    for table in tables:
+        out.append(f"  {table['title']}")
+        cols = table["columns"]
+        rows = [[str(c) for c in row] for row in table["rows"]]
+        if not rows:
+            out.append("    (none)")
+            continue
+        widths = [max([len(str(h)), *(len(r[i]) for r in rows)]) for i, h in enumerate(cols)]
+        out.append("    " + "  ".join(str(h).rjust(w) for h, w in zip(cols, widths, strict=True)))
+        for r in rows:
+            out.append("    " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    return out
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict) and len(value) == 1:
+        ((k, v),) = value.items()
+        return f"{k} {v}"
+    return str(value)
+
+
+def format_explain(data: dict[str, Any]) -> str:
+    out = [f"profile {data['name']} — {data['summary']}", f"files: {', '.join(data['files'])}"]
+    if data["variables"]:
+        out.append("\n[variables]")
+        out.extend(f"  {k} = {v!r}" for k, v in data["variables"].items())
+    for section in dict.fromkeys([*data["sections"], *data.get("removed", {})]):
+        out.append(f"\n[{section}]")
+        for opt in data["sections"].get(section, []):
+            out.append(f"  {opt['option']} = {opt['value']!r}   # {opt['from']}")
+        for gone in data.get("removed", {}).get(section, []):
+            out.append(f"  - {gone['option']}   # removed by {gone['how']} at {gone['from']}")
+    return "\n".join(out)
+
+
+def _cookie(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 1 << 32:
+        raise ValueError(text)
+    return value
+
+
+# -- entry point ------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="latencyctl",
+        description="Control latencyd.",
+        epilog="Exit codes: 0 ok, 1 drift or apply failed, 2 usage or "
+        "bad profile, 3 daemon unreachable, 4 permission denied.",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Any, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+        )
+        sp.set_defaults(fn=fn)
+        return sp
+
+    add("list", cmd_list, "list profiles (invalid ones with their error)")
+    add("active", cmd_active, "print the active profile")
+    add("switch", cmd_switch, "apply a profile (incrementally)").add_argument("profile")
+    hold = add(
+        "hold",
+        cmd_hold,
+        "hold a profile while a command runs: hold PROFILE -- CMD ARGS "
+        "(without a command: until Ctrl-C)",
+    )
+    hold.add_argument("profile")
+    hold.add_argument("--reason", help="shown in status (default: the command line)")
+    hold.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
+    release = add("release", cmd_release, "end a hold by its cookie")
+    release.add_argument("cookie", type=_cookie)
+    add("off", cmd_off, "restore every original value (also ends every hold)")
+    add("reload", cmd_reload, "re-read profile files; re-apply the active one if it changed")
+    add("verify", cmd_verify, "check the kernel still matches the profile (exit 1 on drift)")
+    add("status", cmd_status, "what each plugin applied, refused and measured")
+    top = add("top", cmd_top, "what interrupts the watched CPUs ([monitor]), live like top")
+    top.add_argument("--once", action="store_true", help="print one view and exit")
+    ex = add(
+        "explain",
+        cmd_explain,
+        "show a profile's merged settings and where each came from (works without the daemon)",
+    )
+    ex.add_argument("profile", help="profile name or path to a .toml file")
+    add("plugins", cmd_plugins, "list plugins and every option they take (no daemon needed)")
+    tuned = add(
+        "import-tuned",
+        cmd_import_tuned,
+        "convert a TuneD profile and those it includes to latencyd profiles, listing what "
+        "cannot be converted (exit 1: partly converted)",
+    )
+    tuned.add_argument(
+        "tuned_profile",
+        metavar="NAME|DIR|FILE",
+        help="a TuneD profile name (looked up as TuneD does), its directory or its tuned.conf",
+    )
+    tuned.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("."),
+        metavar="DIR",
+        help="write NAME.toml files here (default: the current directory)",
+    )
+    tuned.add_argument(
+        "--tuned-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="look for TuneD profiles here before /etc/tuned and /usr/lib/tuned (repeatable)",
+    )
+    m = add(
+        "measure",
+        cmd_measure,
+        "measure latency with cyclictest, sockperf and oslat, per profile, alternating "
+        "profiles in rounds; puts back the profile that was in force",
+    )
+    m.add_argument("--profile", help="the first scenario (default: current, nothing switched)")
+    m.add_argument(
+        "--vs",
+        action="append",
+        default=[],
+        metavar="SCENARIO",
+        help='more scenarios: a profile, "untuned", "current" or "tuned:NAME" (repeatable)',
+    )
+    m.add_argument("--cpus", help="application CPUs measured (default: the last CPU)")
+    m.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        dest="seconds_given",
+        help="per tool and round (10; with --attribute: what fits --budget)",
+    )
+    m.add_argument(
+        "--rounds", type=int, default=None, help="rounds of all scenarios (4; --attribute: 3)"
+    )
+    m.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=None,
+        help="per scenario and round, first measure how much of the time the measured CPUs "
+        "stay awake (running or polling) with no traffic (0; with --attribute: 1)",
+    )
+    m.add_argument(
+        "--tools", help="sockperf,cyclictest,oslat (default: those, oslat where installed)"
+    )
+    load = m.add_mutually_exclusive_group()
+    load.add_argument(
+        "--load",
+        action="store_true",
+        help="stress-ng, a CPU hog per CPU, unpinned (as from a shell)",
+    )
+    load.add_argument("--load-cmd", metavar="CMD", help="run CMD (sh -c) as the load")
+    m.add_argument(
+        "--tuned-etc",
+        type=Path,
+        default=Path("/etc/tuned"),
+        metavar="DIR",
+        help='the TuneD configuration "tuned:NAME" scenarios read (TuneD gets a private '
+        "copy either way: it never writes the machine's /etc/tuned)",
+    )
+    m.add_argument(
+        "--attribute",
+        action="store_true",
+        help="what each group of --profile's settings buys: each left out of the profile "
+        "and added to untuned, alone",
+    )
+    m.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="NAME=SECTION[.OPTION],...",
+        help="with --attribute: a group of your own (repeatable); the rest are grouped by plugin",
+    )
+    m.add_argument(
+        "--control",
+        action="store_true",
+        help="with --attribute: add a group known to hurt (a real-time task busy 80 µs of "
+        "every 100, moved onto the measured CPUs by a [[kthread.rule]]), to see the "
+        "measurement catch harm",
+    )
+    m.add_argument(
+        "--budget",
+        metavar="DURATION",
+        help="with --attribute: the whole run's time (15m); shortens rounds, never drops a group",
+    )
+    m.add_argument(
+        "--profile-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --attribute: look for profiles here first (repeatable)",
+    )
+    m.add_argument("--plot", metavar="FILE.png", help="histograms and tails, log scale")
+    m.add_argument("--save", type=Path, metavar="DIR", help="keep the result (JSON, PNG) here")
+    m.add_argument("--compare", type=Path, metavar="OLD.json", help="set a saved run beside")
+    rec = add(
+        "recommend",
+        cmd_recommend,
+        "propose a profile and isolated CPUs for this machine, explaining each choice",
+    )
+    rec.add_argument(
+        "--measure",
+        action="store_true",
+        help="attribute the proposal here (measure --attribute) and keep only the groups of "
+        "settings that measurably help",
+    )
+    rec.add_argument(
+        "--seconds", type=float, help="with --measure: per tool and round (what fits --budget)"
+    )
+    rec.add_argument("--rounds", type=int, default=3, help="with --measure: rounds (3)")
+    rec.add_argument(
+        "--budget", metavar="DURATION", help="with --measure: the attribution's time (15m)"
+    )
+
+    ex.add_argument(
+        "--profile-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="look for profiles here first (repeatable)",
+    )
+    man = add("man", cmd_man, "print a man page (roff): latencyctl man latencyctl | man -l -")
+    man.add_argument("page", nargs="?", default="latencyctl", choices=MAN_PAGES)
+    add("completion", cmd_completion, "print the shell completion script").add_argument(
+        "shell", choices=("bash", "zsh")
+    )
+    # Hidden (no help): profile, plugin or section.option names for the completion scripts,
+    # from the search path explain uses, without the daemon (see latencyd/tools/manpages.py).
+    complete = sub.add_parser("__complete")
+    complete.add_argument("kind", choices=("profiles", "plugins", "options"))
+    complete.add_argument("--profile-dir", type=Path, action="append", default=[])
+    complete.set_defaults(fn=cmd_complete)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as exc:
+        return USAGE if exc.code not in (0, None) else OK
+    try:
+        code: int = args.fn(args)
+        return code
+    except CliError as exc:
+        if args.json:
+            print(json.dumps({"error": str(exc), "exit_code": exc.code}))
+        print(f"latencyctl: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+def run() -> None:
+    """Console-script entry: skip interpreter teardown (~7 ms) once output is flushed."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run()

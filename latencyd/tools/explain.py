@@ -1,0 +1,111 @@
+"""explain: a profile's merged settings and the file and line each came from (no daemon needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import section_schemas
+from latencyd.core.plugin import load_plugins
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import Schema
+from latencyd.core.system import System
+from latencyd.service.config import CONFIG_FILE, load_config, search_path
+
+
+def plain(value: Any) -> Any:
+    """Profile values as JSON: CPU sets as cpulists."""
+    if isinstance(value, CpuSet):
+        return value.to_list()
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def library(profile_dirs: list[Path], root: str = "/") -> ProfileLibrary:
+    """Profiles as the CLI reads them without the daemon: the config's search path, this
+    machine's plugins (explain, measure --attribute)."""
+    system = System(root)
+    return ProfileLibrary(
+        search_path(profile_dirs, load_config(CONFIG_FILE)),
+        section_schemas(load_plugins(system)),
+        system.machine(),
+    )
+
+
+def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dict[str, Any]:
+    profile = library(profile_dirs, root).load(name_or_path)
+    sections = {
+        section: [
+            {
+                "option": opt,
+                "value": plain(value),
+                "from": str(profile.origins[section].get(opt, "(default)")),
+            }
+            for opt, value in options.items()
+        ]
+        for section, options in profile.sections.items()
+    }
+    removed = {
+        section: [
+            {"option": r.option or "(whole section)", "how": r.how, "from": str(r.where)}
+            for r in removals
+        ]
+        for section, removals in profile.removed.items()
+    }
+    return {
+        "name": profile.name,
+        "summary": profile.summary,
+        "files": [str(f) for f in profile.files],
+        "variables": plain(profile.variables),
+        "sections": sections,
+        "removed": removed,
+    }
+
+
+def schema_doc(schema: Schema, section: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        {
+            "option": o.name,
+            "type": o.kind.label,
+            "unit": o.unit,
+            "default": plain(o.default),
+            "doc": o.doc,
+        }
+        for o in schema.options
+    ]
+    for table in schema.tables:
+        out.append(
+            {
+                "option": f"[[{section}.{table.name}]]",
+                "type": "tables",
+                "unit": "",
+                "default": None,
+                "doc": table.doc,
+                "fields": schema_doc(table.schema, f"{section}.{table.name}"),
+            }
+        )
+    if schema.free_keys is not None and schema.free_kind is not None:
+        out.append(
+            {
+                "option": "<any key>",
+                "type": schema.free_kind.label,
+                "unit": "",
+                "default": None,
+                "doc": "any key the kernel has (checked when loading)",
+            }
+        )
+    return out
+
+
+def plugin_docs(root: str = "/") -> dict[str, Any]:
+    """Every installed plugin's options: type, unit, default and a one-line doc."""
+    plugins = load_plugins(System(root))
+    schemas = section_schemas(plugins)
+    return {
+        name: {"summary": p.summary, "options": schema_doc(schemas[name], name)}
+        for name, p in sorted(plugins.items())
+    }

@@ -1,0 +1,76 @@
+"""The TuneD plugins latencyd takes nothing from: the boot loader, scripts, systemd, and
+those it has no counterpart for. Each setting is reported with the reason.
+"""
+
+from __future__ import annotations
+
+from latencyd.tools.tuned_import.context import Context
+from latencyd.tools.tuned_import.profiles import Unit
+from latencyd.tools.tuned_import.values import Evaluator, parse_value
+
+# Why TuneD plugins latencyd has no counterpart for are not converted.
+NO_PLUGIN = {
+    "disk": "block devices (readahead, elevator, APM, spin-down, and TuneD's dynamic APM by "
+    "load) have no latencyd plugin; fixed /sys/block/DEV/queue/* files can be set with "
+    "[sysfs] by hand",
+    "audio": "sound-card power saving (snd_hda_intel / snd_ac97_codec power_save) has no "
+    "latencyd plugin",
+    "usb": "USB autosuspend has no latencyd plugin",
+    "video": "GPU power management (radeon_powersave, panel_power_savings) has no latencyd plugin",
+    "mounts": "latencyd does not remount file systems (barrier)",
+    "modules": "latencyd does not load kernel modules (modprobe, /etc/modprobe.d/tuned.conf)",
+    "service": "latencyd does not start, stop or enable services",
+    "rtentsk": "TuneD keeps a socket with SO_TIMESTAMP open so the kernel's timestamping static "
+    "key stays on (no IPIs from flipping it on RT kernels); latencyd has no equivalent",
+    "scsi_host": "SCSI host link power management (ALPM) has no latencyd plugin",
+    "eeepc_she": "the Asus Eee PC Super Hybrid Engine has no latencyd plugin",
+    "acpi": "the ACPI platform profile has no latencyd plugin; [sysfs] "
+    '"/sys/firmware/acpi/platform_profile" can set it by hand',
+    "uncore": "Intel uncore frequency limits have no latencyd plugin",
+}
+
+
+def bootloader(ctx: Context, unit: Unit) -> None:
+    """[bootloader]: the kernel arguments it wanted, as they would be on this machine."""
+    for option, raw in unit.options.items():
+        if option.startswith("cmdline"):
+            tr = Evaluator(ctx.variables.env, ctx.host, lenient=True).eval(parse_value(raw))
+            text = str(tr.text)
+            removes = text.startswith("-")
+            want = f"wants these kernel arguments{' removed' if removes else ''}: "
+            want += text.lstrip("+-").strip()
+            if tr.approx:
+                want += f" (not evaluated: {'; '.join(tr.approx)})"
+            ctx.lost(unit, option, "cmdline", want=want)
+        elif option.startswith("initrd"):
+            ctx.lost(unit, option, f"{option} = {raw}: latencyd does not build or change initrds")
+        else:
+            ctx.lost(unit, option, f"{option} = {raw}: latencyd does not configure the boot loader")
+
+
+def script(ctx: Context, unit: Unit) -> None:
+    """[script]: the script TuneD would run."""
+    for option, raw in unit.options.items():
+        if option == "script":
+            ctx.lost(unit, option, "script", raw=raw)
+        else:
+            ctx.unknown(unit, option)
+
+
+def systemd(ctx: Context, unit: Unit) -> None:
+    """[systemd]: the CPUAffinity= TuneD would set."""
+    for option, raw in unit.options.items():
+        if option == "cpu_affinity":
+            value = ctx.variables.evaluate(parse_value(raw)).text or raw
+            ctx.lost(unit, option, "cpu_affinity", raw=raw, value=value)
+        else:
+            ctx.unknown(unit, option)
+
+
+def no_plugin(ctx: Context, unit: Unit) -> None:
+    """A section of a TuneD plugin latencyd has no counterpart for: every option lost."""
+    why = NO_PLUGIN.get(unit.type, f"TuneD plugin {unit.type!r} is unknown to this importer")
+    if not unit.options:
+        ctx.lost(unit, None, why)
+    for option, raw in unit.options.items():
+        ctx.lost(unit, option, f"{option} = {raw}: {why}")
