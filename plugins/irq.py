@@ -9,11 +9,10 @@ a cheap /proc/irq listing on the monitor tick.
 from __future__ import annotations
 
 import fnmatch
-import functools
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from latencyd.core.cpuset import CpuSet
@@ -32,73 +31,12 @@ from latencyd.core.plugin import (
     Target,
     Value,
 )
+from latencyd.core.procstat import PCI_ADDR, Irq, parse_interrupts
 from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Option, Schema, Str
 from latencyd.core.system import System
 
-PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
 IRQBALANCE_FILES = ("etc/default/irqbalance", "etc/sysconfig/irqbalance")
 BANNED_VAR = "IRQBALANCE_BANNED_CPULIST"
-
-
-@dataclass(frozen=True)
-class Irq:
-    number: int
-    actions: tuple[str, ...]
-    chip: str
-    counts: tuple[int, ...]  # per CPU, in /proc/interrupts column order (or not parsed: ())
-    devices: frozenset[str] = field(default_factory=frozenset)
-
-    @property
-    def label(self) -> str:
-        return ",".join(self.actions) or self.chip
-
-
-def parse_interrupts(text: str, with_counts: bool = True) -> tuple[list[int], list[Irq]]:
-    """/proc/interrupts -> (CPU numbers of the columns, numbered IRQs with their actions).
-
-    The file is IRQs x CPUs numbers (a million on a 256-CPU server with 4,096 IRQs).
-    Without `with_counts` the count columns are not read at all: the kernel prints each
-    at a fixed width, so where they end on one line is where they end on the next, and
-    an IRQ event costs a slice per line. A line where that does not hold (a count wider
-    than the kernel pads to) is read in full."""
-    lines = text.splitlines()
-    cpus = [int(c[3:]) for c in lines[0].split()] if lines else []
-    end = 0  # where the count columns end, learnt from the first line read in full
-    irqs = []
-    for line in lines[1:]:
-        label, _, rest = line.partition(":")
-        if not label.strip().isdigit():
-            continue
-        tail = rest[end:].split() if end and _counts_end_at(rest, end) else None
-        if with_counts or not tail or tail[0].isdigit():
-            fields = rest.split()
-            counts = tuple(map(int, fields[: len(cpus)])) if with_counts else ()
-            tail = fields[len(cpus) :]
-            if not with_counts:
-                skipped = _count_columns(len(cpus)).match(rest)
-                end = skipped.end() if skipped else 0
-        else:
-            counts = ()
-        chip = tail[0] if tail else ""
-        # Kernels with GENERIC_IRQ_SHOW_LEVEL (ARM) print Level/Edge before the actions.
-        skip = 3 if tail[2:3] in (["Level"], ["Edge"]) else 2
-        actions = " ".join(tail[skip:]) if len(tail) > skip else ""
-        names = tuple(a.strip() for a in actions.split(",") if a.strip())
-        devices = frozenset(PCI_ADDR.findall(chip))
-        irqs.append(Irq(int(label), names, chip, counts, devices))
-    return cpus, irqs
-
-
-def _counts_end_at(rest: str, end: int) -> bool:
-    """Whether a line's counts end at `end`: a digit, then a blank. (Right-aligned numbers
-    never have a blank after a digit inside a column; a shifted line fails this, or its
-    tail starts with a number, which no chip name does.)"""
-    return end < len(rest) and rest[end - 1].isdigit() and rest[end].isspace()
-
-
-@functools.lru_cache(maxsize=4)
-def _count_columns(n: int) -> re.Pattern[str]:
-    return re.compile(rf"(?:[ \t]+\d+){{{n}}}")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
 A shield promises that nothing but the application runs on its CPUs. This section sets
 nothing: while it is in force, the daemon traces every interruption of `cpus` (hardware
 and soft IRQs, the local timer, IPIs, other tasks, kernel threads included) in a private
-tracefs instance (latencyd/service/noisewatch.py), tallies them by source each interval, and
+tracefs instance (latencyd/service/noisewatch.py; /proc counters where tracefs cannot be
+had, saying so), tallies them by source each interval, and
 when a CPU's noise in one interval exceeds `budget_us` (or one interruption
 `max_single_us`) it says so: one log line naming the CPU and the top sources, and the
 D-Bus signal NoiseExceeded. `status` shows the last interval.

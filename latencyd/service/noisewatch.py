@@ -3,7 +3,8 @@ only, read every interval and tallied by source (latencyd/core/noise.py decodes)
 
 Why this mechanism, on the kernels this runs on (Linux 6.18 guests): the kernel's own
 osnoise/timerlat tracers and hist triggers are not built in; the perf binding cannot read
-tracepoint samples back; /proc/interrupts deltas name IRQs but not tasks nor time. A
+tracepoint samples back; /proc counters name IRQs but not tasks nor time (they are the
+fallback, CounterWatch, where tracefs cannot be had). A
 tracefs instance has its own buffers and CPU mask, so a trace the user runs is never
 disturbed, and only the shielded CPUs' events are written at all. The events are
 written by the CPU they happen on; the reading is done here, on a housekeeping CPU.
@@ -11,13 +12,15 @@ written by the CPU they happen on; the reading is done here, on a housekeeping C
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from latencyd.core import noise
+from latencyd.core import noise, procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import LatencydError
 from latencyd.core.noise import Breach, LastInterval, WatchPlan, over_budget
@@ -106,13 +109,98 @@ class NoiseWatch:
 
     def _irq_names(self) -> dict[int, str]:
         """IRQ number -> its name as /proc/interrupts shows it (the device's action)."""
-        names = {}
-        for line in self.system.read("proc/interrupts").splitlines()[1:]:
-            head, _, rest = line.partition(":")
-            if head.strip().isdigit():
-                parts = rest.split()
-                names[int(head)] = parts[-1] if parts else ""
-        return names
+        _, irqs = procstat.parse_interrupts(self.system.read("proc/interrupts"), with_counts=False)
+        return {irq.number: irq.actions[-1] if irq.actions else irq.chip for irq in irqs}
+
+
+class CounterWatch:
+    """The fallback that always works: /proc counters read each interval. It names every
+    IRQ, softirq kind and IPI that fired on a watched CPU (counts, not their time), and
+    times the tasks that ran there only together, at the clock tick's resolution
+    (/proc/stat), less the application's own run time (its threads' schedstat): no
+    pids, no comms, no single interruption's length. Used where tracefs cannot be."""
+
+    # /proc/interrupts rows named as the tracefs watch names them (noise.VECTORS).
+    ROWS: ClassVar[dict[str, str]] = {
+        "LOC": "local timer",
+        "CAL": "IPI function call",
+        "RES": "IPI reschedule",
+        "IWI": "irq work",
+    }
+    TASKS = "tasks (not named: /proc counters)"
+
+    def __init__(self, system: System, cpus: CpuSet, why: str) -> None:
+        self.system = system
+        self.cpus = cpus
+        self.mechanism = (
+            f"/proc counters ({why}): IRQ, softirq and IPI counts without their time; "
+            "other tasks' time together, at the clock tick's resolution"
+        )
+        self._expected_pids: Callable[[], frozenset[int]] = frozenset
+        self._last: dict[str, dict[int, int]] = {}
+        self._since = 0.0
+        self._tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+    def start(self, expected_pids: Callable[[], frozenset[int]] = frozenset) -> None:
+        self._expected_pids = expected_pids
+        self._last = self._read()
+        self._since = time.monotonic()
+
+    def _read(self) -> dict[str, dict[int, int]]:
+        """source -> CPU -> count (or, for TASKS, nanoseconds) now."""
+        out: dict[str, dict[int, int]] = {}
+        for row, (what, counts) in procstat.interrupt_counts(
+            self.system.read("proc/interrupts")
+        ).items():
+            if row.isdigit():
+                name = f"irq {row} {what.split(',')[-1].strip() or row}"
+            else:
+                name = self.ROWS.get(row, f"{row} ({what})" if what else row)
+            out[name] = counts
+        for kind, counts in procstat.softirq_counts(self.system.read("proc/softirqs")).items():
+            out[f"softirq {kind}"] = counts
+        busy = procstat.stat_busy_ticks(self.system.read("proc/stat"))
+        tasks = {cpu: ticks * self._tick_ns for cpu, ticks in busy.items()}
+        for cpu, ns in self._application_ns().items():
+            tasks[cpu] = tasks.get(cpu, 0) - ns
+        out[self.TASKS] = tasks
+        return out
+
+    def _application_ns(self) -> dict[int, int]:
+        """Run time of the expected processes' threads, by the CPU each last ran on."""
+        out: dict[int, int] = {}
+        for pid in self._expected_pids():
+            for tid in self.system.entries(f"proc/{pid}/task"):
+                try:
+                    ran = int(self.system.read(f"proc/{pid}/task/{tid}/schedstat").split()[0])
+                    stat = self.system.read(f"proc/{pid}/task/{tid}/stat")
+                    cpu = int(stat.rsplit(")", 1)[1].split()[36])
+                except (LatencydError, ValueError, IndexError):
+                    continue  # exited meanwhile
+                out[cpu] = out.get(cpu, 0) + ran
+        return out
+
+    def poll(self) -> NoiseInterval:
+        now = time.monotonic()
+        current = self._read()
+        interval = NoiseInterval(self._since, now)
+        for cpu in self.cpus:
+            tallies = {}
+            for source, counts in current.items():
+                delta = counts.get(cpu, 0) - self._last.get(source, {}).get(cpu, 0)
+                if delta <= 0:
+                    continue
+                if source == self.TASKS:
+                    tallies[source] = noise.Tally(1, delta, 0)
+                else:
+                    tallies[source] = noise.Tally(delta, 0, 0)
+                    interval.events += delta
+            interval.cpus[cpu] = tallies
+        self._last, self._since = current, now
+        return interval
+
+    def stop(self) -> None:
+        self._last = {}
 
 
 # -- the daemon's side: follow the active profile's [monitor] section ---------------------
@@ -134,7 +222,7 @@ class ShieldWatch:
         self.loop = loop
         self.notify = notify
         self.plan: WatchPlan | None = None
-        self.watch: NoiseWatch | None = None
+        self.watch: NoiseWatch | CounterWatch | None = None
         self.source: int | None = None
         self.reported: dict[int, float] = {}
         self._roots: frozenset[int] = frozenset()
@@ -159,14 +247,22 @@ class ShieldWatch:
         self.plan = plan
         if plan is None or self.plugin is None:
             return
-        watch = NoiseWatch(self.daemon.system, plan.cpus)
+        tracing = NoiseWatch(self.daemon.system, plan.cpus)
+        watch: NoiseWatch | CounterWatch = tracing
         try:
-            watch.start(self.expected)
+            tracing.start(self.expected)
         except (LatencydError, OSError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-            log.error("noise watch on CPUs %s not started: %s", plan.cpus, reason)
-            self.plugin.last = LastInterval(f"not running: {reason}")
-            return
+            log.warning("noise watch: tracefs not usable (%s): /proc counters instead", reason)
+            with contextlib.suppress(LatencydError, OSError):
+                tracing.stop()  # whatever part of the instance was made
+            watch = counters = CounterWatch(self.daemon.system, plan.cpus, f"tracefs: {reason}")
+            try:
+                counters.start(self.application_pids)
+            except LatencydError as exc2:
+                log.error("noise watch on CPUs %s not started: %s", plan.cpus, exc2)
+                self.plugin.last = LastInterval(f"not running: {reason}; {exc2}")
+                return
         self.watch = watch
         self.plugin.last = LastInterval(watch.mechanism)
         self.source = self.loop.timeout_add(plan.interval_ms, self._poll)
@@ -188,6 +284,11 @@ class ShieldWatch:
             log.warning("noise: %s", breach.line())
             self.notify(breach, seconds)
         return True
+
+    def application_pids(self) -> frozenset[int]:
+        """The processes holding a profile (the counters' fallback counts only their own
+        threads as the application's, not what they started)."""
+        return frozenset(h.pid for h in self.daemon.holds.values() if h.pid)
 
     def expected(self, tid: int) -> bool:
         """Whether thread `tid` is the application's: of a process holding a profile, or

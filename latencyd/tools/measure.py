@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from latencyd.core import procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import LatencydError
 from latencyd.core.plugin import Plugin, Target, decode_target, discover
@@ -435,32 +436,20 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
 
 def counters(cpus: CpuSet) -> Counters:
     c = Counters()
-    lines = Path("/proc/interrupts").read_text().splitlines()
-    columns = [int(x[3:]) for x in lines[0].split()]
-    for line in lines[1:]:
-        label, _, rest = line.partition(":")
-        fields = rest.split()
-        counts = fields[: len(columns)]
-        name = label.strip()
-        if label.strip().isdigit():
-            tail = fields[len(columns) :]
-            name = f"{label.strip()} {tail[-1] if tail else ''}".strip()
-        elif len(fields) > len(columns):
-            name = f"{label.strip()} ({' '.join(fields[len(columns) :])})"
-        for cpu, count in zip(columns, counts, strict=False):
-            if cpu in cpus and count.isdigit():
-                c.irqs[name] += int(count)
-    soft = Path("/proc/softirqs").read_text().splitlines()
-    soft_columns = [int(x[3:]) for x in soft[0].split()]
-    for line in soft[1:]:
-        kind, _, rest = line.partition(":")
-        for cpu, count in zip(soft_columns, rest.split(), strict=False):
-            if cpu in cpus:
-                c.softirqs[kind.strip()] += int(count)
+    for row, (what, counts) in procstat.interrupt_counts(
+        Path("/proc/interrupts").read_text()
+    ).items():
+        if row.isdigit():
+            label = f"{row} {what.split()[-1] if what else ''}".strip()
+        else:
+            label = f"{row} ({what})" if what else row
+        c.irqs[label] += sum(n for cpu, n in counts.items() if cpu in cpus)
+    for kind, counts in procstat.softirq_counts(Path("/proc/softirqs").read_text()).items():
+        c.softirqs[kind] += sum(n for cpu, n in counts.items() if cpu in cpus)
     with contextlib.suppress(OSError):  # only with CONFIG_SCHEDSTATS
         for line in Path("/proc/schedstat").read_text().splitlines():
-            name, *fields = line.split()
-            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            cpu_name, *fields = line.split()
+            if cpu_name.startswith("cpu") and cpu_name[3:].isdigit() and int(cpu_name[3:]) in cpus:
                 c.schedule_calls += int(fields[2])
     for pid in os.listdir("/proc"):
         if not pid.isdigit():

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from latencyd.plugins.irq import parse_interrupts
 
 from latencyd.core.errors import LatencydError
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Plugin, Target, decode_target, load_plugins, target_kinds
+from latencyd.core.procstat import parse_interrupts
 from latencyd.core.system import System
 from latencyd.service.config import shipped_profiles_dir
 from tests.fdstore import FdStoreStandIn

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from latencyd.plugins.irq import IrqAffinity, IrqPlugin, parse_interrupts
+from latencyd.plugins.irq import IrqAffinity, IrqPlugin
 
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import Engine
 from latencyd.core.journal import Journal
+from latencyd.core.procstat import parse_interrupts
 from latencyd.core.system import System
 from tests.wanted import wanted
 

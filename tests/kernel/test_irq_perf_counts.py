@@ -22,7 +22,8 @@ CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 from latencyd.core.system import System
-from latencyd.plugins.irq import IrqPlugin, parse_interrupts
+from latencyd.core.procstat import parse_interrupts
+from latencyd.plugins.irq import IrqPlugin
 
 system = System("/")
 plugin = IrqPlugin(system)

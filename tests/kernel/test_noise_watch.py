@@ -5,7 +5,6 @@ fire), and a quiet CPU shows only what the kernel must do."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import pytest
 
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.system import System
-from latencyd.service.noisewatch import INSTANCE, NoiseInterval, NoiseWatch
+from latencyd.service.noisewatch import INSTANCE, CounterWatch, NoiseInterval, NoiseWatch
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
 
@@ -64,8 +63,9 @@ def _irq_of(name: str) -> int | None:
     return None
 
 
-def test_an_irq_steered_onto_the_cpu_and_fired_is_named(watch: NoiseWatch) -> None:
-    """virtio-rng's request queue IRQ, fired by reads of /dev/hwrng."""
+def fire_rng_irq_on_cpu(watch: NoiseWatch | CounterWatch) -> tuple[str, int]:
+    """Steer virtio-rng's request queue IRQ onto the watched CPU and fire it by reads of
+    /dev/hwrng: (the source it must show up as, how many times it fired there)."""
     rng = Path("/sys/class/misc/hw_random/rng_current")
     if not rng.exists() or not rng.read_text().startswith("virtio_rng"):
         pytest.skip("no virtio-rng here to drive an IRQ with")
@@ -87,9 +87,33 @@ def test_an_irq_steered_onto_the_cpu_and_fired_is_named(watch: NoiseWatch) -> No
         seen = sources(watch.poll())
     finally:
         affinity.write_text(before)
-    named = [s for s in seen if re.fullmatch(rf"irq {number} virtio{irq}-input", s)]
-    assert named, f"IRQ {number} not among {sorted(seen)}"
-    assert seen[named[0]][0] >= 1
+    name = f"irq {number} virtio{irq}-input"
+    assert name in seen, f"IRQ {number} not among {sorted(seen)}"
+    return name, seen[name][0]
+
+
+def test_an_irq_steered_onto_the_cpu_and_fired_is_named(watch: NoiseWatch) -> None:
+    _, fired = fire_rng_irq_on_cpu(watch)
+    assert fired >= 1
+
+
+@pytest.fixture
+def counters() -> Iterator[CounterWatch]:
+    w = CounterWatch(SYSTEM, CpuSet({CPU}), "the fallback, asked for by this test")
+    w.start()
+    yield w
+    w.stop()
+
+
+def test_the_counters_fallback_names_the_irq_and_times_the_task(counters: CounterWatch) -> None:
+    """Without tracefs: the IRQ by number and name, the tick, and a task's time (not named)."""
+    _, fired = fire_rng_irq_on_cpu(counters)
+    assert fired >= 1
+    loop = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"
+    subprocess.run(["taskset", "-c", str(CPU), "sh", "-c", loop], check=True, timeout=60)
+    seen = sources(counters.poll())
+    assert seen[CounterWatch.TASKS][1] > 10  # ms: it ran there for a while
+    assert seen["local timer"][0] >= 1
 
 
 def test_the_watch_itself_is_not_among_what_it_sees(watch: NoiseWatch) -> None:

@@ -15,12 +15,10 @@ import latencyd.plugins.irq as irq_module
 import pytest
 from latencyd.plugins.irq import (
     DefaultAffinity,
-    Irq,
     IrqAffinity,
     IrqbalanceBan,
     IrqPlugin,
     IrqRules,
-    parse_interrupts,
 )
 
 from latencyd.core.cpuset import CpuSet
@@ -37,6 +35,7 @@ from latencyd.core.engine import (
 from latencyd.core.errors import KernelRefused, NotApplicable
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import DeviceEvent, Expansion, Value
+from latencyd.core.procstat import Irq, parse_interrupts
 from latencyd.core.profile import Profile
 from latencyd.core.schema import Machine, SchemaError, validate
 from latencyd.core.system import System

@@ -1,0 +1,111 @@
+"""The noise watch's fallback, /proc counters: what fired on a watched CPU named as the
+tracefs watch names it, the tasks' time less the application's, and the daemon's watch
+choosing it (saying why) when tracefs cannot be had. Fake /proc files; the kernel test
+(tests/kernel/test_noise_watch.py) reads the real ones."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.noise import WatchPlan
+from latencyd.core.system import System
+from latencyd.service.noisewatch import CounterWatch, ShieldWatch
+from plugins.monitor import MonitorPlugin
+from tests.unit.fakesys import make_fake_root, put
+
+TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def proc(root: Path, virtio: int, loc: int, timer: int, busy_ticks: int) -> None:
+    """/proc/interrupts, softirqs and stat of a 2-CPU machine; CPU 1's counts given, CPU
+    0's moving too (they must not show)."""
+    put(
+        root,
+        "proc/interrupts",
+        "           CPU0       CPU1\n"
+        f" 24:   {virtio * 7}   {virtio}  PCI-MSIX-0000:00:03.0   1-edge   virtio0-input.0\n"
+        f"LOC:       {loc * 3}       {loc}   Local timer interrupts\n"
+        f"CAL:       {loc}       0   Function call interrupts\n",
+    )
+    put(root, "proc/softirqs", f"     CPU0   CPU1\n  TIMER:  {timer * 2}  {timer}\nNET_RX:  5  0\n")
+    put(root, "proc/stat", f"cpu  9 0 9 9\ncpu0 {busy_ticks * 5} 0 0 9\ncpu1 {busy_ticks} 0 0 9\n")
+
+
+def test_counters_name_what_fired_on_the_watched_cpu_only(tmp_path: Path) -> None:
+    root = make_fake_root(tmp_path, cpus="0-1")
+    proc(root, virtio=10, loc=100, timer=40, busy_ticks=50)
+    watch = CounterWatch(System(root), CpuSet({1}), "tracefs: not mounted")
+    watch.start()
+    proc(root, virtio=13, loc=350, timer=45, busy_ticks=52)
+    interval = watch.poll()
+    tallies = interval.cpus[1]
+    assert {s: t.count for s, t in tallies.items() if s != CounterWatch.TASKS} == {
+        "irq 24 virtio0-input.0": 3,
+        "local timer": 250,
+        "softirq TIMER": 5,
+    }
+    assert tallies[CounterWatch.TASKS].total_ns == 2 * TICK_NS
+    assert list(interval.cpus) == [1]
+    assert watch.mechanism.startswith("/proc counters (tracefs: not mounted)")
+    # Nothing moved: nothing shown.
+    assert watch.poll().cpus[1] == {}
+
+
+def test_counters_leave_the_applications_own_time_out(tmp_path: Path) -> None:
+    root = make_fake_root(tmp_path, cpus="0-1")
+    proc(root, virtio=0, loc=0, timer=0, busy_ticks=100)
+    stat = "4242 (app) R 1 " + " ".join(["0"] * 34) + " 1 0"  # field 39: last ran on CPU 1
+    put(root, "proc/4242/task/4242/stat", stat)
+    put(root, "proc/4242/task/4242/schedstat", "0 0 0")
+    watch = CounterWatch(System(root), CpuSet({1}), "test")
+    watch.start(lambda: frozenset({4242}))
+    proc(root, virtio=0, loc=0, timer=0, busy_ticks=110)
+    put(root, "proc/4242/task/4242/schedstat", f"{8 * TICK_NS} 0 0")
+    assert watch.poll().cpus[1][CounterWatch.TASKS].total_ns == 2 * TICK_NS
+
+
+class Loop:
+    def __init__(self) -> None:
+        self.sources: list[Any] = []
+
+    def timeout_add(self, ms: int, fn: Any) -> int:
+        self.sources.append(fn)
+        return len(self.sources)
+
+    def source_remove(self, source: int) -> None:
+        self.sources[source - 1] = None
+
+
+def test_the_daemons_watch_falls_back_to_counters_and_says_why(tmp_path: Path) -> None:
+    """No tracefs under this root (and none can be mounted there): the watch runs on /proc
+    counters, and `status` (the monitor plugin's facts) says so and why."""
+    root = make_fake_root(tmp_path, cpus="0-1")
+    proc(root, virtio=0, loc=0, timer=0, busy_ticks=0)
+    system = System(root)
+    monitor = MonitorPlugin(system)
+    plan = WatchPlan(CpuSet({1}), 1000, 500, None)
+    section = SimpleNamespace(expansion=SimpleNamespace(rules=plan))
+    daemon: Any = SimpleNamespace(
+        engine=SimpleNamespace(sections={"monitor": section}),
+        plugins={"monitor": monitor},
+        after_step=[],
+        system=system,
+        holds={},
+    )
+    loop = Loop()
+    breaches: list[Any] = []
+    shield = ShieldWatch(daemon, loop, lambda breach, s: breaches.append(breach))  # type: ignore[arg-type]
+    shield.sync()
+    assert isinstance(shield.watch, CounterWatch)
+    facts = monitor.monitor(plan).facts
+    assert facts["mechanism"].startswith("/proc counters (tracefs: mounting tracefs")
+    proc(root, virtio=0, loc=250, timer=0, busy_ticks=1)
+    assert loop.sources[0]() is True
+    assert breaches and breaches[0].cpu == 1  # a tick's worth of tasks: over 500 µs
+    assert monitor.last.cpus is not None and monitor.last.cpus[1]["local timer"].count == 250
+    shield.close()
+    assert loop.sources == [None]
