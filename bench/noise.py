@@ -8,7 +8,11 @@ with a 1 s interval, this process kept on the other CPUs as the daemon is:
   quiet CPU and with ~10 kHz of injected interruptions (a task on the watched CPU
   sleeping 100 µs at a time: each wake-up is a timer interrupt and two task switches);
 - events decoded per second, and the decoding cost per event;
-- whether anything of the watch's own appears among the watched CPU's sources.
+- whether anything of the watch's own appears among the watched CPU's sources;
+- the time from an interruption (a task started with taskset on the watched CPU) to its
+  appearance in `latencyctl top --once --json`, through a daemon on a private bus
+  watching with the monitor section's default 1 s interval: at most an interval and a
+  poll, as the watch reports once an interval.
 
     python -m bench noise [--seconds 10] [--json] [--quick]
 
@@ -22,13 +26,17 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.system import System
 from latencyd.service.noisewatch import NoiseWatch
+from scripts.private_bus import PrivateBus
+from tests.harness import POLICY, Latencyd
 
 TARGET_QUIET_PCT = 0.1
 # A task that sleeps 100 µs at a time: ~10,000 wake-ups (timer interrupts) a second.
@@ -60,9 +68,40 @@ def watch_for(watch: NoiseWatch, seconds: float, interval: float) -> dict[str, A
     }
 
 
+def to_top(cpu: int, samples: int) -> list[float]:
+    """Seconds from a task started on `cpu` to its name in `latencyctl top --once --json`."""
+    profile = f'[main]\nsummary = "bench: watch CPU {cpu}"\n[monitor]\ncpus = "{cpu}"\n'
+    delays = []
+    with PrivateBus(POLICY) as bus, tempfile.TemporaryDirectory(prefix="latencyd-noise-") as tmp:
+        root = Path(tmp)
+        (root / "profiles").mkdir()
+        (root / "profiles" / "watch.toml").write_text(profile)
+        (root / "daemon").mkdir()
+        d = Latencyd(bus.address, root / "daemon", "watch", [root / "profiles"])
+        d.start()
+        try:
+            for _ in range(samples):
+                loop = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"
+                task = subprocess.Popen(["taskset", "-c", str(cpu), "sh", "-c", loop])
+                start, name = time.monotonic(), f"task {task.pid} sh"
+                while time.monotonic() - start < 10:
+                    top = json.loads(d.ctl("top", "--once", "--json").stdout)
+                    if any(r["source"] == name for rows in top["cpus"].values() for r in rows):
+                        delays.append(time.monotonic() - start)
+                        break
+                    time.sleep(0.02)
+                task.kill()
+                task.wait()
+                time.sleep(1.2)  # an interval without it, so the next one starts afresh
+        finally:
+            d.stop()
+    return delays
+
+
 def main(argv: list[str]) -> int:
     parser = arguments("noise", __doc__, "2 s per phase")
     parser.add_argument("--seconds", type=float, default=10.0, help="per phase")
+    parser.add_argument("--samples", type=int, default=10, help="interruptions timed to top")
     args = parser.parse_args(argv)
     if not_root("noise", "a tracefs instance"):
         return 1
@@ -84,7 +123,14 @@ def main(argv: list[str]) -> int:
     finally:
         watch.stop()
         os.sched_setaffinity(0, own)
-    result = {"cpu": cpu, "quiet": quiet, "10khz": busy, "target_quiet_pct": TARGET_QUIET_PCT}
+    delays = sorted(to_top(cpu, 2 if args.quick else args.samples))
+    to_top_s = {
+        "samples": len(delays),
+        "p50_s": round(delays[len(delays) // 2], 3) if delays else None,
+        "max_s": round(delays[-1], 3) if delays else None,
+    }
+    result = {"cpu": cpu, "quiet": quiet, "10khz": busy, "to_top": to_top_s,
+              "target_quiet_pct": TARGET_QUIET_PCT}  # fmt: skip
     if args.json:
         print(json.dumps(result))
         return 0
@@ -97,6 +143,10 @@ def main(argv: list[str]) -> int:
             f"own tasks among the watched CPU's sources: {r['own_among_sources'] or 'none'}"
         )
     print(f"  quiet target <= {TARGET_QUIET_PCT} %  [{mark}]")
+    print(
+        f"  interruption -> latencyctl top --once --json (daemon, 1 s interval): "
+        f"p50 {to_top_s['p50_s']} s, max {to_top_s['max_s']} s over {to_top_s['samples']} tasks"
+    )
     return 0
 
 

@@ -100,6 +100,38 @@ def test_a_quiet_watched_cpu_gives_no_report(
     assert "latencyd" not in instances()
 
 
+def top_sources(d: Latencyd) -> list[str]:
+    top = json.loads(d.ctl("top", "--once", "--json").stdout)
+    return [row["source"] for rows in top["cpus"].values() for row in rows]
+
+
+def test_the_shipped_cpu_partitioning_a_quiet_minute_then_a_taskset_task_named(
+    start_daemon: Callable[..., Latencyd],
+) -> None:
+    """The shipped profile as a user runs it (its [monitor]: the isolated CPU, 1 s
+    intervals, 20 ms budget): a minute of quiet shield gives no report, then a task
+    started with `taskset -c 1` is named by pid and comm in `top`, logged and signalled."""
+    d = start_daemon("cpu-partitioning")
+    facts = json.loads(d.ctl("status", "--json").stdout)["plugins"]["monitor"]["facts"]
+    assert facts["cpus"] == "1" and facts["budget_us"] == 20000
+    assert facts["mechanism"].startswith("tracefs instance")
+    time.sleep(60)
+    rows = json.loads(d.ctl("status", "--json").stdout)["plugins"]["monitor"]["tables"][0]
+    print("last interval of a quiet minute:", rows["rows"])
+    assert "noise: CPU" not in d.log()
+    loop = "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done"
+    hog = subprocess.Popen(["taskset", "-c", "1", "sh", "-c", loop])
+    try:
+        started = time.monotonic()
+        wait_for(lambda: f"task {hog.pid} sh" in top_sources(d), timeout=5)
+        print(f"in top {time.monotonic() - started:.2f} s after the task started")
+        wait_for(lambda: f"task {hog.pid} sh" in d.log(), timeout=5)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert "noise: CPU 1 took" in d.log()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
