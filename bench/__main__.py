@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "scale": "bench.scale",
     "attribute": "bench.attribute",
     "noise": "bench.noise",
+    "tasks": "bench.tasks",
 }
 
 USAGE = """\

@@ -50,3 +50,44 @@ def test_every_declared_dependency_is_in_the_lock() -> None:
     build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
     names |= {canonical(re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0]) for d in build}
     assert names - set(locked()) == set()
+
+
+IMPORT_LINE = re.compile(r"^\s*(?:from\s+(\w+)[\w.]*\s+import|import\s+(\w+))", re.M)
+
+
+def imported_names(*folders: str) -> set[str]:
+    """Top-level names the .py files under the folders import, wherever the import stands
+    (a function's lazy import, a script run with `python -c` held in a string)."""
+    names = set()
+    for folder in folders:
+        for path in (REPO / folder).rglob("*.py"):
+            for match in IMPORT_LINE.finditer(path.read_text()):
+                names.add(match.group(1) or match.group(2))
+    return names
+
+
+def distributions_imported(*folders: str) -> set[str]:
+    providers = metadata.packages_distributions()
+    return {
+        canonical(dist) for name in imported_names(*folders) for dist in providers.get(name, [])
+    }
+
+
+def test_every_declared_dependency_is_used() -> None:
+    """A runtime dependency is imported by the daemon or its tools; a development one by
+    the tests, benches or scripts, or run as a command by the build (ruff, mypy, pytest)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def names(declared: list[str]) -> set[str]:
+        return {canonical(re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0]) for d in declared}
+
+    runtime = names(project["dependencies"])
+    assert runtime - distributions_imported("latencyd", "plugins") == set()
+    extras = names([d for extra in project["optional-dependencies"].values() for d in extra])
+    commands = (REPO / "Makefile").read_text() + (REPO / ".ci" / "run").read_text()
+    unused = {
+        d
+        for d in extras - distributions_imported("latencyd", "plugins", "tests", "bench", "scripts")
+        if not re.search(rf"\b{re.escape(d)}\b", commands)
+    }
+    assert unused == set()
