@@ -50,7 +50,8 @@ def install_layout() -> dict[str, list[str]]:
     """Generated files by their directory under share/ (setup.py installs them there)."""
     layout: dict[str, list[str]] = {}
     for path in [*(f"man/man{s}/{name}.{s}" for name, s in PAGES.items()), *SCRIPTS.values()]:
-        layout.setdefault(path.rpartition("/")[0], []).append(path.rpartition("/")[2])
+        directory, _, name = path.rpartition("/")
+        layout.setdefault(directory, []).append(name)
     return layout
 
 
