@@ -1,8 +1,9 @@
 # All metadata lives in pyproject.toml; this file only adds one build step.
 #
 # The man pages (latencyd(8), latencyctl(8), latencyd.profile(5)) and the bash and zsh
-# completions are generated from the code (latencyd/tools/manpages.py: the argparse parsers,
-# every plugin's option schema, the README), not kept in the repository. Each build
+# completions are generated from the code (latencyd/tools/manpages.py: the argparse parsers
+# through argparse-manpage and shtab, which pyproject.toml's build-system requires, every
+# plugin's option schema, the README), not kept in the repository. Each build
 # (`pip install .`, a wheel) writes them to build/share/, and data_files installs them
 # from there to <prefix>/share/{man,bash-completion,zsh}.
 # The build environment has neither latencyd nor its plugins installed, so the generator

@@ -92,9 +92,13 @@ class Removal:
     where: Location
 
 
-# Keys valid in any section that shape inheritance; the loader consumes them, plugins
-# never see them. TuneD's `enabled`, `replace` and `drop` map onto these.
-INHERITANCE_KEYS = ("enabled", "replace", "drop")
+# Keys valid in any section that shape inheritance, with what they do; the loader consumes
+# them, plugins never see them. TuneD's `enabled`, `replace` and `drop` map onto these.
+INHERITANCE_KEYS = {
+    "enabled": "false: switch off the section inherited from included profiles",
+    "replace": "true: drop every inherited option of the section; keep only this file's",
+    "drop": "[names]: drop these inherited options",
+}
 
 
 @dataclass(frozen=True)

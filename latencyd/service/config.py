@@ -40,6 +40,22 @@ KNOWN: dict[str, type | tuple[type, ...]] = {
     "on_stop": str,
     "metrics_listen": str,
 }
+# What each setting does, for latencyd(8)'s CONFIGURATION (latencyd.tools.manpages).
+DOCS = {
+    "default_profile": "profile applied at start when --profile is not given",
+    "admin_group": "members of this group may change state, besides root "
+    "(they name profiles from the search path only)",
+    "verify_interval_s": "seconds between checks of every owned setting (0: never)",
+    "poll_interval_s": "seconds between read-backs of settings no event reports, "
+    "such as thread affinities and NIC settings",
+    "profile_dirs": "directories searched for profiles before /etc/latencyd/profiles",
+    "task_events": "where new kernel threads are heard of: auto, perf, proc-connector "
+    "or none (periodic rescan)",
+    "on_stop": "on SIGTERM: restore every original value, or keep the tuning for the "
+    "next start to adopt",
+    "metrics_listen": "serve Prometheus metrics at http://ADDRESS:PORT/metrics, e.g. "
+    '"127.0.0.1:9477" (see METRICS); off when unset',
+}
 
 
 def load_config(path: Path = CONFIG_FILE) -> Config:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # typing costs ~2 ms of every latencyctl call; annotations on
     from latencyd.core.cpuset import CpuSet
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
+from latencyd.tools.cliparser import parser
 
 OK, DRIFT, USAGE, UNREACHABLE, DENIED = 0, 1, 2, 3, 4
 FAILED = 1  # the daemon tried and the kernel refused: like drift, the machine is not as asked
@@ -327,9 +328,6 @@ def cmd_import_tuned(args: argparse.Namespace) -> int:
     return result.code
 
 
-MAN_PAGES = ("latencyctl", "latencyd", "latencyd.profile")  # latencyd.tools.manpages.PAGES
-
-
 def cmd_man(args: argparse.Namespace) -> int:
     """A man page as roff, from the same source as --help: latencyctl man | man -l -"""
     from latencyd.tools.manpages import page
@@ -346,7 +344,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
-    """What the completion scripts ask for on Tab (hidden: added without help)."""
+    """What the completion scripts ask for on Tab (`latencyctl __complete KIND`, hidden)."""
     from latencyd.tools.manpages import complete_words
 
     words = complete_words(args.kind, args.profile_dir)
@@ -833,218 +831,16 @@ def format_explain(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _cookie(text: str) -> int:
-    value = int(text)
-    if not 0 < value < 1 << 32:
-        raise ValueError(text)
-    return value
-
-
-# -- entry point ------------------------------------------------------------------------
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="latencyctl",
-        description="Control latencyd.",
-        epilog="Exit codes: 0 ok, 1 drift or apply failed, 2 usage or "
-        "bad profile, 3 daemon unreachable, 4 permission denied.",
-    )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, fn: Any, help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_)
-        sp.add_argument(
-            "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
-        )
-        sp.set_defaults(fn=fn)
-        return sp
-
-    add("list", cmd_list, "list profiles (invalid ones with their error)")
-    add("active", cmd_active, "print the active profile")
-    add("switch", cmd_switch, "apply a profile (incrementally)").add_argument("profile")
-    hold = add(
-        "hold",
-        cmd_hold,
-        "hold a profile while a command runs: hold PROFILE -- CMD ARGS "
-        "(without a command: until Ctrl-C)",
-    )
-    hold.add_argument("profile")
-    hold.add_argument("--reason", help="shown in status (default: the command line)")
-    hold.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
-    release = add("release", cmd_release, "end a hold by its cookie")
-    release.add_argument("cookie", type=_cookie)
-    add("off", cmd_off, "restore every original value (also ends every hold)")
-    add("reload", cmd_reload, "re-read profile files; re-apply the active one if it changed")
-    add("verify", cmd_verify, "check the kernel still matches the profile (exit 1 on drift)")
-    add("status", cmd_status, "what each plugin applied, refused and measured")
-    top = add("top", cmd_top, "what interrupts the watched CPUs ([monitor]), live like top")
-    top.add_argument("--once", action="store_true", help="print one view and exit")
-    ex = add(
-        "explain",
-        cmd_explain,
-        "show a profile's merged settings and where each came from (works without the daemon)",
-    )
-    ex.add_argument("profile", help="profile name or path to a .toml file")
-    add("plugins", cmd_plugins, "list plugins and every option they take (no daemon needed)")
-    tuned = add(
-        "import-tuned",
-        cmd_import_tuned,
-        "convert a TuneD profile and those it includes to latencyd profiles, listing what "
-        "cannot be converted (exit 1: partly converted)",
-    )
-    tuned.add_argument(
-        "tuned_profile",
-        metavar="NAME|DIR|FILE",
-        help="a TuneD profile name (looked up as TuneD does), its directory or its tuned.conf",
-    )
-    tuned.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        default=Path("."),
-        metavar="DIR",
-        help="write NAME.toml files here (default: the current directory)",
-    )
-    tuned.add_argument(
-        "--tuned-dir",
-        type=Path,
-        action="append",
-        default=[],
-        help="look for TuneD profiles here before /etc/tuned and /usr/lib/tuned (repeatable)",
-    )
-    m = add(
-        "measure",
-        cmd_measure,
-        "measure latency with cyclictest, sockperf and oslat, per profile, alternating "
-        "profiles in rounds; puts back the profile that was in force",
-    )
-    m.add_argument("--profile", help="the first scenario (default: current, nothing switched)")
-    m.add_argument(
-        "--vs",
-        action="append",
-        default=[],
-        metavar="SCENARIO",
-        help='more scenarios: a profile, "untuned", "current" or "tuned:NAME" (repeatable)',
-    )
-    m.add_argument("--cpus", help="application CPUs measured (default: the last CPU)")
-    m.add_argument(
-        "--seconds",
-        type=float,
-        default=None,
-        dest="seconds_given",
-        help="per tool and round (10; with --attribute: what fits --budget)",
-    )
-    m.add_argument(
-        "--rounds", type=int, default=None, help="rounds of all scenarios (4; --attribute: 3)"
-    )
-    m.add_argument(
-        "--idle-seconds",
-        type=float,
-        default=None,
-        help="per scenario and round, first measure how much of the time the measured CPUs "
-        "stay awake (running or polling) with no traffic (0; with --attribute: 1)",
-    )
-    m.add_argument(
-        "--tools", help="sockperf,cyclictest,oslat (default: those, oslat where installed)"
-    )
-    load = m.add_mutually_exclusive_group()
-    load.add_argument(
-        "--load",
-        action="store_true",
-        help="stress-ng, a CPU hog per CPU, unpinned (as from a shell)",
-    )
-    load.add_argument("--load-cmd", metavar="CMD", help="run CMD (sh -c) as the load")
-    m.add_argument(
-        "--tuned-etc",
-        type=Path,
-        default=Path("/etc/tuned"),
-        metavar="DIR",
-        help='the TuneD configuration "tuned:NAME" scenarios read (TuneD gets a private '
-        "copy either way: it never writes the machine's /etc/tuned)",
-    )
-    m.add_argument(
-        "--attribute",
-        action="store_true",
-        help="what each group of --profile's settings buys: each left out of the profile "
-        "and added to untuned, alone",
-    )
-    m.add_argument(
-        "--group",
-        action="append",
-        default=[],
-        metavar="NAME=SECTION[.OPTION],...",
-        help="with --attribute: a group of your own (repeatable); the rest are grouped by plugin",
-    )
-    m.add_argument(
-        "--control",
-        action="store_true",
-        help="with --attribute: add a group known to hurt (a real-time task busy 80 µs of "
-        "every 100, moved onto the measured CPUs by a [[kthread.rule]]), to see the "
-        "measurement catch harm",
-    )
-    m.add_argument(
-        "--budget",
-        metavar="DURATION",
-        help="with --attribute: the whole run's time (15m); shortens rounds, never drops a group",
-    )
-    m.add_argument(
-        "--profile-dir",
-        type=Path,
-        action="append",
-        default=[],
-        help="with --attribute: look for profiles here first (repeatable)",
-    )
-    m.add_argument("--plot", metavar="FILE.png", help="histograms and tails, log scale")
-    m.add_argument("--save", type=Path, metavar="DIR", help="keep the result (JSON, PNG) here")
-    m.add_argument("--compare", type=Path, metavar="OLD.json", help="set a saved run beside")
-    rec = add(
-        "recommend",
-        cmd_recommend,
-        "propose a profile and isolated CPUs for this machine, explaining each choice",
-    )
-    rec.add_argument(
-        "--measure",
-        action="store_true",
-        help="attribute the proposal here (measure --attribute) and keep only the groups of "
-        "settings that measurably help",
-    )
-    rec.add_argument(
-        "--seconds", type=float, help="with --measure: per tool and round (what fits --budget)"
-    )
-    rec.add_argument("--rounds", type=int, default=3, help="with --measure: rounds (3)")
-    rec.add_argument(
-        "--budget", metavar="DURATION", help="with --measure: the attribution's time (15m)"
-    )
-
-    ex.add_argument(
-        "--profile-dir",
-        type=Path,
-        action="append",
-        default=[],
-        help="look for profiles here first (repeatable)",
-    )
-    man = add("man", cmd_man, "print a man page (roff): latencyctl man latencyctl | man -l -")
-    man.add_argument("page", nargs="?", default="latencyctl", choices=MAN_PAGES)
-    add("completion", cmd_completion, "print the shell completion script").add_argument(
-        "shell", choices=("bash", "zsh")
-    )
-    # Hidden (no help): profile, plugin or section.option names for the completion scripts,
-    # from the search path explain uses, without the daemon (see latencyd/tools/manpages.py).
-    complete = sub.add_parser("__complete")
-    complete.add_argument("kind", choices=("profiles", "plugins", "options"))
-    complete.add_argument("--profile-dir", type=Path, action="append", default=[])
-    complete.set_defaults(fn=cmd_complete)
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     try:
         args = p.parse_args(argv)
     except SystemExit as exc:
         return USAGE if exc.code not in (0, None) else OK
+    # cliparser names each subcommand's handler: cmd_NAME here (see its docstring).
+    handler = globals()["cmd_" + args.handler.strip("_").replace("-", "_")]
     try:
-        code: int = args.fn(args)
+        code: int = handler(args)
         return code
     except CliError as exc:
         if args.json:

@@ -1,4 +1,5 @@
-"""Shell completion for latencyctl, generated from its parser (latencyd/tools/manpages.py).
+"""Shell completion for latencyctl, generated from its parser by shtab
+(latencyd/tools/manpages.py).
 
 - `latencyctl completion bash` passes `bash -n` and, driven with COMP_WORDS/COMP_CWORD
   in a real bash, completes commands, their options, option values, the shipped profile
@@ -24,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.tools import cli, manpages
+from latencyd.tools import cli, cliparser, manpages
 from latencyd.tools.explain import plugin_docs
-from latencyd.tools.manpages import bash_completion, complete_words, zsh_completion
+from latencyd.tools.manpages import complete_words, completion
 from tests.harness import REPO
 
 SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.toml"))
@@ -40,7 +41,9 @@ COMP_WORDS=("$@")
 COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
 COMP_LINE="${COMP_WORDS[*]}"
 COMP_POINT=${#COMP_LINE}
-_latencyctl latencyctl "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+fn=$(complete -p latencyctl) # the function the script registered
+fn=${fn##* -F }
+"${fn%% *}" latencyctl "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
 printf '%s\n' "${COMPREPLY[@]}"
 """
 
@@ -48,7 +51,7 @@ printf '%s\n' "${COMPREPLY[@]}"
 @pytest.fixture(scope="module")
 def bash_script(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("bash") / "latencyctl"
-    path.write_text(bash_completion())
+    path.write_text(completion("bash"))
     return path
 
 
@@ -79,7 +82,8 @@ def test_bash_script_is_valid(bash_script: Path) -> None:
 def test_bash_completes_commands(bash_script: Path) -> None:
     assert bash_complete(bash_script, "latencyctl sw") == ["switch"]
     every = bash_complete(bash_script, "latencyctl ")
-    visible = [c.path[0] for c in manpages.command_tree(cli.parser()).commands]
+    sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    visible = [c.dest for c in sub._choices_actions]  # not the hidden, added without help
     assert every == sorted(visible)
     assert "__complete" not in every
     assert bash_complete(bash_script, "latencyctl --json sw") == ["switch"]
@@ -133,14 +137,14 @@ def test_an_argument_added_later_completes_plugins_and_options(
         describe.add_argument("option", nargs="?")
         return p
 
-    monkeypatch.setattr(manpages, "_cli_parser", parser)
+    monkeypatch.setattr(cliparser, "parser", parser)
     script = tmp_path / "latencyctl"
-    script.write_text(bash_completion())
+    script.write_text(completion("bash"))
     assert bash_complete(script, "latencyctl desc") == ["describe"]
     assert bash_complete(script, "latencyctl describe ") == sorted(plugin_docs())
     offered = bash_complete(script, "latencyctl describe writeback writeback.dirty_")
     assert "writeback.dirty_ratio" in offered and "writeback.dirty_bytes" in offered
-    assert "describe" in zsh_completion()
+    assert "describe" in completion("zsh")
 
 
 # -- what the scripts ask for on Tab ---------------------------------------------------------
@@ -175,9 +179,9 @@ def test_the_helper_is_hidden_and_works_without_the_daemon(
     helps = subprocess.run([*latencyctl, "--help"], capture_output=True, text=True, env=env)
     assert "__complete" not in helps.stdout
     assert cli.main(["completion", "bash"]) == 0
-    assert capsys.readouterr().out == bash_completion()
+    assert capsys.readouterr().out == completion("bash")
     assert cli.main(["completion", "zsh"]) == 0
-    assert capsys.readouterr().out == zsh_completion()
+    assert capsys.readouterr().out == completion("zsh")
 
 
 # -- zsh -------------------------------------------------------------------------------------
@@ -209,7 +213,7 @@ exit 0
 @pytest.fixture(scope="module")
 def zsh_fpath(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("zsh")
-    (directory / "_latencyctl").write_text(zsh_completion())
+    (directory / "_latencyctl").write_text(completion("zsh"))
     return directory
 
 

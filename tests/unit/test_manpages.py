@@ -1,6 +1,6 @@
-"""The man pages: generated from latencyd's and latencyctl's parsers, the README and every
-plugin's schema (latencyd/tools/manpages.py), rendered by the real `man` without a warning,
-and built and installed by setup.py's build step.
+"""The man pages: generated from latencyd's and latencyctl's parsers (by argparse-manpage),
+the README and every plugin's schema (latencyd/tools/manpages.py), rendered by the real
+`man` without a warning, and built and installed by setup.py's build step.
 
 - every latencyctl subcommand, with its help and options, is in latencyctl(8), and the
   exit codes from the parser's epilog; every latencyd option is in latencyd(8);
@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from latencyd.service.main import arg_parser
-from latencyd.tools import cli, manpages
+from latencyd.tools import cli, cliparser, manpages
 from latencyd.tools.explain import plugin_docs
-from latencyd.tools.manpages import PAGES, command_tree, esc, install_layout, page
+from latencyd.tools.manpages import PAGES, esc, install_layout, page
 from tests.harness import REPO
 
 README = (REPO / "README.md").read_text()
@@ -49,8 +49,26 @@ def _option_names(options: list[dict[str, Any]]) -> list[str]:
 
 
 def _text(roff: str) -> str:
-    """Roff with the font escapes removed and \\- as -, to look for words in."""
-    return re.sub(r"\\f[BIRP]", "", roff).replace("\\-", "-").replace("\\~", " ")
+    """Roff with the font escapes and italic corrections removed and \\- as -, to look
+    for words in."""
+    text = re.sub(r"\\f[BIRP]|\\[,/]", "", roff)
+    return text.replace("\\-", "-").replace("\\~", " ")
+
+
+def subcommands(
+    parser: argparse.ArgumentParser,
+) -> list[tuple[str, str, list[argparse.Action]]]:
+    """Each subcommand --help lists (not the hidden ones, added without help): its name,
+    help and visible arguments."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [
+        (
+            c.dest,
+            c.help or "",
+            [a for a in sub.choices[c.dest]._actions if a.help != argparse.SUPPRESS],
+        )
+        for c in sub._choices_actions
+    ]
 
 
 # -- content -------------------------------------------------------------------------------
@@ -59,15 +77,14 @@ def test_every_latencyctl_subcommand_with_its_help_and_options_is_in_latencyctl_
 ) -> None:
     roff = pages["latencyctl"]
     text = _text(roff)
-    tree = command_tree(cli.parser())
-    commands = [c for c in tree.walk() if c.path]
+    commands = subcommands(cli.parser())
     assert len(commands) >= 10
-    for command in commands:
-        name = " ".join(command.path)
-        assert f".SS {esc(name)}\n" in roff, f"no section for latencyctl {name}"
-        assert f'.SY "latencyctl {esc(name)}"' in roff
-        assert " ".join(command.help.split()[:4]).lower() in text.lower(), f"{name}: help"
-        for action in command.options + command.positionals:
+    for name, help_, actions in commands:
+        # argparse-manpage's subsection and usage line for each
+        assert f".SS \\fBlatencyctl {esc(name)}\\fR\n" in roff, f"no section for latencyctl {name}"
+        assert f"usage: latencyctl {name} [-h]" in text
+        assert " ".join(help_.split()[:4]).lower() in text.lower(), f"{name}: help"
+        for action in actions:
             for option in action.option_strings:
                 assert option in text, f"{name} {option} missing"
             if action.help and not {"-h", "--help", "--json"} & set(action.option_strings):
@@ -139,14 +156,15 @@ def test_a_command_and_a_plugin_added_later_appear_by_themselves(
 
     run = {"option": "run", "type": "boolean", "unit": "", "default": None, "doc": "merge"}
     docs = {"ksm": {"summary": "Same-page merging", "options": [run]}}
-    monkeypatch.setattr(manpages, "_cli_parser", parser)
+    monkeypatch.setattr(cliparser, "parser", parser)
     monkeypatch.setattr("latencyd.tools.explain.plugin_docs", lambda: docs)
     text = _text(manpages.latencyctl_page())
     assert "frobnicate the widgets" in text.lower()
     assert "--widget WIDGET" in text and "Which widget (all)." in text
     profile = manpages.profile_page(README)
     assert ".SS [ksm]" in profile and "\\fBrun\\fR = \\fIboolean\\fR" in profile
-    assert "frobnicate" in manpages.bash_completion() and "frobnicate" in manpages.zsh_completion()
+    assert "frobnicate" in manpages.completion("bash")
+    assert "frobnicate" in manpages.completion("zsh")
 
 
 def test_without_a_readme_the_pages_still_document_the_code() -> None:
@@ -156,7 +174,7 @@ def test_without_a_readme_the_pages_still_document_the_code() -> None:
 
 
 def test_latencyctl_man_prints_the_page(capsys: pytest.CaptureFixture[str]) -> None:
-    assert set(PAGES) == set(cli.MAN_PAGES)
+    assert set(PAGES) == set(cliparser.MAN_PAGES)
     for name in PAGES:
         assert cli.main(["man", name]) == 0
         assert capsys.readouterr().out == page(name)
