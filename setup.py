@@ -42,7 +42,10 @@ class BuildPyAndDocs(build_py):
             shutil.copytree(egg_info, os.path.join(stage, os.path.basename(egg_info)))
             readme, outdir = os.path.abspath("README.md"), os.path.abspath(GENERATED)
             command = [sys.executable, "-m", "latencyd.tools.manpages", "--readme", readme, outdir]
-            env = {**os.environ, "PYTHONPATH": stage, "PYTHONDONTWRITEBYTECODE": "1"}
+            # pip's isolated build environment reaches its packages (argparse-manpage,
+            # shtab) through PYTHONPATH: keep them, the staged package first.
+            path = os.pathsep.join(p for p in (stage, os.environ.get("PYTHONPATH")) if p)
+            env = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
             done = subprocess.run(command, env=env, cwd=stage)  # cwd: not the source's latencyd/
         # An editable install (make setup) gets no data_files from setuptools anyway, and a
         # checkout has `latencyctl man` and `latencyctl completion`: only warn there.

@@ -9,6 +9,8 @@ with a 1 s interval, this process kept on the other CPUs as the daemon is:
   sleeping 100 µs at a time: each wake-up is a timer interrupt and two task switches);
 - events decoded per second, and the decoding cost per event;
 - whether anything of the watch's own appears among the watched CPU's sources;
+- the daemon's own CPU share over `--seconds`, holding a profile with a [monitor]
+  section on that CPU and the same profile without it (watch on vs off), quiet shield;
 - the time from an interruption (a task started with taskset on the watched CPU) to its
   appearance in `latencyctl top --once --json`, through a daemon on a private bus
   watching with the monitor section's default 1 s interval: at most an interval and a
@@ -68,6 +70,38 @@ def watch_for(watch: NoiseWatch, seconds: float, interval: float) -> dict[str, A
     }
 
 
+def cpu_of(stat: Path) -> float:
+    """A process's CPU seconds (utime + stime) from its /proc/PID/stat."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def daemon_cpu_pct(cpu: int, seconds: float) -> dict[str, float]:
+    """The daemon's CPU share (% of one CPU) holding a profile that watches `cpu`, and the
+    same profile without its [monitor] section."""
+    profile = f'[main]\nsummary = "bench: CPU {cpu}"\n[kthread]\nisolate_tasks = "{cpu}"\n'
+    out = {}
+    with PrivateBus(POLICY) as bus, tempfile.TemporaryDirectory(prefix="latencyd-noise-") as tmp:
+        root = Path(tmp)
+        (root / "profiles").mkdir()
+        (root / "profiles" / "off.toml").write_text(profile)
+        (root / "profiles" / "on.toml").write_text(profile + f'[monitor]\ncpus = "{cpu}"\n')
+        for name in ("off", "on"):
+            (root / name).mkdir()
+            d = Latencyd(bus.address, root / name, name, [root / "profiles"])
+            d.start()
+            try:
+                assert d.proc is not None
+                time.sleep(2)  # past start-up and the first switch
+                stat = Path(f"/proc/{d.proc.pid}/stat")
+                start, before = time.monotonic(), cpu_of(stat)
+                time.sleep(seconds)
+                out[name] = round(100 * (cpu_of(stat) - before) / (time.monotonic() - start), 3)
+            finally:
+                d.stop()
+    return out
+
+
 def to_top(cpu: int, samples: int) -> list[float]:
     """Seconds from a task started on `cpu` to its name in `latencyctl top --once --json`."""
     profile = f'[main]\nsummary = "bench: watch CPU {cpu}"\n[monitor]\ncpus = "{cpu}"\n'
@@ -123,13 +157,14 @@ def main(argv: list[str]) -> int:
     finally:
         watch.stop()
         os.sched_setaffinity(0, own)
+    daemon = daemon_cpu_pct(cpu, seconds * 3)
     delays = sorted(to_top(cpu, 2 if args.quick else args.samples))
     to_top_s = {
         "samples": len(delays),
         "p50_s": round(delays[len(delays) // 2], 3) if delays else None,
         "max_s": round(delays[-1], 3) if delays else None,
     }
-    result = {"cpu": cpu, "quiet": quiet, "10khz": busy, "to_top": to_top_s,
+    result = {"cpu": cpu, "quiet": quiet, "10khz": busy, "to_top": to_top_s, "daemon": daemon,
               "target_quiet_pct": TARGET_QUIET_PCT}  # fmt: skip
     if args.json:
         print(json.dumps(result))
@@ -143,6 +178,10 @@ def main(argv: list[str]) -> int:
             f"own tasks among the watched CPU's sources: {r['own_among_sources'] or 'none'}"
         )
     print(f"  quiet target <= {TARGET_QUIET_PCT} %  [{mark}]")
+    print(
+        f"  the daemon over {seconds * 3:g} s, quiet shield: {daemon['on']:.3f} % of one CPU "
+        f"watching, {daemon['off']:.3f} % with the same profile unwatched"
+    )
     print(
         f"  interruption -> latencyctl top --once --json (daemon, 1 s interval): "
         f"p50 {to_top_s['p50_s']} s, max {to_top_s['max_s']} s over {to_top_s['samples']} tasks"
