@@ -18,6 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import ProfileError
+from latencyd.core.profile import ProfileLibrary
+from latencyd.core.schema import Machine, Schema
+from latencyd.core.system import POLICIES
+from latencyd.core.tomlwrite import toml_key, toml_value
+from latencyd.tools import cli
+from latencyd.tools import tuned_import as ti
 from latencyd.tools.tuned_import.convert import CONVERTERS, convert_merged
 from latencyd.tools.tuned_import.convert_cpu import EPB_NAMES, convert_force_latency
 from latencyd.tools.tuned_import.convert_knobs import WRITEBACK_SYSCTLS
@@ -41,15 +50,6 @@ from latencyd.tools.tuned_import.profiles import (
 from latencyd.tools.tuned_import.results import WRITEBACK_PAIRS, Conversion
 from latencyd.tools.tuned_import.values import Evaluator, Func, Text, Tr, Var, parse_value
 from latencyd.tools.tuned_import.variables import Variables
-
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import ProfileError
-from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine, Schema
-from latencyd.core.system import POLICIES
-from latencyd.core.tomlwrite import toml_key, toml_value
-from latencyd.tools import cli
-from latencyd.tools import tuned_import as ti
 
 STATES = (
     ti.IdleState(0, "POLL", 0),
