@@ -123,9 +123,19 @@ def test_the_shipped_cpu_partitioning_a_quiet_minute_then_a_taskset_task_named(
     hog = subprocess.Popen(["taskset", "-c", "1", "sh", "-c", loop])
     try:
         started = time.monotonic()
-        wait_for(lambda: f"task {hog.pid} sh" in top_sources(d), timeout=5)
-        print(f"in top {time.monotonic() - started:.2f} s after the task started")
-        wait_for(lambda: f"task {hog.pid} sh" in d.log(), timeout=5)
+        try:
+            wait_for(lambda: f"task {hog.pid} sh" in top_sources(d), timeout=5)
+            print(f"in top {time.monotonic() - started:.2f} s after the task started")
+            wait_for(lambda: f"task {hog.pid} sh" in d.log(), timeout=5)
+        except AssertionError as exc:
+            # Once, in a whole-suite run in reverse order, the task did not show up: say
+            # what the watch saw instead, for whoever meets it next.
+            top = d.ctl("top", "--once", "--json").stdout
+            state = "running" if hog.poll() is None else f"exited {hog.returncode}"
+            raise AssertionError(
+                f"{exc}: task {hog.pid} ({state}) not reported; top: {top}\n"
+                f"log tail: {d.log()[-3000:]}"
+            ) from exc
     finally:
         hog.kill()
         hog.wait()
