@@ -15,7 +15,7 @@ import platform
 import struct
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -145,6 +145,8 @@ class Task:
     ppid: int
     flags: int
     start_time: int  # clock ticks after boot: with pid, identifies the task across pid reuse
+    # The CPU it last ran on (-1: not in the text read); not part of what the task is.
+    last_cpu: int = field(default=-1, compare=False)
 
     @property
     def is_kthread(self) -> bool:
@@ -164,7 +166,8 @@ def parse_stat(pid: int, text: str) -> Task:
     head, _, rest = text.rpartition(")")
     comm = head.partition("(")[2]
     fields = rest.split()
-    return Task(pid, comm, int(fields[1]), int(fields[6]), int(fields[19]))
+    last_cpu = int(fields[36]) if len(fields) > 36 else -1
+    return Task(pid, comm, int(fields[1]), int(fields[6]), int(fields[19]), last_cpu)
 
 
 class System:

@@ -24,7 +24,7 @@ from latencyd.core import noise, procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import LatencydError
 from latencyd.core.noise import Breach, LastInterval, WatchPlan, over_budget
-from latencyd.core.system import System
+from latencyd.core.system import System, parse_stat
 
 if TYPE_CHECKING:
     from latencyd.service.daemon import Daemon
@@ -173,11 +173,10 @@ class CounterWatch:
             for tid in self.system.entries(f"proc/{pid}/task"):
                 try:
                     ran = int(self.system.read(f"proc/{pid}/task/{tid}/schedstat").split()[0])
-                    stat = self.system.read(f"proc/{pid}/task/{tid}/stat")
-                    cpu = int(stat.rsplit(")", 1)[1].split()[36])
+                    task = parse_stat(int(tid), self.system.read(f"proc/{pid}/task/{tid}/stat"))
                 except (LatencydError, ValueError, IndexError):
                     continue  # exited meanwhile
-                out[cpu] = out.get(cpu, 0) + ran
+                out[task.last_cpu] = out.get(task.last_cpu, 0) + ran
         return out
 
     def poll(self) -> NoiseInterval:
