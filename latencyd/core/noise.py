@@ -17,6 +17,7 @@ not the task's.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -40,6 +41,9 @@ EVENTS = (
     ("irq", "softirq_exit"),
     *(("irq_vectors", f"{v}_{edge}") for v in VECTORS for edge in ("entry", "exit")),
     ("sched", "sched_switch"),
+    # A task that execs while on the CPU keeps running under a new comm with no switch
+    # (a `taskset -c 1 prog` arrives as "taskset"): renamed here, or named for its launcher.
+    ("sched", "sched_process_exec"),
 )
 SOFTIRQS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED",
             "HRTIMER", "RCU")  # fmt: skip
@@ -198,6 +202,7 @@ class CpuNoise:
     tallies: dict[str, Tally] = field(default_factory=dict)
     stack: list[tuple[str, int, int]] = field(default_factory=list)  # source, start, nested
     task: tuple[str, int, int] | None = None  # source, start, nested ns inside
+    task_pid: int = 0
     events: int = 0
 
     def enter(self, source: str, ts: int) -> None:
@@ -215,9 +220,15 @@ class CpuNoise:
         if self.task is not None:
             source, start, nested = self.task
             self.tallies.setdefault(source, Tally()).add(max(0, ts - start - nested))
-        self.task = None
+        self.task, self.task_pid = None, next_pid
         if next_pid != 0 and not self.expected(next_pid):
             self.task = (f"task {next_pid} {next_comm}", ts, 0)
+
+    def exec(self, ts: int, pid: int, comm: str) -> None:
+        """The running task exec'd: its run goes on under its new name (the time before
+        under the old)."""
+        if self.task is not None and pid == self.task_pid:
+            self.switch(ts, pid, comm)
 
     def _nest(self, spent: int) -> None:
         if self.stack:
@@ -255,6 +266,10 @@ class Decoder:
         if name == "sched_switch":
             comm = fmt.value(payload, "next_comm")
             cpu.switch(ts, int(fmt.value(payload, "next_pid")), str(comm))
+        elif name == "sched_process_exec":
+            # The kernel names the task for the file's base name, cut to 15 bytes.
+            comm = os.path.basename(str(fmt.value(payload, "filename")))[:15]
+            cpu.exec(ts, int(fmt.value(payload, "pid")), comm)
         elif name.endswith("_exit"):
             cpu.exit(ts)
         elif name == "irq_handler_entry":
@@ -317,6 +332,25 @@ def over_budget(
         if whys:
             out.append(Breach(cpu, total, longest, ", ".join(whys), tuple(ranked(tallies, top))))
     return out
+
+
+@dataclass
+class ReportLimit:
+    """Which breaches are reported: a culprit (a CPU's top source) once per `every_s`
+    however long it lasts, and at most `per_cpu` reports per CPU in that time, so a stream
+    of new culprits (short tasks, a new pid each) cannot flood the log. A new culprit is
+    named at once even when another was just reported: a per-CPU silence hid it."""
+
+    every_s: float = 10.0
+    per_cpu: int = 3
+    sent: dict[int, list[tuple[float, str]]] = field(default_factory=dict)  # cpu -> (when, who)
+
+    def due(self, breach: Breach, now: float) -> bool:
+        recent = [(t, who) for t, who in self.sent.get(breach.cpu, []) if now - t < self.every_s]
+        culprit = breach.top[0][0] if breach.top else ""
+        due = len(recent) < self.per_cpu and all(who != culprit for _, who in recent)
+        self.sent[breach.cpu] = [*recent, (now, culprit)] if due else recent
+        return due
 
 
 # -- `latencyctl top`: the watch's last interval beside what the profile did -------------------

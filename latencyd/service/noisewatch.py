@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from latencyd.core import noise, procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import LatencydError
-from latencyd.core.noise import Breach, LastInterval, WatchPlan, over_budget
+from latencyd.core.noise import Breach, LastInterval, ReportLimit, WatchPlan, over_budget
 from latencyd.core.system import System, parse_stat
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class NoiseInterval:
     end: float
     cpus: dict[int, dict[str, noise.Tally]] = field(default_factory=dict)
     events: int = 0
+    pages: int = 0  # ring-buffer pages read (0 with events 0: the kernel handed out nothing)
 
 
 class NoiseWatch:
@@ -91,7 +92,9 @@ class NoiseWatch:
         for cpu, fd in self._fds.items():
             state = self._state[cpu]
             before = state.events
-            for page in self.system.read_trace_pages(fd):
+            pages = self.system.read_trace_pages(fd)
+            interval.pages += len(pages)
+            for page in pages:
                 for ts, payload in noise.page_events(page, self._layout):
                     self._decoder.feed(state, ts, payload)
             interval.events += state.events - before
@@ -204,8 +207,6 @@ class CounterWatch:
 
 # -- the daemon's side: follow the active profile's [monitor] section ---------------------
 
-REPORT_EVERY_S = 10.0  # one report per CPU at most this often, however long a leak lasts
-
 
 class ShieldWatch:
     """Runs a NoiseWatch while the profile in force has a [monitor] section: polls it each
@@ -223,7 +224,7 @@ class ShieldWatch:
         self.plan: WatchPlan | None = None
         self.watch: NoiseWatch | CounterWatch | None = None
         self.source: int | None = None
-        self.reported: dict[int, float] = {}
+        self.limit = ReportLimit()
         self._roots: frozenset[int] = frozenset()
         self._owner: dict[int, bool] = {}  # tid -> whether it is the application's
         # Called with each interval's tallies (cpu -> source -> Tally): the metrics.
@@ -272,14 +273,14 @@ class ShieldWatch:
             return False
         interval = self.watch.poll()
         seconds = interval.end - interval.start
+        log.debug("noise poll: %d pages, %d events", interval.pages, interval.events)
         self.plugin.last = LastInterval(self.watch.mechanism, seconds, interval.cpus)
         for callback in self.on_interval:
             callback(interval.cpus)
         now = time.monotonic()
         for breach in over_budget(interval.cpus, self.plan.budget_us, self.plan.max_single_us):
-            if now - self.reported.get(breach.cpu, -REPORT_EVERY_S) < REPORT_EVERY_S:
+            if not self.limit.due(breach, now):
                 continue
-            self.reported[breach.cpu] = now
             log.warning("noise: %s", breach.line())
             self.notify(breach, seconds)
         return True

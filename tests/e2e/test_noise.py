@@ -5,6 +5,7 @@ switch away closes the private tracefs instance."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -46,7 +47,7 @@ def test_a_task_beyond_the_budget_is_logged_and_signalled_by_name(
     start_daemon: Callable[..., Latencyd], profiles: Path
 ) -> None:
     (profiles / "watch.toml").write_text(PROFILE)
-    d = start_daemon("watch")
+    d = start_daemon("watch", extra=["--verbose"])  # each poll's reads in the log
     assert "latencyd" in instances()
     monitor = subprocess.Popen(
         ["dbus-monitor", "--address", d.address,
@@ -59,7 +60,10 @@ def test_a_task_beyond_the_budget_is_logged_and_signalled_by_name(
     try:
         started = time.monotonic()
         line = f"task {hog.pid} sh"
-        took = wait_for(lambda: line in d.log(), timeout=5)
+        try:
+            took = wait_for(lambda: line in d.log(), timeout=5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{watch_state(hog)}\nlog tail: {d.log()[-3000:]}") from exc
         # Within two intervals of it starting (the log is read by polling, so a little more).
         print(f"logged {time.monotonic() - started:.2f} s after the hog started ({took:.2f})")
         assert time.monotonic() - started < 2 * INTERVAL_MS / 1000 + 1.0
@@ -100,6 +104,24 @@ def test_a_quiet_watched_cpu_gives_no_report(
     assert "latencyd" not in instances()
 
 
+def watch_state(hog: subprocess.Popen[bytes]) -> str:
+    """What the kernel says about the watch and the task, for a test that missed it: the
+    private instance's switches and its CPU buffer's stats (entries, overruns, events
+    read), and where the task was allowed to run and last ran."""
+    state = "running" if hog.poll() is None else f"exited {hog.returncode}"
+    lines = [f"task {hog.pid}: {state}"]
+    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        inst = Path(base, "instances", "latencyd")
+        for name in ("tracing_on", "tracing_cpumask", "trace_clock", f"per_cpu/cpu{CPU}/stats"):
+            with contextlib.suppress(OSError):
+                lines.append(f"{inst}/{name}: {(inst / name).read_text().strip()!r}")
+    with contextlib.suppress(OSError):
+        status = Path(f"/proc/{hog.pid}/status").read_text()
+        lines += [line for line in status.splitlines() if line.startswith("Cpus_allowed_list")]
+        lines.append("last cpu: " + Path(f"/proc/{hog.pid}/stat").read_text().split()[38])
+    return "\n".join(lines)
+
+
 def top_sources(d: Latencyd) -> list[str]:
     top = json.loads(d.ctl("top", "--once", "--json").stdout)
     return [row["source"] for rows in top["cpus"].values() for row in rows]
@@ -111,7 +133,7 @@ def test_the_shipped_cpu_partitioning_a_quiet_minute_then_a_taskset_task_named(
     """The shipped profile as a user runs it (its [monitor]: the isolated CPU, 1 s
     intervals, 20 ms budget): a minute of quiet shield gives no report, then a task
     started with `taskset -c 1` is named by pid and comm in `top`, logged and signalled."""
-    d = start_daemon("cpu-partitioning")
+    d = start_daemon("cpu-partitioning", extra=["--verbose"])  # each poll's reads in the log
     facts = json.loads(d.ctl("status", "--json").stdout)["plugins"]["monitor"]["facts"]
     assert facts["cpus"] == "1" and facts["budget_us"] == 20000
     assert facts["mechanism"].startswith("tracefs instance")
@@ -131,9 +153,8 @@ def test_the_shipped_cpu_partitioning_a_quiet_minute_then_a_taskset_task_named(
             # Once, in a whole-suite run in reverse order, the task did not show up: say
             # what the watch saw instead, for whoever meets it next.
             top = d.ctl("top", "--once", "--json").stdout
-            state = "running" if hog.poll() is None else f"exited {hog.returncode}"
             raise AssertionError(
-                f"{exc}: task {hog.pid} ({state}) not reported; top: {top}\n"
+                f"{exc}: task {hog.pid} not reported; top: {top}\n{watch_state(hog)}\n"
                 f"log tail: {d.log()[-3000:]}"
             ) from exc
     finally:

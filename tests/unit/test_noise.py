@@ -120,6 +120,27 @@ def test_a_task_still_running_at_the_end_of_an_interval_counts_in_both() -> None
     assert cpu.close(4_500)["task 55 kworker/1:1"].total_ns == 1_500
 
 
+def test_a_task_that_execs_on_the_cpu_goes_on_under_its_new_name() -> None:
+    """`taskset -c 1 sh -c loop` arrives on CPU 1 as "taskset" and execs sh there with no
+    switch in between: the run after the exec is the shell's. Another task's exec (on
+    this CPU's buffer only if it ran here) renames nothing."""
+    long = "a-very-long-program-name"
+    cpu = decode(
+        [
+            (1_000, event("sched_switch", next_pid=90, next_comm="taskset")),
+            (1_500, event("sched_process_exec", filename="/usr/bin/sh", pid=90, old_pid=90)),
+            (1_600, event("sched_process_exec", filename="/bin/true", pid=91, old_pid=91)),
+            (2_000, event("sched_process_exec", filename=f"/opt/{long}", pid=90, old_pid=90)),
+        ]
+    )
+    tallies = cpu.close(3_000)
+    assert {k: t.total_ns for k, t in tallies.items()} == {
+        "task 90 taskset": 500,
+        "task 90 sh": 500,
+        "task 90 a-very-long-pro": 1_000,  # the kernel's comm: 15 bytes
+    }
+
+
 def test_a_cpu_beyond_its_budget_or_single_limit_is_named_with_its_top_sources() -> None:
     tick, hog, irq = (
         N.Tally(250, 750_000, 4_000),
@@ -139,6 +160,23 @@ def test_a_cpu_beyond_its_budget_or_single_limit_is_named_with_its_top_sources()
     assert single.why == "max single 100 µs"
     assert single.sources_json()[0] == {"source": "local timer", "count": 250, "total_us": 750.0,
                                         "max_us": 4.0}  # fmt: skip
+
+
+def test_a_culprit_is_reported_once_per_window_a_new_one_at_once_and_floods_are_capped() -> None:
+    """The CI run that found this: the test's own process broke CPU 1's budget in the first
+    interval, and the task injected next was silenced by a per-CPU 10 s limit."""
+
+    def breach(cpu: int, culprit: str) -> N.Breach:
+        return N.Breach(cpu, 50_000.0, 40_000.0, "budget 20000 µs", ((culprit, N.Tally(1, 1, 1)),))
+
+    limit = N.ReportLimit(every_s=10.0, per_cpu=3)
+    assert limit.due(breach(1, "task 7719 python"), now=0.0)
+    assert not limit.due(breach(1, "task 7719 python"), now=0.2)  # the same leak goes on
+    assert limit.due(breach(1, "task 9000 sh"), now=0.4)  # a new culprit: named at once
+    assert limit.due(breach(2, "task 7719 python"), now=0.4)  # another CPU: its own window
+    assert limit.due(breach(1, "task 9001 sh"), now=0.6)
+    assert not limit.due(breach(1, "task 9002 sh"), now=0.8)  # three in 10 s on CPU 1: capped
+    assert limit.due(breach(1, "task 7719 python"), now=10.1)  # its window is over
 
 
 def test_top_names_what_the_profile_did_about_each_source() -> None:
