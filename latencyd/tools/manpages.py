@@ -7,8 +7,9 @@ completions. Values known only at run time are asked of `latencyctl __complete K
 (`complete_words`) on Tab by the shell functions of PREAMBLE, which shtab's `.complete`
 hooks name on every argument called like `profile`, `plugin` or `option` (DYNAMIC_DESTS).
 By hand, as no library documents a file format: latencyd.profile(5), from every plugin's
-option schema and the README's "Profiles" section, through `markdown()`, a small
-Markdown-to-roff converter for the blocks the README uses.
+option schema and the README's "Profiles" section. markdown-it-py parses the README;
+`markdown`, the walk from its tokens to roff, is by hand (its renderers write HTML, and a
+README table wider than a page reads best as tagged paragraphs, not tbl).
 
 setup.py runs `python -m latencyd.tools.manpages --readme README.md DIR` while building and
 installs what it writes (`install_layout`: setup.py imports it where the libraries may be
@@ -25,11 +26,14 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from latencyd import BUS_NAME, __version__
 from latencyd.core.tomlwrite import toml_section, toml_value  # standard library only
 from latencyd.tools import cliparser
+
+if TYPE_CHECKING:
+    from markdown_it.token import Token
 
 PAGES = {"latencyd": 8, "latencyctl": 8, "latencyd.profile": 5}  # name: section
 SCRIPTS = {
@@ -83,7 +87,7 @@ def find_readme() -> str:
         return ""
 
 
-# -- roff, and the README's Markdown as roff (by hand) ---------------------------------------
+# -- roff, and Markdown as roff (markdown-it-py parses) --------------------------------------
 def esc(text: str, hyphens: bool = True) -> str:
     """Text for roff: hyphen-minus escaped (so options and code copy as typed), anything
     outside ASCII as a groff escape (so a page renders alike in every locale)."""
@@ -108,82 +112,87 @@ def sentence(text: str) -> str:
     return text if not text or text[-1] in ".!?:" else text + "."
 
 
-_INLINE = re.compile(
-    r"`(?P<code>[^`]+)`|\*\*(?P<bold>[^*]+)\*\*|\[(?P<link>[^\]]+)\]\([^)]*\)"
-    r"|(?<![\w*])\*(?P<italic>[^*\s](?:[^*]*[^*\s])?)\*(?![\w*])"
-)
+@functools.cache
+def _tokens(text: str) -> list[Token]:
+    from markdown_it import MarkdownIt
 
-
-def inline(text: str) -> str:
-    """Markdown inline markup as roff: `code` and **bold** in bold, *emphasis* in italics."""
-    out, pos = [], 0
-    for m in _INLINE.finditer(text):
-        font, words = ("I", m["italic"]) if m["italic"] else ("B", m["bold"] or m["code"] or "")
-        roff = f"\\f{font}{esc(words if m['code'] else words.replace('`', ''))}\\fR"
-        out += [esc(text[pos : m.start()]), inline(m["link"]) if m["link"] else roff]
-        pos = m.end()
-    return "".join(out) + esc(text[pos:])
-
-
-def _fit_code(line: str, width: int = 68) -> list[str]:
-    """A code line too wide for an 80-column page, its trailing `# comment` moved above."""
-    m = re.match(r"(\s*)(\S.*?)\s+(#.*)$", line)
-    return [m[1] + m[3], m[1] + m[2]] if m and len(line) > width else [line]
-
-
-def markdown(text: str) -> list[str]:
-    """Block-level Markdown (paragraphs, lists, fenced code, tables, headings) as roff; a
-    table row as a tagged paragraph: its first cell the tag, the others under it."""
-    out: list[str] = []
-    held: list[str] = []  # the paragraph or list item being read, opened by `start`
-    heads: list[str] = []  # the headings of the table being read
-    start, lines = ".PP", iter([*text.splitlines(), ""])  # a last blank line ends the last
-    for line in lines:
-        stripped = line.strip()
-        item = re.match(r"([-*+]|\d+[.)])\s+(.*)", stripped)
-        heading = re.match(r"(#+)\s+(.*)", stripped)
-        after_item = start != ".PP" and not line.startswith((" ", "\t"))
-        if not stripped or item or heading or after_item or stripped.startswith(("```", "|")):
-            out += [start, text_line(inline(" ".join(held)))] if held else []
-            held, start = [], ".PP"
-        heads = heads if stripped.startswith("|") else []
-        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", stripped[1:-1])]
-        if stripped.startswith("```"):
-            code = itertools.takewhile(lambda c: not c.strip().startswith("```"), lines)
-            fitted = [text_line(esc(f)) for c in code for f in _fit_code(c)]
-            out += [".PP", ".RS 4", ".nf", *fitted, ".fi", ".RE"]
-        elif heading:
-            out.append((".SS " if len(heading[1]) <= 3 else ".PP\n.B ") + esc(heading[2]))
-        elif stripped.startswith("|") and not heads:
-            heads = cells
-        elif re.fullmatch(r"[|:\-\s]+", stripped):
-            continue  # the line under the headings
-        elif stripped.startswith("|"):
-            out += [".TP", text_line(inline(cells[0]))]
-            for col, cell in enumerate(cells[1:], 1):
-                if col > 1 and cell.strip("—- "):  # under its column's heading
-                    head = inline(heads[col].replace("`", "")) if col < len(heads) else ""
-                    out += [".br", text_line(f"\\fI{head}\\fR: {inline(cell)}")]
-                elif cell.strip("—- "):
-                    out.append(text_line(inline(cell)))
-        elif item:
-            start = ".IP \\(bu 4" if item[1] in "-*+" else f".IP {esc(item[1])} 4"
-            held.append(item[2])
-        elif stripped:
-            held.append(stripped)
-    return out
+    return MarkdownIt("commonmark").enable("table").parse(text)
 
 
 def readme_sections(readme: str, level: int = 2) -> dict[str, str]:
     """Markdown sections at `level` (## by default): title -> body, subsections included;
     "" holds the text under no such heading (without a # title's line)."""
-    sections, title, pos = {"": ""}, "", 0
-    for m in re.finditer(rf"(?ms)^```.*?^```|^(#{{1,{level}}}) (.*?)$", readme):
-        if m[1]:  # a heading, not fenced code
-            sections[title] = sections.get(title, "") + readme[pos : m.start()]
-            title, pos = (m[2].strip() if len(m[1]) == level else ""), m.end()
-    sections[title] = sections.get(title, "") + readme[pos:]
+    lines, sections, title, start = readme.splitlines(keepends=True), {"": ""}, "", 0
+    for head, words in itertools.pairwise(_tokens(readme)):
+        if head.type == "heading_open" and head.map and int(head.tag[1:]) <= level:
+            sections[title] = sections.get(title, "") + "".join(lines[start : head.map[0]])
+            title, start = (plain(words) if head.tag == f"h{level}" else ""), head.map[1]
+    sections[title] = sections.get(title, "") + "".join(lines[start:])
     return sections
+
+
+def markdown(text: str) -> list[str]:
+    """Markdown as roff: paragraphs, lists, code (a trailing comment that would pass 80
+    columns moved above its line), headings, and each table row as a tagged paragraph: its
+    first cell the tag, the second under it, each other one after its column's heading."""
+    from markdown_it.token import Token
+
+    out: list[str] = []
+    heads: list[str] = []  # the headings of the table being read
+    row: list[Token] = []  # the cells of its row being read
+    for before, tok in itertools.pairwise([Token("start", "", 0), *_tokens(text)]):
+        if tok.type == "paragraph_open" and before.type != "list_item_open":
+            out.append(".PP")
+        elif tok.type == "list_item_open":
+            out.append(f".IP {esc(tok.info + tok.markup)} 4" if tok.info else ".IP \\(bu 4")
+        elif tok.type in ("fence", "code_block"):
+            code = [text_line(esc(f)) for line in tok.content.splitlines() for f in _fit(line)]
+            out += [".PP", ".RS 4", ".nf", *code, ".fi", ".RE"]
+        elif tok.type == "inline" and before.type == "heading_open":
+            words = esc(plain(tok))
+            out.append(f".SS {words}" if int(before.tag[1:]) <= 3 else f".PP\n.B {words}")
+        elif tok.type == "inline" and before.type in ("th_open", "td_open"):
+            row.append(tok)
+        elif tok.type == "inline":
+            out.append(text_line(inline(tok)))
+        elif tok.type == "tr_close" and before.type == "th_close":
+            heads, row = [plain(cell) for cell in row], []
+        elif tok.type == "tr_close":
+            out += [".TP", text_line(inline(row[0]))]
+            for col, cell in enumerate(row[1:], 1):
+                if col > 1 and cell.content.strip("—- "):
+                    out += [".br", f"\\fI{esc(heads[col])}\\fR: {inline(cell)}"]
+                elif cell.content.strip("—- "):
+                    out.append(text_line(inline(cell)))
+            row = []
+    return out
+
+
+def inline(tok: Token) -> str:
+    """Inline Markdown as roff: code and strong in bold, emphasis in italics, a link as its
+    text."""
+    fonts = {"strong_open": "B", "em_open": "I", "strong_close": "R", "em_close": "R"}
+    out, font = [], "R"
+    for child in tok.children or []:
+        if child.type in fonts:
+            font = fonts[child.type]
+            out.append(f"\\f{font}")
+        elif child.type == "code_inline":
+            out.append(f"\\fB{esc(child.content)}\\f{font}")
+        else:  # text; a line break as a space; a link's opening and closing have no content
+            out.append(" " if child.type.endswith("break") else esc(child.content))
+    return "".join(out)
+
+
+def plain(tok: Token) -> str:
+    """Inline Markdown's text, without its markup."""
+    return "".join(c.content for c in tok.children or [] if c.type in ("text", "code_inline"))
+
+
+def _fit(line: str, width: int = 68) -> list[str]:
+    """A code line too wide for an 80-column page, its trailing `# comment` moved above."""
+    m = re.match(r"(\s*)(\S.*?)\s+(#.*)$", line)
+    return [m[1] + m[3], m[1] + m[2]] if m and len(line) > width else [line]
 
 
 # -- latencyctl(8) and latencyd(8): argparse-manpage -----------------------------------------
