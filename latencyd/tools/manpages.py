@@ -1,15 +1,16 @@
 """Man pages and shell completions, generated from the code; nothing generated is kept.
 
-Libraries render the argparse parsers that also make `--help`: argparse-manpage makes
-latencyctl(8) and latencyd(8) (with extra sections for what a parser does not hold: the
-README's introduction, configuration, metrics, exit status, files), shtab the bash and zsh
-completions. Values known only at run time are asked of `latencyctl __complete KIND`
-(`complete_words`) on Tab by the shell functions of PREAMBLE, which shtab's `.complete`
-hooks name on every argument called like `profile`, `plugin` or `option` (DYNAMIC_DESTS).
-By hand, as no library documents a file format: latencyd.profile(5), from every plugin's
-option schema and the README's "Profiles" section. markdown-it-py parses the README;
-`markdown`, the walk from its tokens to roff, is by hand (its renderers write HTML, and a
-README table wider than a page reads best as tagged paragraphs, not tbl).
+Libraries render: argparse-manpage every page (latencyctl(8) and latencyd(8) from the
+argparse parsers that also make `--help`, latencyd.profile(5) from a bare one), with extra
+sections for what a parser does not hold; shtab the bash and zsh completions; markdown-it-py
+parses the README's Markdown that the pages quote. Values known only at run time are asked
+of `latencyctl __complete KIND` (`complete_words`) on Tab by the shell functions of
+PREAMBLE, which shtab's `.complete` hooks name on every argument called like `profile`,
+`plugin` or `option` (DYNAMIC_DESTS).
+By hand, as no library does it: what the extra sections say (latencyd.profile(5)'s from
+every plugin's option schema: no library documents a file format); `markdown`, the walk
+from markdown-it's tokens to roff (its renderers write HTML, and a README table wider than
+a page reads best as tagged paragraphs, not tbl); the shell functions of PREAMBLE.
 
 setup.py runs `python -m latencyd.tools.manpages --readme README.md DIR` while building and
 installs what it writes (`install_layout`: setup.py imports it where the libraries may be
@@ -195,7 +196,7 @@ def _fit(line: str, width: int = 68) -> list[str]:
     return [m[1] + m[3], m[1] + m[2]] if m and len(line) > width else [line]
 
 
-# -- latencyctl(8) and latencyd(8): argparse-manpage -----------------------------------------
+# -- the pages: argparse-manpage, with sections by hand --------------------------------------
 def _shown(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The parser as its man page shows it: help as sentences, on one line each (roff fills
     them; argparse would wrap at the terminal's width), hidden subcommands (added without
@@ -221,11 +222,12 @@ def _manpage(parser: argparse.ArgumentParser, sections: dict[str, list[str]]) ->
     from argparse_manpage.manpage import Manpage
 
     man = Manpage(_shown(parser), format="single-commands-section")
-    man.section, man.manual, man.date = PAGES[parser.prog], "System Administration", ""
-    man.source = f"latencyd {__version__}"
+    man.section, man.date, man.source = PAGES[parser.prog], "", f"latencyd {__version__}"
+    man.manual = "File Formats" if man.section == 5 else "System Administration"
     man.description = (parser.description or "").rstrip(".").lower()  # for NAME
     parser.description = parser.epilog = None
-    for heading, lines in sections.items():
+    see = ", ".join(f"\\fB{name}\\fR({s})" for name, s in PAGES.items() if name != parser.prog)
+    for heading, lines in (sections | {"see also": [see, *sections.get("see also", [])]}).items():
         man.add_section(heading, ">", "\n".join(lines))
     return esc(f"{NOTE.format(parser.prog)}\n{man}", hyphens=False)
 
@@ -233,10 +235,6 @@ def _manpage(parser: argparse.ArgumentParser, sections: dict[str, list[str]]) ->
 def _items(items: dict[str, str]) -> list[str]:
     """Tagged paragraphs: tag (roff) -> text."""
     return [line for tag, text in items.items() for line in (".TP", tag, text_line(esc(text)))]
-
-
-def _see_also(*pages: str) -> list[str]:
-    return [", ".join(f"\\fB{name}\\fR({PAGES[name]})" for name in pages)]
 
 
 def latencyctl_page(readme: str = "") -> str:
@@ -252,7 +250,6 @@ def latencyctl_page(readme: str = "") -> str:
         "exit status": _items({str(c): sentence(m) for c, m in cliparser.EXIT_CODES.items()}),
         "environment": _items(bus),
         "files": _items({bold(str(CONFIG_FILE)): reads}),
-        "see also": _see_also("latencyd", "latencyd.profile"),
     }
     return _manpage(parser, sections)
 
@@ -266,8 +263,7 @@ def latencyd_page(readme: str) -> str:
     intro = readme_sections(readme)[""].strip()
     driven = f"It is driven over D\\-Bus (name {bold(BUS_NAME)}) by {bold('latencyctl')}(8); "
     settings = {}
-    for name in (field.name for field in dataclasses.fields(Config)):
-        value = getattr(Config(), name)
+    for name, value in dataclasses.asdict(Config()).items():
         value = [str(v) for v in value] if isinstance(value, tuple) else value
         value = "unset" if value is None else toml_value(value)
         settings[f"{bold(name)} = {esc(value)}"] = sentence(DOCS.get(name, ""))
@@ -300,40 +296,33 @@ def latencyd_page(readme: str) -> str:
             {"SIGTERM, SIGINT": stop, "SIGHUP": "Re-read the profiles (systemctl reload latencyd)."}
         ),
         "files": _items({bold(path): text for path, text in files.items()}),
-        "see also": _see_also("latencyctl", "latencyd.profile"),
     }
     return _manpage(parser, sections)
 
 
-# -- latencyd.profile(5): by hand ------------------------------------------------------------
 def profile_page(readme: str) -> str:
+    """latencyd.profile(5): the README's "Profiles" section, and every plugin's options."""
     from latencyd.core.profile import SUFFIX
     from latencyd.service.config import ETC_PROFILES
 
-    profiles = readme_sections(readme).get("Profiles", "")
-    sections = readme_sections(profiles or "A profile is a TOML file NAME.toml.", level=3)
+    profiles = readme_sections(readme).get("Profiles") or "A profile is a TOML file NAME.toml."
     dirs = ("\\fIDIR\\fR", esc(str(ETC_PROFILES)), "\\fISHIPPED\\fR")
-    out = [
-        NOTE.format("latencyd.profile"),
-        f'.TH LATENCYD.PROFILE 5 "" "latencyd {esc(__version__)}" "File Formats"',
-        ".SH NAME",
-        "latencyd.profile \\- latencyd tuning profiles",
-        ".SH SYNOPSIS",
-        ".nf",
-        *(f"{d}/\\fINAME\\fR{esc(SUFFIX)}" for d in dirs),
-        ".fi",
-        ".PP",
+    synopsis = [".nf", *(f"{d}/\\fINAME\\fR{esc(SUFFIX)}" for d in dirs), ".fi", ".PP"]
+    synopsis.append(
         f"\\fIDIR\\fR is a {bold('--profile-dir')} or one of the configuration's "
         f"{bold('profile_dirs')}; \\fISHIPPED\\fR holds the profiles that come with "
-        "latencyd. The first directory that has NAME.toml wins.",
-        ".SH DESCRIPTION",
-        *markdown(sections.pop("")),
-    ]
-    for title, body in (sections | {PLUGINS_SUBSECTION: ""}).items():
-        is_plugins = title == PLUGINS_SUBSECTION  # the README's summary: all of them instead
-        out += _plugin_sections() if is_plugins else [f".SH {esc(title.upper())}", *markdown(body)]
-    see = " (latencyctl plugins, latencyctl explain)"
-    return "\n".join([*out, ".SH SEE ALSO", _see_also("latencyd", "latencyctl")[0] + see]) + "\n"
+        "latencyd. The first directory that has NAME.toml wins."
+    )
+    sections = {"synopsis": synopsis}
+    for title, body in (readme_sections(profiles, 3) | {PLUGINS_SUBSECTION: ""}).items():
+        if title == PLUGINS_SUBSECTION:  # the README's summary of them: all of them instead
+            sections["sections"] = _plugin_sections()
+        else:
+            sections[title or "description"] = markdown(body)
+    sections["see also"] = ["(latencyctl plugins, latencyctl explain)"]
+    parser = argparse.ArgumentParser("latencyd.profile", add_help=False)
+    parser.description = "latencyd tuning profiles"
+    return _manpage(parser, sections)
 
 
 def _plugin_sections() -> list[str]:
@@ -343,7 +332,6 @@ def _plugin_sections() -> list[str]:
 
     examples = {name: getattr(cls, "example", None) for name, cls in discover().items()}
     out = [
-        ".SH SECTIONS",
         ".SS [main]",
         *_items({bold(key): sentence(doc) for key, doc in MAIN_KEYS.items()}),
         ".SS [variables]",
@@ -360,8 +348,8 @@ def _plugin_sections() -> list[str]:
         out += [f".SS [{esc(section)}]", text_line(esc(sentence(info["summary"])))]
         out += _option_items(info["options"])
         if example := examples.get(section):
-            lines = [text_line(esc(line)) for line in toml_section(section, example)]
-            out += [".PP", "Example:", ".PP", ".RS 4", ".nf", *lines, ".fi", ".RE"]
+            toml = "\n".join(toml_section(section, example))
+            out += markdown(f"Example:\n\n```toml\n{toml}\n```")
     return out
 
 
