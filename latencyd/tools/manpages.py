@@ -367,13 +367,13 @@ def _option_items(options: list[dict[str, Any]]) -> list[str]:
 
 
 # -- bash and zsh completion: shtab ----------------------------------------------------------
-# The shell functions that shtab's `.complete` hooks name: in bash they print candidates (and
-# a name like `_file` gets shtab's `-o filenames`); in zsh they take compadd's options.
+# The shell functions that shtab's `.complete` hooks name (HOOKS): in bash they print
+# candidates (and a name like `_file` gets shtab's `-o filenames`); in zsh they take
+# compadd's options.
 PREAMBLE = {
     "bash": r"""
 _latencyctl_ask() { # KIND WORD: `latencyctl __complete KIND` (the --profile-dir on the line too)
-    local prog=${COMP_WORDS[0]/#\~/$HOME} i
-    local -a dirs=()
+    local prog=${COMP_WORDS[0]/#\~/$HOME} i dirs=()
     for ((i = 1; i < COMP_CWORD; i++)); do
         [[ ${COMP_WORDS[i]} == --profile-dir ]] && dirs+=(--profile-dir "${COMP_WORDS[i+1]}")
     done
@@ -398,8 +398,7 @@ _latencyctl_command() { # a command line of its own, from shtab's index of where
 """,
     "zsh": r"""
 _latencyctl_ask() { # [compadd options] KIND: `latencyctl __complete KIND` (--profile-dir too)
-    local kind=$argv[-1] i out
-    local -a dirs
+    local kind=$argv[-1] i out dirs=()
     argv[-1]=()
     if [[ $kind == profiles && $PREFIX == */* ]]; then _files "$@"; return; fi # a file's path
     for ((i = 1; i < $#words; i++)); do
@@ -419,12 +418,9 @@ _latencyctl_command() { # words (shtab's `*::`): PROFILE [--] COMMAND ARGS: comp
 local _latencyctl_prog=${${(Q)words[1]}/#\~/$HOME}
 """,
 }
-HOOKS = {
-    "profiles": {"bash": "_latencyctl_profile_or_file", "zsh": "_latencyctl_ask profiles"},
-    "plugins": {"bash": "_latencyctl_plugins", "zsh": "_latencyctl_ask plugins"},
-    "options": {"bash": "_latencyctl_options", "zsh": "_latencyctl_ask options"},
-    "command": {"bash": "_latencyctl_command", "zsh": "_latencyctl_command"},
-}
+HOOKS = {k: {"bash": f"_latencyctl_{k}", "zsh": f"_latencyctl_ask {k}"} for k in COMPLETION_KINDS}
+HOOKS["profiles"]["bash"] = "_latencyctl_profile_or_file"
+HOOKS["command"] = dict.fromkeys(SHELLS, "_latencyctl_command")
 
 
 def _hooked(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
