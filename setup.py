@@ -2,10 +2,10 @@
 #
 # The man pages (latencyd(8), latencyctl(8), latencyd.profile(5)) and the bash and zsh
 # completions are generated from the code (latencyd/tools/manpages.py: the argparse parsers
-# through argparse-manpage and shtab, which pyproject.toml's build-system requires, every
-# plugin's option schema, the README), not kept in the repository. Each build
-# (`pip install .`, a wheel) writes them to build/share/, and data_files installs them
-# from there to <prefix>/share/{man,bash-completion,zsh}.
+# through argparse-manpage and shtab, every plugin's option schema, the README through
+# markdown-it-py: pyproject.toml's build-system requires all three), not kept in the
+# repository. Each build (`pip install .`, a wheel) writes them to build/share/, and
+# data_files installs them from there to <prefix>/share/{man,bash-completion,zsh}.
 # The build environment has neither latencyd nor its plugins installed, so the generator
 # runs in a child Python on a copy of the packages laid out as installed (plugins/ is
 # latencyd.plugins) next to the egg-info, whose entry points make the plugins known.
@@ -43,7 +43,7 @@ class BuildPyAndDocs(build_py):
             readme, outdir = os.path.abspath("README.md"), os.path.abspath(GENERATED)
             command = [sys.executable, "-m", "latencyd.tools.manpages", "--readme", readme, outdir]
             # pip's isolated build environment reaches its packages (argparse-manpage,
-            # shtab) through PYTHONPATH: keep them, the staged package first.
+            # shtab, markdown-it-py) through PYTHONPATH: keep them, the staged package first.
             path = os.pathsep.join(p for p in (stage, os.environ.get("PYTHONPATH")) if p)
             env = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
             done = subprocess.run(command, env=env, cwd=stage)  # cwd: not the source's latencyd/

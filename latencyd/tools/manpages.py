@@ -1,14 +1,16 @@
 """Man pages and shell completions, generated from the code; nothing generated is kept.
 
-Libraries render the argparse parsers that also make `--help`: argparse-manpage makes
-latencyctl(8) and latencyd(8) (with extra sections for what a parser does not hold: the
-README's introduction, configuration, metrics, exit status, files), shtab the bash and zsh
-completions. Values known only at run time are asked of `latencyctl __complete KIND`
-(`complete_words`) on Tab by the shell functions of PREAMBLE, which shtab's `.complete`
-hooks name on every argument called like `profile`, `plugin` or `option` (DYNAMIC_DESTS).
-By hand, as no library documents a file format: latencyd.profile(5), from every plugin's
-option schema and the README's "Profiles" section, through `markdown()`, a small
-Markdown-to-roff converter for the blocks the README uses.
+Libraries render: argparse-manpage every page (latencyctl(8) and latencyd(8) from the
+argparse parsers that also make `--help`, latencyd.profile(5) from a bare one), with extra
+sections for what a parser does not hold; shtab the bash and zsh completions; markdown-it-py
+parses the README's Markdown that the pages quote. Values known only at run time are asked
+of `latencyctl __complete KIND` (`complete_words`) on Tab by the shell functions of
+PREAMBLE, which shtab's `.complete` hooks name on every argument called like `profile`,
+`plugin` or `option` (DYNAMIC_DESTS).
+By hand, as no library does it: what the extra sections say (latencyd.profile(5)'s from
+every plugin's option schema: no library documents a file format); `markdown`, the walk
+from markdown-it's tokens to roff (its renderers write HTML, and a README table wider than
+a page reads best as tagged paragraphs, not tbl); the shell functions of PREAMBLE.
 
 setup.py runs `python -m latencyd.tools.manpages --readme README.md DIR` while building and
 installs what it writes (`install_layout`: setup.py imports it where the libraries may be
@@ -25,11 +27,14 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from latencyd import BUS_NAME, __version__
 from latencyd.core.tomlwrite import toml_section, toml_value  # standard library only
 from latencyd.tools import cliparser
+
+if TYPE_CHECKING:
+    from markdown_it.token import Token
 
 PAGES = {"latencyd": 8, "latencyctl": 8, "latencyd.profile": 5}  # name: section
 SCRIPTS = {
@@ -83,7 +88,7 @@ def find_readme() -> str:
         return ""
 
 
-# -- roff, and the README's Markdown as roff (by hand) ---------------------------------------
+# -- roff, and Markdown as roff (markdown-it-py parses) --------------------------------------
 def esc(text: str, hyphens: bool = True) -> str:
     """Text for roff: hyphen-minus escaped (so options and code copy as typed), anything
     outside ASCII as a groff escape (so a page renders alike in every locale)."""
@@ -108,85 +113,90 @@ def sentence(text: str) -> str:
     return text if not text or text[-1] in ".!?:" else text + "."
 
 
-_INLINE = re.compile(
-    r"`(?P<code>[^`]+)`|\*\*(?P<bold>[^*]+)\*\*|\[(?P<link>[^\]]+)\]\([^)]*\)"
-    r"|(?<![\w*])\*(?P<italic>[^*\s](?:[^*]*[^*\s])?)\*(?![\w*])"
-)
+@functools.cache
+def _tokens(text: str) -> list[Token]:
+    from markdown_it import MarkdownIt
 
-
-def inline(text: str) -> str:
-    """Markdown inline markup as roff: `code` and **bold** in bold, *emphasis* in italics."""
-    out, pos = [], 0
-    for m in _INLINE.finditer(text):
-        font, words = ("I", m["italic"]) if m["italic"] else ("B", m["bold"] or m["code"] or "")
-        roff = f"\\f{font}{esc(words if m['code'] else words.replace('`', ''))}\\fR"
-        out += [esc(text[pos : m.start()]), inline(m["link"]) if m["link"] else roff]
-        pos = m.end()
-    return "".join(out) + esc(text[pos:])
-
-
-def _fit_code(line: str, width: int = 68) -> list[str]:
-    """A code line too wide for an 80-column page, its trailing `# comment` moved above."""
-    m = re.match(r"(\s*)(\S.*?)\s+(#.*)$", line)
-    return [m[1] + m[3], m[1] + m[2]] if m and len(line) > width else [line]
-
-
-def markdown(text: str) -> list[str]:
-    """Block-level Markdown (paragraphs, lists, fenced code, tables, headings) as roff; a
-    table row as a tagged paragraph: its first cell the tag, the others under it."""
-    out: list[str] = []
-    held: list[str] = []  # the paragraph or list item being read, opened by `start`
-    heads: list[str] = []  # the headings of the table being read
-    start, lines = ".PP", iter([*text.splitlines(), ""])  # a last blank line ends the last
-    for line in lines:
-        stripped = line.strip()
-        item = re.match(r"([-*+]|\d+[.)])\s+(.*)", stripped)
-        heading = re.match(r"(#+)\s+(.*)", stripped)
-        after_item = start != ".PP" and not line.startswith((" ", "\t"))
-        if not stripped or item or heading or after_item or stripped.startswith(("```", "|")):
-            out += [start, text_line(inline(" ".join(held)))] if held else []
-            held, start = [], ".PP"
-        heads = heads if stripped.startswith("|") else []
-        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", stripped[1:-1])]
-        if stripped.startswith("```"):
-            code = itertools.takewhile(lambda c: not c.strip().startswith("```"), lines)
-            fitted = [text_line(esc(f)) for c in code for f in _fit_code(c)]
-            out += [".PP", ".RS 4", ".nf", *fitted, ".fi", ".RE"]
-        elif heading:
-            out.append((".SS " if len(heading[1]) <= 3 else ".PP\n.B ") + esc(heading[2]))
-        elif stripped.startswith("|") and not heads:
-            heads = cells
-        elif re.fullmatch(r"[|:\-\s]+", stripped):
-            continue  # the line under the headings
-        elif stripped.startswith("|"):
-            out += [".TP", text_line(inline(cells[0]))]
-            for col, cell in enumerate(cells[1:], 1):
-                if col > 1 and cell.strip("—- "):  # under its column's heading
-                    head = inline(heads[col].replace("`", "")) if col < len(heads) else ""
-                    out += [".br", text_line(f"\\fI{head}\\fR: {inline(cell)}")]
-                elif cell.strip("—- "):
-                    out.append(text_line(inline(cell)))
-        elif item:
-            start = ".IP \\(bu 4" if item[1] in "-*+" else f".IP {esc(item[1])} 4"
-            held.append(item[2])
-        elif stripped:
-            held.append(stripped)
-    return out
+    return MarkdownIt("commonmark").enable("table").parse(text)
 
 
 def readme_sections(readme: str, level: int = 2) -> dict[str, str]:
     """Markdown sections at `level` (## by default): title -> body, subsections included;
     "" holds the text under no such heading (without a # title's line)."""
-    sections, title, pos = {"": ""}, "", 0
-    for m in re.finditer(rf"(?ms)^```.*?^```|^(#{{1,{level}}}) (.*?)$", readme):
-        if m[1]:  # a heading, not fenced code
-            sections[title] = sections.get(title, "") + readme[pos : m.start()]
-            title, pos = (m[2].strip() if len(m[1]) == level else ""), m.end()
-    sections[title] = sections.get(title, "") + readme[pos:]
+    lines, sections, title, start = readme.splitlines(keepends=True), {"": ""}, "", 0
+    for head, words in itertools.pairwise(_tokens(readme)):
+        if head.type == "heading_open" and head.map and int(head.tag[1:]) <= level:
+            sections[title] = sections.get(title, "") + "".join(lines[start : head.map[0]])
+            title, start = (plain(words) if head.tag == f"h{level}" else ""), head.map[1]
+    sections[title] = sections.get(title, "") + "".join(lines[start:])
     return sections
 
 
-# -- latencyctl(8) and latencyd(8): argparse-manpage -----------------------------------------
+def markdown(text: str) -> list[str]:
+    """Markdown as roff: paragraphs, lists, code (a trailing comment that would pass 80
+    columns moved above its line), headings, and each table row as a tagged paragraph: its
+    first cell the tag, the second under it, each other one after its column's heading."""
+    from markdown_it.token import Token
+
+    out: list[str] = []
+    heads: list[str] = []  # the headings of the table being read
+    row: list[Token] = []  # the cells of its row being read
+    for before, tok in itertools.pairwise([Token("start", "", 0), *_tokens(text)]):
+        if tok.type == "paragraph_open" and before.type != "list_item_open":
+            out.append(".PP")
+        elif tok.type == "list_item_open":
+            out.append(f".IP {esc(tok.info + tok.markup)} 4" if tok.info else ".IP \\(bu 4")
+        elif tok.type in ("fence", "code_block"):
+            code = [text_line(esc(f)) for line in tok.content.splitlines() for f in _fit(line)]
+            out += [".PP", ".RS 4", ".nf", *code, ".fi", ".RE"]
+        elif tok.type == "inline" and before.type == "heading_open":
+            words = esc(plain(tok))
+            out.append(f".SS {words}" if int(before.tag[1:]) <= 3 else f".PP\n.B {words}")
+        elif tok.type == "inline" and before.type in ("th_open", "td_open"):
+            row.append(tok)
+        elif tok.type == "inline":
+            out.append(text_line(inline(tok)))
+        elif tok.type == "tr_close" and before.type == "th_close":
+            heads, row = [plain(cell) for cell in row], []
+        elif tok.type == "tr_close":
+            out += [".TP", text_line(inline(row[0]))]
+            for col, cell in enumerate(row[1:], 1):
+                if col > 1 and cell.content.strip("—- "):
+                    out += [".br", f"\\fI{esc(heads[col])}\\fR: {inline(cell)}"]
+                elif cell.content.strip("—- "):
+                    out.append(text_line(inline(cell)))
+            row = []
+    return out
+
+
+def inline(tok: Token) -> str:
+    """Inline Markdown as roff: code and strong in bold, emphasis in italics, a link as its
+    text."""
+    fonts = {"strong_open": "B", "em_open": "I", "strong_close": "R", "em_close": "R"}
+    out, font = [], "R"
+    for child in tok.children or []:
+        if child.type in fonts:
+            font = fonts[child.type]
+            out.append(f"\\f{font}")
+        elif child.type == "code_inline":
+            out.append(f"\\fB{esc(child.content)}\\f{font}")
+        else:  # text; a line break as a space; a link's opening and closing have no content
+            out.append(" " if child.type.endswith("break") else esc(child.content))
+    return "".join(out)
+
+
+def plain(tok: Token) -> str:
+    """Inline Markdown's text, without its markup."""
+    return "".join(c.content for c in tok.children or [] if c.type in ("text", "code_inline"))
+
+
+def _fit(line: str, width: int = 68) -> list[str]:
+    """A code line too wide for an 80-column page, its trailing `# comment` moved above."""
+    m = re.match(r"(\s*)(\S.*?)\s+(#.*)$", line)
+    return [m[1] + m[3], m[1] + m[2]] if m and len(line) > width else [line]
+
+
+# -- the pages: argparse-manpage, with sections by hand --------------------------------------
 def _shown(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The parser as its man page shows it: help as sentences, on one line each (roff fills
     them; argparse would wrap at the terminal's width), hidden subcommands (added without
@@ -212,11 +222,12 @@ def _manpage(parser: argparse.ArgumentParser, sections: dict[str, list[str]]) ->
     from argparse_manpage.manpage import Manpage
 
     man = Manpage(_shown(parser), format="single-commands-section")
-    man.section, man.manual, man.date = PAGES[parser.prog], "System Administration", ""
-    man.source = f"latencyd {__version__}"
+    man.section, man.date, man.source = PAGES[parser.prog], "", f"latencyd {__version__}"
+    man.manual = "File Formats" if man.section == 5 else "System Administration"
     man.description = (parser.description or "").rstrip(".").lower()  # for NAME
     parser.description = parser.epilog = None
-    for heading, lines in sections.items():
+    see = ", ".join(f"\\fB{name}\\fR({s})" for name, s in PAGES.items() if name != parser.prog)
+    for heading, lines in (sections | {"see also": [see, *sections.get("see also", [])]}).items():
         man.add_section(heading, ">", "\n".join(lines))
     return esc(f"{NOTE.format(parser.prog)}\n{man}", hyphens=False)
 
@@ -224,10 +235,6 @@ def _manpage(parser: argparse.ArgumentParser, sections: dict[str, list[str]]) ->
 def _items(items: dict[str, str]) -> list[str]:
     """Tagged paragraphs: tag (roff) -> text."""
     return [line for tag, text in items.items() for line in (".TP", tag, text_line(esc(text)))]
-
-
-def _see_also(*pages: str) -> list[str]:
-    return [", ".join(f"\\fB{name}\\fR({PAGES[name]})" for name in pages)]
 
 
 def latencyctl_page(readme: str = "") -> str:
@@ -243,7 +250,6 @@ def latencyctl_page(readme: str = "") -> str:
         "exit status": _items({str(c): sentence(m) for c, m in cliparser.EXIT_CODES.items()}),
         "environment": _items(bus),
         "files": _items({bold(str(CONFIG_FILE)): reads}),
-        "see also": _see_also("latencyd", "latencyd.profile"),
     }
     return _manpage(parser, sections)
 
@@ -257,8 +263,7 @@ def latencyd_page(readme: str) -> str:
     intro = readme_sections(readme)[""].strip()
     driven = f"It is driven over D\\-Bus (name {bold(BUS_NAME)}) by {bold('latencyctl')}(8); "
     settings = {}
-    for name in (field.name for field in dataclasses.fields(Config)):
-        value = getattr(Config(), name)
+    for name, value in dataclasses.asdict(Config()).items():
         value = [str(v) for v in value] if isinstance(value, tuple) else value
         value = "unset" if value is None else toml_value(value)
         settings[f"{bold(name)} = {esc(value)}"] = sentence(DOCS.get(name, ""))
@@ -291,40 +296,33 @@ def latencyd_page(readme: str) -> str:
             {"SIGTERM, SIGINT": stop, "SIGHUP": "Re-read the profiles (systemctl reload latencyd)."}
         ),
         "files": _items({bold(path): text for path, text in files.items()}),
-        "see also": _see_also("latencyctl", "latencyd.profile"),
     }
     return _manpage(parser, sections)
 
 
-# -- latencyd.profile(5): by hand ------------------------------------------------------------
 def profile_page(readme: str) -> str:
+    """latencyd.profile(5): the README's "Profiles" section, and every plugin's options."""
     from latencyd.core.profile import SUFFIX
     from latencyd.service.config import ETC_PROFILES
 
-    profiles = readme_sections(readme).get("Profiles", "")
-    sections = readme_sections(profiles or "A profile is a TOML file NAME.toml.", level=3)
+    profiles = readme_sections(readme).get("Profiles") or "A profile is a TOML file NAME.toml."
     dirs = ("\\fIDIR\\fR", esc(str(ETC_PROFILES)), "\\fISHIPPED\\fR")
-    out = [
-        NOTE.format("latencyd.profile"),
-        f'.TH LATENCYD.PROFILE 5 "" "latencyd {esc(__version__)}" "File Formats"',
-        ".SH NAME",
-        "latencyd.profile \\- latencyd tuning profiles",
-        ".SH SYNOPSIS",
-        ".nf",
-        *(f"{d}/\\fINAME\\fR{esc(SUFFIX)}" for d in dirs),
-        ".fi",
-        ".PP",
+    synopsis = [".nf", *(f"{d}/\\fINAME\\fR{esc(SUFFIX)}" for d in dirs), ".fi", ".PP"]
+    synopsis.append(
         f"\\fIDIR\\fR is a {bold('--profile-dir')} or one of the configuration's "
         f"{bold('profile_dirs')}; \\fISHIPPED\\fR holds the profiles that come with "
-        "latencyd. The first directory that has NAME.toml wins.",
-        ".SH DESCRIPTION",
-        *markdown(sections.pop("")),
-    ]
-    for title, body in (sections | {PLUGINS_SUBSECTION: ""}).items():
-        is_plugins = title == PLUGINS_SUBSECTION  # the README's summary: all of them instead
-        out += _plugin_sections() if is_plugins else [f".SH {esc(title.upper())}", *markdown(body)]
-    see = " (latencyctl plugins, latencyctl explain)"
-    return "\n".join([*out, ".SH SEE ALSO", _see_also("latencyd", "latencyctl")[0] + see]) + "\n"
+        "latencyd. The first directory that has NAME.toml wins."
+    )
+    sections = {"synopsis": synopsis}
+    for title, body in (readme_sections(profiles, 3) | {PLUGINS_SUBSECTION: ""}).items():
+        if title == PLUGINS_SUBSECTION:  # the README's summary of them: all of them instead
+            sections["sections"] = _plugin_sections()
+        else:
+            sections[title or "description"] = markdown(body)
+    sections["see also"] = ["(latencyctl plugins, latencyctl explain)"]
+    parser = argparse.ArgumentParser("latencyd.profile", add_help=False)
+    parser.description = "latencyd tuning profiles"
+    return _manpage(parser, sections)
 
 
 def _plugin_sections() -> list[str]:
@@ -334,7 +332,6 @@ def _plugin_sections() -> list[str]:
 
     examples = {name: getattr(cls, "example", None) for name, cls in discover().items()}
     out = [
-        ".SH SECTIONS",
         ".SS [main]",
         *_items({bold(key): sentence(doc) for key, doc in MAIN_KEYS.items()}),
         ".SS [variables]",
@@ -351,8 +348,8 @@ def _plugin_sections() -> list[str]:
         out += [f".SS [{esc(section)}]", text_line(esc(sentence(info["summary"])))]
         out += _option_items(info["options"])
         if example := examples.get(section):
-            lines = [text_line(esc(line)) for line in toml_section(section, example)]
-            out += [".PP", "Example:", ".PP", ".RS 4", ".nf", *lines, ".fi", ".RE"]
+            toml = "\n".join(toml_section(section, example))
+            out += markdown(f"Example:\n\n```toml\n{toml}\n```")
     return out
 
 
@@ -370,13 +367,13 @@ def _option_items(options: list[dict[str, Any]]) -> list[str]:
 
 
 # -- bash and zsh completion: shtab ----------------------------------------------------------
-# The shell functions that shtab's `.complete` hooks name: in bash they print candidates (and
-# a name like `_file` gets shtab's `-o filenames`); in zsh they take compadd's options.
+# The shell functions that shtab's `.complete` hooks name (HOOKS): in bash they print
+# candidates (and a name like `_file` gets shtab's `-o filenames`); in zsh they take
+# compadd's options.
 PREAMBLE = {
     "bash": r"""
 _latencyctl_ask() { # KIND WORD: `latencyctl __complete KIND` (the --profile-dir on the line too)
-    local prog=${COMP_WORDS[0]/#\~/$HOME} i
-    local -a dirs=()
+    local prog=${COMP_WORDS[0]/#\~/$HOME} i dirs=()
     for ((i = 1; i < COMP_CWORD; i++)); do
         [[ ${COMP_WORDS[i]} == --profile-dir ]] && dirs+=(--profile-dir "${COMP_WORDS[i+1]}")
     done
@@ -401,8 +398,7 @@ _latencyctl_command() { # a command line of its own, from shtab's index of where
 """,
     "zsh": r"""
 _latencyctl_ask() { # [compadd options] KIND: `latencyctl __complete KIND` (--profile-dir too)
-    local kind=$argv[-1] i out
-    local -a dirs
+    local kind=$argv[-1] i out dirs=()
     argv[-1]=()
     if [[ $kind == profiles && $PREFIX == */* ]]; then _files "$@"; return; fi # a file's path
     for ((i = 1; i < $#words; i++)); do
@@ -422,12 +418,9 @@ _latencyctl_command() { # words (shtab's `*::`): PROFILE [--] COMMAND ARGS: comp
 local _latencyctl_prog=${${(Q)words[1]}/#\~/$HOME}
 """,
 }
-HOOKS = {
-    "profiles": {"bash": "_latencyctl_profile_or_file", "zsh": "_latencyctl_ask profiles"},
-    "plugins": {"bash": "_latencyctl_plugins", "zsh": "_latencyctl_ask plugins"},
-    "options": {"bash": "_latencyctl_options", "zsh": "_latencyctl_ask options"},
-    "command": {"bash": "_latencyctl_command", "zsh": "_latencyctl_command"},
-}
+HOOKS = {k: {"bash": f"_latencyctl_{k}", "zsh": f"_latencyctl_ask {k}"} for k in COMPLETION_KINDS}
+HOOKS["profiles"]["bash"] = "_latencyctl_profile_or_file"
+HOOKS["command"] = dict.fromkeys(SHELLS, "_latencyctl_command")
 
 
 def _hooked(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
