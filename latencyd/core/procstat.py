@@ -29,6 +29,15 @@ class Irq:
         return ",".join(self.actions) or self.chip
 
 
+def irq_name(label: str) -> str:
+    """The one name an IRQ is shown by in noise reports (`latencyctl top`, the counters
+    fallback, `measure`'s attribution), from its label (`Irq.label`, or what
+    `interrupt_counts` gives a numbered row: its actions, comma-separated, else its
+    chip): the last action (on a shared line, the handler registered last), else the
+    chip. An action's name may hold blanks ("PCIe PME"): it is kept whole."""
+    return label.rpartition(",")[2].strip()
+
+
 def parse_interrupts(text: str, with_counts: bool = True) -> tuple[list[int], list[Irq]]:
     """/proc/interrupts -> (CPU numbers of the columns, numbered IRQs with their actions).
 

@@ -113,7 +113,7 @@ class NoiseWatch:
     def _irq_names(self) -> dict[int, str]:
         """IRQ number -> its name as /proc/interrupts shows it (the device's action)."""
         _, irqs = procstat.parse_interrupts(self.system.read("proc/interrupts"), with_counts=False)
-        return {irq.number: irq.actions[-1] if irq.actions else irq.chip for irq in irqs}
+        return {irq.number: procstat.irq_name(irq.label) for irq in irqs}
 
 
 class CounterWatch:
@@ -156,7 +156,7 @@ class CounterWatch:
             self.system.read("proc/interrupts")
         ).items():
             if row.isdigit():
-                name = f"irq {row} {what.split(',')[-1].strip() or row}"
+                name = f"irq {row} {procstat.irq_name(what) or row}"
             else:
                 name = self.ROWS.get(row, f"{row} ({what})" if what else row)
             out[name] = counts

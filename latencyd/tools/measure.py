@@ -440,7 +440,7 @@ def counters(cpus: CpuSet) -> Counters:
         Path("/proc/interrupts").read_text()
     ).items():
         if row.isdigit():
-            label = f"{row} {what.split()[-1] if what else ''}".strip()
+            label = f"{row} {procstat.irq_name(what)}".strip()
         else:
             label = f"{row} ({what})" if what else row
         c.irqs[label] += sum(n for cpu, n in counts.items() if cpu in cpus)

@@ -13,7 +13,7 @@ from typing import Any
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.noise import WatchPlan
 from latencyd.core.system import System
-from latencyd.service.noisewatch import CounterWatch, ShieldWatch
+from latencyd.service.noisewatch import CounterWatch, NoiseWatch, ShieldWatch
 from plugins.monitor import MonitorPlugin
 from tests.unit.fakesys import make_fake_root, put
 
@@ -66,6 +66,35 @@ def test_counters_leave_the_applications_own_time_out(tmp_path: Path) -> None:
     proc(root, virtio=0, loc=0, timer=0, busy_ticks=110)
     put(root, "proc/4242/task/4242/schedstat", f"{8 * TICK_NS} 0 0")
     assert watch.poll().cpus[1][CounterWatch.TASKS].total_ns == 2 * TICK_NS
+
+
+# A shared line, an action named with a blank (alone, and last on a shared line), and an
+# IRQ without an action: each named one way wherever noise is reported.
+NAMED_IRQS = """\
+            CPU0       CPU1
+  11:          0   {n:>8}   IO-APIC  11-fasteoi   uhci_hcd:usb1, virtio2
+ 122:          0   {n:>8}   IR-PCI-MSI 458752-edge   aerdrv, PCIe PME
+ 123:          0   {n:>8}   IR-PCI-MSI 460800-edge   PCIe PME, pciehp
+  44:          0   {n:>8}   PCI-MSI-0000:00:1f.2    0-edge
+"""
+IRQ_NAMES = {
+    "irq 11 virtio2",
+    "irq 122 PCIe PME",
+    "irq 123 pciehp",
+    "irq 44 PCI-MSI-0000:00:1f.2",
+}
+
+
+def test_an_irq_is_named_alike_by_the_tracefs_watch_and_the_counters(tmp_path: Path) -> None:
+    root = make_fake_root(tmp_path, cpus="0-1")
+    proc(root, virtio=0, loc=0, timer=0, busy_ticks=0)
+    put(root, "proc/interrupts", NAMED_IRQS.format(n=1))
+    counters = CounterWatch(System(root), CpuSet({1}), "test")
+    counters.start()
+    put(root, "proc/interrupts", NAMED_IRQS.format(n=2))
+    assert set(counters.poll().cpus[1]) == IRQ_NAMES
+    traced = NoiseWatch(System(root), CpuSet({1}))._irq_names()
+    assert {f"irq {n} {name}" for n, name in traced.items()} == IRQ_NAMES
 
 
 class Loop:
