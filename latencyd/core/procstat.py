@@ -8,7 +8,9 @@ fallback all read them through here. Pure functions of the files' text.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
@@ -27,40 +29,98 @@ class Irq:
         return ",".join(self.actions) or self.chip
 
 
+def irq_name(label: str) -> str:
+    """The one name an IRQ is shown by in noise reports (`latencyctl top`, the counters
+    fallback, `measure`'s attribution), from its label (`Irq.label`, or what
+    `interrupt_counts` gives a numbered row: its actions, comma-separated, else its
+    chip): the last action (on a shared line, the handler registered last), else the
+    chip. An action's name may hold blanks ("PCIe PME"): it is kept whole."""
+    return label.rpartition(",")[2].strip()
+
+
 def parse_interrupts(text: str, with_counts: bool = True) -> tuple[list[int], list[Irq]]:
     """/proc/interrupts -> (CPU numbers of the columns, numbered IRQs with their actions).
 
-    The file is IRQs x CPUs numbers (a million on a 256-CPU server with 4,096 IRQs).
-    Without `with_counts` the count columns are not read at all: the kernel prints each
-    at a fixed width, so where they end on one line is where they end on the next, and
-    an IRQ event costs a slice per line. A line where that does not hold (a count wider
-    than the kernel pads to) is read in full."""
-    lines = text.splitlines()
-    cpus = [int(c[3:]) for c in lines[0].split()] if lines else []
-    end = 0  # where the count columns end, learnt from the first line read in full
+    The file is IRQs x CPUs numbers (a million on a 256-CPU server with 4,096 IRQs):
+    without `with_counts` the count columns are not read at all (see `_rows`), which is
+    what keeps an IRQ event cheap."""
+    cpus, rows = _interrupt_rows(text, with_counts)
     irqs = []
-    for line in lines[1:]:
-        label, _, rest = line.partition(":")
-        if not label.strip().isdigit():
-            continue
-        tail = rest[end:].split() if end and _counts_end_at(rest, end) else None
-        if with_counts or not tail or tail[0].isdigit():
-            fields = rest.split()
-            counts = tuple(map(int, fields[: len(cpus)])) if with_counts else ()
-            tail = fields[len(cpus) :]
-            if not with_counts:
-                skipped = _count_columns(len(cpus)).match(rest)
-                end = skipped.end() if skipped else 0
-        else:
-            counts = ()
-        chip = tail[0] if tail else ""
-        # Kernels with GENERIC_IRQ_SHOW_LEVEL (ARM) print Level/Edge before the actions.
-        skip = 3 if tail[2:3] in (["Level"], ["Edge"]) else 2
-        actions = " ".join(tail[skip:]) if len(tail) > skip else ""
-        names = tuple(a.strip() for a in actions.split(",") if a.strip())
-        devices = frozenset(PCI_ADDR.findall(chip))
-        irqs.append(Irq(int(label), names, chip, counts, devices))
+    for key, counts, words in rows:
+        if key.isdigit():
+            chip, actions = _chip_and_actions(words)
+            names = tuple(a.strip() for a in actions.split(",") if a.strip())
+            devices = frozenset(PCI_ADDR.findall(chip))
+            irqs.append(Irq(int(key), names, chip, counts or (), devices))
     return cpus, irqs
+
+
+def interrupt_counts(text: str) -> dict[str, tuple[str, dict[int, int]]]:
+    """Every /proc/interrupts row: key (the IRQ number, or LOC, CAL, ...) -> (its label:
+    the actions of a numbered IRQ (else its chip), the description of the others; count
+    per CPU)."""
+    cpus, rows = _interrupt_rows(text, with_counts=True)
+    out = {}
+    for key, counts, words in rows:
+        if key.isdigit():
+            chip, actions = _chip_and_actions(words)
+            what = actions or chip
+        else:
+            what = " ".join(words)
+        out[key] = (what, dict(zip(cpus, counts or (), strict=False)))
+    return out
+
+
+# A /proc/interrupts row: (its key, the IRQ number or LOC, ERR, ...; its counts, None when
+# not read; the words after them).
+_InterruptRow = tuple[str, tuple[int, ...] | None, list[str]]
+
+
+def _interrupt_rows(text: str, with_counts: bool) -> tuple[list[int], Iterator[_InterruptRow]]:
+    """/proc/interrupts -> (the CPU numbers of its columns, its rows): the one reading of
+    the file `parse_interrupts` and `interrupt_counts` share."""
+    lines = text.splitlines()
+    columns = _columns(lines[0]) if lines else []
+    return columns, _rows(itertools.islice(lines, 1, None), len(columns), with_counts)
+
+
+def _rows(lines: Iterable[str], columns: int, with_counts: bool) -> Iterator[_InterruptRow]:
+    """The rows after the header, read as far as asked.
+
+    Counts are the numbers a row starts with, one per column at most: ERR and MIS (x86)
+    have a single one. Without `with_counts` they are not read at all: the kernel prints
+    each at a fixed width, so where they end on one line is where they end on the next,
+    and a row costs a slice. A line where that does not hold (a count wider than the
+    kernel pads to, or fewer counts) is read in full."""
+    end = 0  # where the count columns end, learnt from a line read in full
+    for line in lines:
+        key, _, rest = line.partition(":")
+        if not with_counts and end and _counts_end_at(rest, end):
+            words = rest[end:].split()
+            if words and not words[0].isdigit():
+                yield key.strip(), None, words
+                continue
+        words = rest.split()
+        counts = _leading_counts(words, columns)
+        if not with_counts and (skipped := _count_columns(columns).match(rest)):
+            end = skipped.end()
+        yield key.strip(), counts if with_counts else None, words[len(counts) :]
+
+
+def _leading_counts(words: list[str], columns: int) -> tuple[int, ...]:
+    head = words[:columns]
+    try:
+        return tuple(map(int, head))
+    except ValueError:  # fewer counts than columns (ERR, MIS): only then word by word
+        return tuple(map(int, itertools.takewhile(str.isdigit, head)))
+
+
+def _chip_and_actions(words: list[str]) -> tuple[str, str]:
+    """A numbered IRQ's words after its counts -> (its chip, its actions as printed:
+    comma-separated, "" for none)."""
+    # Kernels with GENERIC_IRQ_SHOW_LEVEL (ARM) print Level/Edge before the actions.
+    skip = 3 if words[2:3] in (["Level"], ["Edge"]) else 2
+    return (words[0] if words else ""), " ".join(words[skip:])
 
 
 def _counts_end_at(rest: str, end: int) -> bool:
@@ -78,28 +138,6 @@ def _count_columns(n: int) -> re.Pattern[str]:
 def _columns(header: str) -> list[int]:
     """The CPU numbers of a /proc/interrupts or /proc/softirqs header ("CPU0 CPU1 ...")."""
     return [int(c[3:]) for c in header.split() if c.startswith("CPU")]
-
-
-def interrupt_counts(text: str) -> dict[str, tuple[str, dict[int, int]]]:
-    """Every /proc/interrupts row: key (the IRQ number, or LOC, CAL, ...) -> (its label:
-    the actions of a numbered IRQ, the description of the others; count per CPU)."""
-    lines = text.splitlines()
-    if not lines:
-        return {}
-    cpus = _columns(lines[0])
-    rows = {}
-    for line in lines[1:]:
-        label, _, rest = line.partition(":")
-        key, fields = label.strip(), rest.split()
-        counts = {cpu: int(n) for cpu, n in zip(cpus, fields, strict=False) if n.isdigit()}
-        tail = fields[len(counts) :]
-        if key.isdigit():
-            skip = 3 if tail[2:3] in (["Level"], ["Edge"]) else 2
-            what = " ".join(tail[skip:]) or (tail[0] if tail else "")
-        else:
-            what = " ".join(tail)
-        rows[key] = (what, counts)
-    return rows
 
 
 def softirq_counts(text: str) -> dict[str, dict[int, int]]:

@@ -320,6 +320,19 @@ class System:
                     out.append(task)
         return out
 
+    def threads(self, pid: int) -> Iterator[tuple[Task, int]]:
+        """Process `pid`'s threads: (each one's stat, the nanoseconds it has run: the
+        first number of its schedstat). A thread that exits while read is left out, and
+        only that one."""
+        for tid in self.entries(f"proc/{pid}/task"):
+            base = f"proc/{pid}/task/{tid}"
+            try:
+                ran = int(_read_text(self.fspath(f"{base}/schedstat")).split()[0])
+                task = parse_stat(int(tid), _read_text(self.fspath(f"{base}/stat")))
+            except (OSError, IndexError, ValueError):
+                continue
+            yield task, ran
+
     def affinity(self, pid: int) -> CpuSet:
         try:
             return CpuSet.from_kernel(self.sched.sched_getaffinity(pid))

@@ -24,7 +24,7 @@ from latencyd.core import noise, procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import LatencydError
 from latencyd.core.noise import Breach, LastInterval, ReportLimit, WatchPlan, over_budget
-from latencyd.core.system import System, parse_stat
+from latencyd.core.system import System
 
 if TYPE_CHECKING:
     from latencyd.service.daemon import Daemon
@@ -113,7 +113,7 @@ class NoiseWatch:
     def _irq_names(self) -> dict[int, str]:
         """IRQ number -> its name as /proc/interrupts shows it (the device's action)."""
         _, irqs = procstat.parse_interrupts(self.system.read("proc/interrupts"), with_counts=False)
-        return {irq.number: irq.actions[-1] if irq.actions else irq.chip for irq in irqs}
+        return {irq.number: procstat.irq_name(irq.label) for irq in irqs}
 
 
 class CounterWatch:
@@ -156,7 +156,7 @@ class CounterWatch:
             self.system.read("proc/interrupts")
         ).items():
             if row.isdigit():
-                name = f"irq {row} {what.split(',')[-1].strip() or row}"
+                name = f"irq {row} {procstat.irq_name(what) or row}"
             else:
                 name = self.ROWS.get(row, f"{row} ({what})" if what else row)
             out[name] = counts
@@ -173,12 +173,7 @@ class CounterWatch:
         """Run time of the expected processes' threads, by the CPU each last ran on."""
         out: dict[int, int] = {}
         for pid in self._expected_pids():
-            for tid in self.system.entries(f"proc/{pid}/task"):
-                try:
-                    ran = int(self.system.read(f"proc/{pid}/task/{tid}/schedstat").split()[0])
-                    task = parse_stat(int(tid), self.system.read(f"proc/{pid}/task/{tid}/stat"))
-                except (LatencydError, ValueError, IndexError):
-                    continue  # exited meanwhile
+            for task, ran in self.system.threads(pid):
                 out[task.last_cpu] = out.get(task.last_cpu, 0) + ran
         return out
 

@@ -434,34 +434,26 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
     return (total - (idle1 - idle0)) / total if total else 0.0
 
 
-def counters(cpus: CpuSet) -> Counters:
+def counters(cpus: CpuSet, system: System) -> Counters:
     c = Counters()
-    for row, (what, counts) in procstat.interrupt_counts(
-        Path("/proc/interrupts").read_text()
-    ).items():
+    for row, (what, counts) in procstat.interrupt_counts(system.read("proc/interrupts")).items():
         if row.isdigit():
-            label = f"{row} {what.split()[-1] if what else ''}".strip()
+            label = f"{row} {procstat.irq_name(what)}".strip()
         else:
             label = f"{row} ({what})" if what else row
         c.irqs[label] += sum(n for cpu, n in counts.items() if cpu in cpus)
-    for kind, counts in procstat.softirq_counts(Path("/proc/softirqs").read_text()).items():
+    for kind, counts in procstat.softirq_counts(system.read("proc/softirqs")).items():
         c.softirqs[kind] += sum(n for cpu, n in counts.items() if cpu in cpus)
-    with contextlib.suppress(OSError):  # only with CONFIG_SCHEDSTATS
-        for line in Path("/proc/schedstat").read_text().splitlines():
+    with contextlib.suppress(LatencydError):  # only with CONFIG_SCHEDSTATS
+        for line in system.read("proc/schedstat").splitlines():
             cpu_name, *fields = line.split()
             if cpu_name.startswith("cpu") and cpu_name[3:].isdigit() and int(cpu_name[3:]) in cpus:
                 c.schedule_calls += int(fields[2])
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                base = f"/proc/{pid}/task/{tid}"
-                stat = Path(f"{base}/stat").read_text()
-                comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-                key = (int(tid), comm)
-                c.tasks[key] = int(Path(f"{base}/schedstat").read_text().split()[0])
-                c.last_cpu[key] = int(stat.rsplit(")", 1)[1].split()[36])
+    for pid in system.entries("proc"):
+        if pid.isdigit():
+            for task, ran in system.threads(int(pid)):
+                c.tasks[task.pid, task.comm] = ran
+                c.last_cpu[task.pid, task.comm] = task.last_cpu
     return c
 
 
@@ -771,6 +763,7 @@ def run(
         raise MeasureError("measuring needs root (network namespaces, SCHED_FIFO, mlock)")
     remove_what_dead_runs_left()
     procs = Processes()
+    system = System("/")
     switcher = Switcher(hold, release, procs, plan.tuned_etc)
     per_round: dict[str, dict[str, list[Histogram]]] = {t: {} for t in plan.tools}
     blame: dict[str, dict[str, Any]] = {}
@@ -815,14 +808,14 @@ def run(
                             idle.setdefault(scenario, []).append(
                                 busy_share(plan.idle_seconds, plan.app_cpus)
                             )
-                        before = counters(plan.app_cpus)
+                        before = counters(plan.app_cpus, system)
                         for tool in plan.tools:
                             progress(f"round {r + 1}/{plan.rounds}: {scenario}: {tool}",
                                      done / steps)  # fmt: skip
                             hist = run_tool(tool, plan, procs, net, Path(tmp))
                             per_round[tool].setdefault(scenario, []).append(hist)
                             done += 1
-                        part = attribution(before, counters(plan.app_cpus), plan.app_cpus)
+                        part = attribution(before, counters(plan.app_cpus, system), plan.app_cpus)
                         blame[scenario] = merge_attribution(blame.get(scenario, {}), part)
         finally:
             switcher.leave()

@@ -35,7 +35,7 @@ from latencyd.core.engine import (
 from latencyd.core.errors import KernelRefused, NotApplicable
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import DeviceEvent, Expansion, Value
-from latencyd.core.procstat import Irq, parse_interrupts
+from latencyd.core.procstat import Irq, interrupt_counts, parse_interrupts
 from latencyd.core.profile import Profile
 from latencyd.core.schema import Machine, SchemaError, validate
 from latencyd.core.system import System
@@ -258,6 +258,55 @@ def test_parse_interrupts_without_counts_reads_lines_wider_than_the_padding() ->
         ("virtio0-input.0",),
         ("virtio0-output.0",),
         ("nvme0q1",),
+    ]
+
+
+# CPU 2 offline (no column), an IRQ without an action, ERR and MIS with their one count,
+# and an arch row after them (as x86 prints PIN).
+INTERRUPTS_OFFLINE = """\
+            CPU0       CPU1       CPU3       
+   0:         44          0          0   IO-APIC   2-edge      timer
+  11:          0         31          5   IO-APIC  11-fasteoi   uhci_hcd:usb1, virtio2
+  44:          3          0          0   PCI-MSI-0000:00:1f.2    0-edge
+  45:          0          0          7   PCI-MSIX-0000:00:03.0   0-edge
+ NMI:          0          0          0   Non-maskable interrupts
+ LOC:      12345      23456      45678   Local timer interrupts
+ ERR:          2
+ MIS:          0
+ PIN:          0          1          0   Posted-interrupt notification event
+"""  # noqa: W291
+
+
+def test_interrupt_counts_reads_offline_columns_and_one_count_rows() -> None:
+    rows = interrupt_counts(INTERRUPTS_OFFLINE)
+    assert rows["11"] == ("uhci_hcd:usb1, virtio2", {0: 0, 1: 31, 3: 5})
+    assert rows["45"] == ("PCI-MSIX-0000:00:03.0", {0: 0, 1: 0, 3: 7})  # no action: the chip
+    assert rows["LOC"] == ("Local timer interrupts", {0: 12345, 1: 23456, 3: 45678})
+    assert rows["ERR"] == ("", {0: 2}) and rows["MIS"] == ("", {0: 0})
+    assert rows["PIN"] == ("Posted-interrupt notification event", {0: 0, 1: 1, 3: 0})
+    assert interrupt_counts("") == {}
+
+
+@pytest.mark.parametrize(
+    "text", [INTERRUPTS_4, INTERRUPTS_2, INTERRUPTS_OFFLINE, "/proc/interrupts"]
+)
+def test_parse_interrupts_and_interrupt_counts_read_the_irqs_alike(text: str) -> None:
+    """The two readings of /proc/interrupts agree on the rows they share, the numbered
+    IRQs: the same IRQs, columns, counts, and actions (else the chip)."""
+    if text.startswith("/"):
+        text = Path(text).read_text()
+    cpus, irqs = parse_interrupts(text)
+    rows = interrupt_counts(text)
+    assert [i.number for i in irqs] == [int(k) for k in rows if k.isdigit()]
+    for irq in irqs:
+        what, counts = rows[str(irq.number)]
+        assert counts == dict(zip(cpus, irq.counts, strict=True))
+        assert tuple(a.strip() for a in what.split(",")) == irq.actions or (
+            not irq.actions and what == irq.chip
+        )
+    assert {cpu for _, counts in rows.values() for cpu in counts} <= set(cpus)
+    assert parse_interrupts(text, with_counts=False)[1] == [
+        dataclasses.replace(i, counts=()) for i in irqs
     ]
 
 

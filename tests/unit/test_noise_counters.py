@@ -1,7 +1,8 @@
 """The noise watch's fallback, /proc counters: what fired on a watched CPU named as the
 tracefs watch names it, the tasks' time less the application's, and the daemon's watch
-choosing it (saying why) when tracefs cannot be had. Fake /proc files; the kernel test
-(tests/kernel/test_noise_watch.py) reads the real ones."""
+choosing it (saying why) when tracefs cannot be had; `measure`'s counters, which name
+and time alike. Fake /proc files; the kernel test (tests/kernel/test_noise_watch.py)
+reads the real ones."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.noise import WatchPlan
 from latencyd.core.system import System
-from latencyd.service.noisewatch import CounterWatch, ShieldWatch
+from latencyd.service.noisewatch import CounterWatch, NoiseWatch, ShieldWatch
+from latencyd.tools import measure
 from plugins.monitor import MonitorPlugin
-from tests.unit.fakesys import make_fake_root, put
+from tests.unit.fakesys import make_fake_root, put, stat_line
 
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
@@ -66,6 +68,59 @@ def test_counters_leave_the_applications_own_time_out(tmp_path: Path) -> None:
     proc(root, virtio=0, loc=0, timer=0, busy_ticks=110)
     put(root, "proc/4242/task/4242/schedstat", f"{8 * TICK_NS} 0 0")
     assert watch.poll().cpus[1][CounterWatch.TASKS].total_ns == 2 * TICK_NS
+
+
+# A shared line, an action named with a blank (alone, and last on a shared line), and an
+# IRQ without an action: each named one way wherever noise is reported.
+NAMED_IRQS = """\
+            CPU0       CPU1
+  11:          0   {n:>8}   IO-APIC  11-fasteoi   uhci_hcd:usb1, virtio2
+ 122:          0   {n:>8}   IR-PCI-MSI 458752-edge   aerdrv, PCIe PME
+ 123:          0   {n:>8}   IR-PCI-MSI 460800-edge   PCIe PME, pciehp
+  44:          0   {n:>8}   PCI-MSI-0000:00:1f.2    0-edge
+"""
+IRQ_NAMES = {
+    "irq 11 virtio2",
+    "irq 122 PCIe PME",
+    "irq 123 pciehp",
+    "irq 44 PCI-MSI-0000:00:1f.2",
+}
+
+
+def test_an_irq_is_named_alike_by_the_watches_and_measure(tmp_path: Path) -> None:
+    root = make_fake_root(tmp_path, cpus="0-1")
+    proc(root, virtio=0, loc=0, timer=0, busy_ticks=0)
+    put(root, "proc/interrupts", NAMED_IRQS.format(n=1))
+    counters = CounterWatch(System(root), CpuSet({1}), "test")
+    counters.start()
+    put(root, "proc/interrupts", NAMED_IRQS.format(n=2))
+    assert set(counters.poll().cpus[1]) == IRQ_NAMES
+    traced = NoiseWatch(System(root), CpuSet({1}))._irq_names()
+    assert {f"irq {n} {name}" for n, name in traced.items()} == IRQ_NAMES
+    measured = measure.counters(CpuSet({1}), System(root)).irqs
+    assert {f"irq {row_and_name}" for row_and_name in measured} == IRQ_NAMES
+
+
+def thread(root: Path, pid: int, tid: int, comm: str, cpu: int, ran_ns: int) -> None:
+    """proc/PID/task/TID: its stat (last ran on `cpu`) and schedstat (`ran_ns` run)."""
+    head, _, rest = stat_line(tid, comm, 1, 0, 1000).rpartition(")")
+    after_comm = rest.split()
+    after_comm[36] = str(cpu)  # field 39, processor
+    put(root, f"proc/{pid}/task/{tid}/stat", f"{head}) {' '.join(after_comm)}")
+    put(root, f"proc/{pid}/task/{tid}/schedstat", f"{ran_ns} 0 1")
+
+
+def test_measure_times_every_thread_even_beside_one_that_exits(tmp_path: Path) -> None:
+    """A thread gone between its listing and its reading is left out, not its siblings: a
+    sibling missing from the reading before a round would count all it ever ran."""
+    root = make_fake_root(tmp_path, cpus="0-3")
+    proc(root, virtio=0, loc=0, timer=0, busy_ticks=0)
+    thread(root, 4242, 4242, "app", cpu=1, ran_ns=5_000)
+    (root / "proc/4242/task/4243").mkdir()  # exited: its files gone
+    thread(root, 4242, 4244, "app (worker)", cpu=3, ran_ns=7_000)
+    c = measure.counters(CpuSet({1}), System(root))
+    assert c.tasks == {(4242, "app"): 5_000, (4244, "app (worker)"): 7_000}
+    assert c.last_cpu == {(4242, "app"): 1, (4244, "app (worker)"): 3}
 
 
 class Loop:
