@@ -18,8 +18,9 @@ profile of that name: every original), "current" (nothing switched), or "tuned:N
 (TuneD applies NAME while latencyd holds "untuned": for comparisons only).
 
 Nothing but this run's own namespaces, veth pair and processes, and the profile holds
-it announces, is changed; all of it is undone on success, failure and Ctrl-C, and every
-tool runs under a time limit. Attribution (what ran or interrupted on the measured
+it announces, is changed; all of it is undone on success, failure and Ctrl-C (and, if
+the run is killed outright, by its guard: runguard), and every tool runs under a time
+limit. Attribution (what ran or interrupted on the measured
 CPUs) comes from /proc/interrupts, /proc/softirqs, /proc/schedstat and per-task
 schedstat, plus perf tracepoint counts where tracefs is mounted.
 """
@@ -48,6 +49,7 @@ from latencyd.core.errors import LatencydError
 from latencyd.core.plugin import Plugin, Target, decode_target, discover
 from latencyd.core.system import System
 from latencyd.tools.latency import Histogram, ratios
+from latencyd.tools.runguard import Guard
 
 TOOLS = {  # tool -> (the command, the Debian package)
     "sockperf": ("sockperf", "sockperf"),
@@ -136,18 +138,23 @@ class Processes:
     compete task by task. Separate sessions would give the tools a CPU share of their own
     against the load and hide what the load does to them."""
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
+        self.guard = guard  # told of each group, to end it should this process die
         self.running: list[subprocess.Popen[str]] = []
         self.detached: list[int] = []  # process groups started outside our tree
         # What a shell here would start things with: measure keeps itself to the
         # housekeeping CPUs once it runs, and what it detaches must not inherit that.
         self.shell_cpus = CpuSet(frozenset(os.sched_getaffinity(0)))
 
-    def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+    def start(self, argv: list[str], grace: float = 3.0, **kwargs: Any) -> subprocess.Popen[str]:
+        """Start `argv` in a process group of its own; `grace`: the seconds it gets to exit
+        after SIGTERM, here and by the guard."""
         proc = subprocess.Popen(
             argv, process_group=0, text=True, stdin=subprocess.DEVNULL, **kwargs
         )
         self.running.append(proc)
+        if self.guard is not None:
+            self.guard.group(proc.pid, grace)
         return proc
 
     def run(self, argv: list[str], timeout: float) -> str:
@@ -166,19 +173,19 @@ class Processes:
             )
         return out
 
-    @staticmethod
-    def end(proc: subprocess.Popen[str], grace: float = 3.0) -> None:
+    def end(self, proc: subprocess.Popen[str], grace: float = 3.0) -> None:
         """SIGTERM its process group; SIGKILL what is left after `grace` seconds."""
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(3)
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(3)
+        if self.guard is not None:
+            self.guard.ended(proc.pid)
 
     def detach(self, argv: list[str], workdir: Path, name: str = "load") -> int:
         """Start `argv` outside this process tree, as a load or an application started from
@@ -198,6 +205,8 @@ class Processes:
         except ProcessLookupError:
             raise MeasureError(f"the {name} did not start: {' '.join(argv)}") from None
         self.detached.append(pgid)
+        if self.guard is not None:
+            self.guard.group(pgid, 0.0)  # SIGKILL at once, as end_group does
         return pgid
 
     def end_group(self, pgid: int, timeout: float = 5.0) -> None:
@@ -213,6 +222,8 @@ class Processes:
                 time.sleep(0.005)
         except ProcessLookupError:
             pass
+        if self.guard is not None:
+            self.guard.ended(pgid)
 
     def end_all(self) -> None:
         for proc in reversed(self.running):
@@ -237,6 +248,8 @@ class Network:
             for ns in (self.server_ns, self.client_ns):
                 _ip("netns", "add", ns)
                 self.made.append(ns)
+                if self.procs.guard is not None:
+                    self.procs.guard.netns(ns)
             _ip("link", "add", "ltdm-s", "netns", self.server_ns, "type", "veth", "peer",
                 "name", "ltdm-c", "netns", self.client_ns)  # fmt: skip
             for ns, dev, addr in (
@@ -535,6 +548,8 @@ class TunedDaemon:
             raise MeasureError("TuneD is not installed (apt-get install tuned)")
         self.stop()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"latencyd-tuned-{os.getpid()}-"))
+        if self.procs.guard is not None:
+            self.procs.guard.path(self.workdir)
         copies = [self.workdir / "tuned", self.workdir / "modprobe.d"]
         for source, copy in zip((self.etc, self.FILES[1]), copies, strict=True):
             if source.is_dir():
@@ -553,7 +568,9 @@ class TunedDaemon:
                     "hold", "--reason", f"TuneD {profile} (latencyctl measure)", self.hold,
                     "--", *argv]  # fmt: skip
         with open(self.workdir / "stderr", "w") as stderr:
-            self.proc = self.procs.start(argv, stdout=subprocess.DEVNULL, stderr=stderr)
+            self.proc = self.procs.start(
+                argv, grace=self.ROLLBACK_S, stdout=subprocess.DEVNULL, stderr=stderr
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = log.read_text() if log.exists() else ""
@@ -762,7 +779,8 @@ def run(
     if os.geteuid() != 0:
         raise MeasureError("measuring needs root (network namespaces, SCHED_FIFO, mlock)")
     remove_what_dead_runs_left()
-    procs = Processes()
+    guard = Guard()
+    procs = Processes(guard)
     system = System("/")
     switcher = Switcher(hold, release, procs, plan.tuned_etc)
     per_round: dict[str, dict[str, list[Histogram]]] = {t: {} for t in plan.tools}
@@ -781,6 +799,7 @@ def run(
         interruptible(),
         tempfile.TemporaryDirectory(prefix=f"latencyd-measure-{os.getpid()}-") as tmp,
     ):
+        guard.path(Path(tmp))
         try:
             os.sched_setaffinity(0, set(plan.housekeeping) & own_cpus or own_cpus)
             with Network(procs) as net:
@@ -818,9 +837,12 @@ def run(
                         part = attribution(before, counters(plan.app_cpus, system), plan.app_cpus)
                         blame[scenario] = merge_attribution(blame.get(scenario, {}), part)
         finally:
-            switcher.leave()
-            procs.end_all()
-            os.sched_setaffinity(0, own_cpus)
+            try:
+                switcher.leave()
+            finally:  # whatever leave raised, the processes end, and the guard with them
+                procs.end_all()
+                guard.done()
+                os.sched_setaffinity(0, own_cpus)
     progress("done", 1.0)
     out = result(plan, per_round, blame, order, started)
     if idle:

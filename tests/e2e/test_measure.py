@@ -107,6 +107,31 @@ def test_ctrl_c_cleans_up_everything(daemon: Latencyd) -> None:
     assert json.loads(daemon.ctl("status", "--json").stdout)["holds"] == []
 
 
+def test_kill_9_of_measure_ends_its_load_server_and_namespaces(daemon: Latencyd) -> None:
+    """SIGKILL leaves measure no clean-up of its own, and its load and sockperf server are
+    outside its process tree on purpose (as an application started from a shell is): its
+    guard, in a session of its own, ends them. Killed here with its whole process group, as
+    a parent's subprocess.run kills it 0.25 s after Ctrl-C."""
+    proc = subprocess.Popen(
+        [str(BIN / "latencyctl"), "measure", "--profile", "test-b", "--vs", "untuned",
+         "--seconds", "20", "--rounds", "2", "--tools", "sockperf",
+         "--load-cmd", "exec sleep 9876"],
+        env=daemon.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        process_group=0,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: running("-x", "sockperf") and running("-f", "sleep 9876"), timeout=30)
+        assert sorted(netns_of_measure()) == [f"ltdm-{proc.pid}-c", f"ltdm-{proc.pid}-s"]
+        (workdir,) = Path("/tmp").glob(f"latencyd-measure-{proc.pid}-*")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    wait_for(lambda: not running("-x", "sockperf") and not running("-f", "sleep 9876"), timeout=15)
+    wait_for(lambda: netns_of_measure() == [] and not workdir.exists(), timeout=10)
+    wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [], timeout=5)
+    assert daemon.ctl("active").stdout.strip() == "test-a"
+
+
 def test_a_missing_tool_is_a_clear_error(daemon: Latencyd, tmp_path: Path) -> None:
     path = tmp_path / "bin"
     path.mkdir()
@@ -162,14 +187,23 @@ def etc_files() -> dict[Path, bytes]:
             for f in d.rglob("*") if f.is_file()}  # fmt: skip
 
 
+def guard_of(pid: int) -> int:
+    """The pid of measure `pid`'s guard (runguard)."""
+    out = subprocess.run(["pgrep", "-P", str(pid), "-f", "latencyd.tools.runguard"],
+                         capture_output=True, text=True).stdout  # fmt: skip
+    return int(out.split()[0])
+
+
 @pytest.mark.skipif(shutil.which("tuned") is None, reason="TuneD is not installed")
+@pytest.mark.parametrize("guard", ["alive", "killed too"])
 def test_killing_measure_during_tuned_rolls_tuned_back_and_leaves_etc_alone(
-    daemon: Latencyd, kernel_guard: None
+    daemon: Latencyd, kernel_guard: None, guard: str
 ) -> None:
     """TuneD keeps its originals in memory: if measure is killed outright, TuneD must still
     roll back (it gets SIGTERM when measure dies), and what it writes to /etc/tuned must
     never have reached the machine's files (it runs over private copies). What the killed
-    run could not remove (its namespaces, TuneD's copies) the next run removes."""
+    run could not remove (its namespaces, TuneD's copies) its guard removes once TuneD has
+    rolled back; with the guard killed too, the next run removes them."""
     swappiness = Path("/proc/sys/vm/swappiness")
     original, files = swappiness.read_text(), etc_files()
     assert original.strip() != "10", "test-a's value is latency-performance's"
@@ -184,7 +218,12 @@ def test_killing_measure_during_tuned_rolls_tuned_back_and_leaves_etc_alone(
         wait_for(lambda: tuned_applied(proc.pid), timeout=60)
         assert swappiness.read_text().strip() == "10"
         assert sorted(netns_of_measure()) == [f"ltdm-{proc.pid}-c", f"ltdm-{proc.pid}-s"]
+        copies = list(Path("/tmp").glob(f"latencyd-tuned-{proc.pid}-*"))
+        copies += Path("/tmp").glob(f"latencyd-measure-{proc.pid}-*")
+        assert len(copies) == 2, copies
     finally:
+        if guard == "killed too":
+            os.kill(guard_of(proc.pid), signal.SIGKILL)
         proc.kill()
         proc.wait(10)
         # TuneD rolled back before latencyd put its profile back: nothing of TuneD's stays.
@@ -192,15 +231,16 @@ def test_killing_measure_during_tuned_rolls_tuned_back_and_leaves_etc_alone(
         wait_for(lambda: not running("-x", "cyclictest"), timeout=15)
     wait_for(lambda: swappiness.read_text() == original, timeout=10)
     assert etc_files() == files
-    copies = list(Path("/tmp").glob(f"latencyd-tuned-{proc.pid}-*"))
-    assert [c.name for c in copies if (c / "tuned" / "active_profile").exists()], copies
-    copies += Path("/tmp").glob(f"latencyd-measure-{proc.pid}-*")
-    assert len(copies) == 2, copies
-    r = measure(daemon, "--profile", "test-b", "--vs", "untuned", "--seconds", "1",
-                "--rounds", "1", "--tools", "cyclictest")  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert netns_of_measure() == []  # its own, and the killed run's
-    assert not any(c.exists() for c in copies)
+    if guard == "alive":
+        wait_for(lambda: netns_of_measure() == [] and not any(c.exists() for c in copies), 10)
+    else:
+        assert [c.name for c in copies if (c / "tuned" / "active_profile").exists()], copies
+        assert all(c.exists() for c in copies) and netns_of_measure() != []
+        r = measure(daemon, "--profile", "test-b", "--vs", "untuned", "--seconds", "1",
+                    "--rounds", "1", "--tools", "cyclictest")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert netns_of_measure() == []  # its own, and the killed run's
+        assert not any(c.exists() for c in copies)
     wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [], timeout=5)
 
 
