@@ -324,6 +324,7 @@ class Daemon:
         drift check) would see it half done: it is kept for later. True if it was."""
         if self.busy is None:
             return False
+        log.debug("an event waits for the change in progress")
         self._deferred.append(action)
         return True
 
@@ -443,6 +444,7 @@ class Daemon:
                 continue
             finally:
                 self._stepped()
+            log.debug("%s: %d setting(s) for new threads", name, len(settings))
             now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             for event in timed:
                 if event.time_ns:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import os
 import signal
@@ -114,7 +115,13 @@ class TaskWatch:
             return
 
         def readable() -> bool:
-            self.daemon.on_task_events(source.read())
+            events = source.read()
+            if events and log.isEnabledFor(logging.DEBUG):  # --verbose: what each wake-up read
+                kinds = collections.Counter(e.kind for e in events)
+                kthreads = [e.pid for e in events if e.kind == "fork" and e.ppid == 2]
+                said = ", ".join(f"{n} {k}" for k, n in kinds.items())
+                log.debug("task events: %s%s", said, f" (new kthreads {kthreads})" * bool(kthreads))
+            self.daemon.on_task_events(events)
             return True
 
         self.source = source

@@ -58,7 +58,11 @@ def test_new_jbd2_threads_are_pinned_as_they_appear(
     start_daemon: Callable[..., Latencyd], profiles: Path, filesystems: list[LoopFs], source: str
 ) -> None:
     (profiles / "kthreads.toml").write_text(PROFILE)
-    d = start_daemon("kthreads", config=f'task_events = "{source}"\nverify_interval_s = 0.2\n')
+    d = start_daemon(  # --verbose: what each wake-up read, for a miss to say where it was
+        "kthreads",
+        config=f'task_events = "{source}"\nverify_interval_s = 0.2\n',
+        extra=["--verbose"],
+    )
     expected = source if source != "none" else "none (periodic rescan)"
     assert f"task events from {expected}" in d.log()
     # Events pin within milliseconds; without an event source the 0.2 s rescan does it.
@@ -71,7 +75,11 @@ def test_new_jbd2_threads_are_pinned_as_they_appear(
             new = jbd2_pids(fs.device)
             assert len(new) == 1
             pids += new
-        wait_for(lambda p=pids: all(pinned(pid) for pid in p), timeout=limit)
+        try:
+            wait_for(lambda p=pids: all(pinned(pid) for pid in p), timeout=limit)
+        except AssertionError:  # the daemon's account: events read, settings made, or none
+            lines = [ln for ln in d.log().splitlines() if "task events" in ln or "new" in ln]
+            raise AssertionError(f"{pids} not pinned in {limit} s; {lines[-15:]}") from None
         status = json.loads(d.ctl("status", "--json").stdout)["plugins"]["kthread"]
         texts = "\n".join(i["text"] for i in status["applied"])
         for fs, pid in zip(filesystems, pids, strict=True):
