@@ -29,6 +29,15 @@ class Irq:
         return ",".join(self.actions) or self.chip
 
 
+def interrupt_label(row: str, what: str) -> str:
+    """A row of `interrupt_counts` as noise reports name it: a numbered IRQ by its number
+    and `irq_name` ("28 virtio1-input.0"), any other row by its name and what the kernel
+    calls it ("LOC (Local timer interrupts)")."""
+    if row.isdigit():
+        return f"{row} {irq_name(what)}".strip()
+    return f"{row} ({what})" if what else row
+
+
 def irq_name(label: str) -> str:
     """The one name an IRQ is shown by in noise reports (`latencyctl top`, the counters
     fallback, `measure`'s attribution), from its label (`Irq.label`, or what
@@ -153,14 +162,14 @@ def softirq_counts(text: str) -> dict[str, dict[int, int]]:
     return out
 
 
-def schedstat_run_ns(text: str) -> dict[int, int]:
-    """/proc/schedstat (CONFIG_SCHEDSTATS): CPU -> nanoseconds tasks have run on it (the
-    idle task excluded; the 7th number of each cpuN line)."""
+def schedule_calls(text: str) -> dict[int, int]:
+    """/proc/schedstat (CONFIG_SCHEDSTATS): CPU -> times schedule() was called on it (the
+    3rd number of each cpuN line)."""
     out = {}
     for line in text.splitlines():
         name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and len(fields) >= 7:
-            out[int(name[3:])] = int(fields[6])
+        if name.startswith("cpu") and name[3:].isdigit() and len(fields) >= 3:
+            out[int(name[3:])] = int(fields[2])
     return out
 
 

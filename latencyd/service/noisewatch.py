@@ -155,11 +155,8 @@ class CounterWatch:
         for row, (what, counts) in procstat.interrupt_counts(
             self.system.read("proc/interrupts")
         ).items():
-            if row.isdigit():
-                name = f"irq {row} {procstat.irq_name(what) or row}"
-            else:
-                name = self.ROWS.get(row, f"{row} ({what})" if what else row)
-            out[name] = counts
+            label = procstat.interrupt_label(row, what)
+            out[f"irq {label}" if row.isdigit() else self.ROWS.get(row, label)] = counts
         for kind, counts in procstat.softirq_counts(self.system.read("proc/softirqs")).items():
             out[f"softirq {kind}"] = counts
         busy = procstat.stat_busy_ticks(self.system.read("proc/stat"))

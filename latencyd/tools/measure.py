@@ -450,18 +450,13 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
 def counters(cpus: CpuSet, system: System) -> Counters:
     c = Counters()
     for row, (what, counts) in procstat.interrupt_counts(system.read("proc/interrupts")).items():
-        if row.isdigit():
-            label = f"{row} {procstat.irq_name(what)}".strip()
-        else:
-            label = f"{row} ({what})" if what else row
+        label = procstat.interrupt_label(row, what)
         c.irqs[label] += sum(n for cpu, n in counts.items() if cpu in cpus)
     for kind, counts in procstat.softirq_counts(system.read("proc/softirqs")).items():
         c.softirqs[kind] += sum(n for cpu, n in counts.items() if cpu in cpus)
     with contextlib.suppress(LatencydError):  # only with CONFIG_SCHEDSTATS
-        for line in system.read("proc/schedstat").splitlines():
-            cpu_name, *fields = line.split()
-            if cpu_name.startswith("cpu") and cpu_name[3:].isdigit() and int(cpu_name[3:]) in cpus:
-                c.schedule_calls += int(fields[2])
+        calls = procstat.schedule_calls(system.read("proc/schedstat"))
+        c.schedule_calls = sum(n for cpu, n in calls.items() if cpu in cpus)
     for pid in system.entries("proc"):
         if pid.isdigit():
             for task, ran in system.threads(int(pid)):

@@ -123,6 +123,20 @@ def test_measure_times_every_thread_even_beside_one_that_exits(tmp_path: Path) -
     assert c.last_cpu == {(4242, "app"): 1, (4244, "app (worker)"): 3}
 
 
+def test_measure_counts_schedule_calls_on_the_measured_cpus_only(tmp_path: Path) -> None:
+    root = make_fake_root(tmp_path, cpus="0-2")
+    proc(root, virtio=0, loc=0, timer=0, busy_ticks=0)
+    assert measure.counters(CpuSet({1}), System(root)).schedule_calls == 0  # no SCHEDSTATS
+    put(
+        root,
+        "proc/schedstat",
+        "version 15\ntimestamp 4295\n"
+        "cpu0 0 0 100 40 60 50 900 300 70\ndomain0 MC 3 0 0 0\n"
+        "cpu1 0 0 7 3 4 2 800 200 9\ncpu2 0 0 11 5 6 3 700 100 8\n",
+    )
+    assert measure.counters(CpuSet({1, 2}), System(root)).schedule_calls == 18
+
+
 class Loop:
     def __init__(self) -> None:
         self.sources: list[Any] = []
