@@ -194,57 +194,64 @@ class LastInterval:
 
 
 @dataclass
+class Span:
+    """Time a source holds a CPU: since `start`, less `nested` ns of interruptions inside;
+    `pid` for a task's run."""
+
+    source: str
+    start: int
+    nested: int = 0
+    pid: int = 0
+
+    def spent(self, ts: int) -> int:
+        return max(0, ts - self.start - self.nested)
+
+
+@dataclass
 class CpuNoise:
     """Accounting of one CPU's events: open interruptions (a stack, as they nest) and the
     task on the CPU."""
 
     expected: Callable[[int], bool] = lambda tid: False  # the application's threads
     tallies: dict[str, Tally] = field(default_factory=dict)
-    stack: list[tuple[str, int, int]] = field(default_factory=list)  # source, start, nested
-    task: tuple[str, int, int] | None = None  # source, start, nested ns inside
-    task_pid: int = 0
+    stack: list[Span] = field(default_factory=list)
+    task: Span | None = None  # None: idle, or one of the application's threads
     events: int = 0
 
     def enter(self, source: str, ts: int) -> None:
-        self.stack.append((source, ts, 0))
+        self.stack.append(Span(source, ts))
 
     def exit(self, ts: int) -> None:
         if not self.stack:
             return  # the entry was before the watch began
-        source, start, nested = self.stack.pop()
-        spent = max(0, ts - start)
-        self.tallies.setdefault(source, Tally()).add(spent - nested)
-        self._nest(spent)
+        span = self.stack.pop()
+        self._add(span, ts)
+        outer = self.stack[-1] if self.stack else self.task
+        if outer is not None:  # the time was not the outer one's own
+            outer.nested += max(0, ts - span.start)
 
     def switch(self, ts: int, next_pid: int, next_comm: str) -> None:
         if self.task is not None:
-            source, start, nested = self.task
-            self.tallies.setdefault(source, Tally()).add(max(0, ts - start - nested))
-        self.task, self.task_pid = None, next_pid
+            self._add(self.task, ts)
+        self.task = None
         if next_pid != 0 and not self.expected(next_pid):
-            self.task = (f"task {next_pid} {next_comm}", ts, 0)
+            self.task = Span(f"task {next_pid} {next_comm}", ts, pid=next_pid)
 
     def exec(self, ts: int, pid: int, comm: str) -> None:
         """The running task exec'd: its run goes on under its new name (the time before
         under the old)."""
-        if self.task is not None and pid == self.task_pid:
+        if self.task is not None and pid == self.task.pid:
             self.switch(ts, pid, comm)
 
-    def _nest(self, spent: int) -> None:
-        if self.stack:
-            source, start, nested = self.stack[-1]
-            self.stack[-1] = (source, start, nested + spent)
-        elif self.task is not None:
-            source, start, nested = self.task
-            self.task = (source, start, nested + spent)
+    def _add(self, span: Span, ts: int) -> None:
+        self.tallies.setdefault(span.source, Tally()).add(span.spent(ts))
 
     def close(self, ts: int) -> dict[str, Tally]:
         """The interval's tallies, an unfinished task run counted up to `ts` (and carried
         on into the next interval from there)."""
         if self.task is not None:
-            source, start, nested = self.task
-            self.tallies.setdefault(source, Tally()).add(max(0, ts - start - nested))
-            self.task = (source, ts, 0)
+            self._add(self.task, ts)
+            self.task = Span(self.task.source, ts, pid=self.task.pid)
         out, self.tallies = self.tallies, {}
         return out
 
