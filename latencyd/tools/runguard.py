@@ -46,7 +46,13 @@ class Guard:
             os.close(read)
 
     def tell(self, *words: object) -> None:
-        os.write(self._write, (" ".join(map(str, words)) + "\n").encode())
+        if self._write < 0:
+            return
+        try:
+            os.write(self._write, (" ".join(map(str, words)) + "\n").encode())
+        except BrokenPipeError:  # the guard was killed: the run goes on without one
+            os.close(self._write)
+            self._write = -1
 
     def group(self, pgid: int, grace: float) -> None:
         self.tell("group", pgid, grace)
@@ -63,7 +69,9 @@ class Guard:
     def done(self) -> None:
         """The run cleaned up after itself: the guard exits doing nothing."""
         self.tell("done")
-        os.close(self._write)
+        if self._write >= 0:
+            os.close(self._write)
+            self._write = -1
         self.proc.wait()
 
 

@@ -86,3 +86,13 @@ def test_a_run_that_dies_has_its_groups_and_directories_ended(sleeper: int, tmp_
     assert guard.proc.wait(20) == 0
     assert not group_alive(sleeper)
     assert not workdir.exists()
+
+
+def test_a_run_whose_guard_was_killed_goes_on(sleeper: int) -> None:
+    guard = Guard()
+    guard.proc.kill()
+    guard.proc.wait()
+    guard.group(sleeper, 3.0)  # no BrokenPipeError
+    guard.ended(sleeper)
+    guard.done()
+    assert group_alive(sleeper)
