@@ -539,6 +539,7 @@ def _run_attribution(
             route=lambda a, b: held(at.route(a, b)),
             order=at.round_order,
             control_hog=at.control is not None,
+            scratch=(*plan.scratch, tmp),
         )
         if not quiet:
             print(
@@ -674,7 +675,7 @@ def _attribute_recommendation(
         proposal.write_text(profile_text)
         at = _attribution_plan(str(proposal), app, [], False, [])
         plan = measure.Plan([], app, online - app, args.seconds or 10.0, args.rounds, tools,
-                            idle_seconds=1.0)  # fmt: skip
+                            idle_seconds=1.0, scratch=(Path(tmp),))  # fmt: skip
         groups, result, machine = _run_attribution(
             at,
             plan,

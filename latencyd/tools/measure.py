@@ -121,6 +121,7 @@ class Plan:
     route: Callable[[str, str], list[str]] | None = None
     control_hog: bool = False  # run the CONTROL_HOG for the whole measurement
     order: Callable[[int], list[str]] | None = None  # round -> its scenarios' order
+    scratch: tuple[Path, ...] = ()  # the caller's temporary directories: the guard's too
 
     @property
     def estimate_s(self) -> float:
@@ -794,7 +795,8 @@ def run(
         interruptible(),
         tempfile.TemporaryDirectory(prefix=f"latencyd-measure-{os.getpid()}-") as tmp,
     ):
-        guard.path(Path(tmp))
+        for path in (*plan.scratch, Path(tmp)):
+            guard.path(path)
         try:
             os.sched_setaffinity(0, set(plan.housekeeping) & own_cpus or own_cpus)
             with Network(procs) as net:
