@@ -493,6 +493,7 @@ def _run_attribution(
     from latencyd.tools import attribute, measure
     from latencyd.tools.recommend import machine_kind, read_facts
 
+    begun = time.monotonic()
     machine = machine_kind(read_facts(System("/")), os.uname().release)
     with tempfile.TemporaryDirectory(prefix=f"latencyd-attribute-{os.getpid()}-") as name:
         tmp = Path(name)
@@ -517,10 +518,12 @@ def _run_attribution(
             raise CliError(FAILED, "no group of the profile can act here: "
                            + "; ".join(f"{r.name}: {r.reason}" for r in skipped))  # fmt: skip
         names = [s.name for s in at.scenarios]
-        if seconds is None:
-            seconds = attribute.seconds_for(_duration(budget or "15m", "--budget"), plan.rounds,
-                                            len(names), len(plan.tools), plan.idle_seconds,
-                                            at.transit_steps(), max(switches))  # fmt: skip
+        budget_s = None  # with --seconds, none: the rounds are as long as asked
+        if seconds is None:  # the budget less the probing above; measure refits each round
+            budget_s = parse_duration(budget or "15m", "--budget") - (time.monotonic() - begun)
+            seconds = attribute.seconds_for(budget_s, plan.rounds, len(names), len(plan.tools),
+                                            plan.idle_seconds, at.transit_steps(),
+                                            max(switches))  # fmt: skip
         holds: dict[str, str] = {}
 
         def held(names: list[str]) -> list[str]:
@@ -540,6 +543,7 @@ def _run_attribution(
             order=at.round_order,
             control_hog=at.control is not None,
             scratch=(*plan.scratch, tmp),
+            budget_s=budget_s,
         )
         if not quiet:
             print(
@@ -594,7 +598,7 @@ def _save(directory: Path, kind: str, started: str, data: dict[str, Any]) -> Pat
     return saved
 
 
-def _duration(text: str, what: str) -> float:
+def parse_duration(text: str, what: str) -> float:
     """ "900", "900s", "15m", "1h" -> seconds."""
     import re
 

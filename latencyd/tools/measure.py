@@ -39,7 +39,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,9 @@ class Plan:
     control_hog: bool = False  # run the CONTROL_HOG for the whole measurement
     order: Callable[[int], list[str]] | None = None  # round -> its scenarios' order
     scratch: tuple[Path, ...] = ()  # the caller's temporary directories: the guard's too
+    # The whole run's time, if it has one (--budget): the rounds after the first get the
+    # seconds that fit what is left, at what the rounds so far cost besides the tools.
+    budget_s: float | None = None
 
     @property
     def estimate_s(self) -> float:
@@ -745,6 +748,19 @@ def control_hog(workdir: Path, parked: CpuSet, measured: CpuSet) -> list[str]:
             str(os.getpid()), cpus]  # fmt: skip
 
 
+def refit_seconds(
+    budget_s: float, elapsed_s: float, rounds_done: int, rounds: int, tool_s: float, runs: int
+) -> float:
+    """Seconds per tool run for the rounds left so that the run ends within `budget_s`:
+    what a round cost besides its `tool_s` seconds of tool runs (switches, settling,
+    starting tools, reading counters: more than estimated on a busy or large machine) is
+    taken from the rounds done; never below 1 s (no group is dropped: a budget too small
+    for them all is exceeded)."""
+    overhead = max(0.0, elapsed_s - tool_s) / rounds_done
+    left = rounds - rounds_done
+    return max(1.0, (budget_s - elapsed_s - left * overhead) / (left * runs))
+
+
 def missing_tools(tools: list[str]) -> list[str]:
     return [f"{t} (apt-get install {TOOLS[t][1]})" for t in tools if not shutil.which(TOOLS[t][0])]
 
@@ -791,6 +807,7 @@ def run(
     # between rounds, and as the hold's holder it is exempt from the shield, so it keeps
     # to the housekeeping CPUs (found as ~1 s of "latencyctl" on the measured CPU).
     own_cpus = os.sched_getaffinity(0)
+    begun, seconds, tool_s, seconds_per_round = time.monotonic(), plan.seconds, 0.0, []
     with (
         interruptible(),
         tempfile.TemporaryDirectory(prefix=f"latencyd-measure-{os.getpid()}-") as tmp,
@@ -812,6 +829,13 @@ def run(
                     else:
                         scenarios = plan.scenarios if r % 2 == 0 else plan.scenarios[::-1]
                     order.append(list(scenarios))
+                    runs = len(scenarios) * len(plan.tools)
+                    if plan.budget_s is not None and r > 0:
+                        spent = time.monotonic() - begun
+                        left = plan.budget_s, spent, r, plan.rounds
+                        seconds = refit_seconds(*left, tool_s, runs)
+                    seconds_per_round.append(seconds)
+                    tool_s += seconds * runs
                     for scenario in scenarios:
                         if plan.route is not None and previous is not None:
                             for via in plan.route(previous, scenario):
@@ -828,7 +852,8 @@ def run(
                         for tool in plan.tools:
                             progress(f"round {r + 1}/{plan.rounds}: {scenario}: {tool}",
                                      done / steps)  # fmt: skip
-                            hist = run_tool(tool, plan, procs, net, Path(tmp))
+                            hist = run_tool(tool, replace(plan, seconds=seconds), procs, net,
+                                            Path(tmp))  # fmt: skip
                             per_round[tool].setdefault(scenario, []).append(hist)
                             done += 1
                         part = attribution(before, counters(plan.app_cpus, system), plan.app_cpus)
@@ -842,6 +867,7 @@ def run(
                 os.sched_setaffinity(0, own_cpus)
     progress("done", 1.0)
     out = result(plan, per_round, blame, order, started)
+    out["plan"]["seconds_per_round"] = seconds_per_round
     if idle:
         out["idle_busy_pct"] = {s: round(100 * sum(v) / len(v), 2) for s, v in idle.items()}
     if switcher.tuned.put_back:
