@@ -143,7 +143,8 @@ class Processes:
     against the load and hide what the load does to them."""
 
     def __init__(self, guard: Guard | None = None) -> None:
-        self.guard = guard  # told of each group, to end it should this process die
+        # told of each group, to end it should this process die
+        self.guard = guard if guard is not None else Guard(watch=False)
         self.running: list[subprocess.Popen[str]] = []
         self.detached: list[int] = []  # process groups started outside our tree
         # What a shell here would start things with: measure keeps itself to the
@@ -157,8 +158,7 @@ class Processes:
             argv, process_group=0, text=True, stdin=subprocess.DEVNULL, **kwargs
         )
         self.running.append(proc)
-        if self.guard is not None:
-            self.guard.group(proc.pid, grace)
+        self.guard.group(proc.pid, grace)
         return proc
 
     def run(self, argv: list[str], timeout: float) -> str:
@@ -188,8 +188,7 @@ class Processes:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(3)
-        if self.guard is not None:
-            self.guard.ended(proc.pid)
+        self.guard.ended(proc.pid)
 
     def detach(self, argv: list[str], workdir: Path, name: str = "load") -> int:
         """Start `argv` outside this process tree, as a load or an application started from
@@ -209,8 +208,7 @@ class Processes:
         except ProcessLookupError:
             raise MeasureError(f"the {name} did not start: {' '.join(argv)}") from None
         self.detached.append(pgid)
-        if self.guard is not None:
-            self.guard.group(pgid, 0.0)  # SIGKILL at once, as end_group does
+        self.guard.group(pgid, 0.0)  # SIGKILL at once, as end_group does
         return pgid
 
     def end_group(self, pgid: int, timeout: float = 5.0) -> None:
@@ -226,8 +224,7 @@ class Processes:
                 time.sleep(0.005)
         except ProcessLookupError:
             pass
-        if self.guard is not None:
-            self.guard.ended(pgid)
+        self.guard.ended(pgid)
 
     def end_all(self) -> None:
         for proc in reversed(self.running):
@@ -252,8 +249,7 @@ class Network:
             for ns in (self.server_ns, self.client_ns):
                 _ip("netns", "add", ns)
                 self.made.append(ns)
-                if self.procs.guard is not None:
-                    self.procs.guard.netns(ns)
+                self.procs.guard.netns(ns)
             _ip("link", "add", "ltdm-s", "netns", self.server_ns, "type", "veth", "peer",
                 "name", "ltdm-c", "netns", self.client_ns)  # fmt: skip
             for ns, dev, addr in (
@@ -547,8 +543,7 @@ class TunedDaemon:
             raise MeasureError("TuneD is not installed (apt-get install tuned)")
         self.stop()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"latencyd-tuned-{os.getpid()}-"))
-        if self.procs.guard is not None:
-            self.procs.guard.path(self.workdir)
+        self.procs.guard.path(self.workdir)
         copies = [self.workdir / "tuned", self.workdir / "modprobe.d"]
         for source, copy in zip((self.etc, self.FILES[1]), copies, strict=True):
             if source.is_dir():
@@ -831,11 +826,11 @@ def run(
                     order.append(list(scenarios))
                     runs = len(scenarios) * len(plan.tools)
                     if plan.budget_s is not None and r > 0:
-                        spent = time.monotonic() - begun
-                        left = plan.budget_s, spent, r, plan.rounds
-                        seconds = refit_seconds(*left, tool_s, runs)
+                        seconds = refit_seconds(plan.budget_s, time.monotonic() - begun, r,
+                                                plan.rounds, tool_s, runs)  # fmt: skip
                     seconds_per_round.append(seconds)
                     tool_s += seconds * runs
+                    this_round = replace(plan, seconds=seconds)
                     for scenario in scenarios:
                         if plan.route is not None and previous is not None:
                             for via in plan.route(previous, scenario):
@@ -852,8 +847,7 @@ def run(
                         for tool in plan.tools:
                             progress(f"round {r + 1}/{plan.rounds}: {scenario}: {tool}",
                                      done / steps)  # fmt: skip
-                            hist = run_tool(tool, replace(plan, seconds=seconds), procs, net,
-                                            Path(tmp))  # fmt: skip
+                            hist = run_tool(tool, this_round, procs, net, Path(tmp))
                             per_round[tool].setdefault(scenario, []).append(hist)
                             done += 1
                         part = attribution(before, counters(plan.app_cpus, system), plan.app_cpus)

@@ -31,9 +31,15 @@ from pathlib import Path
 
 
 class Guard:
-    """The run's side: start the guard, tell it what to end should the run die."""
+    """The run's side: start the guard, tell it what to end should the run die. With
+    `watch=False`, none is started and what it is told is dropped (`Processes` used outside
+    a measurement run, by the benchmarks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: bool = True) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._write = -1
+        if not watch:
+            return
         read, self._write = os.pipe()
         try:
             self.proc = subprocess.Popen(
@@ -72,7 +78,8 @@ class Guard:
         if self._write >= 0:
             os.close(self._write)
             self._write = -1
-        self.proc.wait()
+        if self.proc is not None:
+            self.proc.wait()
 
 
 @dataclass

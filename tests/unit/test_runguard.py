@@ -90,9 +90,18 @@ def test_a_run_that_dies_has_its_groups_and_directories_ended(sleeper: int, tmp_
 
 def test_a_run_whose_guard_was_killed_goes_on(sleeper: int) -> None:
     guard = Guard()
+    assert guard.proc is not None
     guard.proc.kill()
     guard.proc.wait()
     guard.group(sleeper, 3.0)  # no BrokenPipeError
     guard.ended(sleeper)
+    guard.done()
+    assert group_alive(sleeper)
+
+
+def test_a_guard_that_does_not_watch_starts_nothing(sleeper: int) -> None:
+    guard = Guard(watch=False)
+    assert guard.proc is None
+    guard.group(sleeper, 0.0)
     guard.done()
     assert group_alive(sleeper)
