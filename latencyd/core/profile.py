@@ -228,6 +228,16 @@ def _is_file(path: Path) -> bool:
         return False
 
 
+def profile_files(search_path: Sequence[Path]) -> dict[str, Path]:
+    """Every profile name on the search path -> its file; earlier directories win."""
+    found: dict[str, Path] = {}
+    for directory in search_path:
+        if directory.is_dir():
+            for path in sorted(directory.glob(f"*{SUFFIX}")):
+                found.setdefault(path.name[: -len(SUFFIX)], path)
+    return dict(sorted(found.items()))
+
+
 class ProfileLibrary:
     """The profile search path, and loading profiles from it against the known plugins."""
 
@@ -261,14 +271,7 @@ class ProfileLibrary:
         raise ProfileNotFound(Location(None), f"no profile named {name!r} (searched {searched})")
 
     def names(self) -> dict[str, Path]:
-        """Every profile name on the search path; earlier directories win."""
-        found: dict[str, Path] = {}
-        for directory in self.search_path:
-            if not directory.is_dir():
-                continue
-            for path in sorted(directory.glob(f"*{SUFFIX}")):
-                found.setdefault(path.name[: -len(SUFFIX)], path)
-        return dict(sorted(found.items()))
+        return profile_files(self.search_path)
 
     def all(self) -> list[ProfileInfo]:
         """All profiles with their summaries; invalid ones carry their error instead."""

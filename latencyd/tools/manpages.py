@@ -455,15 +455,14 @@ def complete_words(kind: str, profile_dirs: Sequence[Path] = ()) -> list[str]:
     search path (as `explain` searches it), plugin names, or section.option names."""
     if kind == "profiles":
         from latencyd.core.errors import LatencydError
-        from latencyd.core.profile import SUFFIX
+        from latencyd.core.profile import profile_files
         from latencyd.service.config import Config, load_config, search_path
 
         try:
             config = load_config()
         except LatencydError:
             config = Config()
-        dirs = search_path(list(profile_dirs), config)
-        return sorted({p.name.removesuffix(SUFFIX) for d in dirs for p in d.glob(f"*{SUFFIX}")})
+        return list(profile_files(search_path(list(profile_dirs), config)))
     if kind == "plugins":
         from latencyd.core.plugin import ENTRY_POINT_GROUP, entry_point_specs
 
