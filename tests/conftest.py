@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,14 @@ import pytest
 from tests.machine_state import differences, snapshot
 
 IS_ROOT = os.geteuid() == 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run started in the background by a non-interactive shell (`.ci/run &` in a script)
+    # inherits SIGINT ignored, and so would every process the tests start: the tests that
+    # send Ctrl-C to measure or check a held command's SIGINT need it delivered.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
