@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from latencyd.core.idle import read_driver
+from latencyd.core.system import System
+
 PROFILE = """
 [sysctl]
 "vm.swappiness" = 11
@@ -64,7 +67,7 @@ def profile_for(originals: dict[str, object]) -> str:
     that every setting the sampler reads is changed by the profile."""
     text = PROFILE
     for name, ((line, shown), (other, _)) in ALTERNATIVES.items():
-        if originals[name] == shown:
+        if originals.get(name) == shown:  # (not read: an idle setting that cannot act)
             text = text.replace(line, other)
     return text
 
@@ -98,6 +101,11 @@ SETTINGS: dict[str, Callable[[], object]] = {
     "default IRQ affinity": lambda: read("/proc/irq/default_smp_affinity"),
     "PM QoS": pm_qos_us,
 }
+# The idle settings act only where a cpuidle driver is; elsewhere the daemon refuses them
+# (not applicable), so they are not the profile's to keep and the sampler leaves them out.
+IDLE_ACTS = bool(read_driver(System()))
+if not IDLE_ACTS:
+    del SETTINGS["PM QoS"], SETTINGS["cpu1 resume latency"]
 
 
 @dataclass

@@ -410,10 +410,10 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
     Polling happens inside the idle task, so /proc/stat calls it idle; cpuidle residency
     does not (a VM's host sees a polling vCPU as busy, a bare-metal CPU spends the
     power). Without cpuidle, the share of time /proc/stat does not count idle."""
-    cpus = [
-        p
-        for p in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle"))
-        if measured is None or int(p.parent.name[3:]) in measured
+    cpus = [  # the cpuidle directories that have states (one without counts nothing)
+        p.parent
+        for p in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle/state0"))
+        if measured is None or int(p.parent.parent.name[3:]) in measured
     ]
 
     def asleep_us() -> int:

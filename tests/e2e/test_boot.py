@@ -30,7 +30,7 @@ from tests.harness import REPO, Latencyd, wait_for
 from tests.harness import sysctl as host_sysctl
 from tests.machine_state import differences, snapshot
 from tests.nspawn import PID1_SYSCTLS, Container, isolate
-from tests.sampler import SETTINGS, finish, pm_qos_us, profile_for, sampling
+from tests.sampler import SETTINGS, all_tuned, finish, profile_for, sampling
 
 DEFAULT = "latency-performance"
 NOBODY = 65534
@@ -253,7 +253,7 @@ def test_reload_rereads_profiles(booted: Booted) -> None:
 def switch_to_restart_profile(booted: Booted) -> None:
     (booted.profiles / "boot-restart.toml").write_text(profile_for(booted.originals))
     assert booted.ctl("switch", "boot-restart").returncode == 0
-    wait_for(lambda: pm_qos_us() == 50, timeout=5)
+    wait_for(lambda: all_tuned(booted.originals), timeout=5)
 
 
 def test_restart_flips_nothing_and_the_pm_qos_request_survives(booted: Booted) -> None:

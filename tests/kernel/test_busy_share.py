@@ -1,0 +1,35 @@
+"""measure's cost of a scenario with no traffic (`busy_share`) on the real CPUs: a hog on
+CPU 1 shows as busy, CPU 1 left alone as mostly idle. With a cpuidle driver it is read from
+the idle states' residency, without one from /proc/stat: `make test` runs this on both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from latencyd.core.cpuset import CpuSet
+from latencyd.tools.measure import busy_share
+
+
+@pytest.mark.machine_kind
+def test_a_hog_is_busy_and_an_idle_cpu_is_not() -> None:
+    if not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs CPUs 0 and 1")
+    cpu1 = CpuSet.from_list("1")
+    hog = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
+    try:
+        busy = busy_share(1.0, cpu1)
+    finally:
+        hog.kill()
+        hog.wait()
+    ours = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})  # this test's own process waits elsewhere
+    try:
+        idle = busy_share(1.0, cpu1)
+    finally:
+        os.sched_setaffinity(0, ours)
+    assert busy > 0.9, busy
+    assert idle < 0.7, idle
