@@ -173,12 +173,18 @@ def schedule_calls(text: str) -> dict[int, int]:
     return out
 
 
-def stat_busy_ticks(text: str) -> dict[int, int]:
-    """/proc/stat: CPU -> clock ticks (USER_HZ) spent running tasks (user, nice, system;
-    IRQ and softirq time are the kernel's own columns, not counted here)."""
+def stat_ticks(text: str) -> dict[int, tuple[int, ...]]:
+    """/proc/stat: CPU -> its clock ticks (USER_HZ) by column: user, nice, system, idle,
+    iowait, irq, softirq, steal (then guest and guest_nice, already within user and nice)."""
     out = {}
     for line in text.splitlines():
         name, *fields = line.split()
         if name.startswith("cpu") and name[3:].isdigit():
-            out[int(name[3:])] = sum(int(f) for f in fields[:3])
+            out[int(name[3:])] = tuple(int(f) for f in fields)
     return out
+
+
+def stat_busy_ticks(text: str) -> dict[int, int]:
+    """/proc/stat: CPU -> clock ticks spent running tasks (user, nice, system; IRQ and
+    softirq time are the kernel's own columns, not counted here)."""
+    return {cpu: sum(ticks[:3]) for cpu, ticks in stat_ticks(text).items()}

@@ -46,6 +46,8 @@ from typing import Any
 from latencyd.core import procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import LatencydError
+from latencyd.core.idle import CPU
+from latencyd.core.idle import states_of as idle_states_of
 from latencyd.core.plugin import Plugin, Target, decode_target, discover
 from latencyd.core.system import System
 from latencyd.tools.latency import Histogram, ratios
@@ -410,38 +412,35 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
     Polling happens inside the idle task, so /proc/stat calls it idle; cpuidle residency
     does not (a VM's host sees a polling vCPU as busy, a bare-metal CPU spends the
     power). Without cpuidle, the share of time /proc/stat does not count idle."""
-    cpus = [  # the cpuidle directories that have states (one without counts nothing)
-        p.parent
-        for p in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle/state0"))
-        if measured is None or int(p.parent.parent.name[3:]) in measured
-    ]
+    system = System("/")
+    cpus = system.online_cpus() if measured is None else measured
+    # Per CPU with idle states, the ones it sleeps in (POLL is polling: awake); a CPU
+    # without states has nothing to count and leaves the share to /proc/stat.
+    sleeping = {
+        cpu: [s.index for s in states if not s.is_poll]
+        for cpu in cpus
+        if (states := idle_states_of(system, cpu))
+    }
 
     def asleep_us() -> int:
         total = 0
-        for base in cpus:
-            for state in base.glob("state[0-9]*"):
-                with contextlib.suppress(OSError, ValueError):
-                    if (state / "name").read_text().strip().upper() != "POLL":
-                        total += int((state / "time").read_text())
+        for cpu, indexes in sleeping.items():
+            for i in indexes:
+                with contextlib.suppress(LatencydError, ValueError):
+                    total += int(system.read(f"{CPU}/cpu{cpu}/cpuidle/state{i}/time"))
         return total
 
     def stat() -> tuple[int, int]:
-        total = idle = 0
-        for line in Path("/proc/stat").read_text().splitlines()[1:]:
-            name, *rest = line.split()
-            if not name.startswith("cpu"):
-                break
-            if measured is None or int(name[3:]) in measured:
-                fields = [int(x) for x in rest]
-                total, idle = total + sum(fields[:8]), idle + fields[3] + fields[4]
-        return total, idle
+        ticks = procstat.stat_ticks(system.read("proc/stat"))
+        mine = [t for cpu, t in ticks.items() if cpu in cpus]
+        return sum(sum(t[:8]) for t in mine), sum(t[3] + t[4] for t in mine)
 
     start, (total0, idle0) = time.monotonic(), stat()
-    asleep0 = asleep_us() if cpus else 0
+    asleep0 = asleep_us() if sleeping else 0
     time.sleep(seconds)
     wall_us = (time.monotonic() - start) * 1e6
-    if cpus:
-        return max(0.0, 1 - (asleep_us() - asleep0) / (wall_us * len(cpus)))
+    if sleeping:
+        return max(0.0, 1 - (asleep_us() - asleep0) / (wall_us * len(sleeping)))
     total1, idle1 = stat()
     total = total1 - total0
     return (total - (idle1 - idle0)) / total if total else 0.0

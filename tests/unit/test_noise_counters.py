@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from latencyd.core import procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.noise import WatchPlan
 from latencyd.core.system import System
@@ -135,6 +136,19 @@ def test_measure_counts_schedule_calls_on_the_measured_cpus_only(tmp_path: Path)
         "cpu1 0 0 7 3 4 2 800 200 9\ncpu2 0 0 11 5 6 3 700 100 8\n",
     )
     assert measure.counters(CpuSet({1, 2}), System(root)).schedule_calls == 18
+
+
+def test_proc_stat_is_read_by_column_and_busy_is_user_nice_system() -> None:
+    text = (
+        "cpu  30 2 13 900 5 1 1 0 0 0\n"
+        "cpu0 10 1 4 500 3 1 0 0 0 0\ncpu1 20 1 9 400 2 0 1 0 0 0\n"
+        "intr 1234 0 5\nctxt 99\n"
+    )
+    assert procstat.stat_ticks(text) == {
+        0: (10, 1, 4, 500, 3, 1, 0, 0, 0, 0),
+        1: (20, 1, 9, 400, 2, 0, 1, 0, 0, 0),
+    }
+    assert procstat.stat_busy_ticks(text) == {0: 15, 1: 30}
 
 
 class Loop:
