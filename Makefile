@@ -19,20 +19,21 @@ setup:
 run: setup
 	@bash scripts/run-dev.sh
 
-# Tests first (kernel and e2e tests need root), then lint. pytest's exit status 5
-# ("no tests collected") is a failure: a suite that ran nothing passed nothing.
-test: setup
-	@status=0; $(PYTHON) -m pytest || status=$$?; \
+# $(call pytest,COMMAND): pytest's exit status 5 ("no tests collected") is a failure: a
+# suite that ran nothing passed nothing.
+pytest = status=0; $(1) || status=$$?; \
 	if [ "$$status" -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit "$$status"
-	@# On a machine with a cpuidle driver, the tests whose expectations depend on it again,
-	@# as on a guest without one (what that changes: scripts/without-cpuidle-driver.sh).
+
+# Tests first (kernel and e2e tests need root), then lint. On a machine with a cpuidle
+# driver, the tests whose expectations depend on it run again as on a guest without one
+# (what that changes: scripts/without-cpuidle-driver.sh).
+test: setup
+	@$(call pytest,$(PYTHON) -m pytest)
 	@if [ "$$(id -u)" = 0 ] && grep -qvx none $(CPUIDLE_DRIVER) 2>/dev/null; then \
 	    echo "make test: the machine_kind tests as on a guest without a cpuidle driver"; \
-	    status=0; bash scripts/without-cpuidle-driver.sh $(PYTHON) -m pytest -m machine_kind \
-	        -p no:cacheprovider || status=$$?; \
-	    if [ "$$status" -eq 5 ]; then echo "make test: no machine_kind tests" >&2; exit 1; fi; \
-	    exit "$$status"; \
+	    $(call pytest,bash scripts/without-cpuidle-driver.sh \
+	        $(PYTHON) -m pytest -m machine_kind -p no:cacheprovider); \
 	fi
 	@$(MAKE) --no-print-directory lint-only
 
