@@ -254,6 +254,7 @@ class Engine:
         self.originals: dict[SettingId, Value] = {}
         self.not_applicable: dict[SettingId, Refused] = {}
         self.sections: dict[str, Section] = {}
+        self._rules_ahead: dict[str, Any] = {}  # of the sections an apply is applying
         self.profile: str | None = None
         self.last_step: StepReport | None = None
         self._changes: set[SettingId] | None = None  # see take_changes
@@ -316,9 +317,13 @@ class Engine:
         wanted = {(n, t): v for n, e in expansions.items() for t, v in e.settings.items()}
         current = {(n, t): v for n, e in expansions.items() for t, v in e.current.items()}
         scope = None if only is None else set(only)
-        report = yield from self.switch_steps(
-            wanted, profile.name, scope, only is not None, current=current
-        )
+        self._rules_ahead = {name: exp.rules for name, exp in expansions.items()}
+        try:
+            report = yield from self.switch_steps(
+                wanted, profile.name, scope, only is not None, current=current
+            )
+        finally:
+            self._rules_ahead = {}
         if only is None:
             self.sections = {}
         for name, exp in expansions.items():
@@ -544,6 +549,13 @@ class Engine:
         try:
             if previous is ADOPTED:  # after a restart: what is there now is what we undo to
                 previous = plugin.read(target)
+            # A target others also set (a task its user pins with `taskset -c 1 app` while
+            # the shield handles its exec) is judged again with a read right before the
+            # first write: the original was read before the journal's fsync, and the
+            # decision before that, on an event maybe milliseconds old under load.
+            fresh = sid not in self.applied and _hands_over(plugin)
+            if fresh and self._theirs(sid, plugin.read(target)):
+                return None
             if (sid not in self.applied or self.applied[sid] is ADOPTED) and plugin.same(
                 target, value, previous
             ):
@@ -553,6 +565,9 @@ class Engine:
             wrote = True
             undo.append(lambda: plugin.write(target, previous))
             actual = plugin.read(target)
+            if not plugin.same(target, value, actual) and self._theirs(sid, actual):
+                undo.pop()  # they set it right after us: theirs stays, nothing to undo
+                return None
             if not plugin.same(target, value, actual):
                 raise KernelRefused(
                     f"[{sid[0]}] {plugin.describe(target, value)}",
@@ -727,15 +742,21 @@ class Engine:
     def _handed_over(self, sid: SettingId, actual: Value) -> bool:
         """Stop owning a setting whose plugin says the change someone made is theirs to
         keep (a task put inside the shield): no restore, no re-apply, out of the journal."""
-        plugin, target = self.plugins[sid[0]], sid[1]
-        section = self.sections.get(sid[0])
-        reason = plugin.handed_over(section.expansion.rules if section else None, target, actual)
-        if not reason:
+        if not self._theirs(sid, actual):
             return False
-        log.info("[%s] %s: left as it is, %s", sid[0], plugin.describe(target, actual), reason)
         self._disown(sid)
         self._save([sid])
         return True
+
+    def _theirs(self, sid: SettingId, actual: Value) -> bool:
+        """Whether the plugin says `actual` is someone else's to keep (logged if so)."""
+        plugin, target = self.plugins[sid[0]], sid[1]
+        section = self.sections.get(sid[0])
+        rules = self._rules_ahead.get(sid[0], section.expansion.rules if section else None)
+        reason = plugin.handed_over(rules, target, actual)
+        if reason:
+            log.info("[%s] %s: left as it is, %s", sid[0], plugin.describe(target, actual), reason)
+        return bool(reason)
 
     def on_drift(self, plugin: str) -> str:
         section = self.sections.get(plugin)
@@ -822,6 +843,12 @@ def _give_back(plugin: Plugin[Any], target: Target, original: Value) -> bool:
 def _key(target: Target) -> str:
     """A target's journal key (each encoded once)."""
     return key_of(encode_target(target))
+
+
+def _hands_over(plugin: Plugin[Any]) -> bool:
+    """Whether the plugin can say a target's value is someone else's (it overrides
+    `handed_over`): only its new targets cost a read more."""
+    return type(plugin).handed_over is not Plugin.handed_over
 
 
 def _not_applicable(target: Target, exc: LatencydError) -> bool:

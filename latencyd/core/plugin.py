@@ -264,7 +264,11 @@ class Plugin(Generic[T]):
     def handed_over(self, rules: Any, target: T, actual: Value) -> str | None:
         """Why a change someone else made to an owned target is theirs to keep (the engine
         then stops owning it, without restoring or re-applying), or None: it is drift.
-        `rules` are the applied section's. By default every such change is drift."""
+        `rules` are the applied section's. By default every such change is drift.
+        A plugin that overrides this is also asked right before a target's first write,
+        with a fresh read (one read more per new target), and after the write when its
+        read-back differs: what it calls theirs then is not written or left as they set
+        it."""
         return None
 
     def exists(self, target: T) -> bool:

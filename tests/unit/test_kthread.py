@@ -711,6 +711,86 @@ def test_a_narrowed_task_put_back_inside_the_shield_is_handed_over(
     assert engine.off() == []
 
 
+def _pinned_by_its_user_while_journaled(m: Machinery, engine: Engine, pid: int) -> None:
+    """`taskset -c 1` lands on `pid` while the engine journals the originals: after its
+    CPUs were read for the decision and for the original, before the write."""
+    record = engine.journal.record
+
+    def user_pins_then_record(*args: Any, **kwargs: Any) -> None:
+        m.sched.affinity[pid] = frozenset({1})
+        record(*args, **kwargs)
+
+    engine.journal.record = user_pins_then_record  # type: ignore[method-assign]
+
+
+def test_a_task_its_user_pins_to_the_shield_during_the_step_is_left_there(
+    m: Machinery, machine: Machine
+) -> None:
+    """An application started as `taskset -c 1 app` from a shell on every CPU: the exec
+    event of the shell's child is judged on all CPUs, and its user pins it inside the
+    shield before the write. The write must not move it out (the shield moved measure's
+    sockperf server to CPU 0 this way under I/O load): one read right before it says so."""
+    engine = m.engine()
+    section = {"isolate_tasks": "1"}
+    engine.apply(m.profile(machine, section))
+    add_task(m.root, 700, "app", start_time=9000)
+    m.sched.add(700)
+    rules = engine.sections["kthread"].expansion.rules
+    moved = m.plugin.on_task(rules, TaskEvent("comm", 700, 700), engine.owned("kthread"))
+    assert moved == {TaskAffinity(700, 9000, 700): "0,2-3"}  # judged before the pin
+    _pinned_by_its_user_while_journaled(m, engine, 700)
+    report = engine.extend("kthread", moved)
+    assert m.sched.affinity[700] == {1}
+    assert report.applied == 0 and ("kthread", TaskAffinity(700, 9000, 700)) not in engine.applied
+    journal = engine.journal.load()
+    assert journal is not None and not [k for k in journal.originals if '"pid":700' in k[1]]
+    assert engine.verify() == []
+    assert engine.off() == []
+    assert m.sched.affinity[700] == {1}
+
+
+def test_a_task_pinned_during_the_first_switch_is_left_there(
+    m: Machinery, machine: Machine
+) -> None:
+    """The same race in the switch that raises the shield (its expansion read every
+    thread long before the writes): judged by the rules being applied."""
+    engine = m.engine()
+    _pinned_by_its_user_while_journaled(m, engine, 401)
+    engine.apply(m.profile(machine, {"isolate_tasks": "1"}))
+    assert m.sched.affinity[401] == {1} and m.sched.affinity[400] == {0, 2, 3}
+    assert ("kthread", TaskAffinity(400, 1000, 401)) not in engine.applied
+    assert engine.off() == []
+    assert m.sched.affinity[401] == {1} and m.sched.affinity[400] == {0, 1, 2, 3}
+
+
+def test_a_task_its_user_pins_right_after_the_write_is_theirs(
+    m: Machinery, machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pin lands between the write and its read-back: not "the kernel kept another
+    value" (a failed step), but the user's choice, left as it is."""
+    engine = m.engine()
+    engine.apply(m.profile(machine, {"isolate_tasks": "1"}))
+    add_task(m.root, 700, "app", start_time=9000)
+    m.sched.add(700)
+    rules = engine.sections["kthread"].expansion.rules
+    moved = m.plugin.on_task(rules, TaskEvent("comm", 700, 700), engine.owned("kthread"))
+    set_affinity, pins = m.sched.sched_setaffinity, [700]
+
+    def then_the_user_pins(pid: int, cpus: Any) -> None:
+        set_affinity(pid, cpus)
+        if pid in pins:  # once: `taskset -c 1 app` right after the shield's write
+            m.sched.affinity[pins.pop()] = frozenset({1})
+
+    monkeypatch.setattr(m.sched, "sched_setaffinity", then_the_user_pins)
+    report = engine.extend("kthread", moved)
+    monkeypatch.undo()
+    assert m.sched.affinity[700] == {1} and report.applied == 0
+    assert ("kthread", TaskAffinity(700, 9000, 700)) not in engine.applied
+    assert engine.verify() == []
+    assert engine.off() == []
+    assert m.sched.affinity[700] == {1}
+
+
 # -- monitoring -----------------------------------------------------------------------------------
 
 

@@ -292,8 +292,10 @@ def test_an_irq_event_lists_the_irqs_once_not_a_file_check_per_irq(
 
 def test_a_thread_s_cpus_are_read_once_before_it_is_moved(tmp_path: Path) -> None:
     """The expansion reads each thread's CPUs to decide; the engine takes that as the
-    original (Expansion.current) instead of reading all 20,000 again: one read before
-    the move, one read-back after it. Off gives them back without a stat each."""
+    original (Expansion.current) instead of reading all 20,000 again before journaling
+    them. Then one read right before the move (its user may have pinned it inside the
+    shield since: `_apply_one`) and one read-back after it. Off gives them back without
+    a stat each."""
     system, sched = jvm_of_200_threads(tmp_path)
     daemon = shielding_daemon(tmp_path, system)
     engine = daemon.engine
@@ -301,7 +303,7 @@ def test_a_thread_s_cpus_are_read_once_before_it_is_moved(tmp_path: Path) -> Non
     report = engine.apply(daemon.library.load("p"))
     assert report.applied == 200 and engine.originals[("kthread", next(iter(engine.applied))[1])]
     reads = [pid for call, pid in sched.calls if call == "getaffinity" and pid == 1100]
-    assert len(reads) == 2, sched.calls
+    assert len(reads) == 3, sched.calls
     checks: list[str] = []
     exists = system.exists
     system.exists = lambda rel: checks.append(rel) or exists(rel)  # type: ignore
