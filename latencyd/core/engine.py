@@ -374,8 +374,9 @@ class Engine:
         report = StepReport(unchanged=len(step.keep))
         slices = Slices(2 * len(step.apply) + len(step.restore))
         journaled: list[SettingId] = []
+        seen: dict[SettingId, Value] = {}  # what new targets held when judged (_apply_one)
         try:
-            yield from self._capture_originals(step, report, slices, journaled, current or {})
+            yield from self._capture_originals(step, report, slices, journaled, current or {}, seen)
         except (Exception, GeneratorExit) as exc:
             self._forget_unapplied()  # originals read for a step that never ran
             _quietly(lambda: self._save(journaled))  # and journaled: the journal drops them
@@ -403,7 +404,7 @@ class Engine:
                     yield slices.progress
                 if sid in report.not_applicable:
                     continue
-                outcome = self._apply_one(sid, value, undo, report)
+                outcome = self._apply_one(sid, value, undo, report, seen)
                 if outcome is not None:
                     done[sid] = value
                     report.applied += outcome
@@ -504,11 +505,13 @@ class Engine:
         slices: Slices,
         journaled: list[SettingId],
         current: Mapping[SettingId, Value],
+        seen: dict[SettingId, Value],
     ) -> Steps[None]:
         """Read the original of each setting the step applies that is not owned yet (or
         take what its expansion just read: `current`), and journal them a slice at a time
         (into `journaled`): one journal write of 20,000 would hold the main loop for a
-        tenth of a second."""
+        tenth of a second. For plugins that hand targets over, what each new target held
+        when judged goes into `seen` (see _apply_one)."""
         yield slices.progress  # the diff that made `step` was a slice of its own
         read: list[SettingId] = []
         for sid in list(step.apply):
@@ -524,6 +527,13 @@ class Engine:
             plugin, target = self.plugins[sid[0]], sid[1]
             try:
                 now = current[sid] if sid in current else plugin.read(target)
+                if _hands_over(plugin):
+                    # Without `current` the plugin judged a read the engine did not see (an
+                    # event's): a value it calls theirs now came since (`taskset -c 1 app`).
+                    if sid not in current and self._theirs(sid, now):
+                        del step.apply[sid]
+                        continue
+                    seen[sid] = now
                 self.originals[sid] = plugin.original(target, now, self._owned_by(sid[0]))
                 read.append(sid)
             except (KernelRefused, NotApplicable) as exc:
@@ -539,9 +549,16 @@ class Engine:
                 ) from exc
 
     def _apply_one(
-        self, sid: SettingId, value: Value, undo: list[Callable[[], None]], report: StepReport
+        self,
+        sid: SettingId,
+        value: Value,
+        undo: list[Callable[[], None]],
+        report: StepReport,
+        seen: Mapping[SettingId, Value],
     ) -> int | None:
-        """1 if written, 0 if already as wanted, None if dropped (not applicable, gone)."""
+        """1 if written, 0 if already as wanted, None if dropped (not applicable, gone).
+        `seen`: what the step's new targets of plugins that hand targets over held when
+        they were judged."""
         plugin, target = self.plugins[sid[0]], sid[1]
         original = self.originals[sid]
         previous = self.applied.get(sid, original)
@@ -550,12 +567,13 @@ class Engine:
             if previous is ADOPTED:  # after a restart: what is there now is what we undo to
                 previous = plugin.read(target)
             # A target others also set (a task its user pins with `taskset -c 1 app` while
-            # the shield handles its exec) is judged again with a read right before the
-            # first write: the original was read before the journal's fsync, and the
-            # decision before that, on an event maybe milliseconds old under load.
-            fresh = sid not in self.applied and _hands_over(plugin)
-            if fresh and self._theirs(sid, plugin.read(target)):
-                return None
+            # the shield handles its exec) is read again right before its first write: it
+            # was judged before the journal's fsync, on an event maybe milliseconds old
+            # under load. Changed since, to what the plugin calls theirs: left alone.
+            if sid in seen:
+                now = plugin.read(target)
+                if not plugin.same(target, seen[sid], now) and self._theirs(sid, now):
+                    return None
             if (sid not in self.applied or self.applied[sid] is ADOPTED) and plugin.same(
                 target, value, previous
             ):
