@@ -66,6 +66,7 @@ WORKQUEUES = {
 }
 RT_POLICIES = ("fifo", "rr")
 THREAD_CHUNK = 1024  # threads of one task read per piece of an expansion (expand_steps)
+BORN_NARROWED_DEPTH = 8  # generations born_narrowed walks up to a narrowed ancestor
 MOVE_REFUSED = "the kernel will not move this thread"
 
 log = logging.getLogger(__name__)
@@ -316,12 +317,24 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 and owned  # the first switch: nothing narrowed yet
                 and (parent := self.born_narrowed(target, cpus.to_list(), owned.get))
             ):  # expansions only: on an exec it may be mid-way through `taskset -c 1 app`
-                settings[target] = owned[parent]
+                # Judged as its parent is, by what the parent was given: a switch to other
+                # isolated CPUs must not leave it on what the last shield left it.
+                settings[target] = self._narrowed_as(parent, isolate, owned)
             else:
                 continue
             if given is None and current is not None:
                 current[target] = cpus.to_list()
         return settings
+
+    @staticmethod
+    def _narrowed_as(parent: TaskAffinity, isolate: CpuSet, owned: Mapping[Target, Value]) -> Value:
+        """What a task born of the narrowed `parent` is set to: the parent's original less
+        the isolated CPUs (its applied value, if the original is not known)."""
+        given = owned.original(parent) if isinstance(owned, OwnedSettings) else None
+        if given is None:
+            return owned[parent]
+        narrowed = CpuSet.from_list(str(given)) - isolate
+        return narrowed.to_list() if narrowed else owned[parent]
 
     def _confined(self, tid: int, isolate: CpuSet) -> bool:
         """Whether the thread now runs only on isolated CPUs (its user put it there;
@@ -422,27 +435,39 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     def born_narrowed(
         self, target: TaskAffinity, cpus: str, applied: Callable[[Target], Value | None]
     ) -> TaskAffinity | None:
-        """The narrowed task `target` was forked from, when it carries exactly the CPUs the
+        """The narrowed task `target` descends from, when it carries exactly the CPUs the
         shield gave that one (`applied`: what an owned target was set to, else None): a
-        new thread of a narrowed process, or a child of one. Forks are not heard of (the
-        kernel filter drops user forks, so a fork storm costs the daemon nothing): a rescan
-        or the next switch finds them, and owning them lets `off` give them their parent's
-        original CPUs instead of leaving them (and all a narrowed shell starts) on the
-        housekeeping CPUs for good. A task its user pinned to exactly those CPUs after the
-        switch is taken for such a child: the one case told wrong."""
+        new thread of a narrowed process, a child of one, or a grandchild through
+        processes that carry them too (a shell's subshell starting a load). Forks are not
+        heard of (the kernel filter drops user forks, so a fork storm costs the daemon
+        nothing): a rescan or the next switch finds them, and owning them lets `off` give
+        them their ancestor's original CPUs, and a switch judge them by it, instead of
+        leaving them (and all a narrowed shell starts) where the last shield put them. A
+        task its user pinned to exactly those CPUs after the switch is taken for such a
+        descendant: the one case told wrong."""
         if target.tid != target.pid:
             parent = TaskAffinity(target.pid, target.start, target.pid)
             if str(applied(parent)) == cpus:
                 return parent
-        try:
-            ppid = self._task(target).ppid
-        except NotApplicable:
-            return None
-        start = self._start_of(ppid)
-        if start is None:
-            return None
-        parent = TaskAffinity(ppid, start, ppid)
-        return parent if str(applied(parent)) == cpus else None
+        for _ in range(BORN_NARROWED_DEPTH):
+            try:
+                ppid = self._task(target).ppid
+            except NotApplicable:
+                return None
+            start = self._start_of(ppid)
+            if start is None:
+                return None
+            parent = TaskAffinity(ppid, start, ppid)
+            given = applied(parent)
+            if given is not None:  # the first owned ancestor decides
+                return parent if str(given) == cpus else None
+            try:
+                if self.system.affinity(ppid).to_list() != cpus:
+                    return None  # a generation that does not carry them: not inherited
+            except KernelRefused:
+                return None
+            target = parent
+        return None
 
     def _start_of(self, pid: int) -> int | None:
         task = self.identities.get(pid) if self.identities is not None else None

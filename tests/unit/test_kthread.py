@@ -904,6 +904,33 @@ def test_a_switch_to_other_isolated_cpus_starts_from_what_the_task_was_given(
     assert m.sched.affinity[400] == {0, 1, 2, 3} and m.sched.affinity[620] == {1, 2}
 
 
+def test_a_switch_to_other_isolated_cpus_moves_what_narrowed_tasks_started(
+    m: Machinery, machine: Machine
+) -> None:
+    """A task born of a narrowed one, and what it starts, carry the narrowed CPUs (here
+    CPU 0, what the first shield left). At a switch to a shield of CPU 0 they are judged
+    as their narrowed ancestor is, by its original: moved off CPU 0 with it, not taken for
+    tasks their user put inside the new shield (found with the daemon's noise watch:
+    stress-ng started from a narrowed shell's subshell ran on the isolated CPU)."""
+    engine = m.engine()
+    engine.apply(m.profile(machine, {"isolate_tasks": "1-3"}))
+    assert m.sched.affinity[400] == {0}
+    add_task(m.root, 800, "child", ppid=400, start_time=8100)
+    add_task(m.root, 801, "grandchild", ppid=800, start_time=8101)  # a subshell's load
+    add_task(m.root, 802, "pinned", ppid=800, start_time=8102)
+    m.sched.add(800, {0})  # forked since: inherited the narrowed CPUs
+    m.sched.add(801, {0})
+    m.sched.add(802, {1})  # its user put it inside the shield: theirs
+    engine.apply(m.profile(machine, {"isolate_tasks": "0"}))
+    assert m.sched.affinity[400] == m.sched.affinity[800] == m.sched.affinity[801] == {1, 2, 3}
+    assert ("kthread", TaskAffinity(801, 8101, 801)) in engine.applied
+    assert m.sched.affinity[802] == {1}
+    assert engine.verify() == []
+    assert engine.off() == []
+    assert m.sched.affinity[400] == m.sched.affinity[800] == m.sched.affinity[801] == {0, 1, 2, 3}
+    assert m.sched.affinity[802] == {1}
+
+
 def test_expanding_a_task_of_many_threads_yields_between_chunks(
     m: Machinery, machine: Machine
 ) -> None:
