@@ -24,6 +24,7 @@ from latencyd.core.idle import (
     IdleState,
     read_driver,
     read_idle,
+    state_counters,
     states_of,
 )
 from latencyd.core.plugin import (
@@ -437,17 +438,10 @@ class CstatePlugin(Plugin[CstateTarget]):
         every online CPU's."""
         if states is None:
             states = {cpu: self.states(cpu) for cpu in self.system.online_cpus()}
-        out: dict[int, dict[int, tuple[int, int]]] = {}
-        for cpu, cpu_states in states.items():
-            base = f"{CPU}/cpu{cpu}/cpuidle"
-            out[cpu] = {}
-            for state in cpu_states:
-                d = f"{base}/state{state.index}"
-                out[cpu][state.index] = (
-                    int(self.system.read(f"{d}/time")),
-                    int(self.system.read(f"{d}/usage")),
-                )
-        return out
+        return {
+            cpu: {s.index: state_counters(self.system, cpu, s.index) for s in cpu_states}
+            for cpu, cpu_states in states.items()
+        }
 
     def on_applied(self, rules: Any) -> None:
         try:

@@ -137,6 +137,13 @@ def states_of(system: System, cpu: int) -> tuple[IdleState, ...]:
     return tuple(sorted(out, key=lambda s: s.index))
 
 
+def state_counters(system: System, cpu: int, index: int) -> tuple[int, int]:
+    """(time µs, usage) of cpuN's idle state `index`, as the kernel counts them since boot;
+    raises LatencydError (unreadable, gone) or ValueError: each caller chooses."""
+    d = f"{CPU}/cpu{cpu}/cpuidle/state{index}"
+    return int(system.read(f"{d}/time")), int(system.read(f"{d}/usage"))
+
+
 def resume_limit(text: str) -> int | None:
     """A CPU's pm_qos_resume_latency_us as a limit: the kernel shows "n/a" for 0 µs (polling
     only) and "0" for no limit; None too where the file is missing or unreadable."""

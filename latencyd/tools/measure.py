@@ -46,7 +46,7 @@ from typing import Any
 from latencyd.core import procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import LatencydError
-from latencyd.core.idle import CPU
+from latencyd.core.idle import state_counters
 from latencyd.core.idle import states_of as idle_states_of
 from latencyd.core.plugin import Plugin, Target, decode_target, discover
 from latencyd.core.system import System
@@ -426,8 +426,8 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
         total = 0
         for cpu, indexes in sleeping.items():
             for i in indexes:
-                with contextlib.suppress(LatencydError, ValueError):
-                    total += int(system.read(f"{CPU}/cpu{cpu}/cpuidle/state{i}/time"))
+                with contextlib.suppress(LatencydError, ValueError):  # a state gone: skipped
+                    total += state_counters(system, cpu, i)[0]
         return total
 
     def stat() -> tuple[int, int]:
