@@ -13,7 +13,9 @@ Two alternating runs, as in issue 9's table:
 Then the goals as ratios: latency-performance p50 <= 0.25x TuneD's, cyclictest p99 <=
 0.5x, idle awake share within 1 point of untuned; network-latency p50 <= 0.25x and
 p99.9 <= 0.5x TuneD's; cpu-partitioning under load p99 <= 0.05x untuned's and TuneD's,
-and cyclictest p99 <= 0.5x TuneD's.
+and cyclictest p99 <= 0.5x TuneD's. Under load, also how often the daemon's log says the
+shield moved the application (its server, started with `taskset -c 1`: the goal is never)
+and how often it saw such a pin land while handling the task and left it.
 
     python -m bench latency [--seconds 10] [--rounds 4] [--json] [--quick]
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -104,7 +107,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
         finally:
             d.stop()
+            if "load" in result and d.log_path.is_file():
+                result["shield"] = application_moves(d.log_path.read_text(errors="replace"))
     return result
+
+
+def application_moves(log: str, app: str = "sockperf") -> dict[str, int]:
+    """From the daemon's log: how often the shield moved the application (started with
+    `taskset -c APP_CPUS`, so never to be moved), and how often it saw a pin land while it
+    was handling the task and left it (the race of the 2026-11-26 fix)."""
+    moved = re.findall(rf"user task {app} \(pid \d+[^)]*\): CPUs \S+ -> ", log)
+    caught = re.findall(rf"user task {app} \(pid \d+[^)]*\) CPUs = \S+: left as it is", log)
+    return {"moved": len(moved), "caught": len(caught)}
 
 
 # (label, (run, tool, scenario, percentile) over (run, tool, scenario, percentile), goal)
@@ -164,6 +178,12 @@ def report(r: dict[str, Any]) -> list[str]:
         lines.append(
             f"  mis-tuned on purpose (wrong isolated_cores) sockperf p99 / cpu-partitioning's: "
             f"{bad / good:.1f}x  [{'SEEN' if bad / good > 2 else 'NOT SEEN'}]"
+        )
+    if "shield" in r:  # the application is started with taskset: moving it breaks the shield
+        moves = r["shield"]
+        lines.append(
+            f"  the application moved by the shield: {moves['moved']} times (pins it caught "
+            f"landing meanwhile: {moves['caught']})  [{'PASS' if not moves['moved'] else 'MISS'}]"
         )
     busy = r.get("idle", {}).get("idle_busy_pct", {})
     if busy:
