@@ -247,6 +247,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         super().__init__(system)
         self.young_kthreads: set[int] = set()  # forked by kthreadd, maybe not named yet
         self.identities: dict[int, Task | None] | None = None  # pid -> task, within a step
+        self.every_cpu: str | None = None  # the online CPUs, within a step
 
     # -- deciding what a task wants --------------------------------------------------
     @staticmethod
@@ -461,6 +462,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             given = applied(parent)
             if given is not None:  # the first owned ancestor decides
                 return parent if str(given) == cpus else None
+            if cpus == self._every_cpu():  # nothing narrowed: not worth a walk per thread
+                return None
             try:
                 if self.system.affinity(ppid).to_list() != cpus:
                     return None  # a generation that does not carry them: not inherited
@@ -468,6 +471,15 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 return None
             target = parent
         return None
+
+    def _every_cpu(self) -> str:
+        """The online CPUs as a list (read once per step: asked per thread of 20,000)."""
+        every = self.every_cpu
+        if every is None:
+            every = self.system.online_cpus().to_list()
+            if self.identities is not None:
+                self.every_cpu = every
+        return every
 
     def _start_of(self, pid: int) -> int | None:
         task = self.identities.get(pid) if self.identities is not None else None
@@ -504,6 +516,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
 
     def end_step(self) -> None:
         self.identities = None
+        self.every_cpu = None
 
     def _task(
         self, target: ThreadAffinity | ThreadPolicy | TaskAffinity, fresh: bool = False
