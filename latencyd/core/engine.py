@@ -583,10 +583,10 @@ class Engine:
             wrote = True
             undo.append(lambda: plugin.write(target, previous))
             actual = plugin.read(target)
-            if not plugin.same(target, value, actual) and self._theirs(sid, actual):
-                undo.pop()  # they set it right after us: theirs stays, nothing to undo
-                return None
             if not plugin.same(target, value, actual):
+                if self._theirs(sid, actual):
+                    undo.pop()  # they set it right after us: theirs stays, nothing to undo
+                    return None
                 raise KernelRefused(
                     f"[{sid[0]}] {plugin.describe(target, value)}",
                     f"the kernel accepted the write but kept {actual!r}",
