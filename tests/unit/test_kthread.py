@@ -791,6 +791,30 @@ def test_a_task_its_user_pins_right_after_the_write_is_theirs(
     assert m.sched.affinity[700] == {1}
 
 
+def test_bench_latency_counts_the_moves_and_catches_the_daemon_logs(
+    m: Machinery, machine: Machine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`bench latency` says whether the shield moved the taskset-pinned application by
+    reading these log lines back: reworded, it would count 0 and pass silently."""
+    from bench.latency import application_moves
+
+    caplog.set_level(logging.INFO)
+    engine = m.engine()
+    engine.apply(m.profile(machine, {"isolate_tasks": "1"}))
+    for pid, pinned_meanwhile in ((700, False), (701, True)):
+        add_task(m.root, pid, "app", start_time=9000 + pid)
+        m.sched.add(pid)
+        rules = engine.sections["kthread"].expansion.rules
+        moved = m.plugin.on_task(rules, TaskEvent("comm", pid, pid), engine.owned("kthread"))
+        if pinned_meanwhile:
+            _pinned_by_its_user_while_journaled(m, engine, pid)
+        engine.extend("kthread", moved)
+    log = "\n".join(record.getMessage() for record in caplog.records)
+    assert application_moves(log, "app") == {"moved": 1, "caught": 1}, log
+    assert application_moves(log, "sockperf") == {"moved": 0, "caught": 0}
+    assert engine.off() == []
+
+
 # -- monitoring -----------------------------------------------------------------------------------
 
 
