@@ -114,12 +114,10 @@ def snapshot() -> dict[str, object]:
                 files[str(conf)] = _read(conf)
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    # A tracefs mounted by hand reads "nodev /sys/kernel/tracing tracefs ...": the type.
     mounts = [line for line in _read(Path("/proc/mounts")).splitlines()
-              if "latencyd" in line or line.startswith("tracefs ")]  # fmt: skip
-    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
-        instances = Path(base, "instances")
-        if instances.is_dir():
-            mounts += [f"trace instance {base}/{d.name}" for d in sorted(instances.iterdir())]
+              if "latencyd" in line or line.split()[2:3] == ["tracefs"]]  # fmt: skip
+    mounts += [f"trace instance {name}" for name in trace_instances()]
     return {
         "files": files,
         "pm_qos_holders": pm_qos_holders(),
@@ -153,3 +151,19 @@ def differences(before: dict[str, object], after: dict[str, object]) -> list[str
         if before[key] != after[key]:
             diffs.append(f"{key}: {before[key]!r} -> {after[key]!r}")
     return diffs
+
+
+def trace_instances() -> list[str]:
+    """tracefs's instances, seen through a private mount where none is mounted (one that
+    a killed daemon left is there all the same, holding its buffers)."""
+    from latencyd.core.errors import KernelRefused
+    from latencyd.core.system import System
+
+    try:
+        tracefs = System("/").tracefs()
+    except KernelRefused:
+        return []  # no tracefs in this kernel
+    try:
+        return sorted(os.listdir(Path("/", tracefs.base, "instances")))
+    finally:
+        tracefs.release()

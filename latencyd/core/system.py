@@ -14,7 +14,7 @@ import os
 import platform
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +32,15 @@ def describe_oserror(exc: OSError) -> str:
     name = errno.errorcode.get(exc.errno or 0, "")
     text = exc.strerror or str(exc)
     return f"{text} ({name})" if name else text
+
+
+@dataclass(frozen=True)
+class Tracefs:
+    """tracefs as `System.tracefs` found or mounted it."""
+
+    base: str  # where its files are, relative to the system's root
+    where: str  # the same, for people
+    release: Callable[[], object]  # gives back what `tracefs()` took (nothing, if found)
 
 
 class KeptFds(Protocol):
@@ -384,12 +393,19 @@ class System:
     TRACEFS = ("sys/kernel/tracing", "sys/kernel/debug/tracing")
 
     # -- a private tracefs instance (the noise watch) ------------------------------------
-    def tracefs(self) -> tuple[str, bool]:
-        """Where tracefs is, mounting it at /sys/kernel/tracing when it is nowhere (as
-        root, at boot it is not): (its path, whether this call mounted it)."""
+    def tracefs(self) -> Tracefs:
+        """tracefs, to be given back with `release()` when done: where it is mounted
+        already; else, on the real system, a mount of its own attached nowhere
+        (`_private_mount`): the host's mount table never shows it, and the kernel drops it
+        with this process, even one killed with SIGKILL (a mount at /sys/kernel/tracing
+        outlived a killed daemon); else (before Linux 5.2, a fake root) mounted at
+        /sys/kernel/tracing, and unmounted by `release()`."""
         for base in self.TRACEFS:
             if self.exists(f"{base}/instances"):
-                return base, False
+                return Tracefs(base, f"/{base}", lambda: None)
+        fd = _private_mount("tracefs") if self.is_real else None
+        if fd is not None:
+            return Tracefs(f"proc/self/fd/{fd}", "a private tracefs mount", lambda: os.close(fd))
         import subprocess
 
         where = self.TRACEFS[0]
@@ -397,12 +413,10 @@ class System:
                                 capture_output=True, text=True, check=False)  # fmt: skip
         if result.returncode != 0 or not self.exists(f"{where}/instances"):
             raise KernelRefused("mounting tracefs", result.stderr.strip() or "no instances dir")
-        return where, True
-
-    def unmount(self, rel: str) -> None:
-        import subprocess
-
-        subprocess.run(["umount", self.fspath(rel)], capture_output=True, check=False)
+        unmount = ["umount", self.fspath(where)]
+        return Tracefs(
+            where, f"/{where}", lambda: subprocess.run(unmount, capture_output=True, check=False)
+        )
 
     def open_trace_instance(
         self, base: str, name: str, cpus: CpuSet, events: Iterable[tuple[str, str]],
@@ -520,6 +534,27 @@ _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(platform.machine())
 _PERF_TYPE_TRACEPOINT = 2
 _PERF_FLAG_FD_CLOEXEC = 8
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+# fsopen(2), fsconfig(2), fsmount(2): one number on every architecture but alpha.
+_NR_FSOPEN, _NR_FSCONFIG, _NR_FSMOUNT = 430, 431, 432
+_FSCONFIG_CMD_CREATE = 6
+_FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
+
+
+def _private_mount(fstype: str) -> int | None:
+    """A mount of `fstype` attached to no directory: its fd reaches the files (as
+    /proc/self/fd/FD), and it is gone when the fd is closed. None where the kernel says no."""
+    fs = _libc.syscall(_NR_FSOPEN, fstype.encode(), _FSOPEN_CLOEXEC)
+    if fs < 0:
+        return None
+    try:
+        if _libc.syscall(_NR_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0) < 0:
+            return None
+        mount = int(_libc.syscall(_NR_FSMOUNT, fs, _FSMOUNT_CLOEXEC, 0))
+        return mount if mount >= 0 else None
+    finally:
+        os.close(fs)
 
 
 class _PerfEventAttr(ctypes.Structure):

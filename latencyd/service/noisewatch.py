@@ -24,7 +24,7 @@ from latencyd.core import noise, procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import LatencydError
 from latencyd.core.noise import Breach, LastInterval, ReportLimit, WatchPlan, over_budget
-from latencyd.core.system import System
+from latencyd.core.system import System, Tracefs
 
 if TYPE_CHECKING:
     from latencyd.service.daemon import Daemon
@@ -55,7 +55,7 @@ class NoiseWatch:
         self.cpus = cpus
         self.mechanism = ""
         self.base = ""
-        self._mounted = False
+        self._tracefs: Tracefs | None = None
         self._fds: dict[int, int] = {}
         self._state: dict[int, noise.CpuNoise] = {}
         self._decoder: noise.Decoder | None = None
@@ -63,7 +63,8 @@ class NoiseWatch:
         self._since = 0.0
 
     def start(self, expected: Callable[[int], bool] = lambda tid: False) -> None:
-        self.base, self._mounted = self.system.tracefs()
+        self._tracefs = self.system.tracefs()
+        self.base = self._tracefs.base
         events = self.base + "/events"
         formats = [
             noise.parse_format(sys_, self.system.read(f"{events}/{sys_}/{name}/format"))
@@ -78,7 +79,7 @@ class NoiseWatch:
         )
         self._state = {cpu: noise.CpuNoise(expected) for cpu in self.cpus}
         self.mechanism = (
-            f"tracefs instance /{self.base}/instances/{INSTANCE}: the watched CPUs' own "
+            f"tracefs instance {INSTANCE} ({self._tracefs.where}): the watched CPUs' own "
             "ring buffers, read once an interval (no osnoise/timerlat tracer or hist "
             "triggers needed)"
         )
@@ -103,12 +104,14 @@ class NoiseWatch:
         return interval
 
     def stop(self) -> None:
-        if self._fds or self.base:
-            self.system.close_trace_instance(self.base, INSTANCE, self._fds.values())
-            self._fds = {}
-        if self._mounted:
-            self.system.unmount(self.base)
-            self._mounted = False
+        try:
+            if self._fds or self.base:
+                self.system.close_trace_instance(self.base, INSTANCE, self._fds.values())
+        finally:  # tracefs is given back even when the instance could not be removed
+            self._fds, self.base = {}, ""
+            if self._tracefs is not None:
+                self._tracefs.release()
+                self._tracefs = None
 
     def _irq_names(self) -> dict[int, str]:
         """IRQ number -> its name as /proc/interrupts shows it (the device's action)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.system import System
 from latencyd.service.noisewatch import INSTANCE, CounterWatch, NoiseInterval, NoiseWatch
+from tests.machine_state import trace_instances
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
 
@@ -22,17 +24,48 @@ SYSTEM = System("/")
 CPU = max(SYSTEM.online_cpus())
 
 
+def tracefs_mounts() -> list[str]:
+    return [line for line in Path("/proc/mounts").read_text().splitlines() if " tracefs " in line]
+
+
 @pytest.fixture
 def watch() -> Iterator[NoiseWatch]:
+    mounted = tracefs_mounts()
     w = NoiseWatch(SYSTEM, CpuSet({CPU}))
     w.start()
-    instance = Path("/", w.base, "instances", INSTANCE)
     try:
-        assert instance.is_dir()
+        assert Path("/", w.base, "instances", INSTANCE).is_dir()
+        assert tracefs_mounts() == mounted  # where none was, its own mount is attached nowhere
         yield w
     finally:
         w.stop()
-    assert not instance.exists()  # its private instance is gone (and tracefs, if it mounted it)
+    assert INSTANCE not in trace_instances()  # its private instance is gone
+
+
+TAKE_TRACEFS = """
+from latencyd.core.system import System
+print(System("/").tracefs().base, flush=True)
+input()
+"""
+
+
+def test_a_watch_killed_with_sigkill_leaves_no_tracefs_mount() -> None:
+    """Where tracefs is not mounted, the watch's own is attached nowhere: a daemon killed
+    with SIGKILL left /sys/kernel/tracing mounted when it was mounted there."""
+    if tracefs_mounts():
+        pytest.skip("tracefs is mounted on this machine: the watch mounts nothing")
+    child = subprocess.Popen([sys.executable, "-c", TAKE_TRACEFS], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout is not None
+        base = child.stdout.readline().strip()
+        fd = base.removeprefix("proc/self/fd/")
+        assert Path(f"/proc/{child.pid}/fd/{fd}/instances").is_dir(), base
+        assert tracefs_mounts() == []
+    finally:
+        child.kill()
+        child.wait()
+    assert tracefs_mounts() == []
 
 
 def sources(interval: NoiseInterval) -> dict[str, tuple[int, float]]:
