@@ -393,19 +393,21 @@ class System:
     TRACEFS = ("sys/kernel/tracing", "sys/kernel/debug/tracing")
 
     # -- a private tracefs instance (the noise watch) ------------------------------------
-    def tracefs(self) -> Tracefs:
+    def tracefs(self, mount: bool = True) -> Tracefs:
         """tracefs, to be given back with `release()` when done: where it is mounted
         already; else, on the real system, a mount of its own attached nowhere
         (`_private_mount`): the host's mount table never shows it, and the kernel drops it
         with this process, even one killed with SIGKILL (a mount at /sys/kernel/tracing
-        outlived a killed daemon); else (before Linux 5.2, a fake root) mounted at
-        /sys/kernel/tracing, and unmounted by `release()`."""
+        outlived a killed daemon); else (before Linux 5.2, a fake root), with `mount`,
+        mounted at /sys/kernel/tracing and unmounted by `release()`."""
         for base in self.TRACEFS:
             if self.exists(f"{base}/instances"):
                 return Tracefs(base, f"/{base}", lambda: None)
         fd = _private_mount("tracefs") if self.is_real else None
         if fd is not None:
             return Tracefs(f"proc/self/fd/{fd}", "a private tracefs mount", lambda: os.close(fd))
+        if not mount:
+            raise KernelRefused("mounting tracefs privately", "not supported here")
         import subprocess
 
         where = self.TRACEFS[0]
@@ -462,7 +464,7 @@ class System:
         for fd in fds:
             os.close(fd)
         inst = f"{base}/instances/{name}"
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(KernelRefused):  # one gone already is removed by nobody
             self.write(f"{inst}/tracing_on", "0")
         try:
             os.rmdir(self.fspath(inst))
@@ -470,6 +472,20 @@ class System:
             pass
         except OSError as exc:
             raise KernelRefused(f"removing /{inst}", describe_oserror(exc)) from exc
+
+    def remove_trace_instance(self, base: str, name: str) -> bool:
+        """Remove an instance nobody reads, and its buffers with it. False if there is
+        none, or if it is read (EBUSY: another latencyd's watch has its files open)."""
+        inst = f"{base}/instances/{name}"
+        try:
+            os.rmdir(self.fspath(inst))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if exc.errno == errno.EBUSY:
+                return False
+            raise KernelRefused(f"removing /{inst}", describe_oserror(exc)) from exc
+        return True
 
     def tracepoint_id(self, category: str, name: str) -> int | None:
         """The tracepoint's id, or None when tracefs is not mounted (or it does not exist)."""

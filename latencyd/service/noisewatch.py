@@ -200,6 +200,20 @@ class CounterWatch:
         self._last = {}
 
 
+def remove_left_instance(system: System) -> bool:
+    """A daemon killed while watching leaves its instance in the kernel, with buffers of
+    BUFFER_KB for every CPU, until someone removes it: done at start-up, through tracefs
+    where it is mounted or privately (nothing is mounted for it). True if there was one."""
+    try:
+        tracefs = system.tracefs(mount=False)
+    except LatencydError:
+        return False
+    try:
+        return system.remove_trace_instance(tracefs.base, INSTANCE)
+    finally:
+        tracefs.release()
+
+
 # -- the daemon's side: follow the active profile's [monitor] section ---------------------
 
 
@@ -225,6 +239,11 @@ class ShieldWatch:
         # Called with each interval's tallies (cpu -> source -> Tally): the metrics.
         self.on_interval: list[Callable[[dict[int, dict[str, noise.Tally]]], None]] = []
         daemon.after_step.append(self.sync)
+        try:
+            if remove_left_instance(daemon.system):
+                log.warning("removed the tracefs instance %s a killed run left", INSTANCE)
+        except LatencydError as exc:
+            log.error("the tracefs instance a killed run left stays: %s", exc)
 
     @property
     def plugin(self) -> Any:

@@ -22,9 +22,10 @@ from latencyd.core.plugin import Plugin, Target, decode_target, load_plugins, ta
 from latencyd.core.procstat import parse_interrupts
 from latencyd.core.system import System
 from latencyd.service.config import shipped_profiles_dir
+from latencyd.service.noisewatch import INSTANCE
 from tests.fdstore import FdStoreStandIn
 from tests.harness import Latencyd, idle_threads, wait_for
-from tests.machine_state import pm_qos_holders
+from tests.machine_state import pm_qos_holders, trace_instances
 from tests.sampler import IDLE_ACTS, SETTINGS, Sampler, all_tuned, finish, pm_qos_us, profile_for
 from tests.sampler import sampling as sampler_running
 
@@ -153,6 +154,21 @@ def test_irq_affinity_kept_through_a_restart(
     journal = d.state_dir / "journal.jsonl"
     # What both runs logged and journaled say which one wrote what (seen once in ~700 runs).
     assert seen == {"1"}, d.log() + (journal.read_text() if journal.exists() else "")
+
+
+def test_a_restart_without_the_watch_removes_the_instance_a_killed_run_left(
+    start_daemon: Callable[..., Latencyd],
+) -> None:
+    """kill -9 under cpu-partitioning leaves the noise watch's tracefs instance (its
+    buffers) in the kernel; the next start, under a profile that watches nothing, removes it."""
+    d = start_daemon("cpu-partitioning")
+    assert INSTANCE in trace_instances(), d.log()
+    d.kill9()
+    assert INSTANCE in trace_instances()
+    d.profile = "test-a"
+    d.start()
+    assert INSTANCE not in trace_instances(), d.log()
+    assert f"removed the tracefs instance {INSTANCE} a killed run left" in d.log()
 
 
 SHIPPED = sorted(p.stem for p in shipped_profiles_dir().glob("*.toml"))

@@ -15,7 +15,13 @@ import pytest
 
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.system import System
-from latencyd.service.noisewatch import INSTANCE, CounterWatch, NoiseInterval, NoiseWatch
+from latencyd.service.noisewatch import (
+    INSTANCE,
+    CounterWatch,
+    NoiseInterval,
+    NoiseWatch,
+    remove_left_instance,
+)
 from tests.machine_state import trace_instances
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
@@ -66,6 +72,21 @@ def test_a_watch_killed_with_sigkill_leaves_no_tracefs_mount() -> None:
         child.kill()
         child.wait()
     assert tracefs_mounts() == []
+
+
+def test_an_instance_a_killed_run_left_is_removed_unless_it_is_read(
+    watch: NoiseWatch,
+) -> None:
+    """A live watch's instance (its per-CPU files open) is left alone: EBUSY. The same
+    instance, no longer read (its daemon killed), is removed with its buffers."""
+    assert not remove_left_instance(SYSTEM)
+    assert INSTANCE in trace_instances()
+    for fd in watch._fds.values():  # as a SIGKILL would: the files close, the instance stays
+        os.close(fd)
+    watch._fds = {}
+    assert remove_left_instance(SYSTEM)
+    assert INSTANCE not in trace_instances()
+    assert not remove_left_instance(SYSTEM)  # nothing left to remove
 
 
 def sources(interval: NoiseInterval) -> dict[str, tuple[int, float]]:
