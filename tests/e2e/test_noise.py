@@ -20,6 +20,7 @@ import pytest
 
 from latencyd.core.system import System
 from tests.harness import Latencyd, wait_for
+from tests.machine_state import trace_instances
 
 CPU = max(System("/").online_cpus())
 INTERVAL_MS = 200
@@ -34,21 +35,12 @@ budget_us = 20000
 """
 
 
-def instances() -> list[str]:
-    found = []
-    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
-        path = Path(base, "instances")
-        if path.is_dir():
-            found += [d.name for d in path.iterdir()]
-    return found
-
-
 def test_a_task_beyond_the_budget_is_logged_and_signalled_by_name(
     start_daemon: Callable[..., Latencyd], profiles: Path
 ) -> None:
     (profiles / "watch.toml").write_text(PROFILE)
     d = start_daemon("watch", extra=["--verbose"])  # each poll's reads in the log
-    assert "latencyd" in instances()
+    assert "latencyd" in trace_instances()
     monitor = subprocess.Popen(
         ["dbus-monitor", "--address", d.address,
          "type='signal',interface='org.latencyd.Daemon1',member='NoiseExceeded'"],
@@ -83,7 +75,7 @@ def test_a_task_beyond_the_budget_is_logged_and_signalled_by_name(
     assert top["watching"] and top["budget_us"] == 20000 and str(CPU) in top["cpus"]
     assert {"source", "count", "total_us", "max_us", "profile"} <= set(top["cpus"][str(CPU)][0])
     d.ctl("switch", "test-a")
-    wait_for(lambda: "latencyd" not in instances(), timeout=5)  # the watch is closed
+    wait_for(lambda: "latencyd" not in trace_instances(), timeout=5)  # the watch is closed
 
 
 def test_a_quiet_watched_cpu_gives_no_report(
@@ -101,7 +93,7 @@ def test_a_quiet_watched_cpu_gives_no_report(
     print("last interval on a quiet CPU:", rows)
     assert "noise: CPU" not in d.log()
     d.stop()
-    assert "latencyd" not in instances()
+    assert "latencyd" not in trace_instances()
 
 
 def watch_state(hog: subprocess.Popen[bytes]) -> str:
@@ -110,11 +102,12 @@ def watch_state(hog: subprocess.Popen[bytes]) -> str:
     read), and where the task was allowed to run and last ran."""
     state = "running" if hog.poll() is None else f"exited {hog.returncode}"
     lines = [f"task {hog.pid}: {state}"]
-    for base in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
-        inst = Path(base, "instances", "latencyd")
-        for name in ("tracing_on", "tracing_cpumask", "trace_clock", f"per_cpu/cpu{CPU}/stats"):
-            with contextlib.suppress(OSError):
-                lines.append(f"{inst}/{name}: {(inst / name).read_text().strip()!r}")
+    tracefs = System("/").tracefs()  # mounted, or a private mount of tracefs
+    inst = Path("/", tracefs.base, "instances", "latencyd")
+    for name in ("tracing_on", "tracing_cpumask", "trace_clock", f"per_cpu/cpu{CPU}/stats"):
+        with contextlib.suppress(OSError):
+            lines.append(f"instances/latencyd/{name}: {(inst / name).read_text().strip()!r}")
+    tracefs.release()
     with contextlib.suppress(OSError):
         status = Path(f"/proc/{hog.pid}/status").read_text()
         lines += [line for line in status.splitlines() if line.startswith("Cpus_allowed_list")]
