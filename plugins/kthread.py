@@ -248,6 +248,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         self.young_kthreads: set[int] = set()  # forked by kthreadd, maybe not named yet
         self.identities: dict[int, Task | None] | None = None  # pid -> task, within a step
         self.every_cpu: str | None = None  # the online CPUs, within a step
+        self.just_narrowed: set[int] = set()  # processes whose new settings await "applied"
 
     # -- deciding what a task wants --------------------------------------------------
     @staticmethod
@@ -419,6 +420,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             if len(self.young_kthreads) > 4096:
                 self.young_kthreads.clear()
             return self.kthread_settings(rules, task)
+        if event.kind == "applied":
+            return self.started_before_narrowed(rules, owned)
         if event.kind == "comm":
             if event.tid in self.young_kthreads:  # older kernels name kthreads after the fork
                 self.young_kthreads.discard(event.tid)
@@ -430,8 +433,36 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                     return {}
                 if (rule := self.user_rule(rules, task)) is not None:
                     return self.user_rule_settings(rule, task, [event.tid])
-                return self.user_task_settings(rules, task, [event.tid], owned)
+                settings = self.user_task_settings(rules, task, [event.tid], owned)
+                if settings:
+                    self.just_narrowed.add(task.pid)
+                return settings
         return {}
+
+    def started_before_narrowed(
+        self, rules: KthreadRules, owned: Mapping[Target, Value]
+    ) -> Settings:
+        """The threads and children that the processes just narrowed started between their
+        exec and the write: they inherited the CPUs from before (stress-ng's workers ran on
+        the isolated CPU until the next switch). Read after the write, none is missed: what
+        starts later inherits the narrowed CPUs. Their own children are asked next round."""
+        pids, self.just_narrowed = self.just_narrowed, set()
+        settings: Settings = {}
+        for pid in pids:
+            for member in (pid, *self.system.children(pid)):
+                task = self.system.task(member)
+                if task is None or task.is_kthread:
+                    continue
+                tids = [t for t in self.thread_ids(member)
+                        if TaskAffinity(member, task.start_time, t) not in owned]  # fmt: skip
+                if (rule := self.user_rule(rules, task)) is not None:
+                    got = self.user_rule_settings(rule, task, tids)
+                else:
+                    got = self.user_task_settings(rules, task, tids, owned)
+                if got and member != pid:
+                    self.just_narrowed.add(member)
+                settings.update(got)
+        return settings
 
     def born_narrowed(
         self, target: TaskAffinity, cpus: str, applied: Callable[[Target], Value | None]

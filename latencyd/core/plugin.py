@@ -31,7 +31,7 @@ from latencyd.core.system import System
 # kernel (latencyd.service.taskevents) and hands each to Plugin.on_task.
 @dataclass(frozen=True)
 class TaskEvent:
-    kind: str  # "fork" | "comm" | "exit"
+    kind: str  # "fork" | "comm" | "exit" | "applied" (the settings of the last ones were written)
     pid: int  # thread group (process) id
     tid: int  # the thread itself
     ppid: int = 0  # fork: the parent process (2 for kernel threads, made by kthreadd)
@@ -299,7 +299,10 @@ class Plugin(Generic[T]):
         return None
 
     def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
-        """Settings a just-created or renamed task needs (plugins following threads)."""
+        """Settings a just-created or renamed task needs (plugins following threads). Once
+        the settings returned for a batch of events are written, the daemon asks again
+        with an "applied" event (and again while that returns settings, a few rounds):
+        what the tasks started before the write, and so did not inherit, is found then."""
         return {}
 
     def on_device(

@@ -320,6 +320,17 @@ class System:
             pid = task.ppid
         return chain
 
+    def children(self, pid: int) -> list[int]:
+        """The processes `pid`'s threads started (proc/PID/task/TID/children, where the
+        kernel has CONFIG_PROC_CHILDREN; [] where it has not, or the process is gone)."""
+        found: list[int] = []
+        for tid in self.entries(f"proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                found += map(
+                    int, _read_text(self.fspath(f"proc/{pid}/task/{tid}/children")).split()
+                )
+        return found
+
     def tasks(self) -> list[Task]:
         out = []
         for entry in self.listdir("proc"):

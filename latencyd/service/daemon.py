@@ -52,6 +52,7 @@ class Caller:
 
 
 ROOT = Caller()
+FOLLOW_UP_ROUNDS = 4  # generations of tasks started before their parent's settings landed
 
 
 @dataclass(frozen=True)
@@ -439,6 +440,13 @@ class Daemon:
                 continue
             try:
                 self.engine.extend(name, settings)
+                # What those tasks started before the write did not inherit it: asked now.
+                for _ in range(FOLLOW_UP_ROUNDS):
+                    applied = TaskEvent("applied", 0, 0)
+                    more = plugin.on_task(section.expansion.rules, applied, self.engine.owned(name))
+                    if not more:
+                        break
+                    self.engine.extend(name, more)
             except LatencydError as exc:
                 log.error("pinning new threads failed: %s", exc)
                 continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ summary = "shield CPU 1 from user tasks"
 isolate_tasks = "1"
 allow = ["allowed-*"]
 """
+
+FORKS_THEN_WAITS = "(while :; do sleep 1; done) & echo $!; wait"
 
 
 @pytest.fixture
@@ -220,3 +223,33 @@ def test_children_born_narrowed_get_their_parents_cpus_back(
         subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
         shell.kill()
         shell.wait()
+
+
+def test_children_started_before_their_parent_was_narrowed_are_narrowed_too(
+    start_daemon: Callable[..., Latencyd], profiles: Path, two_cpus: None
+) -> None:
+    """stress-ng forks its workers right after its exec, before the shield has handled
+    that exec: they inherited every CPU (forks are not heard of) and one ran on the
+    isolated CPU until the next switch. Made certain here by stopping the daemon while
+    the process starts and forks; once it runs again, parent and child are narrowed."""
+    (profiles / "shield.toml").write_text(PROFILE)
+    d = start_daemon("shield")
+    assert d.proc is not None
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        parent = subprocess.Popen(["taskset", "-c", "0-1", "sh", "-c", FORKS_THEN_WAITS],
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())  # a subshell: a fork, no exec of its own
+        assert os.sched_getaffinity(child) == {0, 1}
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    try:
+        wait_for(lambda: os.sched_getaffinity(parent.pid) == {0}, timeout=5)
+        wait_for(lambda: os.sched_getaffinity(child) == {0}, timeout=5)  # else: a rescan, 60 s
+        assert f"user task sh (pid {child}, thread {child}): CPUs 0-1 -> 0" in d.log()
+    finally:
+        subprocess.run(["pkill", "-P", str(child)], check=False)
+        subprocess.run(["pkill", "-P", str(parent.pid)], check=False)
+        parent.kill()
+        parent.wait()

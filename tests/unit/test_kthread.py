@@ -815,6 +815,42 @@ def test_bench_latency_counts_the_moves_and_catches_the_daemon_logs(
     assert engine.off() == []
 
 
+def test_what_a_task_started_before_it_was_narrowed_is_narrowed_after_it(
+    m: Machinery, machine: Machine, tmp_path: Path
+) -> None:
+    """stress-ng forks its workers before the shield handles its exec: they inherit every
+    CPU and no event tells of them. Once the exec's setting is written, the daemon asks
+    again ("applied"), generation by generation: a second thread, a child and a
+    grandchild are narrowed; a child its user pinned inside the shield stays."""
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "p.toml").write_text('[kthread]\nisolate_tasks = "1"\n')
+    plugins = {"kthread": m.plugin}
+    daemon = Daemon(
+        m.system, plugins, ProfileLibrary([pdir], section_schemas(plugins), machine), m.engine()
+    )
+    daemon.switch("p")
+    add_task(m.root, 700, "stress-ng", start_time=9000, threads=(704,))
+    for pid, comm in ((701, "worker"), (702, "grandchild"), (703, "pinned")):
+        add_task(m.root, pid, comm, ppid=700 if pid != 702 else 701, start_time=9000 + pid)
+    (m.root / "proc/700/task/704/children").write_text("701 703 ")  # forked by its 2nd thread
+    (m.root / "proc/701/task/701/children").write_text("702 ")
+    for tid in (700, 701, 702, 704):
+        m.sched.add(tid)
+    m.sched.add(703, {1})
+    daemon.on_task_events([TaskEvent("comm", 700, 700)])
+    assert {t: set(m.sched.affinity[t]) for t in (700, 704, 701, 702, 703)} == {
+        700: {0, 2, 3},
+        704: {0, 2, 3},
+        701: {0, 2, 3},
+        702: {0, 2, 3},
+        703: {1},
+    }
+    assert m.plugin.just_narrowed == set()
+    assert daemon.engine.off() == []
+    assert all(m.sched.affinity[t] == {0, 1, 2, 3} for t in (700, 701, 702, 704))
+
+
 # -- monitoring -----------------------------------------------------------------------------------
 
 
