@@ -120,19 +120,22 @@ def top_sources(d: Latencyd) -> list[str]:
     return [row["source"] for rows in top["cpus"].values() for row in rows]
 
 
-def test_the_shipped_cpu_partitioning_a_quiet_minute_then_a_taskset_task_named(
+def test_the_shipped_cpu_partitioning_quiet_then_a_taskset_task_named(
     start_daemon: Callable[..., Latencyd],
 ) -> None:
     """The shipped profile as a user runs it (its [monitor]: the isolated CPU, 1 s
-    intervals, 20 ms budget): a minute of quiet shield gives no report, then a task
+    intervals, 20 ms budget): 50 s of quiet shield give no report, then a task
     started with `taskset -c 1` is named by pid and comm in `top`, logged and signalled."""
     d = start_daemon("cpu-partitioning", extra=["--verbose"])  # each poll's reads in the log
     facts = json.loads(d.ctl("status", "--json").stdout)["plugins"]["monitor"]["facts"]
     assert facts["cpus"] == "1" and facts["budget_us"] == 20000
     assert facts["mechanism"].startswith("tracefs instance")
-    time.sleep(60)
+    # 50 s, not 60: the kthread plugin's rescan runs every 60 s, and a `taskset -c 1` task
+    # started at that instant can lose its pin to the rescan's write (the race the README
+    # names; suspected in a run of 2026-11-26: the rescan ran that second, the task unseen).
+    time.sleep(50)
     rows = json.loads(d.ctl("status", "--json").stdout)["plugins"]["monitor"]["tables"][0]
-    print("last interval of a quiet minute:", rows["rows"])
+    print("last interval of 50 quiet seconds:", rows["rows"])
     assert "noise: CPU" not in d.log()
     loop = "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done"
     hog = subprocess.Popen(["taskset", "-c", "1", "sh", "-c", loop])
