@@ -247,7 +247,8 @@ def test_children_started_before_their_parent_was_narrowed_are_narrowed_too(
     try:
         wait_for(lambda: os.sched_getaffinity(parent.pid) == {0}, timeout=5)
         wait_for(lambda: os.sched_getaffinity(child) == {0}, timeout=5)  # else: a rescan, 60 s
-        assert f"user task sh (pid {child}, thread {child}): CPUs 0-1 -> 0" in d.log()
+        moved = f"user task sh (pid {child}, thread {child}): CPUs 0-1 -> 0"
+        wait_for(lambda: moved in d.log(), timeout=5)  # logged just after the write
     finally:
         subprocess.run(["pkill", "-P", str(child)], check=False)
         subprocess.run(["pkill", "-P", str(parent.pid)], check=False)
