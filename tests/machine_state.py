@@ -114,9 +114,8 @@ def snapshot() -> dict[str, object]:
                 files[str(conf)] = _read(conf)
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    # A tracefs mounted by hand reads "nodev /sys/kernel/tracing tracefs ...": the type.
-    mounts = [line for line in _read(Path("/proc/mounts")).splitlines()
-              if "latencyd" in line or line.split()[2:3] == ["tracefs"]]  # fmt: skip
+    mounts = [line for line in _read(Path("/proc/mounts")).splitlines() if "latencyd" in line]
+    mounts += tracefs_mounts()
     mounts += [f"trace instance {name}" for name in trace_instances()]
     return {
         "files": files,
@@ -151,6 +150,12 @@ def differences(before: dict[str, object], after: dict[str, object]) -> list[str
         if before[key] != after[key]:
             diffs.append(f"{key}: {before[key]!r} -> {after[key]!r}")
     return diffs
+
+
+def tracefs_mounts() -> list[str]:
+    """/proc/mounts' tracefs lines, by type: one mounted by hand reads "nodev PATH tracefs"."""
+    return [line for line in _read(Path("/proc/mounts")).splitlines()
+            if line.split()[2:3] == ["tracefs"]]  # fmt: skip
 
 
 def trace_instances() -> list[str]:

@@ -477,12 +477,9 @@ class System:
         inst = f"{base}/instances/{name}"
         with contextlib.suppress(KernelRefused):  # one gone already is removed by nobody
             self.write(f"{inst}/tracing_on", "0")
-        try:
-            os.rmdir(self.fspath(inst))
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise KernelRefused(f"removing /{inst}", describe_oserror(exc)) from exc
+        if not self.remove_trace_instance(base, name) and self.exists(inst):  # read elsewhere
+            busy = OSError(errno.EBUSY, os.strerror(errno.EBUSY))
+            raise KernelRefused(f"removing /{inst}", describe_oserror(busy))
 
     def remove_trace_instance(self, base: str, name: str) -> bool:
         """Remove an instance nobody reads, and its buffers with it. False if there is

@@ -22,16 +22,12 @@ from latencyd.service.noisewatch import (
     NoiseWatch,
     remove_left_instance,
 )
-from tests.machine_state import trace_instances
+from tests.machine_state import trace_instances, tracefs_mounts
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
 
 SYSTEM = System("/")
 CPU = max(SYSTEM.online_cpus())
-
-
-def tracefs_mounts() -> list[str]:
-    return [line for line in Path("/proc/mounts").read_text().splitlines() if " tracefs " in line]
 
 
 @pytest.fixture
