@@ -602,6 +602,18 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         _require_movable(task)
         self.system.set_affinity(self._tid(target), CpuSet.from_list(value))
 
+    def write_unless_changed(
+        self, target: KthreadTarget, value: Value, judged: Value
+    ) -> Value | None:
+        """A user task's CPUs read and written back to back (System.set_affinity): its
+        user may pin it in between (`taskset -c 1 app` right after an exec narrowed)."""
+        if not isinstance(target, TaskAffinity):
+            return super().write_unless_changed(target, value, judged)
+        _require_movable(self._task(target))
+        cpus, judged_cpus = CpuSet.from_list(str(value)), CpuSet.from_list(str(judged))
+        found = self.system.set_affinity(target.tid, cpus, only_from=judged_cpus)
+        return None if found is None else found.to_list()
+
     def report(self, changes: list[tuple[KthreadTarget, Value, Value]]) -> None:
         """Every move of a user task is said: one line per process and move (name, pid,
         how many of its threads, CPUs before and after), not one per thread."""

@@ -566,20 +566,27 @@ class Engine:
         try:
             if previous is ADOPTED:  # after a restart: what is there now is what we undo to
                 previous = plugin.read(target)
-            # A target others also set (a task its user pins with `taskset -c 1 app` while
-            # the shield handles its exec) is read again right before its first write: it
-            # was judged before the journal's fsync, on an event maybe milliseconds old
-            # under load. Changed since, to what the plugin calls theirs: left alone.
+            # A new target others also set (a task its user pins with `taskset -c 1 app`
+            # while the shield handles its exec) was judged before the journal's fsync, on
+            # an event maybe milliseconds old under load: written only if it still holds
+            # what it held then. Changed since: as wanted already (a task born of a
+            # narrowed one), theirs (left alone), or else written as any target.
             if sid in seen:
-                now = plugin.read(target)
-                if not plugin.same(target, seen[sid], now) and self._theirs(sid, now):
-                    return None
-            if (sid not in self.applied or self.applied[sid] is ADOPTED) and plugin.same(
+                found = plugin.write_unless_changed(target, value, seen[sid])
+                if found is not None:  # not written: changed since, or as wanted already
+                    if plugin.same(target, value, found):
+                        report.unchanged += 1
+                        return 0
+                    if self._theirs(sid, found):
+                        return None
+                    plugin.write(target, value)
+            elif (sid not in self.applied or self.applied[sid] is ADOPTED) and plugin.same(
                 target, value, previous
             ):
                 report.unchanged += 1  # already as wanted: record it, write nothing
                 return 0
-            plugin.write(target, value)
+            else:
+                plugin.write(target, value)
             wrote = True
             undo.append(lambda: plugin.write(target, previous))
             actual = plugin.read(target)

@@ -229,6 +229,17 @@ class Plugin(Generic[T]):
         """Set one target; raise KernelRefused (or NotApplicable) when the kernel says no."""
         raise NotImplementedError
 
+    def write_unless_changed(self, target: T, value: Value, judged: Value) -> Value | None:
+        """Write `value` only if the target still holds `judged` (what it held when the
+        plugin judged it) and not already `value`; None once written, else what it holds,
+        unwritten. Asked of new targets of plugins that override handed_over. By default
+        read then write; override where the kernel lets the two come closer."""
+        now = self.read(target)
+        if not self.same(target, judged, now) or self.same(target, value, now):
+            return now
+        self.write(target, value)
+        return None
+
     def original(
         self, target: T, current: Value, owned: Callable[[Target], tuple[Value, Value] | None]
     ) -> Value:
@@ -265,10 +276,10 @@ class Plugin(Generic[T]):
         """Why a change someone else made to an owned target is theirs to keep (the engine
         then stops owning it, without restoring or re-applying), or None: it is drift.
         `rules` are the applied section's. By default every such change is drift.
-        A plugin that overrides this is also asked right before a target's first write,
-        with a fresh read (one read more per new target), and after the write when its
-        read-back differs: what it calls theirs then is not written or left as they set
-        it."""
+        A plugin that overrides this has each new target written with
+        write_unless_changed, and is asked again when that finds the target changed since
+        it was judged, and after the write when its read-back differs: what it calls
+        theirs then is not written, or left as they set it."""
         return None
 
     def exists(self, target: T) -> bool:

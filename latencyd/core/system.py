@@ -361,13 +361,26 @@ class System:
                 f"reading the CPU affinity of pid {pid}", describe_oserror(exc)
             ) from exc
 
-    def set_affinity(self, pid: int, cpus: CpuSet) -> None:
+    def set_affinity(
+        self, pid: int, cpus: CpuSet, only_from: CpuSet | None = None
+    ) -> CpuSet | None:
+        """Set the task's CPUs; None once written. With `only_from`, only if the task still
+        holds those CPUs (and not already `cpus`), else what it holds, unwritten: the read
+        and the write back to back, as sched_setaffinity has no compare-and-swap and a pin
+        the task makes itself in between (`taskset -c 1 app` starting) would be undone."""
+        wanted = cpus.as_frozenset()
+        expected = only_from.as_frozenset() if only_from is not None else None
         try:
-            self.sched.sched_setaffinity(pid, cpus.as_frozenset())
+            if expected is not None:
+                found = self.sched.sched_getaffinity(pid)
+                if found != expected or found == wanted:
+                    return CpuSet.from_kernel(found)
+            self.sched.sched_setaffinity(pid, wanted)
         except OSError as exc:
             raise KernelRefused(
                 f"setting the CPU affinity of pid {pid} to {cpus}", describe_oserror(exc)
             ) from exc
+        return None
 
     def scheduler(self, pid: int) -> tuple[str, int]:
         try:

@@ -1043,3 +1043,32 @@ def test_tasks_born_narrowed_are_owned_and_given_their_parents_cpus(tmp_path: Pa
     assert daemon.engine.off() == []
     assert sched.affinity[1300] == sched.affinity[1400] == {0, 1, 2, 3}
     assert sched.affinity[1500] == {0} and sched.affinity[1000] == {0, 1, 2, 3}
+
+
+def test_a_task_born_narrowed_is_owned_without_a_write_that_would_undo_its_users_pin(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rescan finds a child of a narrowed process mid-way through `taskset -c 1 app`:
+    it still carries the narrowed CPUs, and its own pin lands just before the daemon's
+    write would (the fake's before_set). Nothing is written to a task that already holds
+    what is wanted, so the pin stays; it is owned all the same (off gives it the parent's
+    original), and no move is logged for a task that was never moved."""
+    from tests.unit.test_scale import jvm_of_200_threads, shielding_daemon
+
+    system, sched = jvm_of_200_threads(tmp_path)
+    daemon = shielding_daemon(tmp_path, system)
+    daemon.switch("p")
+    add_task(system.root, 1400, "taskset", ppid=1000, start_time=5000)
+    sched.add(1400, {0, 2, 3})
+    sched.before_set[1400] = lambda: sched.affinity.update({1400: frozenset({1})})
+    sched.calls.clear()
+    caplog.set_level(logging.INFO)
+    daemon.refresh(["kthread"])
+    assert ("setaffinity", 1400) not in sched.calls
+    assert any(t.tid == 1400 for _, t in daemon.engine.applied if isinstance(t, TaskAffinity))
+    assert "pid 1400" not in caplog.text
+    sched.before_set.pop(1400)()  # the pin, as the task runs on
+    daemon.check()
+    assert daemon.engine.off() == []
+    assert sched.affinity[1400] == {1}  # theirs: confined to the isolated CPU, left there
+    assert sched.affinity[1000] == {0, 1, 2, 3}
