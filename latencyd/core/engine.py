@@ -627,16 +627,26 @@ class Engine:
         current = self.applied[sid]
         if not plugin.exists(target):
             return
-        self._give_back(sid, report)
-        if current is not ADOPTED:
+        if self._give_back(sid, report) and current is not ADOPTED:
             undo.append(lambda: plugin.write(target, current))
 
-    def _give_back(self, sid: SettingId, report: StepReport) -> None:
-        """Restore one owned setting's original (see _give_back) and note it in `report`."""
+    def _give_back(self, sid: SettingId, report: StepReport) -> bool:
+        """Restore one owned setting's original (see _give_back) and note it in `report`.
+        A target others also set is restored only if it still holds what we set: a task
+        its user confined to the isolated CPUs since the last check stays there, and a
+        rollback must not move it either (False: left as they set it)."""
         plugin, target, current = self.plugins[sid[0]], sid[1], self.applied[sid]
-        if _give_back(plugin, target, self.originals[sid]):
-            before = None if current is ADOPTED else current
-            report.changed(sid[0], target, before, self.originals[sid])
+        original = self.originals[sid]
+        if _hands_over(plugin) and current is not ADOPTED:
+            found = plugin.write_unless_changed(target, original, current)
+            if found is None:
+                report.changed(sid[0], target, current, original)
+                return True
+            if self._theirs(sid, found, by_owner=True):
+                return False
+        if _give_back(plugin, target, original):
+            report.changed(sid[0], target, None if current is ADOPTED else current, original)
+        return True
 
     def _roll_back(self, undo: list[Callable[[], None]]) -> None:
         for action in reversed(undo):
@@ -773,11 +783,13 @@ class Engine:
         self._save([sid])
         return True
 
-    def _theirs(self, sid: SettingId, actual: Value) -> bool:
-        """Whether the plugin says `actual` is someone else's to keep (logged if so)."""
+    def _theirs(self, sid: SettingId, actual: Value, by_owner: bool = False) -> bool:
+        """Whether the plugin says `actual` is someone else's to keep (logged if so),
+        judged by the rules being applied, or `by_owner`: by those that set it."""
         plugin, target = self.plugins[sid[0]], sid[1]
         section = self.sections.get(sid[0])
-        rules = self._rules_ahead.get(sid[0], section.expansion.rules if section else None)
+        rules = section.expansion.rules if section else None
+        rules = rules if by_owner else self._rules_ahead.get(sid[0], rules)
         reason = plugin.handed_over(rules, target, actual)
         if reason:
             log.info("[%s] %s: left as it is, %s", sid[0], plugin.describe(target, actual), reason)

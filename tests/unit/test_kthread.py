@@ -791,6 +791,25 @@ def test_a_task_its_user_pins_right_after_the_write_is_theirs(
     assert m.sched.affinity[700] == {1}
 
 
+def test_off_leaves_a_task_its_user_confined_to_the_shield_since_the_last_check(
+    m: Machinery, machine: Machine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A narrowed task its user then pins inside the shield (`taskset -p -c 1 PID`) is
+    theirs; off (or a switch giving it back) comes before the check that would have let
+    it go: it restores only what still holds the narrowed CPUs, and says why not the rest.
+    A task moved elsewhere, not inside the shield, is drift: its original comes back."""
+    engine = m.engine()
+    engine.apply(m.profile(machine, {"isolate_tasks": "1"}))
+    assert m.sched.affinity[401] == m.sched.affinity[300] == {0, 2, 3}
+    m.sched.affinity[401] = frozenset({1})  # its user's pin, after the write
+    m.sched.affinity[300] = frozenset({2})  # moved, not inside the shield
+    caplog.set_level(logging.INFO)
+    assert engine.off() == []
+    assert m.sched.affinity[401] == {1}
+    assert m.sched.affinity[300] == m.sched.affinity[400] == {0, 1, 2, 3}
+    assert "thread 401) CPUs = 1: left as it is, put on isolated CPUs 1 on purpose" in caplog.text
+
+
 def test_bench_latency_counts_the_moves_and_catches_the_daemon_logs(
     m: Machinery, machine: Machine, caplog: pytest.LogCaptureFixture
 ) -> None:
