@@ -112,13 +112,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def application_moves(log: str, app: str = "sockperf") -> dict[str, int]:
+def application_moves(log: str, app: str = "sockperf") -> dict[str, Any]:
     """From the daemon's log: how often the shield moved the application (started with
-    `taskset -c APP_CPUS`, so never to be moved), and how often it saw a pin land while it
-    was handling the task and left it (the race of the 2026-11-26 fix)."""
-    moved = re.findall(rf"user task {app} \(pid \d+[^)]*\): CPUs \S+ -> ", log)
+    `taskset -c APP_CPUS`, so never to be moved), with those lines, and how often it saw
+    a pin land while it was handling the task and left it (the race of the 2026-11-26
+    fix)."""
+    moved = re.findall(rf".*user task {app} \(pid \d+[^)]*\): CPUs \S+ -> .*", log)
     caught = re.findall(rf"user task {app} \(pid \d+[^)]*\) CPUs = \S+: left as it is", log)
-    return {"moved": len(moved), "caught": len(caught)}
+    return {"moved": len(moved), "caught": len(caught), "lines": moved}
 
 
 # (label, (run, tool, scenario, percentile) over (run, tool, scenario, percentile), goal)
@@ -185,6 +186,7 @@ def report(r: dict[str, Any]) -> list[str]:
             f"  the application moved by the shield: {moves['moved']} times (pins it caught "
             f"landing meanwhile: {moves['caught']})  [{'PASS' if not moves['moved'] else 'MISS'}]"
         )
+        lines += [f"    daemon: {line}" for line in moves.get("lines", [])]
     busy = r.get("idle", {}).get("idle_busy_pct", {})
     if busy:
         delta = busy.get("latency-performance", math.nan) - busy.get("untuned", math.nan)

@@ -829,8 +829,10 @@ def test_bench_latency_counts_the_moves_and_catches_the_daemon_logs(
             _pinned_by_its_user_while_journaled(m, engine, pid)
         engine.extend("kthread", moved)
     log = "\n".join(record.getMessage() for record in caplog.records)
-    assert application_moves(log, "app") == {"moved": 1, "caught": 1}, log
-    assert application_moves(log, "sockperf") == {"moved": 0, "caught": 0}
+    found = application_moves(log, "app")
+    assert (found["moved"], found["caught"]) == (1, 1), log
+    assert found["lines"] == ["user task app (pid 700, thread 700): CPUs 0-3 -> 0,2-3"]
+    assert application_moves(log, "sockperf") == {"moved": 0, "caught": 0, "lines": []}
     assert engine.off() == []
 
 
