@@ -232,8 +232,9 @@ class Plugin(Generic[T]):
     def write_unless_changed(self, target: T, value: Value, judged: Value) -> Value | None:
         """Write `value` only if the target still holds `judged` (what it held when the
         plugin judged it) and not already `value`; None once written, else what it holds,
-        unwritten. Asked of new targets of plugins that override handed_over. By default
-        read then write; override where the kernel lets the two come closer."""
+        unwritten. Asked, of plugins that override handed_over, for each new target and
+        each one given back. By default read then write; override where the kernel lets
+        the two come closer."""
         now = self.read(target)
         if not self.same(target, judged, now) or self.same(target, value, now):
             return now
@@ -276,10 +277,10 @@ class Plugin(Generic[T]):
         """Why a change someone else made to an owned target is theirs to keep (the engine
         then stops owning it, without restoring or re-applying), or None: it is drift.
         `rules` are the applied section's. By default every such change is drift.
-        A plugin that overrides this has each new target written with
-        write_unless_changed, and is asked again when that finds the target changed since
-        it was judged, and after the write when its read-back differs: what it calls
-        theirs then is not written, or left as they set it."""
+        A plugin that overrides this has each new target written, and each owned one
+        given back, with write_unless_changed, and is asked again when that finds the
+        target changed since it was judged or set, and after a write whose read-back
+        differs: what it calls theirs then is not written, or left as they set it."""
         return None
 
     def exists(self, target: T) -> bool:
