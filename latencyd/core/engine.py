@@ -642,6 +642,8 @@ class Engine:
             if found is None:
                 report.changed(sid[0], target, current, original)
                 return True
+            if plugin.same(target, original, found):
+                return True  # holds its original already: nothing to write, nothing theirs
             if self._theirs(sid, found, by_owner=True):
                 return False
         if _give_back(plugin, target, original):

@@ -252,7 +252,9 @@ class Plugin(Generic[T]):
         return current
 
     def restore(self, target: T, original: Value) -> None:
-        """Put an original back; by default the same as writing it."""
+        """Put an original back; by default the same as writing it. A plugin that also
+        overrides handed_over has owned targets given back through write_unless_changed,
+        which writes: override that too where a restore is not a write."""
         self.write(target, original)
 
     def same(self, target: T, wanted: Value, actual: Value) -> bool:
