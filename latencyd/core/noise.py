@@ -217,6 +217,17 @@ class CpuNoise:
     stack: list[Span] = field(default_factory=list)
     task: Span | None = None  # None: idle, or one of the application's threads
     events: int = 0
+    # What ran when the watch began is known from the first event (its common_pid): a
+    # task found then has run since `since` (a busy loop on a quiet CPU may never be
+    # switched out, so waiting for a switch could leave it unnamed for good).
+    since: int = 0  # CLOCK_MONOTONIC ns: the watch's start, or the last close before that
+    known: bool = False
+
+    def found_running(self, pid: int, comm: Callable[[], str]) -> None:
+        """The first event: `pid` (0: idle) has been on the CPU since the watch began."""
+        self.known = True
+        if pid != 0 and not self.expected(pid):
+            self.task = Span(f"task {pid} {comm()}", self.since, pid=pid)
 
     def enter(self, source: str, ts: int) -> None:
         self.stack.append(Span(source, ts))
@@ -252,6 +263,7 @@ class CpuNoise:
         if self.task is not None:
             self._add(self.task, ts)
             self.task = Span(self.task.source, ts, pid=self.task.pid)
+        self.since = self.since if self.known else ts
         out, self.tallies = self.tallies, {}
         return out
 
@@ -259,9 +271,15 @@ class CpuNoise:
 class Decoder:
     """Turns events of the formats given into entries, exits and switches on a CpuNoise."""
 
-    def __init__(self, formats: Iterable[EventFormat], irq_names: Mapping[int, str]) -> None:
+    def __init__(
+        self,
+        formats: Iterable[EventFormat],
+        irq_names: Mapping[int, str],
+        comm_of: Callable[[int], str] = lambda pid: "?",
+    ) -> None:
         self.by_id = {f.id: f for f in formats}
         self.irq_names = dict(irq_names)
+        self.comm_of = comm_of  # a task's name now, for one found running at the start
 
     def feed(self, cpu: CpuNoise, ts: int, payload: bytes) -> None:
         (event_id,) = struct.unpack_from("<H", payload, 0)
@@ -270,6 +288,12 @@ class Decoder:
             return
         cpu.events += 1
         name = fmt.name
+        if not cpu.known:  # every event carries the task it interrupted or switched from
+            pid = int(fmt.value(payload, "common_pid"))
+            if name == "sched_switch":
+                cpu.found_running(pid, lambda: str(fmt.value(payload, "prev_comm")))
+            else:
+                cpu.found_running(pid, lambda: self.comm_of(pid))
         if name == "sched_switch":
             comm = fmt.value(payload, "next_comm")
             cpu.switch(ts, int(fmt.value(payload, "next_pid")), str(comm))

@@ -72,18 +72,19 @@ class NoiseWatch:
             if self.system.exists(f"{events}/{sys_}/{name}/format")
         ]
         self._layout = noise.parse_header_page(self.system.read(f"{events}/header_page"))
-        self._decoder = noise.Decoder(formats, self._irq_names())
+        self._decoder = noise.Decoder(formats, self._irq_names(), self._comm)
         present = [(f.system, f.name) for f in formats]
         self._fds = self.system.open_trace_instance(
             self.base, INSTANCE, self.cpus, present, BUFFER_KB
         )
-        self._state = {cpu: noise.CpuNoise(expected) for cpu in self.cpus}
+        since = time.monotonic_ns()  # tracing is on (its clock is "mono"): the first interval
+        self._state = {cpu: noise.CpuNoise(expected, since=since) for cpu in self.cpus}
         self.mechanism = (
             f"tracefs instance {INSTANCE} ({self._tracefs.where}): the watched CPUs' own "
             "ring buffers, read once an interval (no osnoise/timerlat tracer or hist "
             "triggers needed)"
         )
-        self._since = time.monotonic()
+        self._since = since / 1e9
 
     def poll(self) -> NoiseInterval:
         """What interrupted each CPU since the last poll."""
@@ -112,6 +113,12 @@ class NoiseWatch:
             if self._tracefs is not None:
                 self._tracefs.release()
                 self._tracefs = None
+
+    def _comm(self, pid: int) -> str:
+        try:
+            return self.system.read(f"proc/{pid}/comm").strip()
+        except LatencydError:
+            return "(exited)"
 
     def _irq_names(self) -> dict[int, str]:
         """IRQ number -> its name as /proc/interrupts shows it (the device's action)."""

@@ -109,6 +109,35 @@ def test_a_task_started_with_taskset_is_named_with_its_pid_and_comm(watch: Noise
     assert count >= 1 and ms > 10  # it ran there for a while
 
 
+def test_a_task_already_running_on_the_cpu_when_the_watch_begins_is_named() -> None:
+    """A busy loop on a quiet CPU is switched out only when something else wants the CPU
+    (here a kworker, about once a second), so a watch that learned of tasks only by
+    their switches in left it unnamed for as long as that took, for good where nothing
+    comes. Named at its first timer tick, with its time from the watch's start."""
+    hog = subprocess.Popen(["taskset", "-c", str(CPU), "sh", "-c", "while :; do :; done"])
+    try:
+        stat = Path(f"/proc/{hog.pid}/stat")
+        deadline = time.monotonic() + 10
+        while not (Path(f"/proc/{hog.pid}/comm").read_text() == "sh\n"
+                   and stat.read_text().rsplit(")", 1)[1].split()[36] == str(CPU)):  # fmt: skip
+            assert time.monotonic() < deadline, "the busy loop never reached the CPU"
+            time.sleep(0.01)
+        w = NoiseWatch(SYSTEM, CpuSet({CPU}))
+        w.start()
+        try:
+            time.sleep(0.3)  # shorter than the kworker's period, mostly
+            interval = w.poll()
+        finally:
+            w.stop()
+    finally:
+        hog.kill()
+        hog.wait()
+    seen = sources(interval)
+    assert f"task {hog.pid} sh" in seen, f"task {hog.pid} sh not among {sorted(seen)}"
+    ms = seen[f"task {hog.pid} sh"][1]
+    assert ms > 0.5 * (interval.end - interval.start) * 1e3  # the CPU was its, mostly
+
+
 def _irq_of(name: str) -> int | None:
     for line in Path("/proc/interrupts").read_text().splitlines():
         if line.rstrip().endswith(name):

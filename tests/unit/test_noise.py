@@ -141,6 +141,45 @@ def test_a_task_that_execs_on_the_cpu_goes_on_under_its_new_name() -> None:
     }
 
 
+def test_a_task_running_when_the_watch_began_is_named_from_the_first_event() -> None:
+    """Every event carries the task it interrupted (common_pid): a busy loop already on
+    the CPU is named at its first timer tick and counted from the watch's start, not at
+    a switch away that may never come; a switch names it by prev_comm; the application
+    or idle found there is nothing; until an event says, nothing is counted."""
+    names = {777: "spin"}
+    decoder = N.Decoder(FORMATS.values(), {}, names.__getitem__)
+    tick, tock = (
+        event("local_timer_entry", vector=236, common_pid=777),
+        event("local_timer_exit", vector=236, common_pid=777),
+    )
+
+    spinning = N.CpuNoise(since=1_000)
+    for ts, payload in N.page_events(page(0, [(5_000, tick), (5_400, tock)])):
+        decoder.feed(spinning, ts, payload)
+    assert {k: t.total_ns for k, t in spinning.close(9_000).items()} == {
+        "local timer": 400,
+        "task 777 spin": 7_600,  # 1,000 to 9,000 less the tick
+    }
+
+    switched = N.CpuNoise(since=1_000)
+    away = event("sched_switch", common_pid=778, prev_comm="kworker/1:2", next_pid=0)
+    decoder.feed(switched, 3_000, away)
+    assert {k: t.total_ns for k, t in switched.close(4_000).items()} == {
+        "task 778 kworker/1:2": 2_000
+    }
+
+    for pid, expected in ((0, frozenset()), (777, frozenset({777}))):  # idle; the app
+        found = N.CpuNoise(expected.__contains__, since=1_000)
+        decoder.feed(found, 5_000, event("local_timer_entry", vector=236, common_pid=pid))
+        decoder.feed(found, 5_400, event("local_timer_exit", vector=236, common_pid=pid))
+        assert list(found.close(9_000)) == ["local timer"]
+
+    late = N.CpuNoise(since=1_000)
+    assert late.close(2_000) == {}  # no event yet: nothing known of the first interval
+    decoder.feed(late, 2_500, tick)
+    assert late.close(3_000)["task 777 spin"].total_ns == 1_000  # from the last close
+
+
 def test_a_cpu_beyond_its_budget_or_single_limit_is_named_with_its_top_sources() -> None:
     tick, hog, irq = (
         N.Tally(250, 750_000, 4_000),
