@@ -17,6 +17,7 @@ not the task's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import struct
@@ -52,6 +53,8 @@ SOFTIRQS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "
 _PADDING, _TIME_EXTEND, _TIME_STAMP = 29, 30, 31
 _TS_SHIFT = 27
 _COMMIT_MASK = 0xFFFFF  # the commit word's low bits: bytes of data on the page
+# Every event's common fields: common_type (u16), flags, preempt count, common_pid (int).
+_COMMON = struct.Struct("<H2xi")
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ class Span:
     start: int
     nested: int = 0
     pid: int = 0
+    named_late: bool = False  # a task's name read from /proc, not from the event stream
 
     def spent(self, ts: int) -> int:
         return max(0, ts - self.start - self.nested)
@@ -217,17 +221,29 @@ class CpuNoise:
     stack: list[Span] = field(default_factory=list)
     task: Span | None = None  # None: idle, or one of the application's threads
     events: int = 0
-    # What ran when the watch began is known from the first event (its common_pid): a
-    # task found then has run since `since` (a busy loop on a quiet CPU may never be
-    # switched out, so waiting for a switch could leave it unnamed for good).
+    # Every event names the task on the CPU (common_pid: the one it interrupted, or a
+    # switch's prev). The first says what ran when the watch began, from `since` (a busy
+    # loop on a quiet CPU may never be switched out); a later one that disagrees with the
+    # switches read says one was lost (an overrun), and the accounting goes on from there.
     since: int = 0  # CLOCK_MONOTONIC ns: the watch's start, or the last close before that
-    known: bool = False
+    on_cpu: int | None = None  # the pid on the CPU (0: idle), None: no event yet
+    resyncs: int = 0  # switches lost
 
-    def found_running(self, pid: int, comm: Callable[[], str]) -> None:
-        """The first event: `pid` (0: idle) has been on the CPU since the watch began."""
-        self.known = True
-        if pid != 0 and not self.expected(pid):
-            self.task = Span(f"task {pid} {comm()}", self.since, pid=pid)
+    def running(self, ts: int, pid: int, comm: Callable[[], str]) -> None:
+        """An event that ran on `pid`'s time (its common_pid)."""
+        if pid == self.on_cpu:
+            return
+        self.resyncs += self.on_cpu is not None
+        self._run(ts if self.on_cpu is not None else self.since, pid, comm)
+        if self.task is not None:
+            self.task.named_late = True
+
+    def switch(self, ts: int, next_pid: int, next_comm: str, prev_comm: str = "") -> None:
+        if self.task is not None and self.task.named_late and prev_comm:
+            # /proc's name is read at the poll, when the task may be gone or renamed;
+            # the switch away says what it was called while it ran.
+            self.task.source, self.task.named_late = f"task {self.task.pid} {prev_comm}", False
+        self._run(ts, next_pid, lambda: next_comm)
 
     def enter(self, source: str, ts: int) -> None:
         self.stack.append(Span(source, ts))
@@ -241,17 +257,18 @@ class CpuNoise:
         if outer is not None:  # the time was not the outer one's own
             outer.nested += max(0, ts - span.start)
 
-    def switch(self, ts: int, next_pid: int, next_comm: str) -> None:
+    def _run(self, ts: int, pid: int, comm: Callable[[], str]) -> None:
+        """`pid` on the CPU from `ts` (the task before off it then)."""
         if self.task is not None:
             self._add(self.task, ts)
-        self.task = None
-        if next_pid != 0 and not self.expected(next_pid):
-            self.task = Span(f"task {next_pid} {next_comm}", ts, pid=next_pid)
+        self.task, self.on_cpu = None, pid
+        if pid != 0 and not self.expected(pid):
+            self.task = Span(f"task {pid} {comm()}", ts, pid=pid)
 
-    def exec(self, ts: int, pid: int, comm: str) -> None:
+    def exec(self, ts: int, pid: int, old_pid: int, comm: str) -> None:
         """The running task exec'd: its run goes on under its new name (the time before
-        under the old)."""
-        if self.task is not None and pid == self.task.pid:
+        under the old), and a thread other than the leader under the leader's pid."""
+        if old_pid == self.on_cpu:
             self.switch(ts, pid, comm)
 
     def _add(self, span: Span, ts: int) -> None:
@@ -262,8 +279,8 @@ class CpuNoise:
         on into the next interval from there)."""
         if self.task is not None:
             self._add(self.task, ts)
-            self.task = Span(self.task.source, ts, pid=self.task.pid)
-        self.since = self.since if self.known else ts
+            self.task = dataclasses.replace(self.task, start=ts, nested=0)
+        self.since = ts if self.on_cpu is None else self.since
         out, self.tallies = self.tallies, {}
         return out
 
@@ -279,28 +296,26 @@ class Decoder:
     ) -> None:
         self.by_id = {f.id: f for f in formats}
         self.irq_names = dict(irq_names)
-        self.comm_of = comm_of  # a task's name now, for one found running at the start
+        self.comm_of = comm_of  # a task's name now, for one found by an event, not a switch
 
     def feed(self, cpu: CpuNoise, ts: int, payload: bytes) -> None:
-        (event_id,) = struct.unpack_from("<H", payload, 0)
+        event_id, pid = _COMMON.unpack_from(payload, 0)
         fmt = self.by_id.get(event_id)
         if fmt is None:
             return
         cpu.events += 1
         name = fmt.name
-        if not cpu.known:  # every event carries the task it interrupted or switched from
-            pid = int(fmt.value(payload, "common_pid"))
-            if name == "sched_switch":
-                cpu.found_running(pid, lambda: str(fmt.value(payload, "prev_comm")))
-            else:
-                cpu.found_running(pid, lambda: self.comm_of(pid))
+        if name == "sched_process_exec":  # by a thread not the leader: the leader's pid now
+            pid = int(fmt.value(payload, "old_pid"))
+        if pid != cpu.on_cpu:  # (this compare is all that most events cost here)
+            cpu.running(ts, pid, lambda: self.comm_of(pid))
         if name == "sched_switch":
-            comm = fmt.value(payload, "next_comm")
-            cpu.switch(ts, int(fmt.value(payload, "next_pid")), str(comm))
+            comm, prev = str(fmt.value(payload, "next_comm")), str(fmt.value(payload, "prev_comm"))
+            cpu.switch(ts, int(fmt.value(payload, "next_pid")), comm, prev)
         elif name == "sched_process_exec":
             # The kernel names the task for the file's base name, cut to 15 bytes.
             comm = os.path.basename(str(fmt.value(payload, "filename")))[:15]
-            cpu.exec(ts, int(fmt.value(payload, "pid")), comm)
+            cpu.exec(ts, int(fmt.value(payload, "pid")), int(fmt.value(payload, "old_pid")), comm)
         elif name.endswith("_exit"):
             cpu.exit(ts)
         elif name == "irq_handler_entry":

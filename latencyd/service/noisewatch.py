@@ -45,6 +45,7 @@ class NoiseInterval:
     cpus: dict[int, dict[str, noise.Tally]] = field(default_factory=dict)
     events: int = 0
     pages: int = 0  # ring-buffer pages read (0 with events 0: the kernel handed out nothing)
+    resyncs: int = 0  # task switches the buffers lost, made up for by the next event
 
 
 class NoiseWatch:
@@ -93,13 +94,14 @@ class NoiseWatch:
         interval = NoiseInterval(self._since, now)
         for cpu, fd in self._fds.items():
             state = self._state[cpu]
-            before = state.events
+            before, resyncs = state.events, state.resyncs
             pages = self.system.read_trace_pages(fd)
             interval.pages += len(pages)
             for page in pages:
                 for ts, payload in noise.page_events(page, self._layout):
                     self._decoder.feed(state, ts, payload)
             interval.events += state.events - before
+            interval.resyncs += state.resyncs - resyncs
             interval.cpus[cpu] = state.close(time.monotonic_ns())
         self._since = now
         return interval
@@ -294,7 +296,8 @@ class ShieldWatch:
             return False
         interval = self.watch.poll()
         seconds = interval.end - interval.start
-        log.debug("noise poll: %d pages, %d events", interval.pages, interval.events)
+        log.debug("noise poll: %d pages, %d events, %d switches lost", interval.pages,
+                  interval.events, interval.resyncs)  # fmt: skip
         self.plugin.last = LastInterval(self.watch.mechanism, seconds, interval.cpus)
         for callback in self.on_interval:
             callback(interval.cpus)

@@ -89,18 +89,18 @@ def decode(events: list[tuple[int, bytes]], expected: frozenset[int] = frozenset
 def test_interruptions_are_tallied_by_source_with_nested_time_taken_out() -> None:
     app, hog = 4242, 777
     cpu = decode(
-        [
+        [  # common_pid: the task each event ran on the time of (0: idle)
             (1_000, event("sched_switch", next_pid=app, next_comm="app")),
-            (2_000, event("local_timer_entry", vector=236)),
-            (2_700, event("local_timer_exit", vector=236)),
-            (3_000, event("sched_switch", next_pid=hog, next_comm="stress-ng")),
-            (4_000, event("irq_handler_entry", irq=28, name="virtio1")),
-            (4_400, event("softirq_entry", vec=3)),  # NET_RX, nested in the IRQ
-            (4_500, event("softirq_exit", vec=3)),
-            (4_600, event("irq_handler_exit", irq=28, ret=1)),
-            (9_000, event("sched_switch", next_pid=app, next_comm="app")),
-            (9_100, event("local_timer_exit", vector=236)),  # an exit with no entry: ignored
-            (10_000, event("sched_switch", next_pid=0, next_comm="swapper/1")),
+            (2_000, event("local_timer_entry", vector=236, common_pid=app)),
+            (2_700, event("local_timer_exit", vector=236, common_pid=app)),
+            (3_000, event("sched_switch", next_pid=hog, next_comm="stress-ng", common_pid=app)),
+            (4_000, event("irq_handler_entry", irq=28, name="virtio1", common_pid=hog)),
+            (4_400, event("softirq_entry", vec=3, common_pid=hog)),  # NET_RX, in the IRQ
+            (4_500, event("softirq_exit", vec=3, common_pid=hog)),
+            (4_600, event("irq_handler_exit", irq=28, ret=1, common_pid=hog)),
+            (9_000, event("sched_switch", next_pid=app, next_comm="app", common_pid=hog)),
+            (9_100, event("local_timer_exit", vector=236, common_pid=app)),  # no entry: ignored
+            (10_000, event("sched_switch", next_pid=0, next_comm="swapper/1", common_pid=app)),
         ],
         expected=frozenset({app}),
     )
@@ -111,7 +111,7 @@ def test_interruptions_are_tallied_by_source_with_nested_time_taken_out() -> Non
         "softirq NET_RX": (1, 100, 100),
         "task 777 stress-ng": (1, 5_400, 5_400),  # 6,000 on the CPU less the IRQ's 600
     }
-    assert cpu.events == 11 and cpu.close(13_000) == {}
+    assert cpu.events == 11 and cpu.close(13_000) == {} and cpu.resyncs == 0
 
 
 def test_a_task_still_running_at_the_end_of_an_interval_counts_in_both() -> None:
@@ -122,22 +122,62 @@ def test_a_task_still_running_at_the_end_of_an_interval_counts_in_both() -> None
 
 def test_a_task_that_execs_on_the_cpu_goes_on_under_its_new_name() -> None:
     """`taskset -c 1 sh -c loop` arrives on CPU 1 as "taskset" and execs sh there with no
-    switch in between: the run after the exec is the shell's. Another task's exec (on
-    this CPU's buffer only if it ran here) renames nothing."""
+    switch in between: the run after the exec is the shell's. A thread other than the
+    leader that execs goes on as the leader's pid (old_pid is its own)."""
     long = "a-very-long-program-name"
+
+    def exec_(pid: int, path: str, old_pid: int | None = None) -> bytes:
+        old = pid if old_pid is None else old_pid
+        return event("sched_process_exec", filename=path, pid=pid, old_pid=old, common_pid=pid)
+
     cpu = decode(
         [
             (1_000, event("sched_switch", next_pid=90, next_comm="taskset")),
-            (1_500, event("sched_process_exec", filename="/usr/bin/sh", pid=90, old_pid=90)),
-            (1_600, event("sched_process_exec", filename="/bin/true", pid=91, old_pid=91)),
-            (2_000, event("sched_process_exec", filename=f"/opt/{long}", pid=90, old_pid=90)),
+            (1_500, exec_(90, "/usr/bin/sh")),
+            (2_000, exec_(90, f"/opt/{long}")),
+            (3_000, event("sched_switch", next_pid=93, next_comm="worker", common_pid=90)),
+            (3_500, exec_(92, "/bin/true", old_pid=93)),  # thread 93 of process 92
         ]
     )
-    tallies = cpu.close(3_000)
+    tallies = cpu.close(4_000)
     assert {k: t.total_ns for k, t in tallies.items()} == {
         "task 90 taskset": 500,
         "task 90 sh": 500,
         "task 90 a-very-long-pro": 1_000,  # the kernel's comm: 15 bytes
+        "task 93 worker": 500,
+        "task 92 true": 500,
+    }
+    assert cpu.resyncs == 0
+
+
+def test_a_switch_the_buffer_lost_is_made_up_for_at_the_next_event() -> None:
+    """An overrun can lose a sched_switch: the next event's task (common_pid) disagrees
+    with the switches read, and the accounting goes on from there, naming it."""
+    cpu = decode(
+        [
+            (1_000, event("sched_switch", next_pid=55, next_comm="kworker/1:1")),
+            # lost: 55 -> 66 (stress-ng) at about 2,000
+            (3_000, event("local_timer_entry", vector=236, common_pid=66)),
+            (3_100, event("local_timer_exit", vector=236, common_pid=66)),
+            (5_000, event("sched_switch", next_pid=0, prev_comm="stress-ng", common_pid=66)),
+        ]
+    )
+    assert {k: t.total_ns for k, t in cpu.close(6_000).items()} == {
+        "task 55 kworker/1:1": 2_000,  # to the first sign of the loss
+        "task 66 stress-ng": 1_900,  # named by the switch away from it
+        "local timer": 100,
+    }
+    assert cpu.resyncs == 1
+    # Still on the CPU at the poll: named as /proc has it then (here, the decoder's "?").
+    lost = decode(
+        [
+            (1_000, event("sched_switch", next_pid=55, next_comm="kworker/1:1")),
+            (2_000, event("local_timer_entry", vector=236, common_pid=77)),
+        ]
+    )
+    assert {k: t.total_ns for k, t in lost.close(3_000).items()} == {
+        "task 55 kworker/1:1": 1_000,
+        "task 77 ?": 1_000,
     }
 
 
@@ -147,7 +187,7 @@ def test_a_task_running_when_the_watch_began_is_named_from_the_first_event() -> 
     a switch away that may never come; a switch names it by prev_comm; the application
     or idle found there is nothing; until an event says, nothing is counted."""
     names = {777: "spin"}
-    decoder = N.Decoder(FORMATS.values(), {}, names.__getitem__)
+    decoder = N.Decoder(FORMATS.values(), {}, lambda pid: names.get(pid, "gone"))
     tick, tock = (
         event("local_timer_entry", vector=236, common_pid=777),
         event("local_timer_exit", vector=236, common_pid=777),
