@@ -45,6 +45,8 @@ EVENTS = (
     # A task that execs while on the CPU keeps running under a new comm with no switch
     # (a `taskset -c 1 prog` arrives as "taskset"): renamed here, or named for its launcher.
     ("sched", "sched_process_exec"),
+    # When a task found by an event (its switch in not read) began: the run it reports.
+    ("sched", "sched_stat_runtime"),
 )
 SOFTIRQS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED",
             "HRTIMER", "RCU")  # fmt: skip
@@ -196,6 +198,9 @@ class LastInterval:
     cpus: Mapping[int, Mapping[str, Tally]] | None = None
 
 
+UNNAMED = "\0"  # a task's source before its name is known: "task PID \0" (see `named`)
+
+
 @dataclass
 class Span:
     """Time a source holds a CPU: since `start`, less `nested` ns of interruptions inside;
@@ -205,7 +210,11 @@ class Span:
     start: int
     nested: int = 0
     pid: int = 0
-    named_late: bool = False  # a task's name read from /proc, not from the event stream
+    # A task found on the CPU by an event, its switch in not read: it began after `floor`
+    # (the last event before, on what ran then: `before`, idle or the application's when
+    # None), and its first sched_stat_runtime says when; `before` ran until then.
+    floor: int | None = None
+    before: Span | None = None
 
     def spent(self, ts: int) -> int:
         return max(0, ts - self.start - self.nested)
@@ -222,28 +231,55 @@ class CpuNoise:
     task: Span | None = None  # None: idle, or one of the application's threads
     events: int = 0
     # Every event names the task on the CPU (common_pid: the one it interrupted, or a
-    # switch's prev). The first says what ran when the watch began, from `since` (a busy
-    # loop on a quiet CPU may never be switched out); a later one that disagrees with the
-    # switches read says one was lost (an overrun), and the accounting goes on from there.
+    # switch's prev), so no task depends on its switch in being read: the first event
+    # says what ran when the watch began, from `since` (a busy loop on a quiet CPU may
+    # never be switched out); a later one that disagrees with the switches read says one
+    # is not in the buffer (lost to an overrun, or never written: the 6.18 guests here
+    # write none away from the idle task), and the accounting goes on from there. Such a
+    # task is named by the next event that carries its comm, else at the poll (`named`).
     since: int = 0  # CLOCK_MONOTONIC ns: the watch's start, or the last close before that
     on_cpu: int | None = None  # the pid on the CPU (0: idle), None: no event yet
-    resyncs: int = 0  # switches lost
+    last: int = 0  # the last event's time
+    unseen_switches: int = 0
 
-    def running(self, ts: int, pid: int, comm: Callable[[], str]) -> None:
-        """An event that ran on `pid`'s time (its common_pid)."""
-        if pid == self.on_cpu:
+    def running(self, ts: int, pid: int) -> None:
+        """An event that ran on `pid`'s time (its common_pid), not the one on the CPU."""
+        if self.on_cpu is None:  # the first event: on the CPU since the watch began
+            self._run(self.since, pid, UNNAMED)
             return
-        self.resyncs += self.on_cpu is not None
-        self._run(ts if self.on_cpu is not None else self.since, pid, comm)
+        self.unseen_switches += 1
+        before, self.task = self.task, None
+        self._run(ts, pid, UNNAMED)
         if self.task is not None:
-            self.task.named_late = True
+            self.task.floor, self.task.before = self.last, before
+        elif before is not None:
+            self._add(before, ts)
+
+    def ran(self, ts: int, pid: int, runtime: int, comm: str) -> None:
+        """sched_stat_runtime: `pid` (named `comm`) ran `runtime` ns since its switch in
+        or its last tick."""
+        task = self.task
+        if task is not None and task.pid == pid and task.floor is not None:
+            self._name(task, comm)
+            task.start = max(task.floor, min(task.start, ts - runtime))
+            self._settle(task)
+
+    @staticmethod
+    def _name(task: Span, comm: str) -> None:
+        if comm and task.source.endswith(UNNAMED):
+            task.source = f"task {task.pid} {comm}"
+
+    def _settle(self, task: Span) -> None:
+        """The start of a task found by an event is as known as it gets: what ran before
+        it ends there."""
+        if task.before is not None:
+            self._add(task.before, task.start)
+        task.floor = task.before = None
 
     def switch(self, ts: int, next_pid: int, next_comm: str, prev_comm: str = "") -> None:
-        if self.task is not None and self.task.named_late and prev_comm:
-            # /proc's name is read at the poll, when the task may be gone or renamed;
-            # the switch away says what it was called while it ran.
-            self.task.source, self.task.named_late = f"task {self.task.pid} {prev_comm}", False
-        self._run(ts, next_pid, lambda: next_comm)
+        if self.task is not None:
+            self._name(self.task, prev_comm)
+        self._run(ts, next_pid, next_comm)
 
     def enter(self, source: str, ts: int) -> None:
         self.stack.append(Span(source, ts))
@@ -257,13 +293,14 @@ class CpuNoise:
         if outer is not None:  # the time was not the outer one's own
             outer.nested += max(0, ts - span.start)
 
-    def _run(self, ts: int, pid: int, comm: Callable[[], str]) -> None:
+    def _run(self, ts: int, pid: int, comm: str) -> None:
         """`pid` on the CPU from `ts` (the task before off it then)."""
         if self.task is not None:
+            self._settle(self.task)
             self._add(self.task, ts)
         self.task, self.on_cpu = None, pid
         if pid != 0 and not self.expected(pid):
-            self.task = Span(f"task {pid} {comm()}", ts, pid=pid)
+            self.task = Span(f"task {pid} {comm}", ts, pid=pid)
 
     def exec(self, ts: int, pid: int, old_pid: int, comm: str) -> None:
         """The running task exec'd: its run goes on under its new name (the time before
@@ -276,8 +313,9 @@ class CpuNoise:
 
     def close(self, ts: int) -> dict[str, Tally]:
         """The interval's tallies, an unfinished task run counted up to `ts` (and carried
-        on into the next interval from there)."""
+        on into the next interval from there); tasks still unnamed (`named` names them)."""
         if self.task is not None:
+            self._settle(self.task)
             self._add(self.task, ts)
             self.task = dataclasses.replace(self.task, start=ts, nested=0)
         self.since = ts if self.on_cpu is None else self.since
@@ -285,18 +323,27 @@ class CpuNoise:
         return out
 
 
+def named(tallies: Mapping[str, Tally], comm_of: Callable[[int], str]) -> dict[str, Tally]:
+    """Tallies with each task the event stream did not name named by `comm_of(pid)` (its
+    name now, at the poll), merged with its runs that were named."""
+    out: dict[str, Tally] = {}
+    for source, tally in tallies.items():
+        if source.endswith(UNNAMED):
+            pid = int(source.split()[1])
+            source = f"task {pid} {comm_of(pid)}"
+        if (other := out.get(source)) is not None:
+            tally = Tally(other.count + tally.count, other.total_ns + tally.total_ns,
+                          max(other.max_ns, tally.max_ns))  # fmt: skip
+        out[source] = tally
+    return out
+
+
 class Decoder:
     """Turns events of the formats given into entries, exits and switches on a CpuNoise."""
 
-    def __init__(
-        self,
-        formats: Iterable[EventFormat],
-        irq_names: Mapping[int, str],
-        comm_of: Callable[[int], str] = lambda pid: "?",
-    ) -> None:
+    def __init__(self, formats: Iterable[EventFormat], irq_names: Mapping[int, str]) -> None:
         self.by_id = {f.id: f for f in formats}
         self.irq_names = dict(irq_names)
-        self.comm_of = comm_of  # a task's name now, for one found by an event, not a switch
 
     def feed(self, cpu: CpuNoise, ts: int, payload: bytes) -> None:
         event_id, pid = _COMMON.unpack_from(payload, 0)
@@ -308,11 +355,23 @@ class Decoder:
         if name == "sched_process_exec":  # by a thread not the leader: the leader's pid now
             pid = int(fmt.value(payload, "old_pid"))
         if pid != cpu.on_cpu:  # (this compare is all that most events cost here)
-            cpu.running(ts, pid, lambda: self.comm_of(pid))
-        if name == "sched_switch":
-            comm, prev = str(fmt.value(payload, "next_comm")), str(fmt.value(payload, "prev_comm"))
-            cpu.switch(ts, int(fmt.value(payload, "next_pid")), comm, prev)
-        elif name == "sched_process_exec":
+            cpu.running(ts, pid)
+        cpu.last = ts
+        if name.startswith("sched_"):  # strings read only where wanted: a switch is common
+            task = cpu.task
+            unnamed = task is not None and task.source.endswith(UNNAMED)
+            if name == "sched_stat_runtime":  # of use only for a task found by an event
+                if task is not None and task.floor is not None:  # (always the current's)
+                    comm = str(fmt.value(payload, "comm")) if unnamed else ""
+                    cpu.ran(ts, pid, int(fmt.value(payload, "runtime")), comm)
+                return
+            if name == "sched_switch":
+                next_pid = int(fmt.value(payload, "next_pid"))
+                comm = str(fmt.value(payload, "next_comm")) if next_pid else ""
+                prev = str(fmt.value(payload, "prev_comm")) if unnamed else ""
+                cpu.switch(ts, next_pid, comm, prev)
+                return
+        if name == "sched_process_exec":
             # The kernel names the task for the file's base name, cut to 15 bytes.
             comm = os.path.basename(str(fmt.value(payload, "filename")))[:15]
             cpu.exec(ts, int(fmt.value(payload, "pid")), int(fmt.value(payload, "old_pid")), comm)

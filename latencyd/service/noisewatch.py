@@ -45,7 +45,7 @@ class NoiseInterval:
     cpus: dict[int, dict[str, noise.Tally]] = field(default_factory=dict)
     events: int = 0
     pages: int = 0  # ring-buffer pages read (0 with events 0: the kernel handed out nothing)
-    resyncs: int = 0  # task switches the buffers lost, made up for by the next event
+    unseen_switches: int = 0  # task switches not in the buffers, made up for by the next event
 
 
 class NoiseWatch:
@@ -73,7 +73,7 @@ class NoiseWatch:
             if self.system.exists(f"{events}/{sys_}/{name}/format")
         ]
         self._layout = noise.parse_header_page(self.system.read(f"{events}/header_page"))
-        self._decoder = noise.Decoder(formats, self._irq_names(), self._comm)
+        self._decoder = noise.Decoder(formats, self._irq_names())
         present = [(f.system, f.name) for f in formats]
         self._fds = self.system.open_trace_instance(
             self.base, INSTANCE, self.cpus, present, BUFFER_KB
@@ -94,15 +94,15 @@ class NoiseWatch:
         interval = NoiseInterval(self._since, now)
         for cpu, fd in self._fds.items():
             state = self._state[cpu]
-            before, resyncs = state.events, state.resyncs
+            before, unseen = state.events, state.unseen_switches
             pages = self.system.read_trace_pages(fd)
             interval.pages += len(pages)
             for page in pages:
                 for ts, payload in noise.page_events(page, self._layout):
                     self._decoder.feed(state, ts, payload)
             interval.events += state.events - before
-            interval.resyncs += state.resyncs - resyncs
-            interval.cpus[cpu] = state.close(time.monotonic_ns())
+            interval.unseen_switches += state.unseen_switches - unseen
+            interval.cpus[cpu] = noise.named(state.close(time.monotonic_ns()), self._comm)
         self._since = now
         return interval
 
@@ -296,8 +296,8 @@ class ShieldWatch:
             return False
         interval = self.watch.poll()
         seconds = interval.end - interval.start
-        log.debug("noise poll: %d pages, %d events, %d switches lost", interval.pages,
-                  interval.events, interval.resyncs)  # fmt: skip
+        log.debug("noise poll: %d pages, %d events, %d switches not in the buffers",
+                  interval.pages, interval.events, interval.unseen_switches)  # fmt: skip
         self.plugin.last = LastInterval(self.watch.mechanism, seconds, interval.cpus)
         for callback in self.on_interval:
             callback(interval.cpus)
