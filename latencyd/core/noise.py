@@ -248,6 +248,8 @@ class CpuNoise:
             self._run(self.since, pid, UNNAMED)
             return
         self.unseen_switches += 1
+        if self.task is not None:  # as known as it gets: the one before it ends
+            self._settle(self.task)
         before, self.task = self.task, None
         self._run(ts, pid, UNNAMED)
         if self.task is not None:

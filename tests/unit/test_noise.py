@@ -178,6 +178,22 @@ def test_a_switch_not_in_the_buffer_is_made_up_for_at_the_next_event() -> None:
             "local timer": 100,
         }
         assert cpu.unseen_switches == 1
+    # Two unseen in a row, the first with no sched_stat_runtime: each ran until the next.
+    cpu = decode(
+        [
+            (1_000, event("sched_switch", next_pid=55, next_comm="kworker/1:1")),
+            (3_000, event("local_timer_entry", vector=236, common_pid=66)),
+            (3_000, event("local_timer_exit", vector=236, common_pid=66)),
+            (5_000, event("local_timer_entry", vector=236, common_pid=77)),
+            (5_000, event("local_timer_exit", vector=236, common_pid=77)),
+        ]
+    )
+    assert {k: t.total_ns for k, t in N.named(cpu.close(6_000), str).items()} == {
+        "local timer": 0,
+        "task 55 kworker/1:1": 2_000,
+        "task 66 66": 2_000,
+        "task 77 77": 1_000,
+    }
     # Still on the CPU at the poll: named as /proc has it then (here, the decoder's "?"),
     # or as its sched_stat_runtime says.
     for ran, name in (([], "task 77 ?"), ([(2_001, event("sched_stat_runtime", pid=77,
