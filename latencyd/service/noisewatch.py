@@ -243,6 +243,7 @@ class ShieldWatch:
         self.watch: NoiseWatch | CounterWatch | None = None
         self.source: int | None = None
         self.limit = ReportLimit()
+        self._holds: tuple[int, ...] = ()
         self._roots: frozenset[int] = frozenset()
         self._owner: dict[int, bool] = {}  # tid -> whether it is the application's
         # Called with each interval's tallies (cpu -> source -> Tally): the metrics.
@@ -316,10 +317,14 @@ class ShieldWatch:
 
     def expected(self, tid: int) -> bool:
         """Whether thread `tid` is the application's: of a process holding a profile, or
-        started by one. Asked once per thread seen on a watched CPU, then remembered."""
-        roots = frozenset(h.pid for h in self.daemon.holds.values() if h.pid)
-        if roots != self._roots or len(self._owner) > 65_536:
-            self._roots, self._owner = roots, {}
+        started by one. Asked at each switch to a thread on a watched CPU (thousands a
+        second), so the answer is remembered per thread, and the holds are looked at
+        again only when they change (cookies are never reused, nor a hold's pid changed)."""
+        holds = tuple(self.daemon.holds)
+        if holds != self._holds or len(self._owner) > 65_536:
+            roots = frozenset(h.pid for h in self.daemon.holds.values() if h.pid)
+            self._holds, self._roots, self._owner = holds, roots, {}
+        roots = self._roots
         if not roots:
             return False
         if tid not in self._owner:
