@@ -376,7 +376,7 @@ class Decoder:
         if name == "sched_process_exec":
             # The kernel names the task for the file's base name, cut to 15 bytes.
             comm = os.path.basename(str(fmt.value(payload, "filename")))[:15]
-            cpu.exec(ts, int(fmt.value(payload, "pid")), int(fmt.value(payload, "old_pid")), comm)
+            cpu.exec(ts, int(fmt.value(payload, "pid")), pid, comm)  # pid: its old_pid
         elif name.endswith("_exit"):
             cpu.exit(ts)
         elif name == "irq_handler_entry":

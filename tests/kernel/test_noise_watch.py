@@ -151,10 +151,8 @@ def test_a_task_already_running_on_the_cpu_when_the_watch_begins_is_named() -> N
     comes. Named at its first timer tick, with its time from the watch's start."""
     hog = subprocess.Popen(["taskset", "-c", str(CPU), "sh", "-c", "while :; do :; done"])
     try:
-        stat = Path(f"/proc/{hog.pid}/stat")
         deadline = time.monotonic() + 10
-        while not (Path(f"/proc/{hog.pid}/comm").read_text() == "sh\n"
-                   and stat.read_text().rsplit(")", 1)[1].split()[36] == str(CPU)):  # fmt: skip
+        while not ((task := SYSTEM.task(hog.pid)) and task.comm == "sh" and task.last_cpu == CPU):
             assert time.monotonic() < deadline, "the busy loop never reached the CPU"
             time.sleep(0.01)
         w = NoiseWatch(SYSTEM, CpuSet({CPU}))
