@@ -406,6 +406,22 @@ class Counters:
 MEASURING = {"sockperf", "cyclictest", "oslat"}
 
 
+def wake(cpus: list[int]) -> None:
+    """Bring each of `cpus` out of its idle state by running there for a moment: the
+    kernel adds a sleep to a state's residency only when the sleep ends, and a quiet
+    tickless CPU sleeps through half a second and more (seen here: its counter still for
+    0.52 s), so a window read without this counts a whole sleep in or out at random. A
+    CPU this process may not run on (a cpuset) is left as it is."""
+    ours = os.sched_getaffinity(0)
+    try:
+        for cpu in cpus:
+            # Returns on `cpu`: the migration wakes it, which ends its sleep.
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, {cpu})
+    finally:
+        os.sched_setaffinity(0, ours)
+
+
 def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
     """Share of the `measured` CPUs' time (default all) not spent in a real idle state
     (running, or polling) over `seconds`: what a scenario costs while nothing happens.
@@ -423,6 +439,7 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
     }
 
     def asleep_us() -> int:
+        wake(list(sleeping))
         total = 0
         for cpu, indexes in sleeping.items():
             for i in indexes:
@@ -435,12 +452,13 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
         mine = [t for cpu, t in ticks.items() if cpu in cpus]
         return sum(sum(t[:8]) for t in mine), sum(t[3] + t[4] for t in mine)
 
-    start, (total0, idle0) = time.monotonic(), stat()
+    total0, idle0 = stat()
     asleep0 = asleep_us() if sleeping else 0
+    start = time.monotonic()
     time.sleep(seconds)
-    wall_us = (time.monotonic() - start) * 1e6
     if sleeping:
-        return max(0.0, 1 - (asleep_us() - asleep0) / (wall_us * len(sleeping)))
+        asleep, wall_us = asleep_us() - asleep0, (time.monotonic() - start) * 1e6
+        return max(0.0, 1 - asleep / (wall_us * len(sleeping)))
     total1, idle1 = stat()
     total = total1 - total0
     return (total - (idle1 - idle0)) / total if total else 0.0
