@@ -406,20 +406,20 @@ class Counters:
 MEASURING = {"sockperf", "cyclictest", "oslat"}
 
 
-def wake(cpus: list[int]) -> None:
+def wake(system: System, cpus: list[int]) -> None:
     """Bring each of `cpus` out of its idle state by running there for a moment: the
     kernel adds a sleep to a state's residency only when the sleep ends, and a quiet
     tickless CPU sleeps through half a second and more (seen here: its counter still for
     0.52 s), so a window read without this counts a whole sleep in or out at random. A
     CPU this process may not run on (a cpuset) is left as it is."""
-    ours = os.sched_getaffinity(0)
+    ours = system.affinity(0)
     try:
         for cpu in cpus:
             # Returns on `cpu`: the migration wakes it, which ends its sleep.
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, {cpu})
+            with contextlib.suppress(LatencydError):
+                system.set_affinity(0, CpuSet({cpu}))
     finally:
-        os.sched_setaffinity(0, ours)
+        system.set_affinity(0, ours)
 
 
 def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
@@ -439,7 +439,7 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
     }
 
     def asleep_us() -> int:
-        wake(list(sleeping))
+        wake(system, list(sleeping))
         total = 0
         for cpu, indexes in sleeping.items():
             for i in indexes:
@@ -452,16 +452,17 @@ def busy_share(seconds: float, measured: CpuSet | None = None) -> float:
         mine = [t for cpu, t in ticks.items() if cpu in cpus]
         return sum(sum(t[:8]) for t in mine), sum(t[3] + t[4] for t in mine)
 
-    total0, idle0 = stat()
-    asleep0 = asleep_us() if sleeping else 0
+    if not sleeping:
+        total0, idle0 = stat()
+        time.sleep(seconds)
+        total1, idle1 = stat()
+        total = total1 - total0
+        return (total - (idle1 - idle0)) / total if total else 0.0
+    asleep0 = asleep_us()
     start = time.monotonic()
     time.sleep(seconds)
-    if sleeping:
-        asleep, wall_us = asleep_us() - asleep0, (time.monotonic() - start) * 1e6
-        return max(0.0, 1 - asleep / (wall_us * len(sleeping)))
-    total1, idle1 = stat()
-    total = total1 - total0
-    return (total - (idle1 - idle0)) / total if total else 0.0
+    asleep, wall_us = asleep_us() - asleep0, (time.monotonic() - start) * 1e6
+    return max(0.0, 1 - asleep / (wall_us * len(sleeping)))
 
 
 def counters(cpus: CpuSet, system: System) -> Counters:
