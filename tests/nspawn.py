@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -84,7 +86,13 @@ class Container:
     created_runtime: list[Path] = field(default_factory=list)
 
     def boot(self, log: Path, timeout: float = 90.0) -> str:
-        """Start it and wait for the boot to finish; returns is-system-running's answer."""
+        """Start it and wait for the boot to finish; returns is-system-running's answer.
+
+        nspawn says when: with --notify-ready=yes it passes PID 1's READY=1 (sent once
+        the boot transaction is done) to $NOTIFY_SOCKET, after X_NSPAWN_LEADER_PID=
+        (PID 1 as the host sees it). Asking PID 1 itself instead races its start: for
+        a few ms after its exec `systemctl is-system-running --wait` answers "offline"
+        (/run/systemd/system not made yet), which a CI run once hit."""
         self.created_runtime = [p for p in NSPAWN_RUNTIME if not p.exists()]
         argv = [
             "systemd-nspawn",
@@ -94,43 +102,60 @@ class Container:
             "--keep-unit",
             "--console=pipe",
             "--quiet",
+            "--notify-ready=yes",
             "--bind=/dev/cpu_dma_latency",
         ]
         for host, inside, writable in self.binds:
             argv.append(f"--bind{'' if writable else '-ro'}={host}:{inside}")
         argv += ["--boot", "systemd.firstboot=off"]
-        env = {"PATH": PATH, "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "1", "LANG": "C.UTF-8"}
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while not self.init_pid:
+        notify_path = log.with_name("notify")
+        with contextlib.closing(socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)) as notify:
+            notify.bind(str(notify_path))
+            env = {
+                "PATH": PATH,
+                "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "1",
+                "LANG": "C.UTF-8",
+                "NOTIFY_SOCKET": str(notify_path),
+            }
+            with open(log, "wb") as out:
+                self.proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self._wait_ready(notify, log, time.monotonic() + timeout)
+        notify_path.unlink()
+        return self.run("systemctl", "is-system-running").stdout.strip()
+
+    def _wait_ready(self, notify: socket.socket, log: Path, deadline: float) -> None:
+        """Read nspawn's notifications until READY=1, keeping the leader's PID."""
+        assert self.proc is not None
+        ready = False
+        while not ready:
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"systemd-nspawn exited ({self.proc.returncode}):\n"
                     + log.read_text(errors="replace")
                 )
             if time.monotonic() > deadline:
-                raise RuntimeError("the container's init did not start")
-            self.init_pid = self._init()
-            time.sleep(0.05)
-        # Until PID 1 has its private socket up, systemctl cannot ask it anything.
-        while time.monotonic() < deadline:
-            state = self.run("systemctl", "is-system-running", "--wait", timeout=timeout)
-            if state.stdout.strip():
-                return state.stdout.strip()
-            time.sleep(0.1)
-        raise RuntimeError(f"the container did not finish booting: {state.stderr}")
+                raise RuntimeError(
+                    "the container did not finish booting:\n" + log.read_text(errors="replace")
+                )
+            if not select.select([notify], [], [], 0.2)[0]:
+                continue
+            for line in notify.recv(4096).decode(errors="replace").splitlines():
+                key, _, value = line.partition("=")
+                if key == "X_NSPAWN_LEADER_PID":
+                    self.init_pid = int(value)
+                ready = ready or (key == "READY" and value == "1")
+        assert self.init_pid, "nspawn said READY=1 before naming the container's PID 1"
 
     def _init(self) -> int:
-        """The container's PID 1: nspawn's child once it has become systemd (before that,
-        the child is nspawn's own, setting the container up)."""
+        """The container's PID 1 found without nspawn's word (for poweroff, when the boot
+        failed before nspawn named it): nspawn's child once it has become systemd."""
         assert self.proc is not None
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
         try:

@@ -146,7 +146,10 @@ def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
     try:
         state = container.boot(work / "console.log")
         failed = container.run("systemctl", "--failed", "--plain", "--no-legend").stdout
-        assert state in ("running", "degraded"), f"boot ended {state!r}; failed:\n{failed}"
+        console = (work / "console.log").read_text(errors="replace")[-4000:]
+        assert state in ("running", "degraded"), (
+            f"boot ended {state!r}; failed:\n{failed}\nconsole:\n{console}"
+        )
         yield Booted(container, stage / "etc/latencyd/profiles", originals)
     finally:
         container.poweroff()
