@@ -819,7 +819,7 @@ def run(
     # measure itself is not the application: it reads counters and parses results
     # between rounds, and as the hold's holder it is exempt from the shield, so it keeps
     # to the housekeeping CPUs (found as ~1 s of "latencyctl" on the measured CPU).
-    own_cpus = os.sched_getaffinity(0)
+    own_cpus = system.affinity(0)
     begun, seconds, tool_s, seconds_per_round = time.monotonic(), plan.seconds, 0.0, []
     with (
         interruptible(),
@@ -828,7 +828,7 @@ def run(
         for path in (*plan.scratch, Path(tmp)):
             guard.path(path)
         try:
-            os.sched_setaffinity(0, set(plan.housekeeping) & own_cpus or own_cpus)
+            system.set_affinity(0, (plan.housekeeping & own_cpus) or own_cpus)
             with Network(procs) as net:
                 if plan.load:
                     procs.detach(plan.load, Path(tmp))
@@ -876,7 +876,7 @@ def run(
             finally:  # whatever leave raised, the processes end, and the guard with them
                 procs.end_all()
                 guard.done()
-                os.sched_setaffinity(0, own_cpus)
+                system.set_affinity(0, own_cpus)
     progress("done", 1.0)
     out = result(plan, per_round, blame, order, started)
     out["plan"]["seconds_per_round"] = seconds_per_round
