@@ -344,10 +344,10 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
-    """What the completion scripts ask for on Tab (`latencyctl __complete KIND`, hidden)."""
-    from latencyd.tools.manpages import complete_words
+    """What the completion scripts ask for on Tab (`latencyctl __complete KIND LINE`, hidden)."""
+    from latencyd.tools.manpages import complete_words, profile_dirs
 
-    words = complete_words(args.kind, args.profile_dir)
+    words = complete_words(args.kind, profile_dirs(args.line))
     sys.stdout.write("".join(w + "\n" for w in words))
     return OK
 

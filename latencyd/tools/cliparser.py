@@ -213,6 +213,6 @@ def parser() -> argparse.ArgumentParser:
     # from the search path explain uses, without the daemon (see latencyd/tools/manpages.py).
     complete = sub.add_parser("__complete")
     complete.add_argument("kind", choices=("profiles", "plugins", "options"))
-    complete.add_argument("--profile-dir", type=Path, action="append", default=[])
+    complete.add_argument("line", nargs="?", default="")  # typed so far: its --profile-dirs
     complete.set_defaults(handler="__complete")
     return p

@@ -4,9 +4,9 @@ Libraries render: argparse-manpage every page (latencyctl(8) and latencyd(8) fro
 argparse parsers that also make `--help`, latencyd.profile(5) from a bare one), with extra
 sections for what a parser does not hold; shtab the bash and zsh completions; markdown-it-py
 parses the README's Markdown that the pages quote. Values known only at run time are asked
-of `latencyctl __complete KIND` (`complete_words`) on Tab by the shell functions of
-PREAMBLE, which shtab's `.complete` hooks name on every argument called like `profile`,
-`plugin` or `option` (DYNAMIC_DESTS).
+of `latencyctl __complete KIND LINE` (`complete_words`, from the `profile_dirs` of the line
+typed so far) on Tab by the shell functions of PREAMBLE, which shtab's `.complete` hooks
+name on every argument called like `profile`, `plugin` or `option` (DYNAMIC_DESTS).
 By hand, as no library does it: what the extra sections say (latencyd.profile(5)'s from
 every plugin's option schema: no library documents a file format); `markdown`, the walk
 from markdown-it's tokens to roff (its renderers write HTML, and a README table wider than
@@ -20,10 +20,13 @@ missing, so they are imported where used); `latencyctl man|completion` prints th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import itertools
+import os
 import re
+import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -372,12 +375,9 @@ def _option_items(options: list[dict[str, Any]]) -> list[str]:
 # compadd's options.
 PREAMBLE = {
     "bash": r"""
-_latencyctl_ask() { # KIND WORD: `latencyctl __complete KIND` (the --profile-dir on the line too)
-    local prog=${COMP_WORDS[0]/#\~/$HOME} i dirs=()
-    for ((i = 1; i < COMP_CWORD; i++)); do
-        [[ ${COMP_WORDS[i]} == --profile-dir ]] && dirs+=(--profile-dir "${COMP_WORDS[i+1]}")
-    done
-    compgen -W "$("$prog" __complete "$1" "${dirs[@]}" 2>/dev/null)" -- "$2"
+_latencyctl_ask() { # KIND WORD: `latencyctl __complete KIND LINE`, LINE up to the cursor
+    local prog=${COMP_WORDS[0]/#\~/$HOME} line=${COMP_LINE:0:COMP_POINT}
+    compgen -W "$("$prog" __complete "$1" -- "$line" 2>/dev/null)" -- "$2"
 }
 _latencyctl_profile_or_file() { # a profile's name, or a profile file's path
     if [[ $1 == */* ]]; then compgen -f -- "$1"; else _latencyctl_ask profiles "$1"; fi
@@ -397,14 +397,11 @@ _latencyctl_command() { # a command line of its own, from shtab's index of where
 }
 """,
     "zsh": r"""
-_latencyctl_ask() { # [compadd options] KIND: `latencyctl __complete KIND` (--profile-dir too)
-    local kind=$argv[-1] i out dirs=()
+_latencyctl_ask() { # [compadd options] KIND: `latencyctl __complete KIND LINE` (to the cursor)
+    local kind=$argv[-1] out
     argv[-1]=()
     if [[ $kind == profiles && $PREFIX == */* ]]; then _files "$@"; return; fi # a file's path
-    for ((i = 1; i < $#words; i++)); do
-        [[ $words[i] == --profile-dir ]] && dirs+=(--profile-dir $words[i+1])
-    done
-    out=$(_call_program $kind ${(q)_latencyctl_prog:-latencyctl} __complete $kind ${(q)dirs})
+    out=$(_call_program $kind ${(q)_latencyctl_prog:-latencyctl} __complete $kind -- ${(q)LBUFFER})
     compadd "$@" -- ${(f)out}
 }
 _latencyctl_command() { # words (shtab's `*::`): PROFILE [--] COMMAND ARGS: complete COMMAND's
@@ -448,6 +445,19 @@ def completion(shell: str) -> str:
     if shell not in SHELLS:
         raise ValueError(f"no completion for {shell!r} (known: {', '.join(SHELLS)})")
     return shtab.complete(_hooked(cliparser.parser()), shell, preamble=PREAMBLE[shell])
+
+
+def profile_dirs(line: str) -> list[Path]:
+    """The --profile-dir values on a command line being typed, in order, read as the shell
+    will run it (quotes, `~`, `$VAR`); the word being typed is left out while its quote is
+    open."""
+    lexer, words = shlex.shlex(line, posix=True), []
+    lexer.whitespace_split, lexer.commenters = True, ""
+    with contextlib.suppress(ValueError):  # "No closing quotation": the word being typed
+        for word in lexer:
+            words.append(word)
+    dirs = [value for flag, value in itertools.pairwise(words) if flag == "--profile-dir"]
+    return [Path(os.path.expandvars(d)).expanduser() for d in dirs]
 
 
 def complete_words(kind: str, profile_dirs: Sequence[Path] = ()) -> list[str]:

@@ -27,7 +27,7 @@ import pytest
 
 from latencyd.tools import cli, cliparser, manpages
 from latencyd.tools.explain import plugin_docs
-from latencyd.tools.manpages import complete_words, completion
+from latencyd.tools.manpages import complete_words, completion, profile_dirs
 from tests.harness import REPO
 
 SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.toml"))
@@ -55,7 +55,9 @@ def bash_script(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def bash_complete(script: Path, line: str, cwd: Path | None = None) -> list[str]:
+def bash_complete(
+    script: Path, line: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> list[str]:
     """What Tab offers at the end of `line` (a trailing space: a new, empty word)."""
     words = line.split()
     if line.endswith(" "):
@@ -64,7 +66,7 @@ def bash_complete(script: Path, line: str, cwd: Path | None = None) -> list[str]
         ["bash", "--norc", "--noprofile", "-c", DRIVE_BASH, "drive", str(script), *words],
         capture_output=True,
         text=True,
-        env=ENV,
+        env=ENV | (env or {}),
         cwd=cwd,
         timeout=60,
     )
@@ -103,6 +105,22 @@ def test_bash_follows_the_profile_dir_given_on_the_line(bash_script: Path, tmp_p
     offered = bash_complete(bash_script, f"latencyctl explain --profile-dir {tmp_path} my-")
     assert offered == ["my-own-profile"]
     assert bash_complete(bash_script, "latencyctl explain my-") == []
+    home = {"HOME": str(tmp_path)}  # read as the shell will run it
+    assert bash_complete(bash_script, "latencyctl explain --profile-dir ~ my-", env=home) == [
+        "my-own-profile"
+    ]
+
+
+def test_profile_dirs_are_read_as_the_shell_will_run_the_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HOME", "/home/u")
+    monkeypatch.setenv("PROFILES", "/srv/p")
+    line = "latencyctl explain --profile-dir /a --profile-dir '/b c' --profile-dir"
+    assert profile_dirs(line) == [Path("/a"), Path("/b c")]
+    line = 'latencyctl hold --profile-dir ~/p --profile-dir "$PROFILES/x" "unfinished'
+    assert profile_dirs(line) == [Path("/home/u/p"), Path("/srv/p/x")]
+    assert profile_dirs("latencyctl explain my-") == profile_dirs("") == []
 
 
 def test_bash_completes_options_and_their_values(bash_script: Path, tmp_path: Path) -> None:
@@ -236,6 +254,16 @@ def zsh_complete(fpath: Path, line: str) -> list[str]:
         pytest.skip("zsh/zpty is not available")
     assert process.returncode == 0, err
     return sorted(set(out.split()))
+
+
+@needs_zsh
+def test_zsh_follows_the_profile_dir_given_on_the_line(zsh_fpath: Path, tmp_path: Path) -> None:
+    spaced = tmp_path / "my profiles"  # quoted on the line: read as the shell will run it
+    spaced.mkdir()
+    (spaced / "my-own-profile.toml").write_text("")
+    line = f"latencyctl explain --profile-dir '{spaced}' my-"
+    assert zsh_complete(zsh_fpath, line) == ["my-own-profile"]
+    assert zsh_complete(zsh_fpath, "latencyctl explain my-") == []
 
 
 @needs_zsh
