@@ -117,7 +117,12 @@ def snapshot() -> dict[str, object]:
     mounts = [line for line in _read(Path("/proc/mounts")).splitlines() if "latencyd" in line]
     mounts += tracefs_mounts()
     mounts += [f"trace instance {name}" for name in trace_instances()]
+    # What systemd's tools leave on a host whose PID 1 is not systemd: nspawn's
+    # /run/systemd/nspawn (the boot test), the units-load stamp (systemd-analyze verify).
+    run = Path("/run/systemd")
+    run_systemd = sorted(p.name for p in run.iterdir()) if run.is_dir() else []
     return {
+        "run_systemd": run_systemd,
         "files": files,
         "pm_qos_holders": pm_qos_holders(),
         "kthreads": kthread_affinities(),
@@ -146,7 +151,7 @@ def differences(before: dict[str, object], after: dict[str, object]) -> list[str
     for key in sorted(set(nb) | set(na)):
         if nb.get(key) != na.get(key):
             diffs.append(f"NIC {key}: {nb.get(key)!r} -> {na.get(key)!r}")
-    for key in ("pm_qos_holders", "netns", "loop_devices", "mounts"):
+    for key in ("pm_qos_holders", "netns", "loop_devices", "mounts", "run_systemd"):
         if before[key] != after[key]:
             diffs.append(f"{key}: {before[key]!r} -> {after[key]!r}")
     return diffs

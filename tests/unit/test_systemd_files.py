@@ -41,6 +41,7 @@ OBJECT_PATH = "/org/latencyd/Daemon1"
 READ_ONLY = sorted(READ_METHODS)
 MUTATING = ["SwitchProfile", "Off", "Reload", "HoldProfile", "ReleaseProfile"]
 TIMEOUT_S = 10
+UNITS_LOAD_STAMP = Path("/run/systemd/systemd-units-load")
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="runuser and owning the bus name as root need root"
@@ -66,12 +67,19 @@ def _verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     unit_dir.mkdir()
     copy = unit_dir / "latencyd.service"
     copy.write_text(unit_text.replace("ExecStart=/usr/bin/latencyd", f"ExecStart={exe}"))
-    return subprocess.run(
-        ["systemd-analyze", "verify", str(copy)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    # verify loads units as systemd does, which marks the load in /run/systemd: on a
+    # host whose systemd is not running, that file is ours to take away again.
+    stamp_was_there = UNITS_LOAD_STAMP.exists()
+    try:
+        return subprocess.run(
+            ["systemd-analyze", "verify", str(copy)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    finally:
+        if not stamp_was_there:
+            UNITS_LOAD_STAMP.unlink(missing_ok=True)
 
 
 # --- latencyd.service -------------------------------------------------------------
