@@ -82,7 +82,6 @@ class Container:
     binds: list[Bind]
     proc: subprocess.Popen[bytes] | None = None
     init_pid: int = 0
-    console: list[str] = field(default_factory=list)
     created_runtime: list[Path] = field(default_factory=list)
 
     def boot(self, log: Path, timeout: float = 90.0) -> str:
