@@ -2,13 +2,14 @@
 #
 # The man pages (latencyd(8), latencyctl(8), latencyd.profile(5)) and the bash and zsh
 # completions are generated from the code (latencyd/tools/manpages.py: the argparse parsers
-# through argparse-manpage and shtab, every plugin's option schema, the README through
-# markdown-it-py: pyproject.toml's build-system requires all three), not kept in the
-# repository. Each build (`pip install .`, a wheel) writes them to build/share/, and
-# data_files installs them from there to <prefix>/share/{man,bash-completion,zsh}.
+# through argparse-manpage and shtab, every plugin's option schema, the shipped profiles:
+# pyproject.toml's build-system requires both libraries), not kept in the repository. Each
+# build (`pip install .`, a wheel) writes them to build/share/, and data_files installs them
+# from there to <prefix>/share/{man,bash-completion,zsh}, with the README the pages name.
 # The build environment has neither latencyd nor its plugins installed, so the generator
 # runs in a child Python on a copy of the packages laid out as installed (plugins/ is
-# latencyd.plugins) next to the egg-info, whose entry points make the plugins known.
+# latencyd.plugins; profiles/ beside them, as in a checkout) next to the egg-info, whose
+# entry points make the plugins known.
 import glob
 import os
 import shutil
@@ -20,7 +21,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from latencyd.tools.manpages import install_layout  # standard library only: fine to import here
+from latencyd.tools.manpages import README, SHARE  # standard library only: fine to import here
 
 GENERATED = "build/share"
 
@@ -40,10 +41,11 @@ class BuildPyAndDocs(build_py):
                     dirs_exist_ok=True,
                 )
             shutil.copytree(egg_info, os.path.join(stage, os.path.basename(egg_info)))
-            readme, outdir = os.path.abspath("README.md"), os.path.abspath(GENERATED)
-            command = [sys.executable, "-m", "latencyd.tools.manpages", "--readme", readme, outdir]
-            # pip's isolated build environment reaches its packages (argparse-manpage,
-            # shtab, markdown-it-py) through PYTHONPATH: keep them, the staged package first.
+            shutil.copytree("profiles", os.path.join(stage, "profiles"))
+            outdir = os.path.abspath(GENERATED)
+            command = [sys.executable, "-m", "latencyd.tools.manpages", outdir]
+            # pip's isolated build environment reaches its packages (argparse-manpage and
+            # shtab) through PYTHONPATH: keep them, the staged package first.
             path = os.pathsep.join(p for p in (stage, os.environ.get("PYTHONPATH")) if p)
             env = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
             done = subprocess.run(command, env=env, cwd=stage)  # cwd: not the source's latencyd/
@@ -57,10 +59,8 @@ class BuildPyAndDocs(build_py):
 
 setup(
     cmdclass={"build_py": BuildPyAndDocs},
-    data_files=[
-        (f"share/{directory}", [f"{GENERATED}/{directory}/{name}" for name in names])
-        for directory, names in install_layout().items()
-    ]
+    data_files=[(os.path.dirname(f"share/{path}"), [f"{GENERATED}/{path}"]) for path in SHARE]
+    + [(os.path.dirname(README), ["README.md"])]
     # The shipped profiles, where latencyd.service.config.shipped_profiles_dir looks for them.
     + [("share/latencyd/profiles", sorted(glob.glob("profiles/*.toml")))],
 )

@@ -27,6 +27,7 @@ from typing import Any
 
 from latencyd.core.errors import JournalError
 
+JOURNAL_FILE = "journal.jsonl"  # in the state directory (--state-dir)
 # 4: settings with the same original are one record (_group); 3 had one entry per setting
 # (still read: a journal a crash left before an upgrade); 2 had plugin-specific keys.
 FORMAT = 4
@@ -161,7 +162,7 @@ def _entries_v3(settings: Any) -> Iterable[tuple[str, Any]]:
 class Journal:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
-        self.path = self.state_dir / "journal.jsonl"
+        self.path = self.state_dir / JOURNAL_FILE
         # What the journal holds (as loaded, then as written); `_fresh` when the file is a
         # snapshot we wrote followed by our appends, so a delta may be appended to it.
         self._written = JournalState()

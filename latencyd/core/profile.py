@@ -27,7 +27,12 @@ from latencyd.core.schema import Machine, Schema, SchemaError, validate
 from latencyd.core.tomlpos import KeyPath, key_lines, max_nesting, nearest_line
 
 SUFFIX = ".toml"
-MAIN_KEYS = {"summary": "one-line description", "include": "profiles this one builds on"}
+MAIN_KEYS = {  # key: what it holds (latencyd.profile(5))
+    "summary": "one-line description",
+    "include": "profiles this one builds on, by name (on the search path) or by path (from "
+    "this file's directory); later ones win, option by option; a profile reached twice is "
+    "merged once; a cycle is an error",
+}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@-]*")
 

@@ -344,11 +344,10 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def cmd_complete(args: argparse.Namespace) -> int:
-    """What the completion scripts ask for on Tab (`latencyctl __complete KIND LINE`, hidden)."""
-    from latencyd.tools.manpages import complete_words, profile_dirs
+    """What the completion scripts ask for on Tab (`latencyctl __complete KIND`, hidden)."""
+    from latencyd.tools.manpages import complete_words
 
-    words = complete_words(args.kind, profile_dirs(args.line))
-    sys.stdout.write("".join(w + "\n" for w in words))
+    sys.stdout.write("".join(w + "\n" for w in complete_words(args.kind)))
     return OK
 
 

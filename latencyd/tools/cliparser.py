@@ -210,9 +210,8 @@ def parser() -> argparse.ArgumentParser:
         "shell", choices=("bash", "zsh")
     )
     # Hidden (no help): profile, plugin or section.option names for the completion scripts,
-    # from the search path explain uses, without the daemon (see latencyd/tools/manpages.py).
+    # from the configured search path, without the daemon (see latencyd/tools/manpages.py).
     complete = sub.add_parser("__complete")
     complete.add_argument("kind", choices=("profiles", "plugins", "options"))
-    complete.add_argument("line", nargs="?", default="")  # typed so far: its --profile-dirs
     complete.set_defaults(handler="__complete")
     return p

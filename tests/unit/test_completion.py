@@ -3,8 +3,8 @@
 
 - `latencyctl completion bash` passes `bash -n` and, driven with COMP_WORDS/COMP_CWORD
   in a real bash, completes commands, their options, option values, the shipped profile
-  names (asked of `latencyctl __complete profiles` on Tab, so from the live search path,
-  --profile-dir included), choices, and a command line after `hold PROFILE --`;
+  names (asked of `latencyctl __complete profiles` on Tab, so from the live search path),
+  choices, and paths in the command line after `hold PROFILE --`;
 - `latencyctl completion zsh` passes `zsh -n` and completes the same in a real
   interactive zsh on a pty (compinit, the script autoloaded from $fpath);
 - an argument named like `plugin` or `option`, added later, completes plugin names or
@@ -27,7 +27,7 @@ import pytest
 
 from latencyd.tools import cli, cliparser, manpages
 from latencyd.tools.explain import plugin_docs
-from latencyd.tools.manpages import complete_words, completion, profile_dirs
+from latencyd.tools.manpages import complete_words, completion
 from tests.harness import REPO
 
 SHIPPED = sorted(p.stem for p in (REPO / "profiles").glob("*.toml"))
@@ -100,29 +100,6 @@ def test_bash_completes_the_shipped_profile_names(bash_script: Path) -> None:
     assert bash_complete(bash_script, "latencyctl switch balanced ") == []
 
 
-def test_bash_follows_the_profile_dir_given_on_the_line(bash_script: Path, tmp_path: Path) -> None:
-    (tmp_path / "my-own-profile.toml").write_text('[main]\nsummary = "mine"\n')
-    offered = bash_complete(bash_script, f"latencyctl explain --profile-dir {tmp_path} my-")
-    assert offered == ["my-own-profile"]
-    assert bash_complete(bash_script, "latencyctl explain my-") == []
-    home = {"HOME": str(tmp_path)}  # read as the shell will run it
-    assert bash_complete(bash_script, "latencyctl explain --profile-dir ~ my-", env=home) == [
-        "my-own-profile"
-    ]
-
-
-def test_profile_dirs_are_read_as_the_shell_will_run_the_line(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("HOME", "/home/u")
-    monkeypatch.setenv("PROFILES", "/srv/p")
-    line = "latencyctl explain --profile-dir /a --profile-dir '/b c' --profile-dir"
-    assert profile_dirs(line) == [Path("/a"), Path("/b c")]
-    line = 'latencyctl hold --profile-dir ~/p --profile-dir "$PROFILES/x" "unfinished'
-    assert profile_dirs(line) == [Path("/home/u/p"), Path("/srv/p/x")]
-    assert profile_dirs("latencyctl explain my-") == profile_dirs("") == []
-
-
 def test_bash_completes_options_and_their_values(bash_script: Path, tmp_path: Path) -> None:
     options = bash_complete(bash_script, "latencyctl explain --")
     assert {"--json", "--help", "--profile-dir"} <= set(options)
@@ -136,11 +113,15 @@ def test_bash_completes_options_and_their_values(bash_script: Path, tmp_path: Pa
     assert bash_complete(bash_script, "latencyctl release ") == []  # a cookie: nothing to offer
 
 
-def test_bash_completes_the_command_a_profile_is_held_for(bash_script: Path) -> None:
-    if not shutil.which("sleep"):
-        pytest.skip("no sleep on PATH")
-    assert "sleep" in bash_complete(bash_script, "latencyctl hold balanced -- slee")
-    assert "sleep" in bash_complete(bash_script, "latencyctl hold balanced slee")
+def test_bash_completes_paths_in_the_command_a_profile_is_held_for(
+    bash_script: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "engine").write_text("")
+    line = "latencyctl hold balanced -- ./app/eng"
+    assert bash_complete(bash_script, line, cwd=tmp_path) == ["./app/engine"]
+    line = "latencyctl hold balanced ./app/engine --config ./ap"
+    assert bash_complete(bash_script, line, cwd=tmp_path) == ["./app"]
     assert "--reason" in bash_complete(bash_script, "latencyctl hold --re")
 
 
@@ -166,9 +147,8 @@ def test_an_argument_added_later_completes_plugins_and_options(
 
 
 # -- what the scripts ask for on Tab ---------------------------------------------------------
-def test_complete_words(tmp_path: Path) -> None:
-    (tmp_path / "zz-first.toml").write_text("")
-    assert set(SHIPPED) | {"zz-first"} <= set(complete_words("profiles", [tmp_path]))
+def test_complete_words() -> None:
+    assert set(SHIPPED) <= set(complete_words("profiles"))
     docs = plugin_docs()
     assert complete_words("plugins") == sorted(docs)
     options = complete_words("options")
@@ -257,16 +237,6 @@ def zsh_complete(fpath: Path, line: str) -> list[str]:
 
 
 @needs_zsh
-def test_zsh_follows_the_profile_dir_given_on_the_line(zsh_fpath: Path, tmp_path: Path) -> None:
-    spaced = tmp_path / "my profiles"  # quoted on the line: read as the shell will run it
-    spaced.mkdir()
-    (spaced / "my-own-profile.toml").write_text("")
-    line = f"latencyctl explain --profile-dir '{spaced}' my-"
-    assert zsh_complete(zsh_fpath, line) == ["my-own-profile"]
-    assert zsh_complete(zsh_fpath, "latencyctl explain my-") == []
-
-
-@needs_zsh
 def test_zsh_script_is_valid(zsh_fpath: Path) -> None:
     done = subprocess.run(
         ["zsh", "-n", str(zsh_fpath / "_latencyctl")], capture_output=True, text=True
@@ -283,9 +253,14 @@ def test_zsh_script_is_valid(zsh_fpath: Path) -> None:
         ("latencyctl hold net", lambda got: got == ["network-latency"]),
         ("latencyctl man ", lambda got: got == sorted(manpages.PAGES)),
         ("latencyctl explain --pro", lambda got: got == ["--profile-dir"]),
-        ("latencyctl hold balanced -- slee", lambda got: "sleep" in got),
     ],
 )
 def test_zsh_completes(zsh_fpath: Path, line: str, check: Callable[[list[str]], bool]) -> None:
     got = zsh_complete(zsh_fpath, line)
     assert check(got), f"{line!r} offered {got}"
+
+
+@needs_zsh
+def test_zsh_completes_paths_in_the_command_a_profile_is_held_for(zsh_fpath: Path) -> None:
+    got = zsh_complete(zsh_fpath, f"latencyctl hold balanced -- {zsh_fpath}/_latency")
+    assert got == ["_latencyctl"], got

@@ -1,16 +1,18 @@
 """The man pages: generated from latencyd's and latencyctl's parsers (by argparse-manpage),
-the README and every plugin's schema (latencyd/tools/manpages.py), rendered by the real
-`man` without a warning, and built and installed by setup.py's build step.
+every plugin's schema and the shipped profiles (latencyd/tools/manpages.py), rendered by the
+real `man` without a warning, and built and installed by setup.py's build step.
 
 - every latencyctl subcommand, with its help and options, is in latencyctl(8), and the
   exit codes from the parser's epilog; every latencyd option is in latencyd(8);
 - every plugin section and option (table fields included) is in latencyd.profile(5),
-  with the README's rules for profiles;
+  with the rules of profiles (includes, variables, CPU lists, errors) and the shipped
+  profiles, and every page names the README;
 - a subcommand or plugin added later appears without a change to the generator;
 - `MANWIDTH=80 man --warnings -l PAGE` prints nothing on stderr, in a UTF-8 and in the
   C locale (groff -ww where man-db is missing);
 - `latencyctl man PAGE` prints the same page, and setup.py's build writes every page
-  and completion that its data_files install (checked on a copy of the tree).
+  and completion that its data_files install, with the README (checked on a copy of the
+  tree).
 """
 
 from __future__ import annotations
@@ -21,23 +23,24 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from latencyd.core import cpuset
+from latencyd.core.profile import INHERITANCE_KEYS, MAIN_KEYS
 from latencyd.service.main import arg_parser
 from latencyd.tools import cli, cliparser, manpages
 from latencyd.tools.explain import plugin_docs
-from latencyd.tools.manpages import PAGES, esc, install_layout, page
+from latencyd.tools.manpages import PAGES, README, SHARE, esc, page
 from tests.harness import REPO
-
-README = (REPO / "README.md").read_text()
 
 
 @pytest.fixture(scope="module")
 def pages() -> dict[str, str]:
-    return {name: page(name, README) for name in PAGES}
+    return {name: page(name) for name in PAGES}
 
 
 def _option_names(options: list[dict[str, Any]]) -> list[str]:
@@ -113,7 +116,8 @@ def test_every_latencyd_option_is_in_latencyd_8(pages: dict[str, str]) -> None:
         for option in action.option_strings:
             assert option in text
     assert f"latencyd - {(parser.description or '').rstrip('.').lower()}" in text
-    assert "puts a Linux machine into a low-latency state" in text  # the README's intro
+    description = text.split(".SH DESCRIPTION")[1].split(".SH")[0]
+    assert all(f"[{section}]" in description for section in plugin_docs())
     for setting in ("default_profile", "admin_group", "on_stop", "profile_dirs"):
         assert f"{setting} =" in text
 
@@ -129,19 +133,26 @@ def test_every_plugin_section_and_option_is_in_the_profile_page(pages: dict[str,
             assert re.search(rf"^{re.escape(name)}( = |$)", body, re.M), f"[{section}] {name}"
 
 
-def test_the_profile_page_has_the_readmes_rules(pages: dict[str, str]) -> None:
+def test_the_profile_page_has_the_rules_of_profiles_and_the_shipped_ones(
+    pages: dict[str, str],
+) -> None:
     text = _text(pages["latencyd.profile"])
-    section = README.split("\n## Profiles\n")[1].split("\n## ")[0]
-    rules = re.findall(r"^- \*\*(.+?)\*\*", section, re.M)
-    assert rules, "the README's profile rules moved"
-    for rule in rules:
-        assert rule in text
-    assert 'include = ["other-profile"]' in text  # its example
-    assert "[variables]" in text and "${NAME}" in text
-    for key in ("enabled", "replace", "drop", "summary", "include"):
+    flat = " ".join(text.split())
+    for key, doc in {**MAIN_KEYS, **INHERITANCE_KEYS}.items():
         assert re.search(rf"^{key}$", text, re.M), key
-    # The README's summary table is replaced by the full generated list, not repeated.
-    assert "PLUGINS AND THEIR OPTIONS" not in text
+        assert " ".join(doc.split()[:6]).lower() in flat.lower(), key
+    assert "a cycle is an error" in flat and "merged once" in flat  # includes
+    assert "[variables]" in text and "${NAME}" in text
+    assert "never applied, not even in part" in flat  # errors
+    # The CPU-list notations, from the CpuSet module that parses them.
+    for example in re.findall(r"``([^`]+)``", cpuset.__doc__ or ""):
+        assert example in flat, example
+    shipped = text.split(".SH SHIPPED PROFILES")[1].split(".SH")[0]
+    for path in sorted((REPO / "profiles").glob("*.toml")):
+        summary = tomllib.loads(path.read_text())["main"]["summary"]
+        assert f".TP\n{path.stem}\n{summary}" in shipped, path.stem
+    for name in PAGES:  # each names the README (installed beside them) for what profiles bought
+        assert README in _text(pages[name]).split(".SH SEE ALSO")[1]
 
 
 def test_a_command_and_a_plugin_added_later_appear_by_themselves(
@@ -161,16 +172,10 @@ def test_a_command_and_a_plugin_added_later_appear_by_themselves(
     text = _text(manpages.latencyctl_page())
     assert "frobnicate the widgets" in text.lower()
     assert "--widget WIDGET" in text and "Which widget (all)." in text
-    profile = manpages.profile_page(README)
+    profile = manpages.profile_page()
     assert ".SS [ksm]" in profile and "\\fBrun\\fR = \\fIboolean\\fR" in profile
     assert "frobnicate" in manpages.completion("bash")
     assert "frobnicate" in manpages.completion("zsh")
-
-
-def test_without_a_readme_the_pages_still_document_the_code() -> None:
-    text = _text(page("latencyd.profile", readme=""))
-    assert "[writeback]" in text and "dirty_ratio" in text
-    assert "--profile-dir" in _text(page("latencyd", readme=""))
 
 
 def test_latencyctl_man_prints_the_page(capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,40 +186,6 @@ def test_latencyctl_man_prints_the_page(capsys: pytest.CaptureFixture[str]) -> N
     assert cli.main(["man"]) == 0
     assert capsys.readouterr().out.startswith('.\\" Generated by latencyd.tools.manpages')
     assert cli.main(["man", "nosuchpage"]) == 2
-
-
-MARKDOWN = """\
-Text with `--code`, **bold**, *emphasis* and a [link](https://example.org): µs.
-
-.toml files start this paragraph.
-
-- **One**: an item
-  that goes on
-- two
-
-```toml
-include = ["other-profile"]        # recursive; later files win, option by option, and more
-```
-
-| name | what | why |
-|---|---|---|
-| `a` | does *this* | — |
-| b | that | because |
-
-### A subsection
-"""
-
-
-def test_markdown_blocks_become_roff() -> None:
-    roff = "\n".join(manpages.markdown(MARKDOWN))
-    assert (
-        "Text with \\fB\\-\\-code\\fR, \\fBbold\\fR, \\fIemphasis\\fR and a link: \\[u00B5]s.\n"
-        ".PP\n\\&.toml files start this paragraph." in roff
-    )
-    assert ".IP \\(bu 4\n\\fBOne\\fR: an item that goes on\n.IP \\(bu 4\ntwo" in roff
-    assert ".nf\n# recursive; later files win, option by option, and more\ninclude = " in roff
-    assert ".TP\n\\fBa\\fR\ndoes \\fIthis\\fR\n.TP\nb\nthat\n.br\n\\fIwhy\\fR: because" in roff
-    assert roff.endswith(".SS A subsection")
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -257,12 +228,11 @@ def test_groff_is_strict_too(pages: dict[str, str], tmp_path: Path) -> None:
 
 # -- building and installing ----------------------------------------------------------------
 def test_write_all_writes_what_setup_py_installs(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "latencyd.tools.manpages", "--readme", str(REPO / "README.md")]
-    done = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-m", "latencyd.tools.manpages", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    expected = sorted(f"{d}/{n}" for d, names in install_layout().items() for n in names)
-    assert written == expected
+    assert written == sorted(SHARE)
     assert (tmp_path / "man/man5/latencyd.profile.5").read_text() == page("latencyd.profile")
 
 
@@ -271,7 +241,7 @@ def test_setup_py_builds_and_installs_pages_and_completions(tmp_path: Path) -> N
     packages as installed, not on the checkout's latencyd/), then `install_data`."""
     tree = tmp_path / "tree"
     tree.mkdir()
-    for name in ("latencyd", "plugins"):
+    for name in ("latencyd", "plugins", "profiles"):
         shutil.copytree(REPO / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(REPO / name, tree / name)
@@ -286,12 +256,11 @@ def test_setup_py_builds_and_installs_pages_and_completions(tmp_path: Path) -> N
     )
     assert done.returncode == 0, done.stderr
     share = tmp_path / "root" / "share"
-    for directory, names in install_layout().items():
-        for name in names:
-            assert (share / directory / name).is_file(), f"{directory}/{name} not installed"
+    for path in SHARE:
+        assert (share / path).is_file(), f"{path} not installed"
+    assert (tmp_path / "root" / README).read_text() == (REPO / "README.md").read_text()
     profile = (share / "man/man5/latencyd.profile.5").read_text()
-    for section in plugin_docs():
-        assert f".SS [{esc(section)}]" in profile, f"built page lacks [{section}]"
+    assert profile == page("latencyd.profile"), "built from the tree's plugins and profiles"
     assert (share / "man/man8/latencyctl.8").read_text() == page("latencyctl")
 
 
