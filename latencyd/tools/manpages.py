@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import re
 import sys
-import tomllib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -185,7 +184,7 @@ def profile_page() -> str:
     """latencyd.profile(5): the search path, the rules of every profile, every plugin's
     options and the shipped profiles (read from their files)."""
     from latencyd.core import cpuset
-    from latencyd.core.profile import SUFFIX
+    from latencyd.core.profile import SUFFIX, profile_files, read_source
     from latencyd.service.config import ETC_PROFILES, shipped_profiles_dir
 
     dirs = ("\\fIDIR\\fR", esc(str(ETC_PROFILES)), "\\fISHIPPED\\fR")
@@ -204,8 +203,8 @@ def profile_page() -> str:
         "A CPU list (an option's type below) is written in one of these notations:",
         *(f".IP \\(bu 4\n{text_line(esc(' '.join(n.split())))}" for n in notations[1:]),
     ]
-    shipped = sorted(shipped_profiles_dir().glob(f"*{SUFFIX}"))
-    summaries = {bold(p.stem): tomllib.loads(p.read_text())["main"]["summary"] for p in shipped}
+    shipped = profile_files([shipped_profiles_dir()]).items()
+    summaries = {bold(name): read_source(name, path).summary for name, path in shipped}
     sections = {
         "synopsis": synopsis,
         "description": description,
