@@ -26,11 +26,11 @@ from latencyd.core.tomlwrite import toml_section, toml_value  # standard library
 from latencyd.tools import cliparser
 
 PAGES = {"latencyd": 8, "latencyctl": 8, "latencyd.profile": 5}  # name: section
-SCRIPTS = {
-    "bash": "bash-completion/completions/latencyctl",
-    "zsh": "zsh/site-functions/_latencyctl",
+SCRIPTS = {  # file under share/: the shell it completes for
+    "bash-completion/completions/latencyctl": "bash",
+    "zsh/site-functions/_latencyctl": "zsh",
 }
-SHARE = [*(f"man/man{s}/{name}.{s}" for name, s in PAGES.items()), *SCRIPTS.values()]
+SHARE = {f"man/man{s}/{name}.{s}": name for name, s in PAGES.items()} | SCRIPTS  # all of them
 COMPLETION_KINDS = ("profiles", "plugins", "options")
 # Arguments whose values are looked up on Tab, by dest (or its plural): one added later with
 # such a name completes without a change here.
@@ -356,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not discover():  # a page without them would look fine and be wrong
         p.error(f"no plugins found (entry points {ENTRY_POINT_GROUP!r}): is latencyd installed?")
-    for rel, name in zip(SHARE, [*PAGES, *SCRIPTS], strict=True):
+    for rel, name in SHARE.items():
         (outdir / rel).parent.mkdir(parents=True, exist_ok=True)
         (outdir / rel).write_text(page(name) if name in PAGES else completion(name))
         print(outdir / rel, file=sys.stderr)
