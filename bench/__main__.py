@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "attribute": "bench.attribute",
     "noise": "bench.noise",
     "tasks": "bench.tasks",
+    "verdicts": "bench.verdicts",
 }
 
 USAGE = """\

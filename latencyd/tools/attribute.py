@@ -17,14 +17,16 @@ latency. THE VERDICT RULE (RULE below, printed with every table): an effect coun
 when it is larger than the spread between rounds of the same scenario, pooled over all of
 the run's scenarios (the standard deviation of log(percentile) within a scenario: 24
 scenarios of 3 rounds give it 48 degrees of freedom, where the two compared scenarios alone
-give 4 and one outlying round silences or invents an effect), by a margin that keeps a
-group's false alarms at 5 % over all its votes (Bonferroni), beyond MIN_EFFECT, and with
-every round's own ratio on the same side of 1. p50, p99 and p99.9 of every tool vote, in
-both directions (max is shown; a single sample does not vote). The tails and the profile
-come first, and a verdict needs two corroborating votes (CORROBORATION): a group `hurts`
-when two p99/p99.9 votes count as higher leaving it out (or only higher votes count),
-`helps` when two votes count as lower and it does not hurt, and has `no measurable
-effect` otherwise.
+give 4 and one outlying round silences or invents an effect) -- or larger than the two
+compared scenarios' own spread, moderated by the run's (spread.py: under load, scenarios
+without the shield are bimodal and steady ones could never clear the pooled bar) -- by a
+margin that keeps a group's false alarms at 5 % over all its votes (Bonferroni), beyond
+MIN_EFFECT, and with every round's own ratio on the same side of 1. p50, p99 and p99.9 of
+every tool vote, in both directions (max is shown; a single sample does not vote). The
+tails and the profile come first, and a verdict needs two corroborating votes
+(CORROBORATION): a group `hurts` when two p99/p99.9 votes count as higher leaving it out
+(or only higher votes count), `helps` when two votes count as lower and it does not hurt,
+and has `no measurable effect` otherwise.
 
 Pure functions over profiles and results: the measuring is measure.run's.
 """
@@ -45,12 +47,15 @@ from typing import Any
 from latencyd.core.errors import LatencydError
 from latencyd.core.schema import Schema
 from latencyd.core.tomlwrite import toml_line, toml_section
+from latencyd.tools import spread
 
 RULE = (
     "ratio = latency with the group / without it (below 1: the group lowers latency). An "
     "effect counts only when the mean of its rounds' log ratios is beyond z standard errors "
-    "of the round-to-round spread (pooled over every scenario of the run; z for 5 % false "
-    "alarms over all of a group's votes), beyond 5 %, and every round's own ratio lies on the "
+    "of the round-to-round spread (pooled over every scenario of the run, or the two "
+    "compared scenarios' own spread moderated by the run's, as scenarios under load spread "
+    "unlike each other; z for 5 % false alarms over all of a group's votes, Student t's for "
+    "the moderated spread), beyond 5 %, and every round's own ratio lies on the "
     "same side of 1; p50, p99 and p99.9 of every tool count, leave-one-out and add-one-in "
     "alike (max is shown, not counted); a verdict needs two such votes. hurts: two p99 or "
     "p99.9 votes higher leaving the group out (the tails and the profile come first), or "
@@ -439,15 +444,21 @@ def effect(
     sd: float,
     z: float,
     votes: bool = True,
+    own: tuple[float, float] | None = None,
 ) -> Effect:
-    """One comparison: `sd` is the run's pooled noise of this percentile, `z` the margin."""
+    """One comparison: `sd` is the run's pooled noise of this percentile, `z` its margin;
+    `own` the comparison's own (moderated) noise and margin, where the run's scenarios
+    spread unlike each other. The effect must clear either bar."""
     ratio = with_ / without if _usable(with_) and _usable(without) else math.nan
     # Rounds alternate the scenarios, so round k of each saw the same machine.
     logs = [math.log(w / wo) for w, wo in zip(rounds_with, rounds_without, strict=False)
             if _usable(w) and _usable(wo)]  # fmt: skip
-    bar = math.nan
-    if logs and math.isfinite(sd):
-        bar = max(math.exp(z * sd * math.sqrt(2 / len(logs))), 1 + MIN_EFFECT)
+    bars = [
+        max(math.exp(margin_ * noise_ * math.sqrt(2 / len(logs))), 1 + MIN_EFFECT)
+        for noise_, margin_ in [(sd, z), *([own] if own else [])]
+        if logs and math.isfinite(noise_) and math.isfinite(margin_)
+    ]
+    bar = min(bars, default=math.nan)
     counts = None
     if votes and logs and math.isfinite(bar):
         mean = sum(logs) / len(logs)
@@ -532,12 +543,30 @@ def _effect_json(e: Effect) -> dict[str, Any]:
     }
 
 
+def own_noise(
+    prior: spread.Prior | None,
+    spreads: Mapping[str, spread.Spread] | None,
+    with_: str,
+    without: str,
+    votes: int,
+) -> tuple[float, float] | None:
+    """A comparison's own noise (its two scenarios' spreads, moderated by the run's) and
+    its margin: Student t at its degrees of freedom, Bonferroni over the group's votes."""
+    if prior is None or spreads is None or with_ not in spreads or without not in spreads:
+        return None
+    sd, dof = spread.moderated(prior, spreads[with_], spreads[without])
+    return sd, spread.t_quantile(1 - FALSE_ALARMS / (2 * votes), dof)
+
+
 def judge(
     result: Mapping[str, Any],
     groups: Sequence[Group],
     compare: Mapping[str, Mapping[str, tuple[str, str]]],
+    moderate: bool = True,
 ) -> list[GroupResult]:
-    """Verdicts from a measure.run result (its per-round summaries and pooled stats)."""
+    """Verdicts from a measure.run result (its per-round summaries and pooled stats);
+    `moderate=False` judges by the run's pooled noise alone (the rule before 2026-11-27,
+    kept to show what the moderated bar changed)."""
     out = []
     busy = result.get("idle_busy_pct", {})
     by_name = {g.name: g for g in groups}
@@ -546,7 +575,19 @@ def judge(
         for tool, data in result["tools"].items()
         for pct in SHOWN
     }
-    z = margin(len(result["tools"]) * len(VOTING) * len(DIRECTIONS))
+    votes = len(result["tools"]) * len(VOTING) * len(DIRECTIONS)
+    z = margin(votes)
+    spreads = {
+        (tool, pct): {
+            s: spread.Spread.of([r[pct] for r in rs]) for s, rs in data["per_round"].items()
+        }
+        for tool, data in result["tools"].items()
+        for pct in VOTING
+    }
+    priors = {
+        key: spread.fit_prior(list(by_s.values())) if moderate else None
+        for key, by_s in spreads.items()
+    }
     for name, directions in compare.items():
         effects: dict[str, dict[str, dict[str, Effect]]] = {}
         for tool, data in result["tools"].items():
@@ -565,6 +606,9 @@ def judge(
                         sd[tool, pct],
                         z,
                         votes=pct in VOTING,
+                        own=own_noise(
+                            priors.get((tool, pct)), spreads.get((tool, pct)), w, wo, votes
+                        ),
                     )
                 per_pct[pct] = per_dir
             effects[tool] = per_pct
