@@ -38,6 +38,7 @@ from latencyd.core.plugin import (
     Table,
     Target,
     Value,
+    plain_path,
 )
 from latencyd.core.schema import (
     ArrayOfTables,
@@ -114,6 +115,9 @@ class HaltpollParam(Target):
 
     kind: ClassVar[str] = "haltpoll"
     name: str
+
+    def problem(self) -> str | None:
+        return None if plain_path(self.name, 1) else f"no haltpoll parameter {self.name!r}"
 
 
 CstateTarget = PmQosRequest | ResumeLatency | StateDisable | IdleGovernor | HaltpollParam

@@ -44,6 +44,7 @@ from latencyd.core.plugin import (
     Target,
     TaskEvent,
     Value,
+    plain_path,
     run_to_end,
 )
 from latencyd.core.schema import (
@@ -78,6 +79,9 @@ class Workqueue(Target):
 
     kind: ClassVar[str] = "workqueue"
     name: str
+
+    def problem(self) -> str | None:
+        return None if plain_path(self.name, 1) else f"no workqueue is called {self.name!r}"
 
 
 @dataclass(frozen=True)

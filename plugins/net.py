@@ -37,6 +37,7 @@ from latencyd.core.plugin import (
     Table,
     Target,
     Value,
+    plain_path,
 )
 from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Fields, Int, ListOf, Option, Schema, Str
 from latencyd.core.system import System
@@ -59,6 +60,10 @@ class NicSetting(Target):
     group: str
     key: str
 
+    def problem(self) -> str | None:
+        known = (*GROUPS, "feature")
+        return None if self.group in known else f"no ethtool group {self.group!r} ({known})"
+
 
 @dataclass(frozen=True)
 class NicFile(Target):
@@ -68,6 +73,9 @@ class NicFile(Target):
     refusal_means: ClassVar[str | None] = "the kernel refused it for this NIC"
     nic: str
     path: str
+
+    def problem(self) -> str | None:
+        return None if plain_path(self.path) else f"NIC file {self.path!r} is not below the NIC"
 
 
 NetTarget = NicSetting | NicFile

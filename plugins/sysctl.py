@@ -80,6 +80,9 @@ class Sysctl(Target):
     kind: ClassVar[str] = "sysctl"
     key: str
 
+    def problem(self) -> str | None:
+        return root_only_reason(self.key)
+
 
 class SysctlPlugin(Plugin[Sysctl]):
     name = "sysctl"

@@ -93,6 +93,9 @@ class SysfsFile(Target):
     kind: ClassVar[str] = "sysfs_file"
     path: str
 
+    def problem(self) -> str | None:
+        return check_key(self.path)
+
     @property
     def rel(self) -> str:
         return self.path.lstrip("/")

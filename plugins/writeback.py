@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.plugin import Expansion, Options, Plugin, Settings, Target, Value
+from latencyd.core.plugin import Expansion, Options, Plugin, Settings, Target, Value, plain_path
 from latencyd.core.schema import Int, Option, Schema, Size
 
 VM = "proc/sys/vm"
@@ -31,11 +31,18 @@ class DirtyLimit(Target):
     kind: ClassVar[str] = "dirty_limit"
     pair: str
 
+    def problem(self) -> str | None:
+        pairs = ("dirty", "dirty_background")
+        return None if self.pair in pairs else f"no dirty limit {self.pair!r} ({pairs})"
+
 
 @dataclass(frozen=True)
 class VmKnob(Target):
     kind: ClassVar[str] = "vm"
     name: str
+
+    def problem(self) -> str | None:
+        return None if plain_path(self.name, 1) else f"no vm knob is called {self.name!r}"
 
 
 class WritebackPlugin(Plugin[DirtyLimit | VmKnob]):

@@ -705,7 +705,7 @@ class Engine:
             return None
         if state is None:
             return None
-        stranded = []
+        stranded: dict[JournalKey, str] = {}
         for (name, key), original in state.originals.items():
             plugin = self.plugins.get(name)
             try:
@@ -713,17 +713,22 @@ class Engine:
                     raise ValueError("plugin not installed")
                 target = decode_target(target_kinds(plugin), json.loads(key))
                 _check_value(plugin, target, original)
-            except ValueError as exc:
-                stranded.append(f"[{name}] {key}: {exc}")
+            except (ValueError, RecursionError) as exc:  # any content: never crash at start
+                stranded[(name, key)] = f"[{name}] {key}: {exc}"
                 continue
             self.originals[(name, target)] = original
             self._own((name, target), ADOPTED)
         self.profile = state.profile
-        # The journal, rewritten as what we now own (entries that cannot be restored
-        # are logged below and dropped).
-        self._save(list(self.originals))
-        for line in stranded:
+        for line in stranded.values():
             log.error("journal entry cannot be restored: %s", line)
+        # The journal, rewritten as what we now own: without the entries set aside. On a
+        # full disk it stays as it is, which holds every original we own too.
+        try:
+            self.journal.save(JournalState(
+                {(n, _key(t)): v for (n, t), v in self.originals.items()}, self.profile
+            ))  # fmt: skip
+        except JournalError as exc:
+            log.error("%s; it still holds every original as it was", exc)
         log.warning(
             "adopted %d settings from the journal of a previous run (profile %s)",
             len(self.applied),

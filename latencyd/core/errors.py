@@ -89,6 +89,12 @@ class Cancelled(LatencydError):
     dbus_name = "org.latencyd.Error.Cancelled"
 
 
+class UnsafePath(LatencydError):
+    """A file or directory another user could change, which a root process must not trust."""
+
+    dbus_name = "org.latencyd.Error.UnsafePath"
+
+
 class JournalError(LatencydError):
     dbus_name = "org.latencyd.Error.Journal"
 

@@ -17,17 +17,23 @@ fields (one row each), not 20,000 entries each spelling its target out.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.errors import JournalError
+from latencyd.core.errors import JournalError, UnsafePath
+from latencyd.core.system import describe_oserror as describe
+from latencyd.core.trust import open_private_dir
 
 JOURNAL_FILE = "journal.jsonl"  # in the state directory (--state-dir)
+BASE_FILE = "base.json"  # the base profile a restart resumes
 # 4: settings with the same original are one record (_group); 3 had one entry per setting
 # (still read: a journal a crash left before an upgrade); 2 had plugin-specific keys.
 FORMAT = 4
@@ -159,7 +165,29 @@ def _entries_v3(settings: Any) -> Iterable[tuple[str, Any]]:
     return settings.items()
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte or fail: a write cut short (the disk filling up) is retried for the
+    rest, which then fails with the reason (ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "the write made no progress")
+        view = view[written:]
+
+
+def _parse(text: str) -> Any:
+    """json.loads, with nesting too deep for the parser said as malformed JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply") from exc
+
+
 class Journal:
+    """The journal in `state_dir`, a directory only this user can change (trust.py):
+    every file in it is opened relative to the directory, without following symlinks."""
+
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / JOURNAL_FILE
@@ -169,23 +197,63 @@ class Journal:
         self._fresh = False
         self._lines = 0
         self._cleared = False  # we removed the file and wrote nothing since
+        self._dir_fd: int | None = None
+
+    def open(self) -> None:
+        """Open the state directory (made, mode 0700, if missing): JournalError if it, or a
+        directory above it, could be changed by another user."""
+        try:
+            self._dir  # noqa: B018 (opened for its check)
+        except UnsafePath as exc:
+            raise JournalError(f"the journal's state directory: {exc}") from exc
+
+    def close(self) -> None:
+        """Let go of the state directory (reopened, and checked again, when next used)."""
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
+
+    @property
+    def _dir(self) -> int:
+        """The state directory's descriptor (UnsafePath if it cannot be trusted)."""
+        if self._dir_fd is None:
+            self._dir_fd = open_private_dir(self.state_dir)
+        return self._dir_fd
 
     # -- reading ------------------------------------------------------------------
+    def _read(self, name: str) -> bytes | None:
+        """A regular file of the state directory, whole; None if there is none."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=self._dir)  # fmt: skip
+        except FileNotFoundError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
     def load(self) -> JournalState | None:
         """The journal left on disk, or None when the last exit was clean."""
         try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
+            data = self._read(JOURNAL_FILE)
+            if data is None:
+                return None
+            text = data.decode()
+        except (OSError, ValueError, UnsafePath) as exc:
+            raise JournalError(f"journal {self.path} is unreadable: {_why(exc)}") from exc
         lines = text.splitlines()
         if not lines:
             raise JournalError(f"journal {self.path} is unreadable: the file is empty")
         state, version = self._parse_snapshot(lines[0])
         for number, line in enumerate(lines[1:], 2):
             try:
-                delta = json.loads(line)
+                delta = _parse(line)
                 if not isinstance(delta, dict):
                     raise ValueError("not a JSON object")
             except ValueError as exc:
@@ -193,18 +261,21 @@ class Journal:
                     break  # a torn last append: its change never started
                 raise JournalError(f"journal {self.path}:{number} is malformed: {exc}") from exc
             self._apply_delta(state, delta, number, version)
+        # What the disk holds now; the next change rewrites it whole (_fresh is False).
+        self._written = JournalState(dict(state.originals), state.profile)
+        self._fresh = False
         return state
 
     def _parse_snapshot(self, line: str) -> tuple[JournalState, int]:
         try:
-            doc = json.loads(line)
+            doc = _parse(line)
         except ValueError as exc:
             raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
         if not isinstance(doc, dict):
             raise JournalError(f"journal {self.path} is not a JSON object")
         version = doc.get("format")
         if version not in READABLE or isinstance(version, bool):
-            raise JournalError(f"journal {self.path} has unknown format {version!r}")
+            raise JournalError(f"journal {self.path} has unknown format {version!r}"[:300])
         by_plugin = doc.get("originals", {})
         try:
             if not isinstance(by_plugin, dict):
@@ -216,9 +287,9 @@ class Journal:
                     _ungroup(settings) if version == FORMAT else _entries_v3(settings)
                 )
             }
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise JournalError(f"journal {self.path} has malformed originals: {exc}") from exc
-        return JournalState(originals, doc.get("profile")), version
+        return JournalState(originals, _profile(doc.get("profile"), self.path, 1)), version
 
     def _apply_delta(
         self, state: JournalState, delta: dict[str, Any], number: int, version: int
@@ -236,10 +307,10 @@ class Journal:
                     state.originals[(plugin, key)] = value
                 for plugin, key in delta.get("drop", []):
                     state.originals.pop((plugin, key), None)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise JournalError(f"journal {self.path}:{number} is malformed: {exc}") from exc
         if "profile" in delta:
-            state.profile = delta["profile"]
+            state.profile = _profile(delta["profile"], self.path, number)
 
     # -- writing ------------------------------------------------------------------
     def record(
@@ -249,17 +320,27 @@ class Journal:
         profile: str | None,
     ) -> None:
         """Change some originals (and the profile): one appended delta of what really
-        changed, a fresh snapshot when the file has grown (or was not written by us), or
-        no file at all once nothing is left. The cost follows the change, not the size."""
+        changed, a fresh snapshot when the file has grown (or was not written by us, or a
+        write failed), or no file at all once nothing is left. The cost follows the
+        change, not the size. What is kept in memory changes only once the disk holds it:
+        after a failed write (JournalError) both still hold what they held before."""
         written = self._written
         state = written.originals
-        delta: dict[str, Any] = {}
         changed = [(key, v) for key, v in updates.items() if state.get(key, _NONE) != v]
-        dropped = [key for key in drops if key in state]
-        for key, v in changed:
-            state[key] = v
-        for key in dropped:
-            del state[key]
+        dropped = [key for key in set(drops) if key in state]
+        added = sum(1 for key, _ in changed if key not in state)
+        if len(state) + added - len(dropped) == 0:
+            self.clear()
+            return
+        if not self._fresh or self._lines > len(state) + added + COMPACT_SLACK:
+            after = JournalState(dict(state), profile)
+            after.originals.update(changed)
+            for key in dropped:
+                del after.originals[key]
+            self._write_snapshot(after)
+            self._written = after
+            return
+        delta: dict[str, Any] = {}
         if changed:
             grouped = _group(changed).items()
             delta["set"] = [[plugin, *record] for plugin, records in grouped for record in records]
@@ -271,51 +352,72 @@ class Journal:
             ]
         if profile != written.profile:
             delta["profile"] = profile
-        written.profile = profile
-        if not state:
-            self.clear()
-            return
-        if not self._fresh or self._lines > len(state) + COMPACT_SLACK:
-            self._write_snapshot(written)
-        elif delta:
+        if delta:
             self._append(json.dumps(delta, separators=(",", ":")) + "\n")
+        state.update(changed)
+        for key in dropped:
+            del state[key]
+        written.profile = profile
 
     def save(self, state: JournalState) -> None:
         """Make the file hold exactly `state`."""
         held = self._written.originals
         self.record(state.originals, [k for k in held if k not in state.originals], state.profile)
 
+    def _replace(self, name: str, data: bytes) -> None:
+        """Make `name` hold `data`, never torn: a fresh temporary file (O_EXCL, no symlink
+        followed), written whole and fsync'd, renamed over it, the directory fsync'd."""
+        tmp = name.rsplit(".", 1)[0] + ".tmp"  # journal.tmp, base.tmp
+        with contextlib.suppress(FileNotFoundError):  # a crash's leftover
+            os.unlink(tmp, dir_fd=self._dir)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=self._dir)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self._dir)
+            raise
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
+        os.fsync(self._dir)
+
     def _write_snapshot(self, state: JournalState) -> None:
         data = (json.dumps(_snapshot(state), sort_keys=True, separators=(",", ":")) + "\n").encode()
         try:
-            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            self._sync_dir()
-        except OSError as exc:
-            raise JournalError(f"cannot write journal {self.path}: {exc}") from exc
-        if state is not self._written:
-            self._written = JournalState(dict(state.originals), state.profile)
+            self._replace(JOURNAL_FILE, data)
+        except (OSError, UnsafePath) as exc:
+            self._fresh = False
+            raise JournalError(f"cannot write journal {self.path}: {_why(exc)}") from exc
         self._fresh = True
         self._lines = 1
         self._cleared = False
 
     def _append(self, line: str) -> None:
+        """One delta, whole and fsync'd. A failed append is cut off again where it began
+        (so no torn line is ever followed by another), and the next change writes a
+        whole snapshot instead of appending to a file it cannot vouch for."""
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            fd = os.open(JOURNAL_FILE, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=self._dir)  # fmt: skip
+        except (OSError, UnsafePath) as exc:
+            self._fresh = False
+            raise JournalError(f"cannot append to journal {self.path}: {_why(exc)}") from exc
+        try:
+            size = os.fstat(fd).st_size
             try:
-                os.write(fd, line.encode())
+                _write_all(fd, line.encode())
                 os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise JournalError(f"cannot append to journal {self.path}: {exc}") from exc
+            except OSError as exc:
+                self._fresh = False
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                    os.fsync(fd)
+                raise JournalError(f"cannot append to journal {self.path}: {_why(exc)}") from exc
+        finally:
+            os.close(fd)
         self._lines += 1
 
     def clear(self) -> None:
@@ -323,10 +425,11 @@ class Journal:
         if self._cleared:
             return
         try:
-            self.path.unlink(missing_ok=True)
-            self._sync_dir()
-        except OSError as exc:
-            raise JournalError(f"cannot remove journal {self.path}: {exc}") from exc
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(JOURNAL_FILE, dir_fd=self._dir)
+            os.fsync(self._dir)
+        except (OSError, UnsafePath) as exc:
+            raise JournalError(f"cannot remove journal {self.path}: {_why(exc)}") from exc
         self._written = JournalState()
         self._fresh = False
         self._lines = 0
@@ -335,42 +438,35 @@ class Journal:
     def set_aside(self) -> Path:
         """Move an unreadable journal out of the way (kept for a human to read) so the
         daemon can start; returns where it went."""
-        aside = self.path.with_name(f"{self.path.name}.unreadable-{int(time.time())}")
+        aside = f"{JOURNAL_FILE}.unreadable-{int(time.time())}"
         try:
-            os.replace(self.path, aside)
-            self._sync_dir()
-        except OSError as exc:
-            raise JournalError(f"cannot move unreadable journal {self.path} aside: {exc}") from exc
+            os.replace(JOURNAL_FILE, aside, src_dir_fd=self._dir, dst_dir_fd=self._dir)
+            os.fsync(self._dir)
+        except (OSError, UnsafePath) as exc:
+            raise JournalError(
+                f"cannot move unreadable journal {self.path} aside: {_why(exc)}"
+            ) from exc
         self._written = JournalState()
         self._fresh = False
         self._lines = 0
-        return aside
+        return self.state_dir / aside
 
     # -- the base profile, so a restart resumes it ---------------------------------
     def save_base(self, ref: str | None) -> None:
         """Note the base profile (None: switched off) for the next start of this boot: a
         restart or a crash resumes it instead of the configured default. Written like a
-        snapshot (temp file, fsync, rename); a failure only loses the resume, so it is
-        logged by the caller, not fatal."""
-        data = (json.dumps({"base": ref}) + "\n").encode()
-        path = self.state_dir / "base.json"
+        snapshot; a failure only loses the resume, so it is logged by the caller, not
+        fatal."""
         try:
-            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(path.with_suffix(".tmp"), path)
-        except OSError as exc:
-            raise JournalError(f"cannot write {path}: {exc}") from exc
+            self._replace(BASE_FILE, (json.dumps({"base": ref}) + "\n").encode())
+        except (OSError, UnsafePath) as exc:
+            raise JournalError(f"cannot write {self.state_dir / BASE_FILE}: {_why(exc)}") from exc
 
     def load_base(self) -> tuple[bool, str | None]:
         """(found, ref) of the base profile a previous run of this boot left in force."""
         try:
-            data = json.loads((self.state_dir / "base.json").read_text())
-        except (OSError, ValueError):
+            data = _parse((self._read(BASE_FILE) or b"").decode())
+        except (OSError, ValueError, UnsafePath):
             return False, None
         ref = data.get("base") if isinstance(data, dict) else None
         return isinstance(data, dict) and "base" in data, ref if isinstance(ref, str) else None
@@ -378,15 +474,20 @@ class Journal:
     def forget_base(self) -> None:
         """After a stop that restored everything: the next start begins from the default."""
         try:
-            (self.state_dir / "base.json").unlink(missing_ok=True)
-        except OSError as exc:
-            raise JournalError(f"cannot remove {self.state_dir / 'base.json'}: {exc}") from exc
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(BASE_FILE, dir_fd=self._dir)
+        except (OSError, UnsafePath) as exc:
+            raise JournalError(f"cannot remove {self.state_dir / BASE_FILE}: {_why(exc)}") from exc
 
-    def _sync_dir(self) -> None:
-        if not self.state_dir.exists():
-            return
-        dfd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, OSError):
+        return "it is a symlink" if exc.errno == errno.ELOOP else describe(exc)
+    return str(exc)
+
+
+def _profile(value: Any, path: Path, line: int) -> str | None:
+    """The journal's profile name, which must be a name or null."""
+    if value is None or isinstance(value, str):
+        return value
+    raise JournalError(f"journal {path}:{line} names no profile: {value!r}"[:300])

@@ -61,6 +61,22 @@ class Target:
     kind: ClassVar[str] = ""
     refusal_means: ClassVar[str | None] = None
 
+    def problem(self) -> str | None:
+        """Why this target, decoded from outside (a journal), names something its plugin
+        must not touch (a sysctl key spelling a way out of /proc/sys); None when it is
+        sound. `expand` makes sound targets only; decode_target asks every one."""
+        return None
+
+
+def plain_path(text: str, parts: int | None = None) -> bool:
+    """Whether `text` is a relative path of plain components (none empty, "." or "..",
+    no NUL), and of `parts` components when given: what a target may name below its
+    plugin's directory."""
+    names = text.split("/")
+    if parts is not None and len(names) != parts:
+        return False
+    return not any(n in ("", ".", "..") or "\0" in n for n in names)
+
 
 Settings = dict[Target, Value]
 T = TypeVar("T", bound=Target)
@@ -111,7 +127,11 @@ def decode_target(kinds: Mapping[str, type[Target]], data: Any) -> Target:
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise ValueError(f"target {data!r}: {f.name} is not a {f.type}")
         values[f.name] = value
-    return cls(**values)
+    target = cls(**values)
+    why = target.problem()
+    if why:
+        raise ValueError(why)
+    return target
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import ctypes
 import errno
 import os
 import platform
+import posixpath
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import KernelRefused
 from latencyd.core.schema import Machine
+
+KERNEL_SETTINGS = ("/proc/", "/sys/")  # where System.write may write
 
 if TYPE_CHECKING:
     from latencyd.core.ethtool import Ethtool
@@ -251,18 +254,26 @@ class System:
             raise KernelRefused(f"reading /{rel.lstrip('/')}", describe_oserror(exc)) from exc
 
     def write(self, rel: str, value: str) -> None:
-        """Write one value in a single write(2), as the kernel expects for sysfs/procfs."""
-        what = f"writing {value!r} to /{rel.lstrip('/')}"
+        """Write one value in a single write(2), as the kernel expects for sysfs/procfs.
+        Only kernel settings are written here: a path that leads out of /proc and /sys
+        (a journal's tampered target) is refused whatever asked for it."""
+        where = posixpath.normpath("/" + rel.lstrip("/"))
+        what = f"writing {value!r} to {where}"
+        if not where.startswith(KERNEL_SETTINGS):
+            raise KernelRefused(what, "latencyd writes kernel settings under /proc and /sys only")
+        data = value.encode()
         try:
-            fd = os.open(self.fspath(rel), os.O_WRONLY | os.O_TRUNC)
+            fd = os.open(self.fspath(where), os.O_WRONLY | os.O_TRUNC)
         except OSError as exc:
             raise KernelRefused(what, describe_oserror(exc)) from exc
         try:
-            os.write(fd, value.encode())
+            written = os.write(fd, data)
         except OSError as exc:
             raise KernelRefused(what, f"the kernel refused it: {describe_oserror(exc)}") from exc
         finally:
             os.close(fd)
+        if written != len(data):  # the kernel took part of it: what it holds is unknown
+            raise KernelRefused(what, f"the kernel took {written} of its {len(data)} bytes")
 
     # -- machine facts ---------------------------------------------------------
     def online_cpus(self) -> CpuSet:

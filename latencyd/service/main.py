@@ -233,7 +233,12 @@ class DriftWatch:
         return [sid for sid, paths in self.watched.items() if paths]
 
 
-def build(args: argparse.Namespace, config: Config, fdstore: FdStore | None = None) -> Daemon:
+def build(
+    args: argparse.Namespace,
+    config: Config,
+    fdstore: FdStore | None = None,
+    journal: Journal | None = None,
+) -> Daemon:
     system = System(args.root, fdstore=fdstore)
     plugins = load_plugins(system)
     library = ProfileLibrary(
@@ -243,7 +248,7 @@ def build(args: argparse.Namespace, config: Config, fdstore: FdStore | None = No
         # As root, profiles must be root's (a local user must not plant settings).
         trusted_only=os.geteuid() == 0 and system.is_real,
     )
-    engine = Engine(plugins, Journal(args.state_dir))
+    engine = Engine(plugins, journal or Journal(args.state_dir))
     return Daemon(system, plugins, library, engine)
 
 
@@ -297,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     try:
         config = load_config(args.config)
+        # A state directory another user could change is refused before anything is
+        # tuned: its journal's "originals" are what a restore writes.
+        journal = Journal(args.state_dir)
+        journal.open()
     except LatencydError as exc:
         log.error("%s", exc)
         return 2
@@ -310,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     from latencyd.service.operations import Operations
 
     dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
-    daemon = build(args, config, FdStore.from_environment())
+    daemon = build(args, config, FdStore.from_environment(), journal)
     loop = MainLoop()
     operations = Operations(daemon, loop)
     service = Service(daemon, config, operations)

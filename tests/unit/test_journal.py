@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import contextlib
 import json
+import resource
+import signal
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -241,3 +245,45 @@ def test_growing_journal_is_compacted_into_one_snapshot(tmp_path: Path) -> None:
 )
 def test_a_key_is_the_canonical_json_of_the_target(fields: dict[str, object]) -> None:
     assert key_of(fields) == json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """The kernel's own short write, without a full disk: beyond RLIMIT_FSIZE a write is
+    cut short and the next one fails (EFBIG; SIGXFSZ ignored so it is an error, not a kill)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def _keys(n: int, start: int = 0) -> dict[tuple[str, str], str]:
+    return {("kthread", key_of({"kind": "t", "pid": p})): "0-1" for p in range(start, start + n)}
+
+
+@pytest.mark.parametrize("how", ["append", "snapshot"])
+def test_a_write_cut_short_loses_nothing_and_commits_nothing(tmp_path: Path, how: str) -> None:
+    """Issue 37: a write the disk cuts short is retried for the rest or fails whole; what
+    the journal holds in memory changes only once the disk holds it, and after a failed
+    write the next change writes a whole snapshot (no torn line is ever followed by
+    another, so the next start can read every original)."""
+    journal = Journal(tmp_path)
+    before = JournalState(_keys(10), "a")
+    journal.save(before)
+    if how == "snapshot":
+        journal._fresh = False  # as after a restart: the next change rewrites the file
+    size = journal.path.stat().st_size
+    more = _keys(2000, start=10)
+    with file_size_limit(size + 100), pytest.raises(JournalError, match="File too large"):
+        journal.record(more, [], "b")
+    assert journal.path.stat().st_size == size  # cut back where it began
+    assert Journal(tmp_path).load() == before  # nothing lost ...
+    assert journal._written == before  # ... and nothing claimed that the disk lacks
+    journal.record(more, [], "b")  # the disk has room again: the same change goes through
+    assert Journal(tmp_path).load() == JournalState({**before.originals, **more}, "b")
+    assert len(journal.path.read_text().splitlines()) == 1  # as a whole snapshot
+    assert not list(tmp_path.glob("*.tmp"))
