@@ -2,13 +2,19 @@
 # Run latencyd in the foreground on a private system-like D-Bus (`make run`).
 #
 # The real system bus is never used. The bus address is printed and written to
-# /tmp/latencyd-dev/bus-address, so a second terminal can do:
-#     export DBUS_SYSTEM_BUS_ADDRESS=$(cat /tmp/latencyd-dev/bus-address)
+# /run/latencyd-dev/bus-address, so a second terminal can do:
+#     export DBUS_SYSTEM_BUS_ADDRESS=$(cat /run/latencyd-dev/bus-address)
 #     .venv/bin/latencyctl status
 #
 # Ctrl-C or SIGTERM is forwarded to latencyd (which restores every original value);
 # once it has exited, the bus is stopped. The journal lives in the stable
-# /tmp/latencyd-dev/state, so after a crash the next run restores from it.
+# /run/latencyd-dev/state, so after a crash the next run restores from it.
+#
+# The directory (LATENCYD_DEV_DIR to choose another) is root's alone: a root daemon's
+# lock, bus address and journal in a directory another user could change would let them
+# plant a symlink (lock -> /etc/shadow) or a journal whose "originals" a restore writes.
+# One that exists as anything else (a symlink, another owner, a looser mode, a directory
+# above it others may write to) is refused, never repaired.
 #
 # Extra arguments go to latencyd. LATENCYD=/path/to/cmd runs another command in
 # its place (e.g. to try this script before the daemon exists).
@@ -18,7 +24,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 PYTHON=$ROOT/.venv/bin/python
 LATENCYD=${LATENCYD:-$ROOT/.venv/bin/latencyd}
-DEV_DIR=/tmp/latencyd-dev
+DEV_DIR=${LATENCYD_DEV_DIR:-/run/latencyd-dev}
 ADDRESS_FILE=$DEV_DIR/bus-address
 
 [[ -x $PYTHON ]] || {
@@ -26,9 +32,11 @@ ADDRESS_FILE=$DEV_DIR/bus-address
     exit 1
 }
 
-mkdir -p "$DEV_DIR/state"
-chmod 0755 "$DEV_DIR"
-chmod 0700 "$DEV_DIR/state"
+umask 077
+"$PYTHON" -m scripts.private_dir "$DEV_DIR" || {
+    echo "run-dev: not started" >&2
+    exit 1
+}
 
 # One dev daemon at a time: both would tune the same machine.
 exec 9>"$DEV_DIR/lock"

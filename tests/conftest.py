@@ -62,7 +62,7 @@ def put_back_what_killed_runs_left() -> None:
     from scripts.private_bus import PrivateBus
     from tests.harness import POLICY, STARTED_DAEMONS, recover_killed_runs
 
-    if STARTED_DAEMONS.is_dir() and any(STARTED_DAEMONS.iterdir()):
+    if STARTED_DAEMONS.exists() and any(STARTED_DAEMONS.iterdir()):
         with PrivateBus(POLICY) as bus:
             for state in recover_killed_runs(bus.address):
                 warnings.warn(f"restored what a killed run's daemon left applied ({state})",

@@ -8,10 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from latencyd.core.trust import open_private_dir
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -19,8 +20,17 @@ POLICY = REPO / "systemd" / "org.latencyd.Daemon1.conf"
 BUS_NAME = "org.latencyd.Daemon1"
 # Each daemon started on the real machine is recorded here (PID of the run that started
 # it, its argv): a run killed outright cannot restore what its daemons hold, so the next
-# run does, from their journals, before it takes its snapshot of the machine.
-STARTED_DAEMONS = Path(tempfile.gettempdir()) / "latencyd-test-daemons"
+# run does, from their journals, before it takes its snapshot of the machine. Root's own
+# directory under /run, checked before each use (latencyd/core/trust.py): a record is a
+# state directory whose journal a root daemon restores, never to be planted by another
+# user in a world-writable /tmp.
+STARTED_DAEMONS = Path("/run/latencyd-test-daemons")
+
+
+def started_daemons() -> Path:
+    """STARTED_DAEMONS, made or checked (UnsafePath if another user could change it)."""
+    os.close(open_private_dir(STARTED_DAEMONS))
+    return STARTED_DAEMONS
 
 
 IDLE_THREADS = """
@@ -114,7 +124,7 @@ class Latencyd:
             argv, fds, extra = self.launcher(argv)
             env = env | extra
         if "--root" not in argv:  # a fake /proc+/sys is nothing to restore
-            STARTED_DAEMONS.mkdir(exist_ok=True)
+            started_daemons()
             record = {"workdir": str(self.workdir), "extra": self.extra,
                       "profile_dirs": [str(d) for d in self.profile_dirs]}  # fmt: skip
             self.record.write_text(json.dumps(record))
@@ -187,7 +197,8 @@ def recover_killed_runs(bus_address: str) -> list[str]:
     applied: each is started again on its state dir with no profile, which restores the
     journal it adopts, and stopped (Latencyd.recover). Returns the state dirs recovered."""
     recovered = []
-    for record in sorted(STARTED_DAEMONS.glob("*.json")) if STARTED_DAEMONS.is_dir() else []:
+    records = sorted(started_daemons().glob("*.json")) if STARTED_DAEMONS.exists() else []
+    for record in records:
         if Path(f"/proc/{record.name.split('-')[0]}").exists():
             continue  # a live run's
         was = json.loads(record.read_text())

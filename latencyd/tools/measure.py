@@ -33,6 +33,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -296,12 +297,23 @@ def remove_what_dead_runs_left(netns: Path = Path("/run/netns")) -> list[str]:
         pid = re.search(r"-(\d+)-", name)
         if pid is None or Path(f"/proc/{pid[1]}").exists():
             continue
+        if path is not None and not _ours(path):
+            continue  # another user's, by the same name: not a dead run's to remove
         if path is None:
             subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
         else:
             shutil.rmtree(path, ignore_errors=True)
         removed.append(name)
     return removed
+
+
+def _ours(path: Path) -> bool:
+    """Whether `path` is a directory of this user's (not a symlink): what a run made."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def _ip(*args: str) -> None:
