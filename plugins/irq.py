@@ -305,14 +305,7 @@ class IrqPlugin(Plugin[IrqTarget]):
 
     # -- irqbalance coordination ----------------------------------------------------------
     def irqbalance_pid(self) -> int | None:
-        for pid in self.system.listdir("proc"):
-            if pid.isdigit():
-                try:
-                    if self.system.read(f"proc/{pid}/comm") == "irqbalance":
-                        return int(pid)
-                except KernelRefused:
-                    continue
-        return None
+        return self.system.root_process("irqbalance")
 
     def irqbalance_file(self) -> str:
         return next((f for f in IRQBALANCE_FILES if self.system.exists(f)), IRQBALANCE_FILES[0])

@@ -558,7 +558,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
     ) -> Task:
         """The target's task, if it is still the one the target names. Within a step a
         process is read once, not once per thread of its 20,000 (a pid cannot be freed
-        and reused while one step runs; across steps the start time tells)."""
+        and reused while a step runs without giving the main loop a turn, and the
+        engine begins a new step after each turn; across steps the start time tells)."""
         cache = self.identities
         if cache is None or fresh:
             task = self.system.task(target.pid)

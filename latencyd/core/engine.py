@@ -275,6 +275,16 @@ class Engine:
                 for plugin in self.plugins.values():
                     plugin.end_step()
 
+    def _turn(self, progress: Progress) -> Steps[None]:
+        """Give the main loop a turn. Meanwhile tasks exit and their pids are reused, so
+        for the plugins a step ends here and a new one begins: nothing they kept of the
+        machine (which process a pid is) outlives the turn, and each write is judged by
+        what was read since (issue 37: a slow step wrote to a recycled pid)."""
+        yield progress
+        for plugin in self.plugins.values():
+            plugin.end_step()
+            plugin.begin_step()
+
     # -- what a profile wants -------------------------------------------------
     def owned(self, name: str) -> Owned:
         """Plugin `name`'s applied settings, as a view (see Owned)."""
@@ -301,7 +311,7 @@ class Engine:
                         out[name] = end.value
                         break
                     if slices.due():
-                        yield Progress(0, 0)
+                        yield from self._turn(Progress(0, 0))
             except NotApplicable as exc:
                 out[name] = Expansion(refused={SECTION: str(exc)})
             except LatencydError as exc:
@@ -398,10 +408,10 @@ class Engine:
                 self._restore_one(sid, undo, report)
                 report.restored += 1
                 if slices.due():
-                    yield slices.progress
+                    yield from self._turn(slices.progress)
             for sid, value in step.apply.items():
                 if slices.due():
-                    yield slices.progress
+                    yield from self._turn(slices.progress)
                 if sid in report.not_applicable:
                     continue
                 outcome = self._apply_one(sid, value, undo, report, seen)
@@ -512,7 +522,7 @@ class Engine:
         (into `journaled`): one journal write of 20,000 would hold the main loop for a
         tenth of a second. For plugins that hand targets over, what each new target held
         when judged goes into `seen` (see _apply_one)."""
-        yield slices.progress  # the diff that made `step` was a slice of its own
+        yield from self._turn(slices.progress)  # the diff that made `step` was a slice
         read: list[SettingId] = []
         for sid in list(step.apply):
             due = slices.due()
@@ -521,7 +531,7 @@ class Engine:
                 journaled += read
                 read = []
             if due:
-                yield slices.progress
+                yield from self._turn(slices.progress)
             if sid in self.originals:
                 continue
             plugin, target = self.plugins[sid[0]], sid[1]

@@ -284,7 +284,8 @@ class Plugin(Generic[T]):
     def begin_step(self) -> None:
         """A step (an apply, a verify, an off) begins: until end_step, a plugin may keep
         what it read of the machine that cannot change meanwhile (which process a pid
-        is), instead of reading it again for each of thousands of targets."""
+        is), instead of reading it again for each of thousands of targets. A long step
+        ends and begins anew each time it gives the main loop a turn."""
 
     def end_step(self) -> None:
         """The step is over: forget what begin_step allowed to keep."""

@@ -162,7 +162,9 @@ class Task:
 
     @property
     def is_kthread(self) -> bool:
-        return bool(self.flags & PF_KTHREAD) or self.ppid == 2 or self.pid == 2
+        """By the kernel's own flag: a usermode helper (modprobe, a hotplug script) is a
+        child of kthreadd too, but a user process."""
+        return bool(self.flags & PF_KTHREAD)
 
     @property
     def pinnable(self) -> bool:
@@ -317,6 +319,30 @@ class System:
             return parse_stat(pid, _read_text(self.fspath(f"proc/{pid}/task/{pid}/stat")))
         except (OSError, IndexError, ValueError):
             return None
+
+    def task_uid(self, pid: int) -> int | None:
+        """The effective uid the task runs as (proc/PID/status), None if it has exited:
+        a name is anyone's to take, running as root is not."""
+        try:
+            for line in _read_text(self.fspath(f"proc/{pid}/status")).splitlines():
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+        except (OSError, IndexError, ValueError):
+            pass
+        return None
+
+    def root_process(self, comm: str) -> int | None:
+        """The pid of a process named `comm` that runs as root (irqbalance, say): anyone
+        may name a process so, only root's is the service."""
+        for entry in self.entries("proc"):
+            if entry.isdigit():
+                try:
+                    named = _read_text(self.fspath(f"proc/{entry}/comm")).strip() == comm
+                except OSError:
+                    continue
+                if named and self.task_uid(int(entry)) == 0:
+                    return int(entry)
+        return None
 
     def ancestors(self, pid: int) -> list[int]:
         """pid, its parent, and so on up to init (bounded: a loop cannot trap us)."""

@@ -89,9 +89,7 @@ def read_facts(system: System) -> Facts:
         queues = len([q for q in system.listdir(f"{NET}/{name}/queues") if q.startswith("rx-")])
         node = int(read(f"{NET}/{name}/device/numa_node", "-1") or -1)
         nics.append(Nic(name, driver, queues, node))
-    irqbalance = any(
-        read(f"proc/{pid}/comm") == "irqbalance" for pid in system.listdir("proc") if pid.isdigit()
-    )
+    irqbalance = system.root_process("irqbalance") is not None
     return Facts(
         virtual, idle, online, tuple(cores.values()), tuple(nodes or [online]), tuple(nics),
         irqbalance,

@@ -227,11 +227,13 @@ def add_task(
     flags: int = 0x00400100,
     start_time: int = 1000,
     threads: tuple[int, ...] = (),
+    uid: int = 0,
 ) -> None:
-    """proc/PID/{stat,comm} and proc/PID/task/TID/ for the task and each extra thread (the
-    main thread's own stat too: latencyd reads that one, see System.task)."""
+    """proc/PID/{stat,comm,status} and proc/PID/task/TID/ for the task and each extra
+    thread (the main thread's own stat too: latencyd reads that one, see System.task)."""
     put(root, f"proc/{pid}/stat", stat_line(pid, comm, ppid, flags, start_time))
     put(root, f"proc/{pid}/comm", comm)
+    put(root, f"proc/{pid}/status", f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
     for tid in (pid, *threads):
         (root / f"proc/{pid}/task/{tid}").mkdir(parents=True, exist_ok=True)
     put(root, f"proc/{pid}/task/{pid}/stat", stat_line(pid, comm, ppid, flags, start_time))

@@ -731,6 +731,24 @@ def test_irqbalance_running_bans_the_isolated_cpus(
     assert plugin.read(IrqbalanceBan()) is None
 
 
+def test_a_process_only_named_irqbalance_is_not_irqbalance(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    """Issue 37: any user may name a process irqbalance; only root's makes latencyd edit
+    irqbalance's config and restart the service."""
+    put(root, "etc/default/irqbalance", IRQBALANCE_CONFIG.rstrip("\n"))
+    original = (root / "etc/default/irqbalance").read_text()
+    add_task(root, 812, "irqbalance", uid=1000)
+    assert plugin.irqbalance_pid() is None
+    assert IrqbalanceBan() not in expand(plugin, machine, {"isolate": "1"}).settings
+    engine = engine_for(tmp_path, plugin)
+    engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
+    assert (root / "etc/default/irqbalance").read_text() == original
+    engine.off()
+    add_task(root, 813, "irqbalance", uid=0)
+    assert plugin.irqbalance_pid() == 813
+
+
 def test_irqbalance_original_ban_is_put_back(
     tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
 ) -> None:

@@ -24,6 +24,7 @@ from latencyd.plugins.kthread import (
     rules_from,
 )
 
+from latencyd.core import engine as engine_module
 from latencyd.core.engine import Engine, Refused, SettingId, section_schemas
 from latencyd.core.errors import ApplyFailed, KernelRefused, NotApplicable
 from latencyd.core.journal import Journal
@@ -153,6 +154,18 @@ def test_stat_parsing_with_spaces_and_parentheses_in_the_name(tmp_path: Path) ->
     put(root, "proc/80/stat", "80 (trunc")  # torn read of an exiting task
     assert system.task(80) is None
     assert [t.pid for t in system.tasks()] == [77, 78]
+
+
+def test_a_usermode_helper_is_a_user_task_though_kthreadd_made_it(tmp_path: Path) -> None:
+    """Issue 37: the kernel starts usermode helpers (modprobe, hotplug scripts) as children
+    of kthreadd; they are user processes, not kernel threads: only PF_KTHREAD says so."""
+    root = make_fake_root(tmp_path)
+    add_task(root, 90, "modprobe", ppid=2, flags=0x00400100)
+    add_kthread(root, 91, "kworker/1:0")
+    system = System(root)
+    helper, kthread = system.task(90), system.task(91)
+    assert helper is not None and not helper.is_kthread
+    assert kthread is not None and kthread.is_kthread
 
 
 def test_fake_stat_line_has_the_kernels_52_fields() -> None:
@@ -747,6 +760,35 @@ def test_a_task_its_user_pins_to_the_shield_during_the_step_is_left_there(
     assert engine.verify() == []
     assert engine.off() == []
     assert m.sched.affinity[700] == {1}
+
+
+def test_a_pid_reused_while_a_step_gives_the_main_loop_a_turn_is_not_written(
+    m: Machinery, machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a step a slice at a time lets the main loop run between slices; a task it
+    read may exit meanwhile and its pid go to another process. The write must be judged
+    by what was read since the turn, not by what the step read before it."""
+    monkeypatch.setattr(engine_module, "SLICE_S", 0.0)  # a turn before every setting
+    engine = m.engine()
+    wanted = m.wanted(machine, {"isolate_tasks": "1"})
+    assert ("kthread", TaskAffinity(400, 1000, 400)) in wanted
+    steps = engine.switch_steps(wanted, "p")
+    reused = False
+    try:
+        progress = next(steps)
+        while True:
+            if not reused and progress.done > len(wanted):  # originals read: now writing
+                add_task(m.root, 400, "victim", start_time=5555)  # 400 exited; pid reused
+                reused = True
+            progress = steps.send(None)
+    except StopIteration as done:
+        report = done.value
+    assert reused
+    assert m.sched.affinity[400] == {0, 1, 2, 3}  # the new process was not narrowed
+    moved = [t.pid for t, _, _ in report.changes["kthread"]]
+    assert 400 not in moved and 1 in moved  # the others were narrowed as ever
+    assert ("kthread", TaskAffinity(400, 1000, 400)) not in engine.applied  # it is gone
+    assert engine.off() == []
 
 
 def test_a_task_pinned_during_the_first_switch_is_left_there(

@@ -116,6 +116,7 @@ def test_read_facts_from_sysfs(tmp_path: Path) -> None:
     put(root, "sys/class/net/eth0/device/numa_node", "-1")
     add_nic(root, "veth0", 3)  # no device: virtual, not a NIC whose IRQs matter
     put(root, "proc/77/comm", "irqbalance")
+    put(root, "proc/77/status", "Name:\tirqbalance\nUid:\t0\t0\t0\t0\n")  # root's
     facts = read_facts(System(str(root)))
     assert facts.virtual.startswith("the CPU flags say a hypervisor")
     assert facts.idle.driver == "haltpoll"
