@@ -1,10 +1,21 @@
-"""Logging that suits journald under systemd and a terminal otherwise."""
+"""Logging that suits journald under systemd and a terminal otherwise.
+
+Every record is one line of printable text (`latencyd.core.text.printable`): its
+arguments carry what local users choose (task names, hold reasons, profile paths), and
+journald would read a newline in them as the start of another entry, with its own `<N>`
+priority; a terminal would obey their escape sequences. The whole message is escaped,
+not only the arguments, so a message built before logging (an exception's text, a
+`%r`) is covered too; no message is meant to span lines (journald would split it).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from types import TracebackType
+
+from latencyd.core.text import printable
 
 # sd-daemon(3) priority prefixes: journald stores the level, and stamps the time itself.
 _PRIORITY = {
@@ -15,11 +26,22 @@ _PRIORITY = {
     logging.CRITICAL: 2,
 }
 
+_ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+
 
 class _JournalFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         prio = _PRIORITY.get(record.levelno, 6)
-        return f"<{prio}>{record.getMessage()}"
+        return f"<{prio}>{printable(record.getMessage())}"
+
+
+class _TerminalFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: _ExcInfo) -> str:
+        # A traceback spans lines on purpose: each is escaped on its own.
+        return "\n".join(map(printable, super().formatException(ei).splitlines()))
 
 
 def under_systemd() -> bool:
@@ -32,7 +54,7 @@ def setup_logging(verbose: bool = False) -> None:
         handler.setFormatter(_JournalFormatter())
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S")
+            _TerminalFormatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S")
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]

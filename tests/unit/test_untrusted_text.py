@@ -7,15 +7,32 @@ output path; the D-Bus call and the noise watch's tracefs reading are the fakes.
 from __future__ import annotations
 
 import codecs
+import contextlib
+import io
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from latencyd.plugins.monitor import MonitorPlugin
 
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.noise import Tally, WatchPlan
+from latencyd.core.system import System
 from latencyd.core.text import printable
+from latencyd.service.daemon import Daemon
+from latencyd.service.logs import setup_logging
+from latencyd.service.noisewatch import NoiseInterval, ShieldWatch
+from tests.unit.fakesys import FakeSched, add_task, make_fake_root
+from tests.unit.test_scale import shielding_daemon
 
 # A comm is 15 bytes of its task's choosing (prctl PR_SET_NAME, or the file it execs).
 FORGER = "x\n<0>pwned"  # journald: a second entry, at emergency level
 TITLE = "\x1b]0;evil\x07"  # a terminal: sets its window title
 CLEAR = "\x1b[2J"  # a terminal: clears the screen
+REASON = "benchmark\n<0>forged hold"  # HoldProfile's reason, any caller's text
 
 
 def test_printable_escapes_what_is_not_printable_and_keeps_the_rest() -> None:
@@ -34,3 +51,125 @@ def test_printable_reads_back_unambiguously(text: str) -> None:
     shown = printable(text)
     assert shown.isprintable()
     assert codecs.decode(shown, "unicode_escape") == text
+
+
+# -- the daemon's log ------------------------------------------------------------------------
+
+
+class DaemonLog(logging.Handler):
+    """Counts the records logged, beside the daemon's own handler; `lines` reads what
+    that one wrote."""
+
+    def __init__(self, stream: io.StringIO) -> None:
+        super().__init__()
+        self.stream = stream
+        self.records = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records += 1
+
+    def lines(self) -> list[str]:
+        """What the journal was sent since the last call: a line per record, each with its
+        priority, of printable text only."""
+        lines = self.stream.getvalue().splitlines()
+        self.stream.seek(0)
+        self.stream.truncate()
+        assert len(lines) == self.records, lines
+        self.records = 0
+        for line in lines:
+            assert line.isprintable(), line
+            assert line[:3] in ("<7>", "<6>", "<4>", "<3>", "<2>"), line
+        return lines
+
+
+@contextlib.contextmanager
+def daemons_logging() -> Iterator[io.StringIO]:
+    """The logging main() sets up (for the journal or a terminal, as the environment
+    says), its handler writing to a buffer of the test's instead of stderr."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    setup_logging()
+    (handler,) = root.handlers
+    assert isinstance(handler, logging.StreamHandler)
+    stream = io.StringIO()
+    handler.setStream(stream)
+    try:
+        yield stream
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+
+
+@pytest.fixture
+def daemon_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[DaemonLog]:
+    """The daemon's logging under systemd: its stderr is the journal's stream."""
+    monkeypatch.setenv("JOURNAL_STREAM", "8:4242")
+    with daemons_logging() as stream:
+        counted = DaemonLog(stream)
+        logging.getLogger().addHandler(counted)
+        yield counted
+
+
+def shield_among_hostile_names(tmp_path: Path) -> Daemon:
+    """The kthread shield of CPU 1 (profile "p"), on a fake machine where three user
+    tasks, named to attack the log and the terminal, run on every CPU."""
+    root = make_fake_root(tmp_path)
+    sched = FakeSched({0, 1, 2, 3})
+    for pid, comm in ((4242, FORGER), (4243, TITLE), (4244, CLEAR)):
+        add_task(root, pid, comm, start_time=9000 + pid)
+        sched.add(pid)
+    return shielding_daemon(tmp_path, System(root, sched=sched))
+
+
+def test_the_shields_moves_and_a_hold_log_one_entry_each_whatever_the_names(
+    tmp_path: Path, daemon_log: DaemonLog
+) -> None:
+    daemon = shield_among_hostile_names(tmp_path)
+    daemon.hold("p", REASON, ":1.42")
+    lines = daemon_log.lines()
+    assert "<6>user task x\\n<0>pwned (pid 4242, thread 4242): CPUs 0-3 -> 0,2-3" in lines
+    assert "<6>user task \\x1b]0;evil\\x07 (pid 4243, thread 4243): CPUs 0-3 -> 0,2-3" in lines
+    assert "<6>user task \\x1b[2J (pid 4244, thread 4244): CPUs 0-3 -> 0,2-3" in lines
+    assert "<6>hold 1 on p by :1.42 (benchmark\\n<0>forged hold)" in lines
+
+
+def test_the_noise_watchs_breach_line_is_one_entry_whatever_the_culprit_is_named(
+    tmp_path: Path, daemon_log: DaemonLog
+) -> None:
+    """The culprit named by its comm in the line that says a CPU broke its budget: the
+    daemon's watch polls for real, its reading of tracefs is the fake."""
+    system = System(make_fake_root(tmp_path, cpus="0-1"))
+    daemon: Any = SimpleNamespace(plugins={"monitor": MonitorPlugin(system)}, after_step=[],
+                                  system=system, holds={})  # fmt: skip
+    loop: Any = SimpleNamespace()  # polled by hand
+    shield = ShieldWatch(daemon, loop, lambda breach, seconds: None)
+    shield.plan = WatchPlan(CpuSet({1}), 1000, 50, None)
+    culprit = {f"task 4242 {FORGER}": Tally(1, 300_000, 300_000)}
+    shield.watch = SimpleNamespace(  # type: ignore[assignment]
+        mechanism="tracefs instance", poll=lambda: NoiseInterval(0.0, 1.0, {1: culprit})
+    )
+    assert shield._poll() is True
+    assert daemon_log.lines() == [
+        "<4>noise: CPU 1 took 300 µs of noise in one interval (longest 300 µs; budget 50 µs): "
+        "task 4242 x\\n<0>pwned 300 µs (1x)"
+    ]
+
+
+def test_a_message_on_a_terminal_is_one_line_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not under systemd (`make run`, a shell): the same escaping, after the time and level;
+    a traceback keeps its lines, each escaped."""
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    monkeypatch.delenv("INVOCATION_ID", raising=False)
+    log = logging.getLogger("latencyd.test")
+    with daemons_logging() as stream:
+        log.info("hold %d on %s by %s (%s)", 1, "p", ":1.42", f"{TITLE}{CLEAR}")
+        try:
+            raise ValueError(TITLE)
+        except ValueError:
+            log.exception("task %s", FORGER)
+    lines = stream.getvalue().splitlines()
+    assert all(line.isprintable() for line in lines), lines
+    assert lines[0].endswith(" INFO    hold 1 on p by :1.42 (\\x1b]0;evil\\x07\\x1b[2J)")
+    assert lines[1].endswith(" ERROR   task x\\n<0>pwned")
+    assert lines[2] == "Traceback (most recent call last):"
+    assert lines[-1] == "ValueError: \\x1b]0;evil\\x07"
