@@ -164,10 +164,10 @@ def value(r: dict[str, Any], where: tuple[str, str, str, str]) -> float:
 def report(r: dict[str, Any]) -> list[str]:
     from latencyd.tools.cli import format_measure
 
-    lines = ["== idle ==", format_measure(r["idle"])] if "idle" in r else []
+    lines = ["== idle ==", *format_measure(r["idle"])] if "idle" in r else []
     if "load" in r:
         lines += ["", f"== under load ({LOAD}, started before the profiles) =="]
-        lines.append(format_measure(r["load"]))
+        lines += format_measure(r["load"])
     lines += ["", "== goals (issues 9 and 15) =="]
     for label, ours, theirs, target in GOALS:
         ratio = value(r, ours) / value(r, theirs)

@@ -528,9 +528,10 @@ def _what_the_profile_did(plugins: Mapping[str, Any]) -> dict[tuple[str, int], s
     return out
 
 
-def format_top(view: Mapping[str, Any]) -> str:
+def format_top(view: Mapping[str, Any]) -> list[str]:
+    """`top_view` as lines, for latencyctl to print (it escapes each, as all its output)."""
     if not view.get("watching"):
-        return f"not watching: {view.get('why')}"
+        return [f"not watching: {view.get('why')}"]
     lines = [f"noise on the watched CPUs, last {view['interval_ms']} ms interval "
              f"(budget {view['budget_us'] or 'none'} µs): {view['mechanism']}"]  # fmt: skip
     expected = view.get("expected") or []
@@ -544,4 +545,4 @@ def format_top(view: Mapping[str, Any]) -> str:
                          f"{s['max_us']:>9.1f}  {s['profile']}")  # fmt: skip
     if not cpus:
         lines.append("nothing interrupted the watched CPUs in the last interval")
-    return "\n".join(lines)
+    return lines

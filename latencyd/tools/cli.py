@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # typing costs ~2 ms of every latencyctl call; annotations on
     from latencyd.core.cpuset import CpuSet
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
+from latencyd.core.text import printable
 from latencyd.tools.cliparser import parser
 
 OK, DRIFT, USAGE, UNREACHABLE, DENIED = 0, 1, 2, 3, 4
@@ -120,11 +121,26 @@ def _show_progress(ended: Any) -> None:
         bus.close()
 
 
-def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+def _emit(args: argparse.Namespace, data: Any, lines: list[str]) -> None:
+    """A command's answer on stdout: with --json the data as it is (JSON escapes what
+    needs it), else `lines`. Each is written as one printable line (`_text`): what they
+    interpolate holds text other users chose (task names, hold reasons)."""
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
-    elif text:
-        print(text)
+    elif lines:
+        print(_text(lines))
+
+
+def _text(lines: list[str]) -> str:
+    """Lines for the terminal, each escaped as one line (latencyd.core.text.printable): a
+    newline or an escape sequence inside one came from what it interpolates."""
+    return "\n".join(map(printable, lines))
+
+
+def _say(message: str) -> None:
+    """A message on stderr, as one printable line (daemon errors quote profile names,
+    tasks and paths)."""
+    print(printable(message), file=sys.stderr)
 
 
 # -- commands ------------------------------------------------------------------------
@@ -139,32 +155,34 @@ def cmd_list(args: argparse.Namespace) -> int:
         mark = "*" if p["name"] == active else " "
         desc = f"INVALID: {p['error']}" if p["error"] else p["summary"]
         lines.append(f"{mark} {p['name']:<24} {desc}")
-    _emit(args, {"active": active or None, "profiles": profiles}, "\n".join(lines))
+    _emit(args, {"active": active or None, "profiles": profiles}, lines)
     return OK
 
 
 def cmd_active(args: argparse.Namespace) -> int:
     active = str(_call("ActiveProfile"))
-    _emit(args, {"active": active or None}, active or "none (all settings at their originals)")
+    _emit(args, {"active": active or None}, [active or "none (all settings at their originals)"])
     return OK
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
     report = json.loads(str(_call_showing_progress("SwitchProfile", args.profile)))
     if report["held"]:
-        text = (
+        held = (
             f"base profile set to {report['base']}; {report['profile']} stays in force "
             "while it is held (latencyctl status lists the holds)"
         )
-        _emit(args, report, text)
+        _emit(args, report, [held])
         return OK
-    text = (
+    lines = [
         f"{report['profile']}: {report['applied']} applied, {report['restored']} restored, "
         f"{report['unchanged']} unchanged in {report['apply_ms']:.1f} ms"
-    )
-    for item in report["not_applicable"]:
-        text += f"\n  not applicable: [{item['plugin']}] {item['setting']}: {item['reason']}"
-    _emit(args, report, text)
+    ]
+    lines += [
+        f"  not applicable: [{item['plugin']}] {item['setting']}: {item['reason']}"
+        for item in report["not_applicable"]
+    ]
+    _emit(args, report, lines)
     return OK
 
 
@@ -180,7 +198,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
     reason = args.reason or (" ".join(command) if command else "latencyctl hold")
     cookie = int(_call_showing_progress("HoldProfile", args.profile, reason))
     if not args.json:
-        print(f"holding {args.profile} (cookie {cookie})", file=sys.stderr)
+        _say(f"holding {args.profile} (cookie {cookie})")
     try:
         if not command:  # hold until interrupted
             stop = {signal.SIGINT, signal.SIGTERM}
@@ -190,7 +208,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
         try:
             child = subprocess.Popen(command)
         except OSError as exc:
-            print(f"latencyctl: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+            _say(f"latencyctl: cannot run {command[0]}: {exc.strerror}")
             return 127
 
         def forward(signum: int, frame: object) -> None:
@@ -208,47 +226,44 @@ def cmd_hold(args: argparse.Namespace) -> int:
 
             _call("ReleaseProfile", dbus.UInt32(cookie))
         except CliError as exc:
-            print(f"latencyctl: releasing hold {cookie}: {exc}", file=sys.stderr)
+            _say(f"latencyctl: releasing hold {cookie}: {exc}")
 
 
 def cmd_release(args: argparse.Namespace) -> int:
     import dbus
 
     _call("ReleaseProfile", dbus.UInt32(args.cookie))
-    _emit(args, {"released": args.cookie}, f"hold {args.cookie} released")
+    _emit(args, {"released": args.cookie}, [f"hold {args.cookie} released"])
     return OK
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
     _call("Reload")
-    _emit(args, {"reloaded": True}, "profiles re-read; the active one re-applied if it changed")
+    _emit(args, {"reloaded": True}, ["profiles re-read; the active one re-applied if it changed"])
     return OK
 
 
 def cmd_off(args: argparse.Namespace) -> int:
     _call("Off")
-    _emit(args, {"active": None}, "all settings restored to their original values")
+    _emit(args, {"active": None}, ["all settings restored to their original values"])
     return OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     drifts = json.loads(str(_call("Verify")))
-    if drifts:
-        text = "\n".join(
-            f"drift: [{d['plugin']}] {d['setting']}, but it is {d['actual']!r}" for d in drifts
-        )
-    else:
-        text = "ok: every applied setting matches the profile"
+    lines = [
+        f"drift: [{d['plugin']}] {d['setting']}, but it is {d['actual']!r}" for d in drifts
+    ] or ["ok: every applied setting matches the profile"]
     data: dict[str, Any] = {"ok": not drifts, "drift": drifts}
     noise = _last_noise()
     if noise is not None:  # beside drift: whether the shield's promise held, last interval
         data["noise"] = noise
-        text += "\n" + "\n".join(
+        lines += [
             f"noise, last interval, CPU {cpu}: {sum(s['total_us'] for s in rows):.0f} µs"
             + (f" (most: {rows[0]['source']} {rows[0]['total_us']:.0f} µs)" if rows else "")
             for cpu, rows in noise.items()
-        )
-    _emit(args, data, text)
+        ]
+    _emit(args, data, lines)
     return DRIFT if drifts else OK
 
 
@@ -277,7 +292,7 @@ def cmd_top(args: argparse.Namespace) -> int:
         if args.once or not view.get("watching"):
             _emit(args, view, format_top(view))
             return OK if view.get("watching") else FAILED
-        sys.stdout.write("\x1b[H\x1b[2J" + format_top(view) + "\n")
+        sys.stdout.write("\x1b[H\x1b[2J" + _text(format_top(view)) + "\n")  # ours: home, clear
         sys.stdout.flush()
         interval = view.get("interval_ms")
         time.sleep((interval if isinstance(interval, int) else 1000) / 1000)
@@ -321,10 +336,10 @@ def cmd_import_tuned(args: argparse.Namespace) -> int:
         lines.append(f"wrote {path} ({'complete' if f.complete else 'partial'}; {f.source})")
         for x in f.findings:
             if x.counted:
-                print(f"{path.name}: not converted: {x.label}: {x.text}", file=sys.stderr)
+                _say(f"{path.name}: not converted: {x.label}: {x.text}")
     for name in result.shadows:
-        print(f"note: {name}.toml {result.SHADOW_NOTE}", file=sys.stderr)
-    _emit(args, result.as_json(), "\n".join(lines))
+        _say(f"note: {name}.toml {result.SHADOW_NOTE}")
+    _emit(args, result.as_json(), lines)
     return result.code
 
 
@@ -415,11 +430,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
         args.tuned_etc,
     )
     if not args.json and not args.attribute:
-        print(
+        _say(
             f"measuring {', '.join(scenarios)} on CPUs {app} (housekeeping {housekeeping}): "
             f"{rounds} rounds x {len(tools)} tools x {plan.seconds:g} s, "
-            f"about {plan.estimate_s:.0f} s",
-            file=sys.stderr,
+            f"about {plan.estimate_s:.0f} s"
         )
 
     def hold(profile: str) -> int:
@@ -545,11 +559,10 @@ def _run_attribution(
             budget_s=budget_s,
         )
         if not quiet:
-            print(
+            _say(
                 f"attributing {at.profile} on {machine}: {len(at.groups)} groups measured, "
                 f"{len(names)} scenarios, {plan.rounds} rounds x {len(plan.tools)} tools x "
-                f"{seconds:.1f} s, about {plan.estimate_s / 60:.0f} min",
-                file=sys.stderr,
+                f"{seconds:.1f} s, about {plan.estimate_s / 60:.0f} min"
             )
         try:
             result = measure.run(plan, hold, release, measure.ProgressBar())
@@ -583,9 +596,9 @@ def _attribute(
         data["plot"] = args.plot
     if args.save:
         data["saved"] = str(_save(args.save, "attribute", result["started"], data))
-    text = attribute.render(groups, plan.tools, machine)
-    text += [f"saved: {data['saved']}"] if "saved" in data else []
-    _emit(args, data, "\n".join(text))
+    lines = attribute.render(groups, plan.tools, machine)
+    lines += [f"saved: {data['saved']}"] if "saved" in data else []
+    _emit(args, data, lines)
     return OK
 
 
@@ -656,8 +669,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
              + (f" with isolated_cores = {rec.isolated}" if rec.isolated else "")]  # fmt: skip
     lines += [f"  - {r}" for r in rec.reasons]
     if profile_file:
-        lines += ["", "as a profile (e.g. /etc/latencyd/profiles/recommended.toml):", profile_file]
-    _emit(args, data, "\n".join(lines + verdict))
+        lines += ["", "as a profile (e.g. /etc/latencyd/profiles/recommended.toml):"]
+        lines += profile_file.splitlines()
+    _emit(args, data, lines + verdict)
     return OK if not args.measure or data["confirmed"] else FAILED
 
 
@@ -691,7 +705,7 @@ def _attribute_recommendation(
     return at, groups, result, machine
 
 
-def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) -> str:
+def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
     from latencyd.tools.latency import Ratio, render_ratios, render_table
 
     out = []
@@ -705,7 +719,7 @@ def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) ->
         out.append("")
     if result.get("idle_busy_pct"):
         busy = ", ".join(f"{s} {v:.2f} %" for s, v in result["idle_busy_pct"].items())
-        out.append(f"measured CPUs awake with no traffic (running or polling): {busy}\n")
+        out += [f"measured CPUs awake with no traffic (running or polling): {busy}", ""]
     for scenario, blame in result["attribution"].items():
         top = ", ".join(f"{k} {v}" for k, v in list(blame["interrupts"].items())[:4]) or "none"
         soft = ", ".join(f"{k} {v}" for k, v in list(blame["softirqs"].items())[:4]) or "none"
@@ -715,10 +729,10 @@ def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) ->
         out.append(f"  softirqs: {soft}")
         out.append(f"  schedule() calls: {blame['schedule_calls']}; other tasks: {tasks or 'none'}")
     if result.get("saved"):
-        out.append(f"\nsaved: {result['saved']}")
+        out += ["", f"saved: {result['saved']}"]
     if result.get("plot"):
         out.append(f"plot: {result['plot']}")
-    return "\n".join(out).rstrip()
+    return _trimmed(out)
 
 
 def _compare(tool: str, new: dict[str, Any], old: dict[str, Any]) -> list[str]:
@@ -736,13 +750,21 @@ def _compare(tool: str, new: dict[str, Any], old: dict[str, Any]) -> list[str]:
 
 
 # -- rendering -------------------------------------------------------------------------
-def format_plugins(docs: dict[str, Any]) -> str:
+def _trimmed(lines: list[str]) -> list[str]:
+    """`lines` without the blank ones at the end (a block ends with one, the last too)."""
+    end = len(lines)
+    while end and not lines[end - 1].strip():
+        end -= 1
+    return lines[:end]
+
+
+def format_plugins(docs: dict[str, Any]) -> list[str]:
     out = []
     for name, info in docs.items():
         out.append(f"[{name}]  {info['summary']}")
         out.extend(_format_options(info["options"], "  "))
         out.append("")
-    return "\n".join(out).rstrip()
+    return _trimmed(out)
 
 
 def _format_options(options: list[dict[str, Any]], indent: str) -> list[str]:
@@ -756,7 +778,7 @@ def _format_options(options: list[dict[str, Any]], indent: str) -> list[str]:
     return out
 
 
-def format_status(status: dict[str, Any]) -> str:
+def format_status(status: dict[str, Any]) -> list[str]:
     out = []
     name = status.get("active_profile") or ""
     if name:
@@ -786,7 +808,7 @@ def format_status(status: dict[str, Any]) -> str:
             f" each checked every {rb['each_checked_every_s']:g} s"
         )
     for plugin, info in status.get("plugins", {}).items():
-        out.append(f"\n[{plugin}]  (on drift: {info.get('on_drift', 'reapply')})")
+        out += ["", f"[{plugin}]  (on drift: {info.get('on_drift', 'reapply')})"]
         for item in info.get("applied", []):
             note = f" ({item['note']})" if item.get("note") else ""
             out.append(f"  {item['text']}{note}   (original: {_short(item['original'])})")
@@ -794,7 +816,7 @@ def format_status(status: dict[str, Any]) -> str:
             out.append(f"  not applicable: {item['text']}: {item['reason']}")
         out.extend(format_tables(info.get("tables", [])))
         out.extend(f"  {k}: {_short(v)}" for k, v in info.get("facts", {}).items())
-    return "\n".join(out)
+    return out
 
 
 def format_tables(tables: list[dict[str, Any]]) -> list[str]:
@@ -821,18 +843,18 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def format_explain(data: dict[str, Any]) -> str:
+def format_explain(data: dict[str, Any]) -> list[str]:
     out = [f"profile {data['name']} — {data['summary']}", f"files: {', '.join(data['files'])}"]
     if data["variables"]:
-        out.append("\n[variables]")
+        out += ["", "[variables]"]
         out.extend(f"  {k} = {v!r}" for k, v in data["variables"].items())
     for section in dict.fromkeys([*data["sections"], *data.get("removed", {})]):
-        out.append(f"\n[{section}]")
+        out += ["", f"[{section}]"]
         for opt in data["sections"].get(section, []):
             out.append(f"  {opt['option']} = {opt['value']!r}   # {opt['from']}")
         for gone in data.get("removed", {}).get(section, []):
             out.append(f"  - {gone['option']}   # removed by {gone['how']} at {gone['from']}")
-    return "\n".join(out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -849,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         if args.json:
             print(json.dumps({"error": str(exc), "exit_code": exc.code}))
-        print(f"latencyctl: {exc}", file=sys.stderr)
+        _say(f"latencyctl: {exc}")
         return exc.code
     except KeyboardInterrupt:
         return 130

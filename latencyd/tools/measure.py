@@ -51,6 +51,7 @@ from latencyd.core.idle import state_counters
 from latencyd.core.idle import states_of as idle_states_of
 from latencyd.core.plugin import Plugin, Target, decode_target, discover
 from latencyd.core.system import System
+from latencyd.core.text import printable
 from latencyd.tools.latency import Histogram, ratios
 from latencyd.tools.runguard import Guard
 
@@ -963,7 +964,8 @@ class ProgressBar:
         elapsed = time.monotonic() - self.started
         left = f"{elapsed * (1 - share) / share / 60:4.1f} min left" if share > 0.01 else ""
         sys.stderr.write(
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {share:4.0%} {left:>14} {what[:50]:<50}"
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {share:4.0%} {left:>14} "
+            f"{printable(what)[:50]:<50}"  # the daemon's `what` quotes a caller's profile name
         )
         if share >= 1:
             sys.stderr.write("\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import io
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from latencyd.core.text import printable
 from latencyd.service.daemon import Daemon
 from latencyd.service.logs import setup_logging
 from latencyd.service.noisewatch import NoiseInterval, ShieldWatch
+from latencyd.tools import cli
 from tests.unit.fakesys import FakeSched, add_task, make_fake_root
 from tests.unit.test_scale import shielding_daemon
 
@@ -173,3 +175,83 @@ def test_a_message_on_a_terminal_is_one_line_too(monkeypatch: pytest.MonkeyPatch
     assert lines[1].endswith(" ERROR   task x\\n<0>pwned")
     assert lines[2] == "Traceback (most recent call last):"
     assert lines[-1] == "ValueError: \\x1b]0;evil\\x07"
+
+
+# -- latencyctl ------------------------------------------------------------------------------
+
+
+def answering(monkeypatch: pytest.MonkeyPatch, **answers: Any) -> None:
+    """The daemon's D-Bus answers, by method, as latencyctl receives them (JSON text)."""
+    monkeypatch.setattr(cli, "_call", lambda method, *args, **kw: json.dumps(answers[method]))
+
+
+def test_status_shows_task_names_and_hold_reasons_escaped_and_json_as_they_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemon = shield_among_hostile_names(tmp_path)
+    daemon.hold("p", REASON, ":1.42")
+    status = daemon.status()
+    answering(monkeypatch, Status=status)
+    assert cli.main(["status"]) == cli.OK
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.isprintable() for line in lines), lines
+    assert "hold 1: p by :1.42 (benchmark\\n<0>forged hold)" in lines
+    assert (
+        "  user task x\\n<0>pwned (pid 4242, thread 4242) CPUs = 0,2-3   (original: 0-3)" in lines
+    )
+    assert (
+        "  user task \\x1b]0;evil\\x07 (pid 4243, thread 4243) CPUs = 0,2-3   (original: 0-3)"
+        in lines
+    )
+    assert "  user task \\x1b[2J (pid 4244, thread 4244) CPUs = 0,2-3   (original: 0-3)" in lines
+    # --json: the data itself; JSON escapes the control characters its own way.
+    assert cli.main(["--json", "status"]) == cli.OK
+    data = json.loads(capsys.readouterr().out)
+    assert data == json.loads(json.dumps(status))
+    assert data["holds"][0]["reason"] == REASON
+
+
+def test_top_shows_sources_and_expected_holders_escaped_and_json_as_they_are(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = {
+        "holds": [{"pid": 4242, "reason": REASON}],
+        "plugins": {
+            "monitor": {
+                "facts": {"mechanism": "tracefs instance", "interval_ms": 1000, "budget_us": 50},
+                "tables": [{"rows": [
+                    ["1", f"task 4242 {FORGER}", "1", "300.0", "300.0"],
+                    ["1", f"task 4243 {TITLE}", "2", "20.0", "10.0"],
+                    ["1", f"task 4244 {CLEAR}", "3", "30.0", "10.0"],
+                ]}],
+            },
+        },
+    }  # fmt: skip
+    answering(monkeypatch, Status=status)
+    assert cli.main(["top", "--once"]) == cli.OK
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.isprintable() for line in lines), lines
+    assert "expected there: pid 4242 (benchmark\\n<0>forged hold)" in lines
+    for source in ("task 4242 x\\n<0>pwned", "task 4243 \\x1b]0;evil\\x07", "task 4244 \\x1b[2J"):
+        assert any(line.startswith(f"  {source} ") for line in lines), (source, lines)
+    assert cli.main(["--json", "top", "--once"]) == cli.OK
+    view = json.loads(capsys.readouterr().out)
+    assert [s["source"] for s in view["cpus"]["1"]] == [
+        f"task 4242 {FORGER}",
+        f"task 4243 {TITLE}",
+        f"task 4244 {CLEAR}",
+    ]
+    assert view["expected"] == [f"pid 4242 ({REASON})"]
+
+
+def test_an_error_the_daemon_sends_is_one_line_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Errors quote what the caller or a task named: `switch` to a profile named so."""
+
+    def refuse(method: str, *args: Any, **kw: Any) -> Any:
+        raise cli.CliError(cli.USAGE, f"no profile named {args[0]}")
+
+    monkeypatch.setattr(cli, "_call", refuse)
+    assert cli.main(["switch", f"p{FORGER}{CLEAR}"]) == cli.USAGE
+    assert capsys.readouterr().err == "latencyctl: no profile named px\\n<0>pwned\\x1b[2J\n"
