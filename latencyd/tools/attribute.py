@@ -46,6 +46,7 @@ from typing import Any
 
 from latencyd.core.errors import LatencydError
 from latencyd.core.schema import Schema
+from latencyd.core.text import printable
 from latencyd.core.tomlwrite import toml_line, toml_section
 from latencyd.tools import spread
 
@@ -765,15 +766,17 @@ def evidence_profile(at: Attribution, results: Sequence[GroupResult], machine: s
     for r in kept:
         for section in dict.fromkeys(s.section for s in groups[r.name].settings):
             by_section.setdefault(section, []).append(r)
+    # A comment is one line: a reason with a newline (what the kernel or a user said)
+    # must not write settings into the profile.
     lines = [
-        f"# Built by `latencyctl recommend --measure` from attribution on {machine}:",
+        f"# Built by `latencyctl recommend --measure` from attribution on {printable(machine)}:",
         "# only the groups of settings that measurably helped here are kept.",
-        *(f"# dropped {r.name} ({', '.join(r.settings)}): {why}" for r, why in dropped),
+        *(printable(f"# dropped {r.name} ({', '.join(r.settings)}): {why}") for r, why in dropped),
         "[main]",
         toml_line("summary", f"{at.profile}, cut to what helped on {machine}"),
     ]
     for section, values in sections.items():
         lines.append("")
-        lines += [f"# {r.name} helps: {quote(r)}" for r in by_section.get(section, [])]
+        lines += [printable(f"# {r.name} helps: {quote(r)}") for r in by_section.get(section, [])]
         lines += toml_section(section, dict(values))
     return "\n".join(lines) + "\n"

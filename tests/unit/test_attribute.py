@@ -324,3 +324,21 @@ def test_a_steady_effect_counts_beside_bimodal_scenarios() -> None:
     assert current.effects["sockperf"]["p99"]["leave_one_out"].counts == "higher"
     assert current.verdict == "hurts"
     assert A.judge(_bimodal_run(1.0), groups, compare)[0].verdict == "no measurable effect"
+
+
+def test_a_reason_with_a_newline_writes_no_setting_into_the_evidence_profile(
+    schemas: dict[str, Schema],
+) -> None:
+    """Issue 37: what a dropped group's reason says (the kernel's words, a name a user
+    chose) stays in its comment line, whatever characters it holds."""
+    at = attribution(schemas, "latency-performance")
+    results = [
+        A.GroupResult(g.name, [s.id for s in g.settings], "not applicable",
+                      reason='x\n[sysctl]\n"kernel.core_pattern" = "|/tmp/evil"')
+        for g in at.groups
+    ]  # fmt: skip
+    text = A.evidence_profile(at, results, "guest\nx = 1")
+    parsed = tomllib.loads(text)
+    assert set(parsed) == {"main"}  # nothing kept, nothing injected
+    assert all(line.startswith("#") or not line or line.startswith(("[", "summary"))
+               for line in text.splitlines())  # fmt: skip
