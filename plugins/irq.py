@@ -29,6 +29,7 @@ from latencyd.core.plugin import (
     Settings,
     Table,
     Target,
+    TaskEvent,
     Value,
 )
 from latencyd.core.procstat import PCI_ADDR, Irq, parse_interrupts
@@ -72,6 +73,7 @@ class IrqRules:
     # The IRQs there were when last looked at (expanded, or a device event): others mean
     # the section must be expanded again.
     known_irqs: set[int]
+    coordinate: bool = False  # ban `isolate` in an irqbalance that starts later
 
 
 class IrqPlugin(Plugin[IrqTarget]):
@@ -79,7 +81,8 @@ class IrqPlugin(Plugin[IrqTarget]):
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"
     targets = (IrqAffinity, DefaultAffinity, IrqbalanceBan)
     example: ClassVar[dict[str, Any]] = {"isolate": "1"}
-    # A device added, removed, bound or unbound allocates or frees IRQs.
+    # A device added, removed, bound or unbound allocates or frees IRQs; an irqbalance
+    # that starts after the profile is banned from the isolated CPUs at its exec.
     follows = Follows(
         udev={
             "pci": DEVICE_ACTIONS,
@@ -87,7 +90,9 @@ class IrqPlugin(Plugin[IrqTarget]):
             "net": DEVICE_ACTIONS,
             "block": DEVICE_ACTIONS,
             "cpu": CPU_ACTIONS,
-        }
+        },
+        threads=True,
+        user_tasks=True,
     )
     schema = Schema(
         options=(
@@ -137,7 +142,7 @@ class IrqPlugin(Plugin[IrqTarget]):
         self.baseline: dict[int, tuple[int, ...]] = {}
         self.columns: list[int] = []
         self.baseline_at = 0.0
-        self.restarted_irqbalance = False
+        self.told_irqbalance = False
         self.counters: dict[int, int] = {}  # cpu -> perf counter fd (irq:irq_handler_entry)
         self.counter_base: dict[int, int] = {}
         self.counter_note = "unavailable: no profile applied"
@@ -192,15 +197,31 @@ class IrqPlugin(Plugin[IrqTarget]):
         elif isolate:
             settings[DefaultAffinity()] = housekeeping.to_list()
         _, irqs = self.inventory()
+        coordinate = bool(isolate) and self.follows_user_tasks(options)
         rules = IrqRules(
             tuple((r["match"], r["cpus"]) for r in options.get("rule", [])),
             isolate,
             {i.number for i in irqs},
+            coordinate,
         )
         settings.update(self.irq_settings(rules, irqs))
-        if isolate and options.get("coordinate_irqbalance", True) and self.irqbalance_pid():
+        if coordinate and self.irqbalance_pid():
             settings[IrqbalanceBan()] = isolate.to_list()
         return Expansion(settings, rules)
+
+    def follows_user_tasks(self, options: Options) -> bool:
+        return bool(options.get("isolate")) and bool(options.get("coordinate_irqbalance", True))
+
+    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+        """irqbalance started after the profile: banned from the isolated CPUs now, not
+        at the next switch (until then it and the drift repair would rewrite the same IRQ
+        masks back and forth). Only an exec of root's irqbalance counts."""
+        if event.kind != "comm" or not isinstance(rules, IrqRules) or not rules.coordinate:
+            return {}
+        task = self.system.task(event.pid)
+        if task is None or task.comm != "irqbalance" or self.system.task_uid(event.pid) != 0:
+            return {}
+        return {IrqbalanceBan(): rules.isolate.to_list()}
 
     def irq_settings(self, rules: IrqRules, irqs: list[Irq]) -> Settings:
         """Each IRQ's affinity: the first rule matching it, else off the isolated CPUs."""
@@ -331,8 +352,20 @@ class IrqPlugin(Plugin[IrqTarget]):
             self.system.replace_file(path, "\n".join(kept) + "\n")
         else:  # only our line was there: the file was ours, so it goes
             self.system.remove_file(path)
-        # irqbalance reads IRQBALANCE_BANNED_CPULIST only when it starts.
-        self.restarted_irqbalance = self.system.restart_service("irqbalance.service")
+        self.told_irqbalance = self.tell_irqbalance(value)
+
+    def tell_irqbalance(self, value: str | None) -> bool:
+        """Make the running irqbalance ban `value` (None: ban nothing of ours): through its
+        socket where it has one (irqbalance >= 1.2 takes "settings cpus LIST" from root),
+        else by a restart, as it reads IRQBALANCE_BANNED_CPULIST only when it starts.
+        Whether it was told."""
+        pid = self.irqbalance_pid()
+        if pid is None:
+            return False
+        command = f"settings cpus {value or 'NULL'}"
+        if self.system.unix_request(f"run/irqbalance/irqbalance{pid}.sock", command):
+            return True
+        return self.system.restart_service("irqbalance.service")
 
     # -- monitoring -------------------------------------------------------------------------
     def on_applied(self, rules: Any) -> None:
@@ -411,10 +444,10 @@ class IrqPlugin(Plugin[IrqTarget]):
             facts["irqbalance"] = (
                 f"running (pid {pid}); banned CPUs in /{self.irqbalance_file()}: {banned or 'none'}"
             )
-            if banned and not self.restarted_irqbalance:
+            if banned and not self.told_irqbalance:
                 facts["irqbalance"] += (
-                    " (it reads this only at start and systemd could not "
-                    "restart it here: restart irqbalance to apply)"
+                    " (it reads this only at start, it has no socket to be told through, "
+                    "and systemd could not restart it here: restart irqbalance to apply)"
                 )
         else:
             facts["irqbalance"] = "not running"

@@ -440,15 +440,39 @@ class System:
 
     # -- services ------------------------------------------------------------------
     def restart_service(self, unit: str) -> bool:
-        """`systemctl try-restart UNIT` when systemd runs the machine; False otherwise."""
+        """`systemctl --no-block try-restart UNIT` when systemd runs the machine; False
+        otherwise. Queued, not waited for: a unit slow to stop must not hold the daemon's
+        main loop (its own stop timeout is seconds)."""
         if not self.is_real or not os.path.isdir("/run/systemd/system"):
             return False
         import subprocess
 
-        result = subprocess.run(
-            ["systemctl", "try-restart", unit], capture_output=True, timeout=30, check=False
-        )
+        try:
+            result = subprocess.run(["systemctl", "--no-block", "try-restart", unit],
+                                    capture_output=True, timeout=5, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return False
         return result.returncode == 0
+
+    def unix_request(self, rel: str, text: str, timeout_s: float = 1.0) -> bool:
+        """Send `text` to the stream socket at `rel`, with this process's credentials
+        (SCM_CREDENTIALS: a daemon that takes commands from root only checks them), and
+        close. Whether it was delivered; False where there is no such socket."""
+        import socket
+
+        creds = struct.pack("3i", os.getpid(), os.geteuid(), os.getegid())
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout_s)
+                sock.connect(self.fspath(rel))
+                ancillary = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)]
+                data = text.encode()
+                if sock.sendmsg([data], ancillary) != len(data):
+                    return False
+                sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return False
+        return True
 
     # -- perf counters -----------------------------------------------------------------
     TRACEFS = ("sys/kernel/tracing", "sys/kernel/debug/tracing")

@@ -4,9 +4,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import shutil
+import socket
+import struct
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,11 +38,12 @@ from latencyd.core.engine import (
 )
 from latencyd.core.errors import KernelRefused, NotApplicable
 from latencyd.core.journal import Journal
-from latencyd.core.plugin import DeviceEvent, Expansion, Value
+from latencyd.core.plugin import DeviceEvent, Expansion, TaskEvent, Value
 from latencyd.core.procstat import Irq, interrupt_counts, parse_interrupts
 from latencyd.core.profile import Profile
 from latencyd.core.schema import Machine, SchemaError, validate
 from latencyd.core.system import System
+from tests.harness import wait_for
 from tests.unit.fakesys import (
     EIO_REASON,
     EPERM_REASON,
@@ -724,7 +729,8 @@ def test_irqbalance_running_bans_the_isolated_cpus(
     assert engine.verify() == []
     assert plugin.monitor(engine.sections["irq"].expansion.rules).facts["irqbalance"] == (
         "running (pid 812); banned CPUs in /etc/default/irqbalance: 1 (it reads this only at "
-        "start and systemd could not restart it here: restart irqbalance to apply)"
+        "start, it has no socket to be told through, and systemd could not restart it here: "
+        "restart irqbalance to apply)"
     )
     assert engine.off() == []
     assert config.read_text() == original
@@ -747,6 +753,82 @@ def test_a_process_only_named_irqbalance_is_not_irqbalance(
     engine.off()
     add_task(root, 813, "irqbalance", uid=0)
     assert plugin.irqbalance_pid() == 813
+
+
+class FakeIrqbalanceSocket:
+    """irqbalance's command socket (/run/irqbalance/irqbalance<PID>.sock) in the fake
+    root: a real listening socket that keeps each command with its sender's uid, as
+    irqbalance reads them (SO_PASSCRED). What cannot run here is irqbalance itself: it
+    would move this machine's IRQs."""
+
+    def __init__(self, root: Path, pid: int) -> None:
+        path = root / f"run/irqbalance/irqbalance{pid}.sock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(8)
+        self.sock.settimeout(5)
+        self.commands: list[tuple[str, int]] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                with conn:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                    data, anc, _, _ = conn.recvmsg(4096, socket.CMSG_SPACE(12))
+                    uid = next((struct.unpack("3i", d)[1] for lvl, t, d in anc
+                                if t == socket.SCM_CREDENTIALS), -1)  # fmt: skip
+                    self.commands.append((data.decode(), uid))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_irqbalance_is_told_through_its_socket_instead_of_a_restart(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    add_task(root, 812, "irqbalance")
+    put(root, "etc/default/irqbalance", IRQBALANCE_CONFIG.rstrip("\n"))
+    irqbalance = FakeIrqbalanceSocket(root, 812)
+    try:
+        engine = engine_for(tmp_path, plugin)
+        engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
+        facts = plugin.monitor(engine.sections["irq"].expansion.rules).facts
+        assert "restart irqbalance to apply" not in facts["irqbalance"]
+        assert engine.off() == []
+        wait_for(lambda: len(irqbalance.commands) == 2, timeout=5)
+        assert irqbalance.commands == [("settings cpus 1", 0), ("settings cpus NULL", 0)]
+    finally:
+        irqbalance.close()
+
+
+def test_an_irqbalance_started_after_the_profile_is_banned_at_its_exec(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    """Issue 37: banned whenever it starts, not only at the next switch (meanwhile it and
+    the drift repair rewrite the same IRQ masks back and forth)."""
+    put(root, "etc/default/irqbalance", IRQBALANCE_CONFIG.rstrip("\n"))
+    engine = engine_for(tmp_path, plugin)
+    engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
+    assert ("irq", IrqbalanceBan()) not in engine.applied  # not running: nothing to ban
+    rules = engine.sections["irq"].expansion.rules
+    assert plugin.follows.user_tasks
+    assert plugin.follows_user_tasks(section(plugin, machine, {"isolate": "1"}))
+    add_task(root, 900, "irqbalance", uid=1000)  # a user's process of that name: no
+    assert plugin.on_task(rules, TaskEvent("comm", 900, 900), engine.owned("irq")) == {}
+    add_task(root, 901, "irqbalance")  # root's: its exec
+    assert plugin.on_task(rules, TaskEvent("fork", 901, 901), engine.owned("irq")) == {}
+    ban = plugin.on_task(rules, TaskEvent("comm", 901, 901), engine.owned("irq"))
+    assert ban == {IrqbalanceBan(): "1"}
+    engine.extend("irq", ban)
+    assert plugin.read(IrqbalanceBan()) == "1"
+    assert engine.off() == []
+    assert plugin.read(IrqbalanceBan()) is None
+    coordinate_off = {"isolate": "1", "coordinate_irqbalance": False}
+    assert not plugin.follows_user_tasks(section(plugin, machine, coordinate_off))
 
 
 def test_irqbalance_original_ban_is_put_back(
