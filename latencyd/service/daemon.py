@@ -53,6 +53,10 @@ class Caller:
 
 ROOT = Caller()
 FOLLOW_UP_ROUNDS = 4  # generations of tasks started before their parent's settings landed
+# Events kept while a change runs: past this many, what they would have done is done by
+# re-expanding every section once the change is over (the rescan events that were lost
+# ask for), so a fork storm during a long switch costs memory bounded by this.
+MAX_DEFERRED = 4096
 
 
 @dataclass(frozen=True)
@@ -326,8 +330,19 @@ class Daemon:
         if self.busy is None:
             return False
         log.debug("an event waits for the change in progress")
-        self._deferred.append(action)
+        if len(self._deferred) < MAX_DEFERRED:
+            self._deferred.append(action)
+        elif len(self._deferred) == MAX_DEFERRED:
+            log.warning(
+                "more than %d events waited for %s: every section is re-expanded after it",
+                MAX_DEFERRED, self.busy,
+            )  # fmt: skip
+            self._deferred = [self._refresh_all]
         return True
+
+    def _refresh_all(self) -> None:
+        if self.active is not None:
+            self.refresh(list(self.active.sections))
 
     def run_deferred(self) -> None:
         """The events that waited, once the change is over, in the order they came."""

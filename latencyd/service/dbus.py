@@ -240,13 +240,16 @@ class Service(dbus.service.Object):
     )
     def Verify(self, reply: Callable[[str], None], error: Callable[[Exception], None]) -> None:
         """JSON list of drifts: settings whose kernel value differs from the profile's.
-        Answered after the change in progress, if any (it would read it half done)."""
-        self._run(
-            "verify",
-            lambda: _at_once(lambda: json.dumps([d.as_json() for d in self.daemon.verify()])),
-            reply,
-            error,
-        )
+        Answered after the change in progress, if any (it would read it half done); callers
+        asking meanwhile share one verify (Operations.read)."""
+
+        def start() -> Steps[str]:
+            return _at_once(lambda: json.dumps([d.as_json() for d in self.daemon.verify()]))
+
+        def failed(exc: Exception) -> None:
+            error(_error_reply(exc))
+
+        self.operations.read(Operation("verify", start, reply, failed))
 
     # -- changes: each runs as an operation (latencyd.service.operations) and replies when done ----
     @_change("s", "s")

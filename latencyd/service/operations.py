@@ -4,9 +4,15 @@ a time, so the daemon keeps answering while one narrows 20,000 tasks.
 A change is a generator (Daemon.switch_steps and its kind) that yields its Progress every
 slice of work (engine.SLICE_S). The first slice runs at once, in the D-Bus call that asked
 for it: most changes end there and reply without a round through the loop. A longer one
-goes on from the main loop, below D-Bus in priority, so `status` and `active` are answered
-between its slices; other changes wait their turn in order; `off` cancels them all. Events
-(new threads, devices, drift checks) wait for the change in progress (Daemon.deferred).
+goes on from the main loop, a slice per turn at D-Bus's own priority: `status` and
+`active` are answered between its slices, and no stream of calls, however fast, keeps
+it from its next slice. Other changes wait their turn in order; `off` cancels them all.
+Events (new threads, devices, drift checks) wait for the change in progress
+(Daemon.deferred).
+
+A read that must wait for the change in progress (`verify`) is shared: while one waits,
+every caller asking for the same joins it and gets its answer, so a flood of reads from
+anyone costs one read, and a change asked for after them waits for that one only.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from latencyd.service.mainloop import MainLoop
 
 log = logging.getLogger(__name__)
 
-PRIORITY_LOW = 300  # below D-Bus (GLib's default, 0) and the watchers
+PRIORITY_SLICES = 0  # GLib's default, D-Bus's: a turn dispatches both, neither starves
 
 
 @dataclass
@@ -43,6 +49,30 @@ class Operations:
         self.current: Operation | None = None
         self.steps: Steps[Any] | None = None
         self.source: int | None = None
+        # Reads waiting to run, by what they read: the callers that joined each.
+        self.reads: dict[str, list[tuple[Callable[[Any], None], Callable[[Exception], None]]]]
+        self.reads = {}
+
+    def read(self, op: Operation) -> None:
+        """A read that waits its turn like a change (`op.what` names what it reads): if
+        the same read is already waiting, the caller joins it instead of queueing another."""
+        joined = self.reads.get(op.what)
+        if joined is not None:
+            joined.append((op.done, op.failed))
+            return
+        callers = self.reads[op.what] = [(op.done, op.failed)]
+
+        def done(result: Any) -> None:
+            del self.reads[op.what]
+            for reply, _ in callers:
+                reply(result)
+
+        def failed(exc: Exception) -> None:
+            del self.reads[op.what]
+            for _, error in callers:
+                error(exc)
+
+        self.submit(Operation(op.what, op.start, done, failed))
 
     def submit(self, op: Operation) -> None:
         """Run `op` now if nothing else runs (its first slice before this returns), else
@@ -78,7 +108,7 @@ class Operations:
             self.current, self.daemon.busy = op, op.what
             self.steps = op.start()
             if self._step() and self.source is None:
-                self.source = self.loop.timeout_add(0, self._on_idle, PRIORITY_LOW)
+                self.source = self.loop.timeout_add(0, self._on_idle, PRIORITY_SLICES)
         if self.current is None:
             self.daemon.run_deferred()
 

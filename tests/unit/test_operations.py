@@ -104,3 +104,54 @@ def test_cancel_rolls_back_the_running_change_and_fails_the_waiting_ones(
     assert ops.current is None and not ops.waiting and daemon.busy is None
     turn(loop, 3)  # the idle source ends itself
     assert ops.source is None
+
+
+def test_a_flood_of_reads_costs_one_read_and_a_change_asked_after_waits_for_one(
+    rig: tuple[StandIn, MainLoop, Operations],
+) -> None:
+    """Issue 37: 400 callers asking to verify while a change runs share one verify; root's
+    change asked for after them starts right after it, not after 400 of them."""
+    _, loop, ops = rig
+    log: list[str] = []
+    replies: list[Any] = []
+    reads = []
+
+    def verify() -> Generator[Progress, None, str]:
+        reads.append(1)
+        log.append("verify")
+        return "no drift"
+        yield  # a generator function: one slice
+
+    ops.submit(Operation("a", lambda: change(log, "a", 3), replies.append, replies.append))
+    for _ in range(400):
+        ops.read(Operation("verify", verify, replies.append, replies.append))
+    ops.submit(Operation("hold", lambda: change(log, "hold", 1), replies.append, replies.append))
+    for _ in range(50):
+        turn(loop)
+        if ops.current is None:
+            break
+    assert reads == [1]
+    assert log == ["a 0", "a 1", "a 2", "a end", "verify", "hold 0", "hold end"]
+    assert replies == ["a", *["no drift"] * 400, "hold"]
+    ops.read(Operation("verify", verify, replies.append, replies.append))
+    assert reads == [1, 1]  # once answered, the next caller gets a read of its own
+
+
+def test_a_stream_of_calls_does_not_keep_a_change_from_its_slices(
+    rig: tuple[StandIn, MainLoop, Operations],
+) -> None:
+    """A source of D-Bus's priority that is ready again at once, 200 times (a client
+    calling as fast as the bus allows): the change gets its slices meanwhile, not after."""
+    _, loop, ops = rig
+    log: list[str] = []
+
+    def a_call() -> bool:
+        log.append("call")
+        return log.count("call") < 200
+
+    loop.timeout_add(0, a_call)
+    ops.submit(Operation("a", lambda: change(log, "a", 5), print, print))
+    turn(loop)
+    assert log.count("call") == 200
+    last_call = len(log) - 1 - log[::-1].index("call")
+    assert log.index("a end") < last_call

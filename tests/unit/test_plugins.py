@@ -33,6 +33,7 @@ from latencyd.core.plugin import (
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import Machine, SchemaError, validate
 from latencyd.core.system import System
+from latencyd.service import daemon as daemon_module
 from latencyd.service.daemon import Caller, Daemon
 from tests.unit.fakesys import (
     KernelLikeSystem,
@@ -582,3 +583,29 @@ def test_installed_entry_points_name_every_builtin_plugin() -> None:
     specs = entry_point_specs(ENTRY_POINT_GROUP)
     assert {"sysctl", "writeback", "cstate", "irq", "kthread"} <= set(specs)
     assert specs["irq"] == "latencyd.plugins.irq:IrqPlugin"
+
+
+def test_events_kept_for_a_long_change_are_bounded(tmp_path: Path, machine: Machine) -> None:
+    """Issue 37: a fork storm while a change runs a slice at a time keeps at most
+    MAX_DEFERRED events; past that, every section is re-expanded once the change is over
+    (what the events would have done, as after lost events)."""
+    root = make_fake_root(tmp_path)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "swap.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
+    system = System(root)
+    plugins: dict[str, Plugin[Any]] = {"sysctl": SysctlPlugin(system)}
+    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+    daemon.switch("swap")
+    ran: list[int] = []
+    daemon.busy = "switch to swap"
+    for n in range(3 * daemon_module.MAX_DEFERRED):
+        assert daemon.deferred(lambda n=n: ran.append(n))  # type: ignore[misc]
+    assert len(daemon._deferred) <= daemon_module.MAX_DEFERRED
+    write_sysctl(root, "vm/swappiness", "60")  # what a lost event would have put right
+    daemon.busy = None
+    daemon.run_deferred()
+    assert len(ran) < daemon_module.MAX_DEFERRED
+    assert read_sysctl(root, "vm/swappiness") == "10"
+    assert daemon.off() == []
