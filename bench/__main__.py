@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, str] = {
     "noise": "bench.noise",
     "tasks": "bench.tasks",
     "verdicts": "bench.verdicts",
+    "flood": "bench.flood",
 }
 
 USAGE = """\
