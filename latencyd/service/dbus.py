@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import pwd
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ from latencyd.service.mainloop import MainLoop
 from latencyd.service.operations import Operation, Operations
 
 log = logging.getLogger("latencyd.service.dbus")
+ANSWER_REUSE_S = 1.0  # how old a Status or Verify answer a caller who only reads may get
 PROPERTIES = "org.freedesktop.DBus.Properties"
 # Open to every caller (the policy file allows exactly these); every other method of
 # the interface changes state and checks the caller.
@@ -117,6 +119,8 @@ class Service(dbus.service.Object):
         self._name: dbus.service.BusName | None = None
         self._holders: dict[str, Any] = {}  # holder's bus name -> its NameOwnerChanged watch
         self._methods = dbus_methods(type(self))
+        # The last answer to each read an unprivileged caller may be given again (_recent).
+        self._answers: dict[str, tuple[float, str]] = {}
         daemon.on_profile_changed.append(self._emit_changed)
         daemon.on_drift.append(lambda records: self._emit(self.Drift, json.dumps(records)))
 
@@ -230,21 +234,62 @@ class Service(dbus.service.Object):
     def ActiveProfile(self) -> str:
         return _answer(lambda: self.daemon.active.name if self.daemon.active else "")
 
-    @dbus.service.method(INTERFACE, in_signature="", out_signature="s")
-    def Status(self) -> str:
+    def _privileged(self, sender: str | None) -> bool:
+        if sender is None or self.bus is None:  # a call from inside the process
+            return True
+        uid = int(self.bus.get_unix_user(sender))
+        return uid == 0 or self._in_admin_group(uid)
+
+    def _recent(self, what: str, sender: str | None) -> str | None:
+        """For a caller who may only read: the answer to `what` given in the last
+        ANSWER_REUSE_S, if any. Status and verify cost O(threads) (beside 20,000 of them, a
+        tenth of a second each) and anyone may ask for them as fast as the bus allows:
+        then at most one of each a second is computed for them, and root's calls do not
+        wait behind a queue of them. Root and the admin group always get a fresh answer."""
+        answer = self._answers.get(what)
+        if answer is None or time.monotonic() - answer[0] > ANSWER_REUSE_S:
+            return None
+        return None if self._privileged(sender) else answer[1]
+
+    def _answered(self, what: str, text: str) -> str:
+        self._answers[what] = (time.monotonic(), text)
+        return text
+
+    @dbus.service.method(INTERFACE, in_signature="", out_signature="s", sender_keyword="sender")
+    def Status(self, sender: str | None = None) -> str:
         """JSON: the active profile, and per plugin what is applied, refused and measured."""
-        return _answer(lambda: json.dumps(self.daemon.status()))
+        recent = _answer(lambda: self._recent("status", sender))
+        if recent is not None:
+            return recent
+        return _answer(lambda: self._answered("status", json.dumps(self.daemon.status())))
 
     @dbus.service.method(
-        INTERFACE, in_signature="", out_signature="s", async_callbacks=("reply", "error")
+        INTERFACE,
+        in_signature="",
+        out_signature="s",
+        async_callbacks=("reply", "error"),
+        sender_keyword="sender",
     )
-    def Verify(self, reply: Callable[[str], None], error: Callable[[Exception], None]) -> None:
+    def Verify(
+        self,
+        reply: Callable[[str], None],
+        error: Callable[[Exception], None],
+        sender: str | None = None,
+    ) -> None:
         """JSON list of drifts: settings whose kernel value differs from the profile's.
         Answered after the change in progress, if any (it would read it half done); callers
         asking meanwhile share one verify (Operations.read)."""
 
+        recent = _answer(lambda: self._recent("verify", sender))
+        if recent is not None:
+            reply(recent)
+            return
+
+        def verify() -> str:
+            return self._answered("verify", json.dumps([d.as_json() for d in self.daemon.verify()]))
+
         def start() -> Steps[str]:
-            return _at_once(lambda: json.dumps([d.as_json() for d in self.daemon.verify()]))
+            return _at_once(verify)
 
         def failed(exc: Exception) -> None:
             error(_error_reply(exc))
