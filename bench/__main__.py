@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, str] = {
     "tasks": "bench.tasks",
     "verdicts": "bench.verdicts",
     "flood": "bench.flood",
+    "fuzz": "bench.fuzz",
 }
 
 USAGE = """\
