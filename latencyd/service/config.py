@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 import sysconfig
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from latencyd.core.errors import ConfigError
+from latencyd.core.errors import ConfigError, Location
+from latencyd.core.tomlpos import key_lines
 
 CONFIG_FILE = Path("/etc/latencyd/latencyd.conf")
 ETC_PROFILES = Path("/etc/latencyd/profiles")
@@ -59,27 +61,36 @@ DOCS = {
 
 
 def load_config(path: Path = CONFIG_FILE) -> Config:
-    """The config file's settings; a missing file means defaults, a broken one is an error."""
+    """The config file's settings; a missing file means defaults, a broken one is an error
+    naming the file and, for a setting, its line (`latencyd.conf:3: ...`)."""
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
+        data = tomllib.loads(text)
     except FileNotFoundError:
         return Config()
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    lines = key_lines(text)
+
+    def at(key: str) -> Location:
+        return Location(path, lines.get((key,)))
+
     for key, value in data.items():
         want = KNOWN.get(key)
         if want is None:
-            raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(KNOWN)})")
+            raise ConfigError(f"{at(key)}: unknown setting {key!r} (known: {', '.join(KNOWN)})")
         if not isinstance(value, want) or isinstance(value, bool):
-            raise ConfigError(f"{path}: {key} has the wrong type ({value!r})")
+            raise ConfigError(f"{at(key)}: {key} has the wrong type ({value!r})")
     for key in ("verify_interval_s", "poll_interval_s"):
         if data.get(key, 0) < 0:
-            raise ConfigError(f"{path}: {key} cannot be negative ({data[key]!r})")
+            raise ConfigError(f"{at(key)}: {key} cannot be negative ({data[key]!r})")
     dirs = data.get("profile_dirs", [])
     if not all(isinstance(d, str) for d in dirs):
-        raise ConfigError(f"{path}: profile_dirs must be a list of directory paths ({dirs!r})")
+        raise ConfigError(
+            f"{at('profile_dirs')}: profile_dirs must be a list of directory paths ({dirs!r})"
+        )
     listen = None
     if "metrics_listen" in data:
         from latencyd.service.metrics import parse_listen
@@ -87,23 +98,25 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         try:
             listen = parse_listen(data["metrics_listen"])
         except ValueError as exc:
-            raise ConfigError(f"{path}: metrics_listen: {exc}") from exc
+            raise ConfigError(f"{at('metrics_listen')}: metrics_listen: {exc}") from exc
     return Config(
         default_profile=data.get("default_profile", FALLBACK_PROFILE),
         admin_group=data.get("admin_group"),
         verify_interval_s=float(data.get("verify_interval_s", Config.verify_interval_s)),
         poll_interval_s=float(data.get("poll_interval_s", Config.poll_interval_s)),
         profile_dirs=tuple(Path(p) for p in data.get("profile_dirs", [])),
-        task_events=_choice(path, data, "task_events", ("auto", "perf", "proc-connector", "none")),
-        on_stop=_choice(path, data, "on_stop", ("restore", "keep")),
+        task_events=_choice(at, data, "task_events", ("auto", "perf", "proc-connector", "none")),
+        on_stop=_choice(at, data, "on_stop", ("restore", "keep")),
         metrics_listen=listen,
     )
 
 
-def _choice(path: Path, data: dict[str, object], key: str, allowed: tuple[str, ...]) -> str:
+def _choice(
+    at: Callable[[str], Location], data: dict[str, object], key: str, allowed: tuple[str, ...]
+) -> str:
     value = str(data.get(key, allowed[0]))
     if value not in allowed:
-        raise ConfigError(f"{path}: {key} must be one of {', '.join(allowed)} (got {value!r})")
+        raise ConfigError(f"{at(key)}: {key} must be one of {', '.join(allowed)} (got {value!r})")
     return value
 
 

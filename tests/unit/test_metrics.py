@@ -25,8 +25,8 @@ def test_listen_addresses_are_ip_and_port() -> None:
 
 def test_a_bad_metrics_listen_names_the_file_and_what_is_wrong(tmp_path: Path) -> None:
     conf = tmp_path / "latencyd.conf"
-    conf.write_text('metrics_listen = "0.0.0.0:99999"\n')
-    with pytest.raises(ConfigError, match=r"latencyd.conf: metrics_listen: port 99999"):
+    conf.write_text('# metrics\nmetrics_listen = "127.0.0.1:99999"\n')
+    with pytest.raises(ConfigError, match=r"latencyd.conf:2: metrics_listen: port 99999"):
         load_config(conf)
     conf.write_text('metrics_listen = "127.0.0.1:9477"\n')
     assert load_config(conf).metrics_listen == ("127.0.0.1", 9477)
