@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import sys
 import sysconfig
 import tomllib
@@ -30,6 +31,7 @@ class Config:
     task_events: str = "auto"  # auto | perf | proc-connector | none
     on_stop: str = "restore"  # restore | keep (leave the tuning; the next start adopts it)
     metrics_listen: tuple[str, int] | None = None  # Prometheus exposition: off by default
+    metrics_allow_remote: bool = False  # metrics_listen may be an address other hosts reach
 
 
 KNOWN: dict[str, type | tuple[type, ...]] = {
@@ -41,6 +43,7 @@ KNOWN: dict[str, type | tuple[type, ...]] = {
     "task_events": str,
     "on_stop": str,
     "metrics_listen": str,
+    "metrics_allow_remote": bool,
 }
 # What each setting does, for latencyd(8)'s CONFIGURATION (latencyd.tools.manpages).
 DOCS = {
@@ -56,7 +59,10 @@ DOCS = {
     "on_stop": "on SIGTERM: restore every original value, or keep the tuning for the "
     "next start to adopt",
     "metrics_listen": "serve Prometheus metrics at http://ADDRESS:PORT/metrics, e.g. "
-    '"127.0.0.1:9477" (see METRICS); off when unset',
+    '"127.0.0.1:9477" (see METRICS); off when unset. A loopback address only, unless '
+    "metrics_allow_remote says otherwise",
+    "metrics_allow_remote": "let metrics_listen be an address other hosts can reach "
+    '(such as "0.0.0.0:9477"): the metrics name the tasks that interrupt the watched CPUs',
 }
 
 
@@ -81,7 +87,7 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         want = KNOWN.get(key)
         if want is None:
             raise ConfigError(f"{at(key)}: unknown setting {key!r} (known: {', '.join(KNOWN)})")
-        if not isinstance(value, want) or isinstance(value, bool):
+        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
             raise ConfigError(f"{at(key)}: {key} has the wrong type ({value!r})")
     for key in ("verify_interval_s", "poll_interval_s"):
         if data.get(key, 0) < 0:
@@ -91,6 +97,7 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         raise ConfigError(
             f"{at('profile_dirs')}: profile_dirs must be a list of directory paths ({dirs!r})"
         )
+    remote = bool(data.get("metrics_allow_remote", Config.metrics_allow_remote))
     listen = None
     if "metrics_listen" in data:
         from latencyd.service.metrics import parse_listen
@@ -99,6 +106,13 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
             listen = parse_listen(data["metrics_listen"])
         except ValueError as exc:
             raise ConfigError(f"{at('metrics_listen')}: metrics_listen: {exc}") from exc
+        if not remote and not ipaddress.ip_address(listen[0]).is_loopback:
+            raise ConfigError(
+                f"{at('metrics_listen')}: metrics_listen: {listen[0]} is not a loopback "
+                "address: other hosts could read the metrics, which name the tasks that "
+                "interrupt the watched CPUs. Listen on 127.0.0.1 or [::1], or set "
+                "metrics_allow_remote = true to mean it"
+            )
     return Config(
         default_profile=data.get("default_profile", FALLBACK_PROFILE),
         admin_group=data.get("admin_group"),
@@ -108,6 +122,7 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         task_events=_choice(at, data, "task_events", ("auto", "perf", "proc-connector", "none")),
         on_stop=_choice(at, data, "on_stop", ("restore", "keep")),
         metrics_listen=listen,
+        metrics_allow_remote=remote,
     )
 
 

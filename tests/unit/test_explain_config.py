@@ -172,3 +172,4 @@ def test_the_shipped_example_config_loads_with_every_setting_uncommented(tmp_pat
     assert config.verify_interval_s == 10
     assert config.profile_dirs == (Path("/srv/latency/profiles"),)
     assert config.task_events == "auto"
+    assert (config.metrics_listen, config.metrics_allow_remote) == (("127.0.0.1", 9477), False)

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from latencyd.core.errors import ConfigError
 from latencyd.core.noise import Tally
-from latencyd.service.config import load_config
+from latencyd.service.config import Config, load_config
 from latencyd.service.metrics import Metrics, parse_listen
 
 
@@ -30,6 +30,37 @@ def test_a_bad_metrics_listen_names_the_file_and_what_is_wrong(tmp_path: Path) -
         load_config(conf)
     conf.write_text('metrics_listen = "127.0.0.1:9477"\n')
     assert load_config(conf).metrics_listen == ("127.0.0.1", 9477)
+
+
+@pytest.mark.parametrize(
+    "listen",
+    ["0.0.0.0:9477", "[::]:9477", "192.168.1.20:9477", "[fe80::1]:9477", "[::ffff:127.0.0.1]:1"],
+)
+def test_an_address_other_hosts_reach_is_refused_unless_the_config_says_so(
+    tmp_path: Path, listen: str
+) -> None:
+    conf = tmp_path / "latencyd.conf"
+    conf.write_text(f'default_profile = "balanced"\nmetrics_listen = "{listen}"\n')
+    host, _ = parse_listen(listen)
+    with pytest.raises(ConfigError) as info:
+        load_config(conf)
+    assert str(info.value).startswith(
+        f"{conf}:2: metrics_listen: {host} is not a loopback address: other hosts could read"
+    )
+    assert "metrics_allow_remote = true" in str(info.value)  # what to write to mean it
+    conf.write_text(f'metrics_listen = "{listen}"\nmetrics_allow_remote = true\n')
+    config = load_config(conf)
+    assert (config.metrics_listen, config.metrics_allow_remote) == (parse_listen(listen), True)
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:9477", "127.42.0.7:9477", "[::1]:9477"])
+def test_a_loopback_address_needs_no_more_than_metrics_listen(tmp_path: Path, listen: str) -> None:
+    conf = tmp_path / "latencyd.conf"
+    conf.write_text(f'metrics_listen = "{listen}"\n')
+    assert load_config(conf) == Config(metrics_listen=parse_listen(listen))
+    conf.write_text(f'metrics_listen = "{listen}"\nmetrics_allow_remote = "yes"\n')
+    with pytest.raises(ConfigError, match=r"latencyd.conf:2: metrics_allow_remote has the wrong"):
+        load_config(conf)
 
 
 def test_a_scrape_holds_the_noise_by_source_the_profile_and_drift() -> None:
