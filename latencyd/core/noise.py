@@ -188,6 +188,12 @@ class Tally:
         self.total_ns += ns
         self.max_ns = max(self.max_ns, ns)
 
+    def merged(self, other: Tally) -> Tally:
+        """This and `other` as one source's."""
+        return Tally(
+            self.count + other.count, self.total_ns + other.total_ns, max(self.max_ns, other.max_ns)
+        )
+
 
 @dataclass
 class LastInterval:
@@ -333,11 +339,17 @@ def named(tallies: Mapping[str, Tally], comm_of: Callable[[int], str]) -> dict[s
         if source.endswith(UNNAMED):
             pid = int(source.split()[1])
             source = f"task {pid} {comm_of(pid)}"
-        if (other := out.get(source)) is not None:
-            tally = Tally(other.count + tally.count, other.total_ns + tally.total_ns,
-                          max(other.max_ns, tally.max_ns))  # fmt: skip
-        out[source] = tally
+        out[source] = out[source].merged(tally) if source in out else tally
     return out
+
+
+_SOURCE_TASK = re.compile(r"task (\d+) (.*)", re.DOTALL)
+
+
+def task_of(source: str) -> tuple[int, str] | None:
+    """The pid and command name of a task's source ("task 4242 stress-ng"), else None."""
+    m = _SOURCE_TASK.fullmatch(source)
+    return (int(m[1]), m[2]) if m else None
 
 
 class Decoder:
@@ -463,7 +475,6 @@ class ReportLimit:
 # -- `latencyctl top`: the watch's last interval beside what the profile did -------------------
 
 _SOURCE_IRQ = re.compile(r"irq (\d+) ")
-_SOURCE_TASK = re.compile(r"task (\d+) ")
 WHAT_THE_KERNEL_MUST_DO = {
     "local timer": "the scheduler tick: it stops on a CPU running one task only with "
     "nohz_full, which is a boot parameter (not something a daemon can set)",
@@ -486,10 +497,10 @@ def top_view(status: Mapping[str, Any]) -> dict[str, Any]:
     did = _what_the_profile_did(plugins)
     cpus: dict[str, list[dict[str, Any]]] = {}
     for cpu, source, count, total_us, max_us in rows:
-        irq, task = _SOURCE_IRQ.match(source), _SOURCE_TASK.match(source)
+        irq, task = _SOURCE_IRQ.match(source), task_of(source)
         about = (
             did.get(("irq", int(irq[1])), "not steered by the profile") if irq
-            else did.get(("task", int(task[1])), "not moved by the profile") if task
+            else did.get(("task", task[0]), "not moved by the profile") if task
             else WHAT_THE_KERNEL_MUST_DO.get(source, "")
         )  # fmt: skip
         cpus.setdefault(str(cpu), []).append({

@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     shield = ShieldWatch(daemon, loop, service.noise_exceeded)
     if config.metrics_listen is not None:
         try:
-            expose_metrics(daemon, shield, config.metrics_listen)
+            expose_metrics(daemon, shield, config.metrics_listen, config.metrics_sources_per_cpu)
         except LatencydError as exc:
             log.error("%s", exc)
             return 2
@@ -389,11 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def expose_metrics(daemon: Daemon, shield: ShieldWatch, listen: tuple[str, int]) -> None:
+def expose_metrics(
+    daemon: Daemon, shield: ShieldWatch, listen: tuple[str, int], sources_per_cpu: int
+) -> None:
     """The Prometheus exposition, fed from the main loop (see latencyd/service/metrics.py)."""
     from latencyd.service.metrics import Metrics, serve
 
-    metrics = Metrics()
+    metrics = Metrics(sources_per_cpu)
 
     def stepped() -> None:
         step = daemon.engine.last_step

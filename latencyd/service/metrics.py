@@ -8,6 +8,10 @@ the like are prometheus-node-exporter's. Nothing here is more than an unprivileg
 client can read with Status. Task sources are labelled by command name without the pid
 ("task stress-ng"): a pid label would be a new series for every process that ever ran.
 
+The noise series are bounded: each watched CPU names its `sources_per_cpu` sources that
+took the most time lately, and counts the rest together as source="other", so a churn of
+thousands of command names costs no more series than a quiet CPU (see `noise_series`).
+
 The HTTP thread never touches the daemon: the main loop hands it a new immutable
 snapshot after each change (a switch, a drift check, a noise interval), and a scrape
 reads whichever snapshot is current.
@@ -15,6 +19,7 @@ reads whichever snapshot is current.
 
 from __future__ import annotations
 
+import heapq
 import ipaddress
 import re
 from collections.abc import Iterator, Mapping
@@ -22,8 +27,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from latencyd.core.errors import ConfigError
+from latencyd.core.noise import Tally, task_of
 
-_TASK = re.compile(r"task \d+ (.*)")
+OTHER = "other"  # the source label of what a CPU's named sources leave
+# How much of a source's time from earlier intervals still counts for its rank, per
+# interval: the last interval weighs as much as all before it, so a source that went quiet
+# gives its rank up within a few intervals, and a steady source ranks at twice its time in
+# one interval.
+DECAY = 0.5
+Rank = tuple[float, float]  # time (ns) and events: events order sources without time
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -44,8 +56,88 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def source_label(source: str) -> str:
-    m = _TASK.fullmatch(source)
-    return f"task {m[1]}" if m else source
+    task = task_of(source)
+    return f"task {task[1]}" if task else source
+
+
+def _ranked(rank: Rank, tally: Tally) -> Rank:
+    ns, events = rank
+    return ns * DECAY + tally.total_ns, events * DECAY + tally.count
+
+
+@dataclass(frozen=True)
+class Series:
+    """One (cpu, source) pair of the noise counters, and what ranks it on its CPU."""
+
+    events: int = 0
+    ns: int = 0
+    rank: Rank = (0.0, 0.0)
+
+    def plus(self, tally: Tally) -> Series:
+        """After one more interval (`tally`: the source's in it)."""
+        return Series(
+            self.events + tally.count, self.ns + tally.total_ns, _ranked(self.rank, tally)
+        )
+
+
+@dataclass(frozen=True)
+class CpuSeries:
+    """One watched CPU's noise series: its named sources and OTHER, and the unnamed sources
+    seen lately, the candidates for a name (at most as many as there are names)."""
+
+    named: Mapping[str, Series] = field(default_factory=dict)
+    other: Series = Series()
+    candidates: Mapping[str, Rank] = field(default_factory=dict)
+
+    def series(self) -> dict[str, Series]:
+        return {**self.named, OTHER: self.other}
+
+
+def noise_series(cpu: CpuSeries, interval: Mapping[str, Tally], top: int) -> CpuSeries:
+    """One CPU's series after one more interval (source -> Tally): at most `top` sources
+    named, and OTHER for the rest, so that the exposition is bounded and every interval's
+    time and events are counted once in what scrapes see increase.
+
+    Free names go at once to the sources with the most time. Once all are taken, a source
+    takes one only when it is seen in a second interval and ranks (DECAY) above the named
+    source ranked lowest: a churn of one-off tasks, thousands of command names, changes no
+    name, and a source that recurs replaces one that went quiet within a few intervals.
+    The replaced source's series ends (a scrape no longer shows it, as after a restart),
+    its time in this interval goes to OTHER, and the newcomer's series starts with its own.
+    The ended total does not move to OTHER: Prometheus would take that for a burst of noise
+    that never happened (rate() of OTHER, and of the CPU's sum, jumping by it)."""
+    tallies: dict[str, Tally] = {}
+    for source, tally in interval.items():
+        label = source_label(source)
+        tallies[label] = tallies[label].merged(tally) if label in tallies else tally
+    rest, quiet = tallies.pop(OTHER, Tally()), Tally()
+    named = {label: s.plus(tallies.get(label, quiet)) for label, s in cpu.named.items()}
+    seen = {
+        label: (_ranked(cpu.candidates.get(label, (0.0, 0.0)), tally), tally)
+        for label, tally in tallies.items()
+        if label not in named
+    }
+    candidates: dict[str, Rank] = {}
+    for label, (rank, tally) in sorted(
+        seen.items(), key=lambda kv: (kv[1][0], kv[0]), reverse=True
+    ):
+        if len(named) < top:
+            named[label] = Series(tally.count, tally.total_ns, rank)
+            continue
+        if label in cpu.candidates:
+            weakest = min(named, key=lambda n: (named[n].rank, n))
+            if rank > named[weakest].rank:
+                del named[weakest]
+                rest = rest.merged(tallies.get(weakest, quiet))
+                named[label] = Series(tally.count, tally.total_ns, rank)
+                continue
+        rest = rest.merged(tally)
+        candidates[label] = rank
+    for label, rank in cpu.candidates.items():
+        if label not in seen:  # quiet in this interval
+            candidates[label] = _ranked(rank, quiet)
+    kept = heapq.nlargest(top, candidates.items(), key=lambda kv: kv[1])
+    return CpuSeries(named, cpu.other.plus(rest), dict(kept))
 
 
 @dataclass(frozen=True)
@@ -54,31 +146,29 @@ class Snapshot:
     settings: Mapping[str, int] = field(default_factory=dict)  # state -> count
     drift: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (section, action)
     switch_seconds: float | None = None
-    noise_seconds: Mapping[tuple[str, str], float] = field(default_factory=dict)  # cpu, source
-    noise_events: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    noise: Mapping[str, CpuSeries] = field(default_factory=dict)  # by cpu
     noise_max_seconds: Mapping[str, float] = field(default_factory=dict)  # cpu
 
 
 class Metrics:
     """The current snapshot, and the prometheus_client collector that exposes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, sources_per_cpu: int) -> None:
         self.snapshot = Snapshot()
+        self.sources_per_cpu = sources_per_cpu
 
     def update(self, **changes: Any) -> None:
         self.snapshot = replace(self.snapshot, **changes)  # one reference swap: atomic
 
-    def add_noise(self, cpus: Mapping[int, Mapping[str, Any]]) -> None:
+    def add_noise(self, cpus: Mapping[int, Mapping[str, Tally]]) -> None:
         """An interval's tallies (cpu -> source -> Tally) added to the running totals."""
-        seconds, events = dict(self.snapshot.noise_seconds), dict(self.snapshot.noise_events)
+        noise = dict(self.snapshot.noise)
         longest = {}
         for cpu, tallies in cpus.items():
             longest[str(cpu)] = max((t.max_ns for t in tallies.values()), default=0) / 1e9
-            for source, t in tallies.items():
-                key = (str(cpu), source_label(source))
-                seconds[key] = seconds.get(key, 0.0) + t.total_ns / 1e9
-                events[key] = events.get(key, 0) + t.count
-        self.update(noise_seconds=seconds, noise_events=events, noise_max_seconds=longest)
+            before = noise.get(str(cpu), CpuSeries())
+            noise[str(cpu)] = noise_series(before, tallies, self.sources_per_cpu)
+        self.update(noise=noise, noise_max_seconds=longest)
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -95,9 +185,10 @@ class Metrics:
             drift.add_metric([section, action], float(n))
         noise = counter("latencyd_noise_seconds", HELP["noise_seconds"], labels=["cpu", "source"])
         events = counter("latencyd_noise_events", HELP["noise_events"], labels=["cpu", "source"])
-        for key in sorted(s.noise_seconds):
-            noise.add_metric(list(key), s.noise_seconds[key])
-            events.add_metric(list(key), float(s.noise_events.get(key, 0)))
+        for cpu, cpu_series in sorted(s.noise.items()):
+            for source, series in sorted(cpu_series.series().items()):
+                noise.add_metric([cpu, source], series.ns / 1e9)
+                events.add_metric([cpu, source], float(series.events))
         longest = gauge("latencyd_noise_max_seconds", HELP["noise_max_seconds"], labels=["cpu"])
         for cpu, value in sorted(s.noise_max_seconds.items()):
             longest.add_metric([cpu], value)

@@ -135,6 +135,12 @@ def test_config_values(tmp_path: Path) -> None:
         ('on_stop = "flip"\n', "3: on_stop must be one of restore, keep (got 'flip')"),
         ("poll_interval_s = -1\n", "3: poll_interval_s cannot be negative (-1)"),
         ("profile_dirs = [1]\n", "3: profile_dirs must be a list of directory paths ([1])"),
+        ("metrics_sources_per_cpu = 0\n", "3: metrics_sources_per_cpu must be 1 to 100 (got 0)"),
+        (
+            "metrics_sources_per_cpu = 101\n",
+            "3: metrics_sources_per_cpu must be 1 to 100 (got 101)",
+        ),
+        ("metrics_sources_per_cpu = 2.5\n", "3: metrics_sources_per_cpu has the wrong type (2.5)"),
         ("default_profile = \n", " Invalid value (at line 3, column 19)"),  # tomllib's own
     ],
 )
@@ -173,3 +179,4 @@ def test_the_shipped_example_config_loads_with_every_setting_uncommented(tmp_pat
     assert config.profile_dirs == (Path("/srv/latency/profiles"),)
     assert config.task_events == "auto"
     assert (config.metrics_listen, config.metrics_allow_remote) == (("127.0.0.1", 9477), False)
+    assert config.metrics_sources_per_cpu == 10

@@ -1,5 +1,6 @@
-"""The Prometheus exposition: the listen address checked, and what a scrape returns from a
-snapshot (prometheus_client renders it; the e2e test scrapes a running daemon)."""
+"""The Prometheus exposition: the listen address checked, what a scrape returns from a
+snapshot (prometheus_client renders it, its parser reads it back; the e2e test scrapes a
+running daemon), and the noise series bounded however many command names come and go."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from latencyd.core.errors import ConfigError
 from latencyd.core.noise import Tally
@@ -64,15 +66,13 @@ def test_a_loopback_address_needs_no_more_than_metrics_listen(tmp_path: Path, li
 
 
 def test_a_scrape_holds_the_noise_by_source_the_profile_and_drift() -> None:
-    metrics = Metrics()
+    metrics = Metrics(Config().metrics_sources_per_cpu)
     metrics.update(profile="cpu-partitioning", settings={"applied": 12, "not_applicable": 2},
                    drift={("irq", "reapplied"): 3}, switch_seconds=0.25)  # fmt: skip
     metrics.add_noise({1: {"task 4242 stress-ng": Tally(2, 3_000_000, 2_000_000),
                            "local timer": Tally(250, 1_000_000, 8_000)}})  # fmt: skip
     metrics.add_noise({1: {"task 4343 stress-ng": Tally(1, 1_000_000, 1_000_000)}})
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(metrics)
-    text = generate_latest(registry).decode()
+    text = exposition(metrics)
     # A task is labelled by its command name: one series, however many pids come and go.
     assert 'latencyd_noise_seconds_total{cpu="1",source="task stress-ng"} 0.004' in text
     assert 'latencyd_noise_events_total{cpu="1",source="task stress-ng"} 3.0' in text
@@ -81,3 +81,109 @@ def test_a_scrape_holds_the_noise_by_source_the_profile_and_drift() -> None:
     assert 'latencyd_settings{state="applied"} 12.0' in text
     assert 'latencyd_drift_total{action="reapplied",section="irq"} 3.0' in text
     assert "latencyd_switch_duration_seconds 0.25" in text
+
+
+def exposition(metrics: Metrics) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    return generate_latest(registry).decode()
+
+
+SECONDS, EVENTS = "latencyd_noise_seconds_total", "latencyd_noise_events_total"
+Scrape = dict[tuple[str, str], dict[str, float]]  # (metric, cpu) -> source -> value
+
+
+def scrape(metrics: Metrics) -> Scrape:
+    """The noise counters as a scraper reads them."""
+    out: Scrape = {}
+    for family in text_string_to_metric_families(exposition(metrics)):
+        for sample in family.samples:
+            if sample.name in (SECONDS, EVENTS):
+                cpu, source = sample.labels["cpu"], sample.labels["source"]
+                out.setdefault((sample.name, cpu), {})[source] = sample.value
+    return out
+
+
+def increase(before: Scrape, after: Scrape) -> dict[tuple[str, str], float]:
+    """What Prometheus counts between two scrapes, per (metric, cpu): each series' rise, all
+    of a new series (one that ended and came back started again from zero). A counter that
+    went down would be a reset: a burst of noise that never happened."""
+    out = {}
+    for key, series in after.items():
+        rises = []
+        for source, value in series.items():
+            previous = before.get(key, {}).get(source)
+            assert previous is None or value >= previous, f"{key} {source}: went down"
+            rises.append(value - (previous or 0.0))
+        out[key] = sum(rises)
+    return out
+
+
+def test_two_thousand_command_names_make_the_top_sources_and_other_on_each_cpu() -> None:
+    top = Config().metrics_sources_per_cpu
+    metrics = Metrics(top)
+    steady = {
+        "local timer": Tally(250, 1_000_000, 8_000),
+        "irq 34 virtio4-input": Tally(60, 600_000, 20_000),
+    }
+    tasks = {
+        f"task {4000 + i} comm-{i}": Tally(1 + i % 3, 1_000 + 7 * i, 1_000) for i in range(2000)
+    }
+    metrics.add_noise({1: steady | tasks, 2: steady})
+    seen = scrape(metrics)
+    assert {len(series) for series in seen.values()} == {top + 1, len(steady) + 1}
+    seconds, events = seen[(SECONDS, "1")], seen[(EVENTS, "1")]
+    # Named: the sources with the most time; "other" holds the rest, so the totals stay whole.
+    biggest = [f"task comm-{i}" for i in range(1999, 1999 - (top - len(steady)), -1)]
+    assert set(seconds) == set(events) == {*steady, *biggest, "other"}
+    all_sources = steady | tasks
+    assert sum(seconds.values()) == pytest.approx(
+        sum(t.total_ns for t in all_sources.values()) / 1e9
+    )
+    assert sum(events.values()) == sum(t.count for t in all_sources.values())
+    assert seconds["local timer"] == 0.001
+
+    # Churn: 20 more intervals of 100 new command names each. The names stay as they are,
+    # the exposition keeps its size, and every interval's noise counts once.
+    names, lines = set(seconds), len(exposition(metrics).splitlines())
+    for n in range(20):
+        churn = {
+            f"task {9000 + 100 * n + i} churn-{n}-{i}": Tally(1, 5_000 + 100 * i, 5_000)
+            for i in range(100)
+        }
+        before = seen
+        metrics.add_noise({1: steady | churn, 2: steady})
+        seen = scrape(metrics)
+        assert set(seen[(SECONDS, "1")]) == set(seen[(EVENTS, "1")]) == names
+        rise = increase(before, seen)
+        assert rise[(SECONDS, "1")] == pytest.approx(
+            sum(t.total_ns for t in (steady | churn).values()) / 1e9
+        )
+        assert rise[(EVENTS, "1")] == sum(t.count for t in (steady | churn).values())
+        assert rise[(SECONDS, "2")] == pytest.approx(0.0016)
+    assert len(exposition(metrics).splitlines()) == lines
+
+
+def test_a_name_goes_from_a_source_gone_quiet_to_one_that_recurs_never_to_a_one_off() -> None:
+    metrics = Metrics(2)
+    timer = {"local timer": Tally(250, 10_000_000, 8_000)}
+    metrics.add_noise({1: timer | {"task 41 burst": Tally(9, 500_000_000, 90_000_000)}})
+    for _ in range(10):  # the burst is over: its rank halves every interval
+        metrics.add_noise({1: timer})
+    seconds = scrape(metrics)[(SECONDS, "1")]
+    assert seconds == {"local timer": pytest.approx(0.11), "task burst": 0.5, "other": 0.0}
+    # A newcomer seen once takes no name, however big: "other" counts it.
+    newcomer = {"task 77 newcomer": Tally(3, 5_000_000, 2_000_000)}
+    metrics.add_noise({1: timer | newcomer})
+    seconds = scrape(metrics)[(SECONDS, "1")]
+    assert seconds == {"local timer": pytest.approx(0.12), "task burst": 0.5, "other": 0.005}
+    # Seen again, it ranks above the burst and takes its name: the burst's series ends, and
+    # its 0.5 s stay out of "other" (a scraper has counted them already).
+    metrics.add_noise({1: timer | newcomer})
+    seconds = scrape(metrics)[(SECONDS, "1")]
+    assert seconds == {"local timer": pytest.approx(0.13), "task newcomer": 0.005, "other": 0.005}
+    # A source that recurs but ranks below every named one stays in "other".
+    for _ in range(3):
+        metrics.add_noise({1: timer | newcomer | {"task 78 small": Tally(1, 1_000_000, 1_000_000)}})
+    seconds = scrape(metrics)[(SECONDS, "1")]
+    assert seconds == {"local timer": pytest.approx(0.16), "task newcomer": 0.02, "other": 0.008}
