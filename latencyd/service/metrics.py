@@ -1,5 +1,7 @@
 """Metrics a fleet can scrape: a Prometheus text exposition, off unless the config sets
-`metrics_listen = "127.0.0.1:9477"`, served by prometheus_client's HTTP server thread.
+`metrics_listen = "127.0.0.1:9477"`, rendered by prometheus_client and served by an HTTP
+server of bounded means (MetricsServer: connections at most MAX_CONNECTIONS, each given
+REQUEST_TIMEOUT_S to send its request).
 
 Only what latencyd alone knows: the time stolen from the watched CPUs, by source (the
 noise watch), the profile in force, the state of its settings, drift found and what was
@@ -19,15 +21,23 @@ reads whichever snapshot is current.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import ipaddress
+import logging
 import re
+import socket
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from latencyd.core.errors import ConfigError
 from latencyd.core.noise import Tally, task_of
+
+log = logging.getLogger(__name__)
 
 OTHER = "other"  # the source label of what a CPU's named sources leave
 # How much of a source's time from earlier intervals still counts for its rank, per
@@ -220,15 +230,140 @@ HELP = {
 }
 
 
-def serve(listen: tuple[str, int], metrics: Metrics) -> Any:
+# A scrape sends its request at once; one that has not within this many seconds (nothing
+# sent, or a byte now and then) is dropped. Prometheus times its own scrapes out after 10 s
+# by default, so nothing a real scraper does comes near it; not a setting, as there is no
+# good reason to want another.
+REQUEST_TIMEOUT_S = 5.0
+# Connections served at once: a scraper uses one at a time, so this is room for a few
+# Prometheus servers, an agent and someone's curl. When every one is taken, the one that
+# has waited longest for its request is dropped for the newcomer: idle connections cannot
+# keep a scrape out.
+MAX_CONNECTIONS = 16
+# What socketserver hands its methods; a stream server's is the connection's socket.
+Request = socket.socket | tuple[bytes, socket.socket]
+
+
+class _Handler(WSGIRequestHandler):
+    """One connection: one request (HTTP/1.0, then closed), answered without a log line."""
+
+    server: MetricsServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.request_timeout_s)  # each read and write
+
+    def parse_request(self) -> bool:
+        whole = super().parse_request()  # the request line and the headers are in
+        if whole:
+            self.server.request_read(self.request)
+        return whole
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged."""
+
+
+class MetricsServer(WSGIServer):
+    """prometheus_client's WSGI app behind a bounded HTTP server: at most `max_connections`
+    connections, each with a thread of its own, and none waits longer than
+    `request_timeout_s` for its request: the server's own thread drops it then (a byte now
+    and then does not keep it), or earlier when a newcomer needs its place."""
+
+    request_queue_size = 64  # connections the kernel completes before they are accepted
+
+    def __init__(
+        self, listen: tuple[str, int], request_timeout_s: float, max_connections: int
+    ) -> None:
+        self.address_family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
+        self.request_timeout_s = request_timeout_s
+        self.max_connections = max_connections
+        self._slots = threading.Condition()
+        self._open = 0  # connections with a thread
+        self._waiting: dict[Request, float] = {}  # for a request: its deadline, by age
+        super().__init__(listen, _Handler)
+
+    def process_request(self, request: Request, client_address: Any) -> None:
+        """A new connection: a place for it (the oldest still waiting for its request
+        dropped if need be), then a thread."""
+        with self._slots:
+            if self._open >= self.max_connections and self._waiting:
+                self._drop(next(iter(self._waiting)))
+            if not self._slots.wait_for(
+                lambda: self._open < self.max_connections, self.request_timeout_s
+            ):  # every place is sending an answer: cannot happen with a scrape's size
+                self.shutdown_request(request)
+                return
+            self._open += 1
+            self._waiting[request] = time.monotonic() + self.request_timeout_s
+        threading.Thread(
+            target=self._serve,
+            args=(request, client_address),
+            name="metrics-connection",
+            daemon=True,  # the daemon's exit waits for none
+        ).start()
+
+    def _serve(self, request: Request, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            with self._slots:
+                self._open -= 1
+                self._slots.notify_all()
+
+    def request_read(self, request: Request) -> None:
+        """The connection's request is in: it is answered, never dropped."""
+        with self._slots:
+            self._waiting.pop(request, None)
+
+    def service_actions(self) -> None:
+        """Each turn of serve_forever: drop the connections past their deadline."""
+        now = time.monotonic()
+        with self._slots:
+            for request in [r for r, deadline in self._waiting.items() if deadline <= now]:
+                self._drop(request)
+
+    def _drop(self, request: Request) -> None:
+        """End a connection from another thread (its own returns from its read at once);
+        the lock held. Never closed here: its thread does that (shutdown_request)."""
+        del self._waiting[request]
+        with contextlib.suppress(OSError):
+            (request if isinstance(request, socket.socket) else request[1]).shutdown(
+                socket.SHUT_RDWR
+            )
+
+    def shutdown_request(self, request: Request) -> None:
+        with self._slots:  # out of reach of _drop before its descriptor can be reused
+            self._waiting.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Request, client_address: Any) -> None:
+        """A client gone, dropped or too slow: not worth more than a debug line."""
+        log.debug("metrics: connection from %s ended early", client_address, exc_info=True)
+
+
+def serve(
+    listen: tuple[str, int],
+    metrics: Metrics,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> MetricsServer:
     """Start the exposition on its own thread; ConfigError when it cannot bind."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
     host, port = listen
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        server = MetricsServer(listen, request_timeout_s, max_connections)
     except OSError as exc:
         raise ConfigError(f"metrics_listen {host}:{port}: cannot listen: {exc.strerror}") from exc
+    server.set_app(make_wsgi_app(registry))
+    # The deadlines are checked each turn of the loop: a few times within one.
+    poll_s = min(0.5, request_timeout_s / 4)
+    threading.Thread(
+        target=server.serve_forever, args=(poll_s,), name="metrics", daemon=True
+    ).start()
     return server

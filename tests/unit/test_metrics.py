@@ -1,9 +1,18 @@
 """The Prometheus exposition: the listen address checked, what a scrape returns from a
 snapshot (prometheus_client renders it, its parser reads it back; the e2e test scrapes a
-running daemon), and the noise series bounded however many command names come and go."""
+running daemon), the noise series bounded however many command names come and go, and
+the HTTP server bounded however many clients connect and send nothing (real sockets on
+127.0.0.1)."""
 
 from __future__ import annotations
 
+import contextlib
+import select
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from latencyd.core.errors import ConfigError
 from latencyd.core.noise import Tally
 from latencyd.service.config import Config, load_config
-from latencyd.service.metrics import Metrics, parse_listen
+from latencyd.service.metrics import Metrics, parse_listen, serve
 
 
 def test_listen_addresses_are_ip_and_port() -> None:
@@ -187,3 +196,72 @@ def test_a_name_goes_from_a_source_gone_quiet_to_one_that_recurs_never_to_a_one_
         metrics.add_noise({1: timer | newcomer | {"task 78 small": Tally(1, 1_000_000, 1_000_000)}})
     seconds = scrape(metrics)[(SECONDS, "1")]
     assert seconds == {"local timer": pytest.approx(0.16), "task newcomer": 0.02, "other": 0.008}
+
+
+@contextlib.contextmanager
+def serving(metrics: Metrics, request_timeout_s: float, max_connections: int) -> Iterator[str]:
+    """The exposition served on a free port of 127.0.0.1: its URL, while the block runs."""
+    server = serve(("127.0.0.1", 0), metrics, request_timeout_s, max_connections)
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def closed(conn: socket.socket) -> bool:
+    """Whether the server has ended the connection, without waiting."""
+    if not select.select([conn], [], [], 0)[0]:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except ConnectionResetError:
+        return True
+
+
+def wait_until(done: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.split("/")[2].split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def test_idle_connections_get_no_more_than_their_places_and_are_dropped_after_the_timeout() -> None:
+    metrics = Metrics(Config().metrics_sources_per_cpu)
+    metrics.update(profile="cpu-partitioning")
+    threads = threading.active_count()
+    with (
+        serving(metrics, request_timeout_s=2.0, max_connections=8) as url,
+        contextlib.ExitStack() as stack,
+    ):
+        idle = [stack.enter_context(connect(url)) for _ in range(50)]
+        # Beyond 8, each newcomer takes the place of the oldest that has sent nothing.
+        assert wait_until(lambda: sum(map(closed, idle)) == 42)
+        assert wait_until(lambda: threading.active_count() <= threads + 1 + 8)  # + the server's
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert 'latencyd_profile_info{profile="cpu-partitioning"} 1.0' in body
+        # The scrape took the oldest idle one's place, and did not wait for their timeout:
+        waiting = [conn for conn in idle if not closed(conn)]
+        assert len(waiting) == 7
+        # which ends them: nothing sent for two seconds.
+        assert wait_until(lambda: all(map(closed, waiting)))
+
+
+def test_a_client_sending_a_byte_now_and_then_is_dropped_at_its_deadline() -> None:
+    with serving(Metrics(1), request_timeout_s=1.0, max_connections=8) as url, connect(url) as slow:
+        started = time.monotonic()
+        with contextlib.suppress(OSError):  # the server has gone: the send is refused
+            for byte in b"GET /metrics HTTP/1.0\r\nUser-Agent: " + b"x" * 1000:
+                slow.sendall(bytes([byte]))  # each well within the timeout of a read
+                if closed(slow) or time.monotonic() - started > 5:
+                    break
+                time.sleep(0.05)
+        assert wait_until(lambda: closed(slow))
+        assert 1.0 <= time.monotonic() - started < 4.0
