@@ -709,4 +709,5 @@ class KthreadPlugin(Plugin[KthreadTarget]):
             "settings 'user task ... CPUs')",
             ("PID", "TID", "name", "isolated CPUs", "why it is there"),
             tuple(rows),
+            hide_tasks=lambda row: None,  # every row is a task's: counted only
         )

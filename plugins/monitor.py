@@ -16,8 +16,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from latencyd.core.noise import DEFAULT_INTERVAL_MS, LastInterval, WatchPlan, ranked
-from latencyd.core.plugin import Expansion, Monitor, Options, Plugin, Table, Target, Value
+from latencyd.core.noise import (
+    DEFAULT_INTERVAL_MS,
+    HIDDEN_TASK,
+    LastInterval,
+    WatchPlan,
+    ranked,
+    task_of,
+)
+from latencyd.core.plugin import Expansion, Monitor, Options, Plugin, Row, Table, Target, Value
 from latencyd.core.schema import Cpus, Int, Option, Schema
 from latencyd.core.system import System
 
@@ -87,5 +94,13 @@ class MonitorPlugin(Plugin[Target]):
                 rows.append((str(cpu), source, str(t.count), f"{t.total_ns / 1000:.1f}",
                              f"{t.max_ns / 1000:.1f}"))  # fmt: skip
         title = f"noise in the last interval ({self.last.seconds:.2f} s)"
-        table = Table(title, ("cpu", "source", "count", "total µs", "max µs"), tuple(rows))
+        columns = ("cpu", "source", "count", "total µs", "max µs")
+        table = Table(title, columns, tuple(rows), hide_tasks=_without_task_names)
         return Monitor((table,), facts)
+
+
+def _without_task_names(row: Row) -> Row:
+    """A row as a caller who may not see other users' tasks sees it: a task's time and
+    events, not its pid and name."""
+    cpu, source, *rest = row
+    return (cpu, HIDDEN_TASK if task_of(source) else source, *rest)

@@ -352,6 +352,9 @@ def task_of(source: str) -> tuple[int, str] | None:
     return (int(m[1]), m[2]) if m else None
 
 
+HIDDEN_TASK = "task (hidden)"  # a task's source to a caller who may not see its pid and name
+
+
 class Decoder:
     """Turns events of the formats given into entries, exits and switches on a CpuNoise."""
 
@@ -514,10 +517,16 @@ def top_view(status: Mapping[str, Any]) -> dict[str, Any]:
         "interval_ms": facts.get("interval_ms"),
         "budget_us": facts.get("budget_us"),
         "expected": [
-            f"pid {h['pid']} ({h['reason']})" for h in holds or [] if isinstance(h, dict)
+            _held_by(h) for h in holds or [] if isinstance(h, dict)
         ] if isinstance(holds, list) else [],
         "cpus": cpus,
     }  # fmt: skip
+
+
+def _held_by(hold: Mapping[str, Any]) -> str:
+    """A hold's application: its pid, which Status gives root and the admin group only."""
+    who = f"pid {hold['pid']}" if hold.get("pid") else f"hold {hold['cookie']}"
+    return f"{who} ({hold['reason']})"
 
 
 def _what_the_profile_did(plugins: Mapping[str, Any]) -> dict[tuple[str, int], str]:

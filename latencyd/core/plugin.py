@@ -56,6 +56,9 @@ class Target:
     this kind of setting means when that is "not applicable here" (a kernel-managed IRQ,
     a driver without the feature): it opens the reason shown in status. None: a refusal
     fails the profile (and the step is rolled back).
+
+    A target with a `pid` field is a task's (names_a_task): Status shows it to root and
+    the admin group only, as hidepid would.
     """
 
     kind: ClassVar[str] = ""
@@ -97,6 +100,11 @@ def encode_target(target: Target) -> dict[str, Any]:
     for name in _field_names(type(target)):
         encoded[name] = getattr(target, name)
     return encoded
+
+
+def names_a_task(target: Target) -> bool:
+    """Whether the target is a task's (a thread's or a process's): it has a pid."""
+    return "pid" in _field_names(type(target))
 
 
 _FIELD_NAMES: dict[type[Target], tuple[str, ...]] = {}
@@ -180,16 +188,36 @@ DEVICE_ACTIONS = frozenset({"add", "remove", "bind", "unbind", "move", "change"}
 CPU_ACTIONS = frozenset({"online", "offline", "add", "remove"})
 
 
+Row = tuple[Any, ...]
+
+
 @dataclass(frozen=True)
 class Table:
-    """One monitoring table; `latencyctl status` and `--json` render the same structure."""
+    """One monitoring table; `latencyctl status` and `--json` render the same structure.
+
+    `hide_tasks` says how a row shows to a caller who may not see other users' tasks
+    (Status: anyone but root and the admin group): the row with its tasks' pids and names
+    taken out, or None to leave the row out. Unset: no row names a task."""
 
     title: str
     columns: tuple[str, ...]
-    rows: tuple[tuple[Any, ...], ...]
+    rows: tuple[Row, ...]
+    hide_tasks: Callable[[Row], Row | None] | None = field(default=None, compare=False)
 
-    def as_json(self) -> dict[str, Any]:
-        return {"title": self.title, "columns": list(self.columns), "rows": [*map(list, self.rows)]}
+    def as_json(self, sees_tasks: bool = True) -> dict[str, Any]:
+        """The table as Status shows it; rows left out for a caller who may not see
+        tasks are counted in "hidden"."""
+        rows = self.rows
+        if not sees_tasks and self.hide_tasks is not None:
+            rows = tuple(row for row in map(self.hide_tasks, self.rows) if row is not None)
+        out: dict[str, Any] = {
+            "title": self.title,
+            "columns": list(self.columns),
+            "rows": [*map(list, rows)],
+        }
+        if len(rows) < len(self.rows):
+            out["hidden"] = len(self.rows) - len(rows)
+        return out
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from latencyd.core.plugin import (
     Value,
     encode_target,
     in_one_go,
+    names_a_task,
 )
 from latencyd.core.profile import Profile, ProfileInfo, ProfileLibrary
 from latencyd.core.system import System
@@ -559,14 +560,29 @@ class Daemon:
                 rows[at]["text"] = plugin.describe_group(targets, rows[at]["value"])
         return rows
 
-    def status(self) -> dict[str, Any]:
+    def status(self, sees_tasks: bool = True) -> dict[str, Any]:
+        """What is in force, per plugin what is applied, refused and measured. A caller
+        who may not see other users' tasks (`sees_tasks` false: not root, not in the admin
+        group) gets it as hidepid would have it: settings of tasks (names_a_task) and table
+        rows naming tasks left out and counted ("hidden"), or shown without their pids and
+        names (Table.hide_tasks), and no holder's pid or bus name."""
         plugins: dict[str, Any] = {}
+        hidden: dict[str, int] = {}
+
+        def shown(plugin: str, target: Target) -> bool:
+            if sees_tasks or not names_a_task(target):
+                return True
+            hidden[plugin] = hidden.get(plugin, 0) + 1
+            return False
+
         owned: dict[str, list[tuple[Target, Value]]] = {}
         for (p, t), value in self.engine.applied.items():
-            owned.setdefault(p, []).append((t, value))
+            if shown(p, t):
+                owned.setdefault(p, []).append((t, value))
         refusals: dict[str, list[tuple[SettingId, Refused]]] = {}
         for sid, refusal in self.engine.not_applicable.items():
-            refusals.setdefault(sid[0], []).append((sid, refusal))
+            if shown(*sid):
+                refusals.setdefault(sid[0], []).append((sid, refusal))
         for name, plugin in self.plugins.items():
             section = self.engine.sections.get(name)
             notes = section.expansion.notes if section else {}
@@ -586,14 +602,16 @@ class Daemon:
             facts = dict(monitor.facts) if monitor else {}
             if name in self.delays and self.delays[name].ns:
                 facts["event_to_applied_us"] = self.delays[name].summary()
-            if applied or refused or section:
+            if applied or refused or section or name in hidden:
                 plugins[name] = {
                     "applied": applied,
                     "not_applicable": refused,
-                    "tables": [t.as_json() for t in monitor.tables] if monitor else [],
+                    "tables": [t.as_json(sees_tasks) for t in monitor.tables] if monitor else [],
                     "facts": facts,
                     "on_drift": self.engine.on_drift(name),
                 }
+                if name in hidden:
+                    plugins[name]["hidden"] = hidden[name]
         step = self.engine.last_step
         return {
             "active_profile": self.active.name if self.active else "",
@@ -606,8 +624,8 @@ class Daemon:
                     "cookie": h.cookie,
                     "profile": h.profile,
                     "reason": h.reason,
-                    "owner": h.owner,
-                    "pid": h.pid,
+                    "owner": h.owner if sees_tasks else None,
+                    "pid": h.pid if sees_tasks else None,
                     "since": h.since,
                 }
                 for h in self.holds.values()

@@ -180,19 +180,24 @@ class Service(dbus.service.Object):
         super()._message_cb(connection, message)
 
     # -- authorization ---------------------------------------------------------
-    def _authorize(self, sender: str | None, action: str) -> Caller:
+    def _caller(self, sender: str | None) -> tuple[Caller, bool]:
+        """Who calls, and whether they are privileged: root or in the admin group, who may
+        change state and see every user's tasks in Status."""
         if sender is None or self.bus is None:  # a call from inside the process
-            return Caller()
+            return Caller(), True
         uid = int(self.bus.get_unix_user(sender))
-        caller = Caller(uid, _user_name(uid))
-        if uid == 0 or self._in_admin_group(uid):
+        return Caller(uid, _user_name(uid)), uid == 0 or self._in_admin_group(uid)
+
+    def _authorize(self, sender: str | None, action: str) -> Caller:
+        caller, privileged = self._caller(sender)
+        if privileged:
             return caller
         group = (
             f" or members of group {self.config.admin_group!r}" if self.config.admin_group else ""
         )
         raise PermissionDenied(
-            f"{action} needs root{group}; user {caller.name} (uid {uid}) may only read state. "
-            "Run it with sudo."
+            f"{action} needs root{group}; user {caller.name} (uid {caller.uid}) may only read "
+            "state. Run it with sudo."
         )
 
     def _pid(self, sender: str | None) -> int | None:
@@ -234,22 +239,16 @@ class Service(dbus.service.Object):
     def ActiveProfile(self) -> str:
         return _answer(lambda: self.daemon.active.name if self.daemon.active else "")
 
-    def _privileged(self, sender: str | None) -> bool:
-        if sender is None or self.bus is None:  # a call from inside the process
-            return True
-        uid = int(self.bus.get_unix_user(sender))
-        return uid == 0 or self._in_admin_group(uid)
-
-    def _recent(self, what: str, sender: str | None) -> str | None:
-        """For a caller who may only read: the answer to `what` given in the last
-        ANSWER_REUSE_S, if any. Status and verify cost O(threads) (beside 20,000 of them, a
+    def _recent(self, what: str) -> str | None:
+        """The answer to `what` given in the last ANSWER_REUSE_S, if any: what a caller who
+        may only read gets. Status and verify cost O(threads) (beside 20,000 of them, a
         tenth of a second each) and anyone may ask for them as fast as the bus allows:
         then at most one of each a second is computed for them, and root's calls do not
         wait behind a queue of them. Root and the admin group always get a fresh answer."""
         answer = self._answers.get(what)
         if answer is None or time.monotonic() - answer[0] > ANSWER_REUSE_S:
             return None
-        return None if self._privileged(sender) else answer[1]
+        return answer[1]
 
     def _answered(self, what: str, text: str) -> str:
         self._answers[what] = (time.monotonic(), text)
@@ -257,11 +256,16 @@ class Service(dbus.service.Object):
 
     @dbus.service.method(INTERFACE, in_signature="", out_signature="s", sender_keyword="sender")
     def Status(self, sender: str | None = None) -> str:
-        """JSON: the active profile, and per plugin what is applied, refused and measured."""
-        recent = _answer(lambda: self._recent("status", sender))
-        if recent is not None:
-            return recent
-        return _answer(lambda: self._answered("status", json.dumps(self.daemon.status())))
+        """JSON: the active profile, and per plugin what is applied, refused and measured;
+        other users' tasks (pids, names, CPUs) for root and the admin group only."""
+
+        def answer() -> str:
+            if self._caller(sender)[1]:
+                return json.dumps(self.daemon.status(True))
+            recent = self._recent("status")
+            return recent or self._answered("status", json.dumps(self.daemon.status(False)))
+
+        return _answer(answer)
 
     @dbus.service.method(
         INTERFACE,
@@ -280,7 +284,7 @@ class Service(dbus.service.Object):
         Answered after the change in progress, if any (it would read it half done); callers
         asking meanwhile share one verify (Operations.read)."""
 
-        recent = _answer(lambda: self._recent("verify", sender))
+        recent = None if _answer(lambda: self._caller(sender)[1]) else self._recent("verify")
         if recent is not None:
             reply(recent)
             return

@@ -42,6 +42,8 @@ _BAD_INPUT = {
     "org.latencyd.Error.NoSuchProfile",
     "org.latencyd.Error.NoSuchHold",
 }
+# What Status leaves out for a caller who is not root nor in the admin group.
+ROOT_AND_ADMINS = "shown to root and the admin group only"
 
 
 class CliError(Exception):
@@ -814,6 +816,8 @@ def format_status(status: dict[str, Any]) -> list[str]:
             out.append(f"  {item['text']}{note}   (original: {_short(item['original'])})")
         for item in info.get("not_applicable", []):
             out.append(f"  not applicable: {item['text']}: {item['reason']}")
+        if n := info.get("hidden", 0):
+            out.append(f"  ({n:,} setting{'s' * (n != 1)} of tasks: {ROOT_AND_ADMINS})")
         out.extend(format_tables(info.get("tables", [])))
         out.extend(f"  {k}: {_short(v)}" for k, v in info.get("facts", {}).items())
     return out
@@ -826,8 +830,12 @@ def format_tables(tables: list[dict[str, Any]]) -> list[str]:
         out.append(f"  {table['title']}")
         cols = table["columns"]
         rows = [[str(c) for c in row] for row in table["rows"]]
+        hidden = table.get("hidden", 0)
+        if hidden:
+            out.append(f"    ({hidden:,} row{'s' * (hidden != 1)} naming tasks: {ROOT_AND_ADMINS})")
         if not rows:
-            out.append("    (none)")
+            if not hidden:
+                out.append("    (none)")
             continue
         widths = [max([len(str(h)), *(len(r[i]) for r in rows)]) for i, h in enumerate(cols)]
         out.append("    " + "  ".join(str(h).rjust(w) for h, w in zip(cols, widths, strict=True)))

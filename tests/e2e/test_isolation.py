@@ -18,6 +18,7 @@ import pytest
 
 from latencyd.core.cpuset import CpuSet
 from tests.harness import Latencyd, wait_for
+from tests.nobody import cli_as_nobody
 
 PROFILE = """
 [main]
@@ -173,6 +174,38 @@ def test_the_held_application_stays_on_the_isolated_cpu(
         app.kill()
         app.wait()
     wait_for(lambda: os.sched_getaffinity(hog.pid) == everywhere, timeout=5)  # the hold ended
+
+
+def test_status_names_the_shields_tasks_and_the_holder_to_root_only(
+    start_daemon: Callable[..., Latencyd],
+    profiles: Path,
+    spawn: Callable[..., subprocess.Popen[bytes]],
+    tmp_path: Path,
+) -> None:
+    """Issue 37: Status to a user neither root nor in the admin group names no task, as
+    hidepid would have it: not the tasks the shield moved, not the holder's process; it
+    counts them."""
+    floating = spawn()
+    (profiles / "shield.toml").write_text(PROFILE)
+    d = start_daemon(None)
+    app = d.spawn_ctl("hold", "shield", "--", "sleep", "30")
+    try:
+        wait_for(lambda: 1 not in os.sched_getaffinity(floating.pid), timeout=5)
+        moved, holder = f"(pid {floating.pid}, thread {floating.pid})", f'"pid": {app.pid}'
+        root = d.ctl("status", "--json").stdout
+        assert moved in root and holder in root
+        out = tmp_path / "status.json"
+        assert cli_as_nobody(d.address, "status", "--json", capture=out) == 0, out.read_text()
+        shown = out.read_text()
+        assert moved not in shown and holder not in shown
+        status = json.loads(shown)
+        assert status["plugins"]["kthread"]["hidden"] >= 1
+        assert [(h["pid"], h["owner"]) for h in status["holds"]] == [(None, None)]
+        assert cli_as_nobody(d.address, "status", capture=out) == 0
+        assert "settings of tasks: shown to root and the admin group only)" in out.read_text()
+    finally:
+        app.kill()
+        app.wait()
 
 
 def wait_for_child(parent: int, comm: str) -> int:

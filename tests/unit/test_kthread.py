@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import shutil
@@ -23,26 +24,31 @@ from latencyd.plugins.kthread import (
     Workqueue,
     rules_from,
 )
+from latencyd.plugins.monitor import MonitorPlugin
 
 from latencyd.core import engine as engine_module
 from latencyd.core.engine import Engine, Refused, SettingId, section_schemas
 from latencyd.core.errors import ApplyFailed, KernelRefused, NotApplicable
 from latencyd.core.journal import Journal
+from latencyd.core.noise import LastInterval, Tally, top_view
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
     Monitor,
+    Plugin,
     Target,
     TaskEvent,
     Value,
     decode_target,
     encode_target,
+    run_to_end,
     target_kinds,
 )
 from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.core.schema import Machine, SchemaError, validate
 from latencyd.core.system import PF_KTHREAD, System, Task
 from latencyd.service.daemon import Daemon, Delays
+from latencyd.tools.cli import format_status
 from tests.unit.fakesys import (
     EPERM_REASON,
     FakeSched,
@@ -969,6 +975,60 @@ def test_pin_delays_are_measured_by_the_daemon(
     delay = facts["event_to_applied_us"]
     assert delay["count"] == 1
     assert delay["p50"] == delay["max"] >= 250.0
+
+
+def test_status_shows_tasks_to_root_and_the_admin_group_only(
+    m: Machinery, machine: Machine, tmp_path: Path
+) -> None:
+    """Status to anyone else is what hidepid would let them see: no pid, name or CPUs of
+    another user's task (settings of the shield, its table, the noise watch's sources,
+    a holder), only how many there are; everything else as root sees it."""
+    add_task(m.root, 600, "pinned", start_time=8000)
+    m.sched.add(600, {1})  # confined to the isolated CPU: a row of the shield's table
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "p.toml").write_text(
+        '[kthread]\nisolate_tasks = "1"\nwriteback_cpumask = "0"\n'
+        '[[kthread.rule]]\nmatch = "^kswapd"\ncpus = "3"\n[monitor]\ncpus = "1"\n'
+    )
+    monitor = MonitorPlugin(m.system)
+    plugins: dict[str, Plugin[Any]] = {"kthread": m.plugin, "monitor": monitor}
+    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+    daemon = Daemon(m.system, plugins, library, Engine(plugins, Journal(m.state_dir)))
+    run_to_end(daemon.hold_steps("p", "latency bench", ":1.42", pid=4321))
+    noise = {
+        "task 400 myapp": Tally(3, 2_000_000, 1_000_000),
+        "local timer": Tally(250, 1_000_000, 8_000),
+    }
+    monitor.last = LastInterval("tracefs", 1.0, {1: noise})
+
+    root, others = daemon.status(), daemon.status(sees_tasks=False)
+    seen, shown = json.dumps(root), json.dumps(others)
+    for identity in ("myapp", "kswapd0", "pinned", "sshd", "(pid ", ":1.42"):
+        assert identity in seen and identity not in shown
+    kthread = others["plugins"]["kthread"]
+    tasks = [t for p, t in daemon.engine.applied if p == "kthread" and "pid" in encode_target(t)]
+    assert kthread["hidden"] == len(tasks) == 5  # systemd, sshd, myapp (2 threads), kswapd0
+    assert [row["text"] for row in kthread["applied"]] == ["workqueue writeback cpumask = 0"]
+    (shield,) = kthread["tables"]
+    assert shield["rows"] == [] and shield["hidden"] == 1
+    assert [row[0] for row in root["plugins"]["kthread"]["tables"][0]["rows"]] == [600]
+    (sources,) = others["plugins"]["monitor"]["tables"]  # the time stays, not whose it was
+    assert [row[:3] for row in sources["rows"]] == [
+        ["1", "task (hidden)", "3"],
+        ["1", "local timer", "250"],
+    ]
+    assert [(h["owner"], h["pid"]) for h in root["holds"]] == [(":1.42", 4321)]
+    assert [(h["owner"], h["pid"], h["reason"]) for h in others["holds"]] == [
+        (None, None, "latency bench")
+    ]
+    # As latencyctl status and top show it.
+    text = format_status(others)
+    assert f"({len(tasks):,} settings of tasks: shown to root and the admin group only)" in text
+    assert "(1 row naming tasks: shown to root and the admin group only)" in text
+    view = top_view(others)
+    assert view["expected"] == ["hold 1 (latency bench)"]
+    assert [s["source"] for s in view["cpus"]["1"]] == ["task (hidden)", "local timer"]
 
 
 # -- schema -------------------------------------------------------------------------------------
