@@ -6,9 +6,10 @@ REQUEST_TIMEOUT_S to send its request).
 Only what latencyd alone knows: the time stolen from the watched CPUs, by source (the
 noise watch), the profile in force, the state of its settings, drift found and what was
 done about it, how long switches take. Per-CPU interrupt and softirq counts, cpufreq and
-the like are prometheus-node-exporter's. Nothing here is more than an unprivileged D-Bus
-client can read with Status. Task sources are labelled by command name without the pid
-("task stress-ng"): a pid label would be a new series for every process that ever ran.
+the like are prometheus-node-exporter's. Task sources are labelled by command name
+without the pid ("task stress-ng"): a pid label would be a new series for every process
+that ever ran. Status gives command names to root and the admin group only, hence an
+address other hosts reach only with metrics_allow_remote (latencyd.service.config).
 
 The noise series are bounded: each watched CPU names its `sources_per_cpu` sources that
 took the most time lately, and counts the rest together as source="other", so a churn of
