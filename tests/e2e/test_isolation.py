@@ -202,7 +202,7 @@ def test_status_names_the_shields_tasks_and_the_holder_to_root_only(
         assert status["plugins"]["kthread"]["hidden"] >= 1
         assert [(h["pid"], h["owner"]) for h in status["holds"]] == [(None, None)]
         assert cli_as_nobody(d.address, "status", capture=out) == 0
-        assert "settings of tasks: shown to root and the admin group only)" in out.read_text()
+        assert " of tasks: shown to root and the admin group only)" in out.read_text()
     finally:
         app.kill()
         app.wait()
