@@ -1023,7 +1023,7 @@ def test_status_shows_tasks_to_root_and_the_admin_group_only(
         (None, None, "latency bench")
     ]
     # As latencyctl status and top show it.
-    text = format_status(others)
+    text = "\n".join(format_status(others))
     assert f"({len(tasks):,} settings of tasks: shown to root and the admin group only)" in text
     assert "(1 row naming tasks: shown to root and the admin group only)" in text
     view = top_view(others)
