@@ -510,7 +510,10 @@ def _run_attribution(
 
     begun = time.monotonic()
     machine = machine_kind(read_facts(System("/")), os.uname().release)
-    with tempfile.TemporaryDirectory(prefix=f"latencyd-attribute-{os.getpid()}-") as name:
+    scratch = measure.scratch_dir()
+    with tempfile.TemporaryDirectory(
+        prefix=f"latencyd-attribute-{os.getpid()}-", dir=scratch
+    ) as name:
         tmp = Path(name)
         tmp.chmod(0o755)  # the daemon reads them; root's, not writable by others
         skipped, switches = [], []
@@ -688,7 +691,10 @@ def _attribute_recommendation(
     from latencyd.tools import measure
 
     tools = ["sockperf", "cyclictest"]  # as measure --attribute's (oslat: see cmd_measure)
-    with tempfile.TemporaryDirectory(prefix=f"latencyd-recommend-{os.getpid()}-") as tmp:
+    scratch = measure.scratch_dir()
+    with tempfile.TemporaryDirectory(
+        prefix=f"latencyd-recommend-{os.getpid()}-", dir=scratch
+    ) as tmp:
         Path(tmp).chmod(0o755)  # the daemon reads it; root's, not writable by others
         proposal = Path(tmp) / "recommended.toml"
         proposal.write_text(profile_text)

@@ -280,18 +280,24 @@ class Network:
         return ["ip", "netns", "exec", ns, "taskset", "-c", cpus.to_list(), *argv]
 
 
+def scratch_dir() -> str | None:
+    """Where measure's temporary directories go: /run for root, whose /tmp the daemon's
+    unit hides from it (PrivateTmp=yes) though the daemon must read the scenario profiles
+    kept there; the usual temporary directory otherwise."""
+    return "/run" if os.geteuid() == 0 and os.access("/run", os.W_OK) else None
+
+
 def remove_what_dead_runs_left(netns: Path = Path("/run/netns")) -> list[str]:
     """A run killed outright (SIGKILL) cannot remove its namespaces or temporary
     directories, so each run removes those of runs whose process is gone. Their names
     carry the run's PID (ltdm-PID-s, latencyd-measure-PID-*, latencyd-tuned-PID-*,
     latencyd-attribute-PID-*, latencyd-recommend-PID-*); a live run's are left alone."""
     names = [ns.name for ns in netns.glob("ltdm-*-[sc]")] if netns.is_dir() else []
-    tmp = Path(tempfile.gettempdir())
     dirs = [
-        *tmp.glob("latencyd-measure-*-*"),
-        *tmp.glob("latencyd-tuned-*-*"),
-        *tmp.glob("latencyd-attribute-*-*"),
-        *tmp.glob("latencyd-recommend-*-*"),
+        path
+        for tmp in {Path(tempfile.gettempdir()), Path(scratch_dir() or tempfile.gettempdir())}
+        for kind in ("measure", "tuned", "attribute", "recommend")
+        for path in tmp.glob(f"latencyd-{kind}-*-*")
     ]
     removed = []
     for name, path in [(n, None) for n in names] + [(d.name, d) for d in dirs]:
@@ -573,7 +579,9 @@ class TunedDaemon:
         if shutil.which("tuned") is None:
             raise MeasureError("TuneD is not installed (apt-get install tuned)")
         self.stop()
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"latencyd-tuned-{os.getpid()}-"))
+        self.workdir = Path(
+            tempfile.mkdtemp(prefix=f"latencyd-tuned-{os.getpid()}-", dir=scratch_dir())
+        )
         self.procs.guard.path(self.workdir)
         copies = [self.workdir / "tuned", self.workdir / "modprobe.d"]
         for source, copy in zip((self.etc, self.FILES[1]), copies, strict=True):
@@ -836,7 +844,9 @@ def run(
     begun, seconds, tool_s, seconds_per_round = time.monotonic(), plan.seconds, 0.0, []
     with (
         interruptible(),
-        tempfile.TemporaryDirectory(prefix=f"latencyd-measure-{os.getpid()}-") as tmp,
+        tempfile.TemporaryDirectory(
+            prefix=f"latencyd-measure-{os.getpid()}-", dir=scratch_dir()
+        ) as tmp,
     ):
         for path in (*plan.scratch, Path(tmp)):
             guard.path(path)

@@ -12,14 +12,19 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from latencyd.tools import measure
 from tests.e2e.test_measure import netns_of_measure, running
 from tests.harness import BIN, Latencyd, wait_for
+
+# Where measure keeps its temporary directories (/run for root: see measure.scratch_dir).
+SCRATCH = Path(measure.scratch_dir() or tempfile.gettempdir())
 
 VERDICTS = {"helps", "hurts", "no measurable effect"}
 
@@ -88,7 +93,7 @@ def test_a_short_attribution_names_every_group_and_puts_everything_back(
     assert netns_of_measure() == []
     assert not running("-x", "ltdm-hog")
     assert Path("/proc/sys/vm/swappiness").read_text() == swappiness
-    assert not list(Path("/tmp").glob(f"latencyd-attribute-{proc.pid}-*"))
+    assert not list(SCRATCH.glob(f"latencyd-attribute-{proc.pid}-*"))
 
 
 def group_set(name: str, order: list[str]) -> frozenset[str]:
@@ -122,7 +127,7 @@ def test_killing_attribution_leaves_no_hog_and_no_hold(daemon: Latencyd, profile
     assert daemon.ctl("active").stdout.strip() == "test-a"
     # Its guard removes its namespaces, its own files and the profiles it held.
     left = [f"latencyd-attribute-{proc.pid}-*", f"latencyd-measure-{proc.pid}-*"]
-    wait_for(lambda: not [p for g in left for p in Path("/tmp").glob(g)], timeout=10)
+    wait_for(lambda: not [p for g in left for p in SCRATCH.glob(g)], timeout=10)
     wait_for(lambda: netns_of_measure() == [], timeout=10)
 
 

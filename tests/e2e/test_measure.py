@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,11 @@ from typing import Any
 
 import pytest
 
+from latencyd.tools import measure
 from tests.harness import BIN, Latencyd, wait_for
+
+# Where measure keeps its temporary directories (/run for root: see measure.scratch_dir).
+SCRATCH = Path(measure.scratch_dir() or tempfile.gettempdir())
 
 ORDER = ("min", "p50", "p90", "p99", "p99.9")
 
@@ -28,7 +33,7 @@ def netns_of_measure() -> list[str]:
 
 def tuned_applied(pid: int) -> bool:
     """Whether the TuneD that measure `pid` started has logged that it applied its profile."""
-    logs = Path("/tmp").glob(f"latencyd-tuned-{pid}-*/tuned.log")
+    logs = SCRATCH.glob(f"latencyd-tuned-{pid}-*/tuned.log")
     return any("applied" in log.read_text() for log in logs)
 
 
@@ -122,7 +127,7 @@ def test_kill_9_of_measure_ends_its_load_server_and_namespaces(daemon: Latencyd)
     try:
         wait_for(lambda: running("-x", "sockperf") and running("-f", "sleep 9876"), timeout=30)
         assert sorted(netns_of_measure()) == [f"ltdm-{proc.pid}-c", f"ltdm-{proc.pid}-s"]
-        (workdir,) = Path("/tmp").glob(f"latencyd-measure-{proc.pid}-*")
+        (workdir,) = SCRATCH.glob(f"latencyd-measure-{proc.pid}-*")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
@@ -153,7 +158,7 @@ def test_recommend_measures_its_proposal_group_by_group(daemon: Latencyd) -> Non
     """The verdicts depend on the machine; that every group of the proposal is judged, the
     kept ones written with their effect quoted, the rest named with why, and the machine
     left as before, does not."""
-    earlier = set(Path("/tmp").glob("latencyd-recommend-*"))
+    earlier = set(SCRATCH.glob("latencyd-recommend-*"))
     r = subprocess.run(
         [str(BIN / "latencyctl"), "recommend", "--measure", "--seconds", "1", "--rounds", "2",
          "--json"],
@@ -171,7 +176,7 @@ def test_recommend_measures_its_proposal_group_by_group(daemon: Latencyd) -> Non
         assert f"# {name} helps: " in result["profile_file"]
     order = result["measured"]["round_order"]
     assert order[0][0] == order[1][-1] == "recommended" and sorted(order[0]) == sorted(order[1])
-    assert set(Path("/tmp").glob("latencyd-recommend-*")) <= earlier  # its files are gone
+    assert set(SCRATCH.glob("latencyd-recommend-*")) <= earlier  # its files are gone
     assert daemon.ctl("active").stdout.strip() == "test-a"
     assert json.loads(daemon.ctl("status", "--json").stdout)["holds"] == []
     assert netns_of_measure() == []
@@ -218,8 +223,8 @@ def test_killing_measure_during_tuned_rolls_tuned_back_and_leaves_etc_alone(
         wait_for(lambda: tuned_applied(proc.pid), timeout=60)
         assert swappiness.read_text().strip() == "10"
         assert sorted(netns_of_measure()) == [f"ltdm-{proc.pid}-c", f"ltdm-{proc.pid}-s"]
-        copies = list(Path("/tmp").glob(f"latencyd-tuned-{proc.pid}-*"))
-        copies += Path("/tmp").glob(f"latencyd-measure-{proc.pid}-*")
+        copies = list(SCRATCH.glob(f"latencyd-tuned-{proc.pid}-*"))
+        copies += SCRATCH.glob(f"latencyd-measure-{proc.pid}-*")
         assert len(copies) == 2, copies
     finally:
         if guard == "killed too":

@@ -133,6 +133,13 @@ def test_unit_keeps_what_the_daemon_needs() -> None:
     caps = " ".join(settings["CapabilityBoundingSet"]).split()
     assert {"CAP_SYS_NICE", "CAP_SYS_ADMIN", "CAP_NET_ADMIN"} <= set(caps)
     assert not any(f.startswith("~") and "@debug" in f for f in settings["SystemCallFilter"])
+    # Issue 37: a scrape of metrics_listen on loopback must pass IPAddressDeny=any, and the
+    # noise watch's tracefs is systemd's to mount (the unit forbids @mount).
+    if settings.get("IPAddressDeny") == ["any"]:
+        assert "localhost" in " ".join(settings.get("IPAddressAllow", [])).split()
+    if any("@mount" in f for f in settings.get("SystemCallFilter", [])):
+        assert "sys-kernel-tracing.mount" in " ".join(settings["Wants"]).split()
+        assert "sys-kernel-tracing.mount" in " ".join(settings["After"]).split()
 
 
 # --- latencyd.tmpfiles.conf, latencyd.conf ----------------------------------------
