@@ -55,6 +55,28 @@ def test_from_list_errors(text: str, message: str) -> None:
         CpuSet.from_list(text)
 
 
+@pytest.mark.parametrize("text", ["\u0661", "0-\u0663", "\uff11", "1,\u0967", "0-7:\u0662"])
+def test_cpu_numbers_are_ascii_digits(text: str) -> None:
+    """int() and str.isdigit() take any script's digits ("\u0661" is 1 to int()); a CPU
+    number is written in ASCII, by the kernel and in profiles."""
+    with pytest.raises(CpuSetError, match="is not a CPU number or range"):
+        CpuSet.from_list(text)
+    with pytest.raises(CpuSetError, match="cannot read CPU list"):
+        CpuSet.parse(f"all & {text}", ALL4)
+
+
+def test_ranges_and_strides_match_python_ranges() -> None:
+    """Ranges are built as bit masks: every (first, last, stride) agrees with range()."""
+    rng = random.Random(37)
+    for _ in range(2000):
+        lo = rng.randrange(MAX_CPUS)
+        hi = rng.randrange(lo, min(MAX_CPUS, lo + rng.choice((2, 40, 300, MAX_CPUS))))
+        step = rng.choice((1, 2, 3, 7, 64, 1000, 10**12))
+        expected = set(range(lo, hi + 1, step))
+        assert set(CpuSet.from_list(f"{lo}-{hi}:{step}")) == expected, (lo, hi, step)
+        assert set(CpuSet.parse(f"~~{lo}-{hi}:{step}", CpuSet(range(MAX_CPUS)))) == expected
+
+
 def test_cpuset_error_is_a_value_error() -> None:
     assert issubclass(CpuSetError, ValueError)
 
@@ -265,4 +287,6 @@ def test_sizes_are_checked_before_sets_are_built() -> None:
         with pytest.raises(CpuSetError, match=message):
             CpuSet.parse(expr, all_cpus)
     assert CpuSet.parse("~" * 32 + "1", all_cpus) == CpuSet([1])
+    with pytest.raises(CpuSetError, match=r"CPU 123456789012\.\.\. \(5000 digits\) is beyond"):
+        CpuSet.from_list("1-12345678901" + "2" * 4989)  # int() would refuse 4,300 digits
     assert len(CpuSet.from_list(f"0-{MAX_CPUS - 1}")) == MAX_CPUS
