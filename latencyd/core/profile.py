@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from latencyd.core.errors import Location, ProfileError, ProfileNotFound
-from latencyd.core.schema import Machine, Schema, SchemaError, validate
+from latencyd.core.schema import INT64, Machine, Schema, SchemaError, validate
 from latencyd.core.tomlpos import KeyPath, key_lines, max_nesting, nearest_line
 
 SUFFIX = ".toml"
@@ -126,6 +127,18 @@ def _toml_error(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> ProfileE
     return ProfileError(Location(path, line), f"TOML syntax error: {reason}")
 
 
+def _value_error(path: Path, text: str, exc: ValueError) -> ProfileError:
+    """tomllib converts integers with int(), which refuses more than
+    sys.get_int_max_str_digits() decimal digits with a ValueError that says not where."""
+    limit = sys.get_int_max_str_digits()
+    for run in re.finditer(r"[0-9][0-9_]*", text):  # maximal runs: linear in the text
+        if len(run.group()) - run.group().count("_") > limit:
+            line = text.count("\n", 0, run.start()) + 1
+            message = f"an integer of more than {limit} digits (TOML's are 64-bit)"
+            return ProfileError(Location(path, line), message)
+    return ProfileError(Location(path), f"TOML syntax error: {exc}")
+
+
 def parse_source(name: str, path: Path, text: str) -> SourceFile:
     """One file's TOML, checked against LIMITS before and after parsing."""
     deep = max_nesting(text, LIMITS.nesting)
@@ -137,6 +150,8 @@ def parse_source(name: str, path: Path, text: str) -> SourceFile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _toml_error(path, text, exc) from exc
+    except ValueError as exc:  # int() of a decimal integer with too many digits
+        raise _value_error(path, text, exc) from exc
     lines = key_lines(text)
     source = SourceFile(name, path, data, lines)
     problem = _oversized(data)
@@ -147,8 +162,9 @@ def parse_source(name: str, path: Path, text: str) -> SourceFile:
 
 
 def _oversized(data: Any) -> tuple[KeyPath, str] | None:
-    """The first place that breaks LIMITS (nesting by dotted keys, array lengths), if any.
-    Iterative, so no content can exhaust the stack."""
+    """The first place that breaks LIMITS (nesting by dotted keys, array lengths) or holds
+    an integer TOML does not (beyond 64 bits), if any. Iterative, so no content can
+    exhaust the stack."""
     stack: list[tuple[KeyPath, Any]] = [((), data)]
     while stack:
         where, value = stack.pop()
@@ -160,6 +176,8 @@ def _oversized(data: Any) -> tuple[KeyPath, str] | None:
             if len(value) > LIMITS.items:
                 return where, f"{len(value)} entries; at most {LIMITS.items} are allowed"
             stack.extend(((*where, i), v) for i, v in enumerate(value))
+        elif isinstance(value, int) and value not in INT64:
+            return where, "integer beyond the 64-bit range of TOML"
     return None
 
 

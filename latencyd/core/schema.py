@@ -23,6 +23,15 @@ class Machine:
     mem_total_bytes: int
 
 
+# The integers a profile may hold: TOML's, 64-bit signed (its spec: what a parser cannot
+# hold losslessly is an error). Python's are unbounded, and str() of one of over 4,300
+# digits raises ValueError: in an error message, in the status, in a write to the kernel.
+INT64 = range(-(2**63), 2**63)
+_INT64_DIGITS = len(str(INT64.stop))
+# ASCII digits only: `\d` and int() also take other scripts' digits ("١٢" is 12 to int()).
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
 class Kind(Protocol):
     @property
     def label(self) -> str: ...
@@ -41,10 +50,16 @@ class Int:
 
     def parse(self, raw: Any, machine: Machine) -> int:
         if isinstance(raw, bool) or not isinstance(raw, int):
-            if isinstance(raw, str) and re.fullmatch(r"-?\d+", raw.strip()):
-                raw = int(raw)
-            else:
+            if not isinstance(raw, str) or not _INTEGER.fullmatch(raw.strip()):
                 raise ValueError(f"expected an integer, got {raw!r}")
+            text = raw.strip()
+            digits = text.lstrip("-").lstrip("0")
+            if len(digits) > _INT64_DIGITS:  # checked before int(), whose cost is quadratic
+                raise ValueError(f"{text[:24]}... is beyond the 64-bit integer range")
+            raw = -int(digits or "0") if text.startswith("-") else int(digits or "0")
+        if raw not in INT64:
+            shown = raw if raw.bit_length() <= 128 else f"a {raw.bit_length()}-bit integer"
+            raise ValueError(f"{shown} is beyond the 64-bit integer range")
         if self.min is not None and raw < self.min:
             raise ValueError(f"{raw} is below the minimum {self.min}")
         if self.max is not None and raw > self.max:
@@ -120,8 +135,8 @@ class Cpus:
         return cpus
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
-_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_SIZE = re.compile(r"^\s*([0-9]+)(\.[0-9]+)?\s*([kKmMgGtT]?)(i?[bB])?\s*$")
+_PERCENT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -146,7 +161,14 @@ class Size:
                 raise ValueError(f"{raw!r} is more than all of RAM")
             return int(machine.mem_total_bytes * pct / 100)
         if m := _SIZE.match(raw):
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+            whole, fraction, unit = m.group(1), m.group(2) or "", m.group(3).lower()
+            # Checked before float(), which turns a long number into infinity (and int()
+            # of infinity raises OverflowError).
+            if len(whole.lstrip("0")) <= _INT64_DIGITS:
+                size = int(float(whole + fraction) * _UNITS[unit])
+                if size in INT64:
+                    return size
+            raise ValueError(f"{raw.strip()[:24]!r} is more than {INT64.stop - 1} bytes")
         raise ValueError(f'expected a size like 65536, "64M" or "3%", got {raw!r}')
 
 

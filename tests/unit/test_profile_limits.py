@@ -89,6 +89,20 @@ def test_a_wide_include_fan_is_bounded(lib: ProfileLibrary) -> None:
         ('[irq]\nisolate = "' + "~" * 3000 + '1"\n', 2, "nests more than 32 deep"),
         ('[irq]\nisolate = "0x' + "f" * 100000 + '"\n', 2, "longer than 4096 characters"),
         ("a = 1\na = 2", 2, "TOML syntax error: Cannot overwrite a value"),
+        # Numbers Python holds and TOML does not: int() refuses over 4,300 digits (a
+        # ValueError), a 400-digit size is float infinity (int() of it: OverflowError).
+        ("[writeback]\n\ndirty_expire_centisecs = 1" + "0" * 5000, 3, "more than 4300 digits"),
+        ("[writeback]\ndirty_expire_centisecs = 0x" + "f" * 5000, 2, "beyond the 64-bit range"),
+        ('[writeback]\ndirty_expire_centisecs = "' + "1" * 4000 + '"', 2, "beyond the 64-bit"),
+        (
+            '[writeback]\ndirty_bytes = "' + "9" * 400 + 'T"',
+            2,
+            "more than 9223372036854775807 bytes",
+        ),
+        # Digits of other scripts, which int() takes: "\u0661-\u0663" would be 1-3.
+        ('[irq]\nisolate = "\u0661-\u0663"', 2, "cannot read CPU list"),
+        ('[writeback]\ndirty_bytes = "\u0661\u0662M"', 2, "expected a size like 65536"),
+        ('[writeback]\ndirty_ratio = "\uff11\uff12"', 2, "expected an integer"),
         ("[sysctl]\n" + '"vm.swappiness" = 1\n' * 2, 3, "TOML syntax error"),
     ],
 )
@@ -201,6 +215,22 @@ def test_a_library_that_trusts_only_root_checks_includes_too(tmp_path: Path) -> 
     (pdir / "base.toml").chmod(0o666)
     with pytest.raises(ProfileError, match=r"base\.toml: writable by group or others"):
         lib.load("top")
+
+
+def test_a_profile_python_cannot_hold_is_listed_with_its_error(lib: ProfileLibrary) -> None:
+    """ListProfiles answers for every profile when one of them holds a number int() or
+    float() refuses (it used to raise ValueError for every caller)."""
+    write(lib, "fine", '[main]\nsummary = "fine"\n')
+    digits = write(lib, "digits", "[writeback]\ndirty_ratio = 1" + "0" * 5000 + "\n")
+    size = write(lib, "size", '[writeback]\ndirty_bytes = "' + "9" * 400 + 'T"\n')
+    listed = {i.name: (i.summary, i.error) for i in lib.all()}
+    assert listed["fine"] == ("fine", None)
+    assert listed["digits"][1] == (
+        f"{digits}:2: an integer of more than 4300 digits (TOML's are 64-bit)"
+    )
+    assert listed["size"][1] == (
+        f"{size}:2: dirty_bytes: '{'9' * 24}' is more than 9223372036854775807 bytes"
+    )
 
 
 # -- fuzz ----------------------------------------------------------------------------------

@@ -78,6 +78,23 @@ def test_size(raw: Any, expected: int) -> None:
     assert Size().parse(raw, M) == expected
 
 
+def test_integers_and_sizes_stay_within_64_bits() -> None:
+    """What a profile cannot hold as TOML is refused, however it is written."""
+    assert Int().parse(2**63 - 1, M) == 2**63 - 1
+    assert Int().parse(str(-(2**63)), M) == -(2**63)
+    assert error_of(Int(), 2**63) == "9223372036854775808 is beyond the 64-bit integer range"
+    assert error_of(Int(), "-" + "0" * 30 + str(2**63 + 1)) == (
+        "-9223372036854775809 is beyond the 64-bit integer range"
+    )
+    assert error_of(Int(), 1 << 5000) == "a 5001-bit integer is beyond the 64-bit integer range"
+    assert error_of(Int(), "1" * 20) == "11111111111111111111... is beyond the 64-bit integer range"
+    assert Size().parse("8388607T", M) == 8388607 << 40
+    assert error_of(Size(), "8388608T") == "'8388608T' is more than 9223372036854775807 bytes"
+    assert (
+        error_of(Size(), "9" * 30 + ".5K") == f"'{'9' * 24}' is more than 9223372036854775807 bytes"
+    )
+
+
 def test_size_percent_uses_the_machine_memory() -> None:
     assert Size().parse("50%", Machine(CpuSet([0]), 1000)) == 500
     assert Size().parse("1%", Machine(CpuSet([0]), 1 << 30)) == int((1 << 30) / 100)
