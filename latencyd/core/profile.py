@@ -3,8 +3,10 @@
 Loading is pure apart from reading files: a profile either loads completely and
 validly or raises `ProfileError` naming the file and line, so nothing of a bad
 profile can ever reach the engine. Whatever a file contains, loading it is
-bounded in time and memory (see LIMITS): hostile input gets the same clear
-`file:line: what is wrong` as a typo, never a traceback.
+bounded in time and memory (see LIMITS), and its cost grows linearly with the file:
+hostile input gets the same clear `file:line: what is wrong` as a typo, never a
+traceback. Any other exception while loading is a bug, and still that profile's error:
+it never stops a listing of the others or the daemon.
 
 Where profiles come from is checked like sudo checks sudoers: when the daemon runs
 as root, a profile file (and the directory holding it) must be owned by root and
@@ -13,6 +15,7 @@ not writable by group or others, or a local user could plant settings.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
@@ -21,7 +24,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from latencyd.core.errors import Location, ProfileError, ProfileNotFound
 from latencyd.core.schema import INT64, Machine, Schema, SchemaError, validate
@@ -37,6 +40,8 @@ MAIN_KEYS = {  # key: what it holds (latencyd.profile(5))
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@-]*")
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -51,6 +56,9 @@ class Limits:
     variables: int = 256
     value_chars: int = 4096  # a string after variables are substituted
     items: int = 1024  # entries in one array (rules, CPU entries, list values)
+    # Text that variables add to one profile's values, all together: what is validated is
+    # then at most the files plus this, however often a long variable is used.
+    substituted_chars: int = 256 * 1024
 
 
 LIMITS = Limits()
@@ -312,7 +320,20 @@ class ProfileLibrary:
         """Load and validate a profile; `by_path` allows file paths (root only)."""
         path = self.find(name_or_path, by_path=by_path)
         name = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
-        return self._merge(name, path, self._include_chain(name, path))
+        try:
+            return self._merge(name, path, self._include_chain(name, path))
+        except ProfileError:
+            raise
+        except Exception as exc:
+            # A bug (in the loader, or in a plugin's schema) that this profile's content
+            # found: still this profile's error, so the caller lists the other profiles,
+            # and a bad default profile leaves the daemon running. The log has the rest.
+            log.exception("loading profile %s", path)
+            raise ProfileError(
+                Location(path),
+                f"cannot load profile: {type(exc).__name__} inside latencyd (a bug; "
+                "its log has the details)",
+            ) from exc
 
     def _read(self, name: str, path: Path) -> SourceFile:
         if self.trusted_only:
@@ -476,7 +497,11 @@ class ProfileLibrary:
                     for group in self.schemas[key].exclusive:
                         if opt in group:  # a later file's choice replaces the other mode
                             for other in group:
-                                if other != opt and other in merged and merged[other][1] != source:
+                                if (
+                                    other != opt
+                                    and other in merged
+                                    and merged[other][1] is not source
+                                ):
                                     del merged[other]
                     merged[opt] = (val, source)  # later files win, option by option
 
@@ -487,13 +512,14 @@ class ProfileLibrary:
                 f"{len(variables)} variables; at most {LIMITS.variables} are allowed",
             )
         resolved_vars = _resolve_variables(variables)
+        budget = _Budget(LIMITS.substituted_chars)
         sections: dict[str, dict[str, Any]] = {}
         origins: dict[str, dict[str, Location]] = {}
         written: dict[str, dict[str, Any]] = {}
         for section, options in raw.items():
             substituted: dict[str, Any] = {}
             for opt, (val, source) in options.items():
-                substituted[opt] = _substitute(val, resolved_vars, source, (section, opt))
+                substituted[opt] = _substitute(val, resolved_vars, source, (section, opt), budget)
                 _check_size(substituted[opt], source, (section, opt))
             written[section] = substituted
             try:
@@ -515,6 +541,37 @@ class ProfileLibrary:
             removed=removed,
             written=written,
         )
+
+
+def _weight(value: Any, cap: int) -> int:
+    """A value's size, its strings' characters plus its entries, counted up to just past
+    `cap` (so the count costs no more than the cap)."""
+    weight = 0
+    stack = [value]
+    while stack and weight <= cap:
+        item = stack.pop()
+        weight += len(item) if isinstance(item, str) else 1
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return weight
+
+
+@dataclass
+class _Budget:
+    """What variables may still add to a profile's values (LIMITS.substituted_chars)."""
+
+    left: int
+
+    def spend(self, value: Any, source: SourceFile, where: KeyPath) -> None:
+        self.left -= _weight(value, self.left)
+        if self.left < 0:
+            raise ProfileError(
+                source.at(*where),
+                f"variables add more than {LIMITS.substituted_chars} characters to this "
+                "profile's values (a long variable used too often)",
+            )
 
 
 def _check_size(value: Any, source: SourceFile, where: KeyPath) -> None:
@@ -591,16 +648,21 @@ def _resolve_variables(variables: dict[str, tuple[Any, SourceFile]]) -> dict[str
 
 
 def _substitute(
-    value: Any, variables: Mapping[str, Any], source: SourceFile, where: KeyPath
+    value: Any,
+    variables: Mapping[str, Any],
+    source: SourceFile,
+    where: KeyPath,
+    budget: _Budget | None = None,
 ) -> Any:
     """Replace ${name} in strings (recursively); a value that is exactly ${name} keeps its type.
+    What the variables add is taken from `budget`, if given.
 
     Recursion follows the value's nesting, which parse_source has bounded.
     """
     if isinstance(value, list):
-        return [_substitute(v, variables, source, (*where, i)) for i, v in enumerate(value)]
+        return [_substitute(v, variables, source, (*where, i), budget) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _substitute(v, variables, source, (*where, k)) for k, v in value.items()}
+        return {k: _substitute(v, variables, source, (*where, k), budget) for k, v in value.items()}
     if not isinstance(value, str):
         return value
     if len(value) > LIMITS.value_chars:
@@ -614,7 +676,21 @@ def _substitute(
             raise ProfileError(
                 source.at(*where), f"undefined variable ${{{var}}} (variables: {known})"
             )
+        if budget is not None:
+            budget.spend(variables[var], source, where)
         return variables[var]
+
+    def text(var: str) -> str:
+        found = lookup(var)
+        if not isinstance(found, str) and _weight(found, LIMITS.value_chars) > LIMITS.value_chars:
+            too_long()  # before str() writes out a list of thousands of strings
+        return str(found)
+
+    def too_long() -> NoReturn:
+        raise ProfileError(
+            source.at(*where),
+            f"value is longer than {LIMITS.value_chars} characters once variables are substituted",
+        )
 
     whole = _VAR.fullmatch(value)
     if whole:
@@ -625,20 +701,13 @@ def _substitute(
     size = 0
     last = 0
     for m in _VAR.finditer(value):
-        for piece in (value[last : m.start()], str(lookup(m.group(1)))):
+        for piece in (value[last : m.start()], text(m.group(1))):
             size += len(piece)
             if size > LIMITS.value_chars:
-                raise ProfileError(
-                    source.at(*where),
-                    f"value is longer than {LIMITS.value_chars} characters once variables "
-                    "are substituted",
-                )
+                too_long()
             pieces.append(piece)
         last = m.end()
     pieces.append(value[last:])
     if size + len(pieces[-1]) > LIMITS.value_chars:
-        raise ProfileError(
-            source.at(*where),
-            f"value is longer than {LIMITS.value_chars} characters once variables are substituted",
-        )
+        too_long()
     return "".join(pieces)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import re
 import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from latencyd.core.engine import section_schemas
 from latencyd.core.errors import ProfileError, ProfileNotFound
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import LIMITS, ProfileLibrary, check_name, check_trusted
-from latencyd.core.schema import Machine
+from latencyd.core.schema import Machine, Option, Schema
 from latencyd.core.system import System
 from latencyd.service.config import shipped_profiles_dir
 from tests.fuzzprofiles import mutate
@@ -147,6 +148,29 @@ def test_a_long_variable_chain_resolves_and_too_many_variables_is_an_error(
     assert "3001 variables; at most 256" in str(error) and at_line(error, path) == 1
 
 
+def test_a_long_variable_used_often_is_refused_not_validated_a_thousand_times(
+    lib: ProfileLibrary,
+) -> None:
+    """A 4 KB variable in each of 1,000 list entries is 4 MB to validate from a 9 KB file:
+    what variables add to one profile is bounded, so its cost stays linear in the file."""
+    long = "x" * 4000
+    entries = ", ".join(['"${v}"'] * 1000)
+    path = write(lib, "inline", f'[variables]\nv = "{long}"\n[kthread]\nallow = [{entries}]\n')
+    error = refused(lib, "inline")
+    assert "variables add more than 262144 characters" in str(error)
+    assert at_line(error, path) == 4
+    # The same through a list variable used whole: its entries count too.
+    lists = ", ".join(['"${v}"'] * 100)
+    text = f'[variables]\nv = "{long}"\nl = [{lists}]\n[kthread]\nallow = "${{l}}"\n'
+    path = write(lib, "whole", text)
+    error = refused(lib, "whole")
+    assert "variables add more than 262144 characters" in str(error)
+    assert at_line(error, path) == 5
+    # Used a few times, it loads.
+    write(lib, "few", f'[variables]\nv = "{long}"\n[kthread]\nallow = ["${{v}}", "${{v}}"]\n')
+    assert lib.load("few").sections["kthread"]["allow"] == [long, long]
+
+
 def test_a_long_rule_list_is_refused(lib: ProfileLibrary) -> None:
     rules = '[[kthread.rule]]\nmatch = "x"\ncpus = "0"\n' * 3000
     path = write(lib, "rules", rules)
@@ -215,6 +239,37 @@ def test_a_library_that_trusts_only_root_checks_includes_too(tmp_path: Path) -> 
     (pdir / "base.toml").chmod(0o666)
     with pytest.raises(ProfileError, match=r"base\.toml: writable by group or others"):
         lib.load("top")
+
+
+@dataclass(frozen=True)
+class Overflowing:
+    """A plugin's value kind with a bug: it raises OverflowError, not ValueError."""
+
+    @property
+    def label(self) -> str:
+        return "number"
+
+    def parse(self, raw: object, machine: Machine) -> int:
+        return int(float(str(raw)))  # "1e999" is infinity: OverflowError
+
+
+def test_any_exception_while_loading_is_that_profiles_error(lib: ProfileLibrary) -> None:
+    """Whatever escapes the loader's own checks (here a plugin's bug) is a ProfileError
+    naming the profile: a listing shows the others, a default profile cannot stop the
+    daemon."""
+    schemas = {**lib.schemas, "odd": Schema(options=(Option("n", Overflowing(), "a number"),))}
+    odd = ProfileLibrary(lib.search_path, schemas, MACHINE)
+    write(lib, "fine", '[odd]\nn = "12"\n')
+    path = write(lib, "buggy", '[main]\nsummary = "trips a bug"\n[odd]\nn = "1e999"\n')
+    assert odd.load("fine").sections["odd"]["n"] == 12
+    with pytest.raises(ProfileError) as info:
+        odd.load("buggy")
+    assert str(info.value) == (
+        f"{path}: cannot load profile: OverflowError inside latencyd (a bug; its log has "
+        "the details)"
+    )
+    listed = {i.name: i.error for i in odd.all()}
+    assert listed == {"fine": None, "buggy": str(info.value)}
 
 
 def test_a_profile_python_cannot_hold_is_listed_with_its_error(lib: ProfileLibrary) -> None:
