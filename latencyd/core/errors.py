@@ -42,6 +42,15 @@ class ProfileNotFound(ProfileError):
     dbus_name = "org.latencyd.Error.NoSuchProfile"
 
 
+class FileRefused(LatencydError):
+    """A file latencyd was given to read (a profile) is not one it may read: it could block,
+    is not a regular file, or someone other than root could have written it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class KernelRefused(LatencydError):
     """The kernel refused a write (errno), or accepted it but kept the old value."""
 

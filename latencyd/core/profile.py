@@ -8,17 +8,17 @@ hostile input gets the same clear `file:line: what is wrong` as a typo, never a
 traceback. Any other exception while loading is a bug, and still that profile's error:
 it never stops a listing of the others or the daemon.
 
-Where profiles come from is checked like sudo checks sudoers: when the daemon runs
-as root, a profile file (and the directory holding it) must be owned by root and
-not writable by group or others, or a local user could plant settings.
+A profile file is read only if it is a regular file on a real file system, not a
+symbolic link, FIFO or kernel interface that could block (system.read_guarded).
+Where profiles come from is checked like sudo and OpenSSH check their files: when the
+daemon runs as root, a profile file and every directory above it must be owned by root
+and not writable by group or others, or a local user could plant settings.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import stat
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from latencyd.core.errors import Location, ProfileError, ProfileNotFound
+from latencyd.core.errors import FileRefused, Location, ProfileError, ProfileNotFound
 from latencyd.core.schema import INT64, Machine, Schema, SchemaError, validate
+from latencyd.core.system import read_guarded
 from latencyd.core.tomlpos import KeyPath, key_lines, max_nesting, nearest_line
 
 SUFFIX = ".toml"
@@ -189,16 +190,12 @@ def _oversized(data: Any) -> tuple[KeyPath, str] | None:
     return None
 
 
-def read_source(name: str, path: Path) -> SourceFile:
+def read_source(name: str, path: Path, trusted: bool = False) -> SourceFile:
+    """A profile file, read by system.read_guarded (`trusted`: root's alone) and parsed."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(LIMITS.file_bytes + 1)
-    except OSError as exc:
-        raise ProfileError(Location(path), f"cannot read profile: {exc.strerror}") from exc
-    if len(raw) > LIMITS.file_bytes:
-        raise ProfileError(
-            Location(path), f"profile is larger than {LIMITS.file_bytes // 1024} KiB"
-        )
+        raw = read_guarded(path, LIMITS.file_bytes, trusted, "profile")
+    except FileRefused as exc:
+        raise ProfileError(Location(path), exc.reason) from exc
     try:
         text = raw.decode()
     except UnicodeDecodeError as exc:
@@ -207,26 +204,6 @@ def read_source(name: str, path: Path) -> SourceFile:
             Location(path, line), f"cannot read profile: not UTF-8 text ({exc.reason})"
         ) from exc
     return parse_source(name, path, text)
-
-
-def check_trusted(path: Path) -> None:
-    """Refuse a profile that someone other than root could have written (as sudo does)."""
-    for what, target in (("profile", path), ("directory", path.parent)):
-        try:
-            st = os.stat(target)
-        except OSError as exc:
-            raise ProfileError(Location(path), f"cannot check {what}: {exc.strerror}") from exc
-        if st.st_uid != os.geteuid():
-            raise ProfileError(
-                Location(path),
-                f"refusing {what} {target}: owned by uid {st.st_uid}, not root",
-            )
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise ProfileError(
-                Location(path),
-                f"refusing {what} {target}: writable by group or others "
-                f"(mode {stat.S_IMODE(st.st_mode):o})",
-            )
 
 
 def check_name(name: str, by_path: bool) -> None:
@@ -282,7 +259,7 @@ class ProfileLibrary:
         self.search_path = [Path(p) for p in search_path]
         self.schemas = schemas
         self.machine = machine
-        self.trusted_only = trusted_only  # the daemon as root: see check_trusted
+        self.trusted_only = trusted_only  # the daemon as root: see system.read_guarded
 
     # -- finding -------------------------------------------------------------
     def find(self, name: str, near: Path | None = None, by_path: bool = True) -> Path:
@@ -336,9 +313,7 @@ class ProfileLibrary:
             ) from exc
 
     def _read(self, name: str, path: Path) -> SourceFile:
-        if self.trusted_only:
-            check_trusted(path)
-        return read_source(name, path)
+        return read_source(name, path, self.trusted_only)
 
     def _include_chain(self, name: str, path: Path) -> list[SourceFile]:
         """Files in merge order: includes depth-first (in listed order), then the file itself.

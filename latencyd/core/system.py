@@ -3,6 +3,8 @@
 Every read and write of /proc, /sys and /dev goes through here, rooted at a
 path (default "/") so unit tests run the same plugin code against a fake tree.
 Errors become `KernelRefused` with the errno spelled out, never a bare OSError.
+Files latencyd is given to read (profiles) are read here too, by `read_guarded`: never
+one that could block, and as root only one that root alone could have written.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import errno
 import os
 import platform
 import posixpath
+import stat
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,7 +25,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused
+from latencyd.core.errors import FileRefused, KernelRefused
 from latencyd.core.schema import Machine
 
 KERNEL_SETTINGS = ("/proc/", "/sys/")  # where System.write may write
@@ -653,6 +656,154 @@ def _private_mount(fstype: str) -> int | None:
         return mount if mount >= 0 else None
     finally:
         os.close(fs)
+
+
+# -- files latencyd is given to read -----------------------------------------------------
+
+# File systems whose files are kernel interfaces, not files: a read may block forever
+# (/proc/kmsg, tracefs's trace_pipe) or take what another reader waits for. From
+# <linux/magic.h>, by statfs's f_type: a file system latencyd mounted itself, attached to
+# no directory (tracefs, see _private_mount), is in no mount table, and a bind mount
+# shows a name there that says nothing of what it holds; f_type always tells.
+KERNEL_FILESYSTEMS = {
+    0x9FA0: "procfs",
+    0x62656572: "sysfs",
+    0x74726163: "tracefs",
+    0x64626720: "debugfs",
+    0x73636673: "securityfs",
+    0x62656570: "configfs",
+    0x27E0EB: "cgroupfs",
+    0x63677270: "cgroup2",
+    0xCAFE4A11: "bpffs",
+    0x6165676C: "pstore",
+    0xDE5E81E4: "efivarfs",
+    0xF97CFF8C: "selinuxfs",
+}
+_FILE_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFLNK: "a symbolic link",
+}
+# Looked at (fstat, fstatfs) without being opened: no driver's open() runs, nothing blocks.
+_PROBE = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def filesystem_magic(fd: int) -> int:
+    """statfs's f_type of the file system holding `fd` (os.fstatvfs has no f_type)."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    if _libc.fstatfs(fd, buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    # f_type comes first, a long everywhere; unsigned, as <linux/magic.h> writes it.
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def read_guarded(path: Path, max_bytes: int, trusted: bool, what: str = "file") -> bytes:
+    """The content of the regular file at `path`, read so that nothing can make it block
+    or read more than `max_bytes`; any refusal is a FileRefused saying why (`what` names
+    the file in it: "profile").
+
+    The directory is resolved (symbolic links there are followed, as OpenSSH does), then
+    opened one component at a time from / with O_NOFOLLOW; the file itself is not
+    followed. It is looked at through an O_PATH descriptor before it is opened at all
+    (no FIFO, device or kernel file system is ever opened), then opened with
+    O_NONBLOCK|O_NOFOLLOW, checked to be the file looked at, and read to at most
+    max_bytes + 1 bytes.
+
+    `trusted` (the daemon as root): every directory from / down, and the file, must be
+    owned by root and writable by no one else, as sudo and OpenSSH require, or a local
+    user could swap in settings. A directory above may be writable by others if it is
+    sticky (/tmp): no one else can then rename or remove what root made in it, and the
+    next component's owner is checked in turn. The directory holding the file may not be,
+    sticky or not: anyone could add a file to it that shadows a profile of the same name.
+    """
+    try:
+        directory = _open_directory(Path(os.path.realpath(path.parent)), trusted)
+        try:
+            return _read_regular(directory, path, max_bytes, trusted, what)
+        finally:
+            os.close(directory)
+    except OSError as exc:
+        raise FileRefused(f"cannot read {what}: {exc.strerror}") from exc
+
+
+def _open_directory(directory: Path, trusted: bool) -> int:
+    """An O_PATH descriptor of `directory` (absolute, resolved), reached from / one
+    component at a time without following a link; each checked if `trusted`."""
+    fd = os.open("/", _PROBE | os.O_DIRECTORY)
+    try:
+        here = Path("/")
+        for part in ("", *directory.parts[1:]):
+            if part:
+                inner = os.open(part, _PROBE | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd, here = inner, here / part
+            if trusted:
+                _check_directory(os.fstat(fd), here, holds_the_file=here == directory)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_directory(st: os.stat_result, directory: Path, holds_the_file: bool) -> None:
+    _check_owner(st, f"directory {directory}", sticky_allowed=not holds_the_file)
+
+
+def _check_owner(st: os.stat_result, label: str, sticky_allowed: bool) -> None:
+    """Root's alone: owned by root, and writable by no one else (but in a sticky directory
+    where `sticky_allowed`)."""
+    if st.st_uid != 0:
+        raise FileRefused(f"refusing {label}: owned by uid {st.st_uid}, not root")
+    if st.st_mode & _OTHERS_WRITE and not (sticky_allowed and st.st_mode & stat.S_ISVTX):
+        raise FileRefused(
+            f"refusing {label}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        )
+
+
+def _read_regular(directory: int, path: Path, max_bytes: int, trusted: bool, what: str) -> bytes:
+    label, larger = f"{what} {path}", f"{what} is larger than {max_bytes // 1024} KiB"
+    probe = os.open(path.name, _PROBE, dir_fd=directory)
+    try:
+        looked_at = os.fstat(probe)
+        magic = filesystem_magic(probe)
+    finally:
+        os.close(probe)
+    kind = stat.S_IFMT(looked_at.st_mode)
+    if kind != stat.S_IFREG:
+        shown = _FILE_KINDS.get(kind, f"of file type {kind:o}")
+        raise FileRefused(f"refusing {label}: {shown}, not a regular file")
+    if magic in KERNEL_FILESYSTEMS:
+        raise FileRefused(
+            f"refusing {label}: a file of {KERNEL_FILESYSTEMS[magic]}, a kernel interface "
+            "(reading it may block)"
+        )
+    if trusted:
+        _check_owner(looked_at, label, sticky_allowed=False)
+    if looked_at.st_size > max_bytes:
+        raise FileRefused(larger)
+    fd = os.open(path.name, _READ, dir_fd=directory)
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (looked_at.st_dev, looked_at.st_ino):
+            raise FileRefused(f"refusing {label}: it was replaced while being opened")
+        # Bounded however the file changes meanwhile; a regular file's reads are short
+        # only at its end, so this is one read and the one that finds the end.
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise FileRefused(larger)
+    return b"".join(chunks)
 
 
 class _PerfEventAttr(ctypes.Structure):

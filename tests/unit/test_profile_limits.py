@@ -3,8 +3,10 @@ and memory, and a seeded fuzz run finds no other outcome."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import threading
 import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import section_schemas
 from latencyd.core.errors import ProfileError, ProfileNotFound
 from latencyd.core.plugin import load_plugins
-from latencyd.core.profile import LIMITS, ProfileLibrary, check_name, check_trusted
+from latencyd.core.profile import LIMITS, ProfileLibrary, check_name, read_source
 from latencyd.core.schema import Machine, Option, Schema
 from latencyd.core.system import System
 from latencyd.service.config import shipped_profiles_dir
@@ -207,25 +209,126 @@ def test_names_and_paths_a_caller_may_use() -> None:
             check_name(bad, by_path=False)
 
 
-def test_profiles_others_could_write_are_refused(tmp_path: Path) -> None:
+def trusting_root(lib: ProfileLibrary, pdir: Path) -> ProfileLibrary:
+    """A library of the profiles in `pdir` that reads only root's files, as the daemon as root."""
+    return ProfileLibrary([pdir], lib.schemas, MACHINE, trusted_only=True)
+
+
+def test_profiles_others_could_write_are_refused(lib: ProfileLibrary, tmp_path: Path) -> None:
     d = tmp_path / "trusted"
     d.mkdir(mode=0o755)
     good = d / "good.toml"
     good.write_text("")
-    check_trusted(good)
+    trusted = trusting_root(lib, d)
+    trusted.load("good")
     good.chmod(0o664)
     with pytest.raises(ProfileError, match="writable by group or others"):
-        check_trusted(good)
+        trusted.load("good")
     good.chmod(0o644)
     d.chmod(0o777)
     with pytest.raises(ProfileError, match=r"directory .* writable by group or others"):
-        check_trusted(good)
+        trusted.load("good")
     d.chmod(0o755)
-    import os
-
     os.chown(good, 65534, 65534)
     with pytest.raises(ProfileError, match="owned by uid 65534, not root"):
-        check_trusted(good)
+        trusted.load("good")
+
+
+def test_every_directory_above_a_profile_is_checked(lib: ProfileLibrary, tmp_path: Path) -> None:
+    """As sudo and OpenSSH check theirs: whoever may write a directory above a profile
+    may rename another in its place. A sticky one (/tmp) keeps what root made in it, so
+    it may be open to all above, not where the file is (anyone could add a profile)."""
+    top = tmp_path / "open"
+    pdir = top / "etc" / "profiles"
+    pdir.mkdir(parents=True)
+    for d in (top, top / "etc", pdir):
+        d.chmod(0o755)
+    profile = pdir / "p.toml"
+    profile.write_text('[main]\nsummary = "mine"\n')
+    trusted = trusting_root(lib, pdir)
+    assert trusted.load("p").summary == "mine"
+
+    def refusal() -> str:
+        with pytest.raises(ProfileError) as info:
+            trusted.load("p")
+        return str(info.value)
+
+    top.chmod(0o777)
+    assert refusal() == (
+        f"{profile}: refusing directory {top}: writable by group or others (mode 777)"
+    )
+    top.chmod(0o1777)
+    assert trusted.load("p").summary == "mine"
+    pdir.chmod(0o1777)
+    assert refusal() == (
+        f"{profile}: refusing directory {pdir}: writable by group or others (mode 1777)"
+    )
+    pdir.chmod(0o755)
+    os.chown(top / "etc", 65534, 65534)
+    assert refusal() == f"{profile}: refusing directory {top / 'etc'}: owned by uid 65534, not root"
+    # Without trust (latencyctl explain as a user) it is read.
+    assert ProfileLibrary([pdir], lib.schemas, MACHINE).load("p").summary == "mine"
+
+
+def test_a_symbolic_link_is_refused(lib: ProfileLibrary) -> None:
+    target = write(lib, "real", '[main]\nsummary = "real"\n')
+    link = lib.search_path[0] / "link.toml"
+    link.symlink_to(target)
+    assert lib.load("real").summary == "real"
+    with pytest.raises(ProfileError) as info:
+        lib.load("link")
+    assert (
+        str(info.value) == f"{link}: refusing profile {link}: a symbolic link, not a regular file"
+    )
+
+
+def test_a_fifo_or_a_device_is_refused_before_it_is_opened(tmp_path: Path) -> None:
+    """open() of a FIFO without a writer blocks until one comes, unless O_NONBLOCK; a
+    device's open() is its driver's to do what it likes. Each is refused by its type,
+    unopened. (Read in a thread, so that a regression fails instead of hanging.)"""
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    outcome: list[object] = []
+
+    def read() -> None:
+        try:
+            outcome.append(read_source("fifo", fifo))
+        except Exception as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # blocked in open(): a writer lets it go, and the test fails
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+        pytest.fail(f"reading the FIFO {fifo} blocked")
+    assert str(outcome[0]) == f"{fifo}: refusing profile {fifo}: a FIFO, not a regular file"
+    null = Path("/dev/null")
+    with pytest.raises(ProfileError) as info:
+        read_source("null", null)
+    assert (
+        str(info.value)
+        == f"{null}: refusing profile {null}: a character device, not a regular file"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "filesystem"),
+    [("/proc/self/status", "procfs"), ("/sys/devices/system/cpu/online", "sysfs")],
+)
+def test_files_of_kernel_file_systems_are_refused_unread(
+    lib: ProfileLibrary, path: str, filesystem: str
+) -> None:
+    """/proc/kmsg and tracefs's trace_pipe are regular files whose reads block (and take
+    what their reader waits for): no file of a kernel file system is a profile. Tested
+    with files whose reading would change nothing."""
+    with pytest.raises(ProfileError) as info:
+        lib.load(path)
+    assert str(info.value) == (
+        f"{path}: refusing profile {path}: a file of {filesystem}, a kernel interface "
+        "(reading it may block)"
+    )
 
 
 def test_a_library_that_trusts_only_root_checks_includes_too(tmp_path: Path) -> None:
