@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 from latencyd.core.errors import FileRefused, Location, ProfileError, ProfileNotFound
 from latencyd.core.schema import INT64, Machine, Schema, SchemaError, validate
-from latencyd.core.system import read_guarded
+from latencyd.core.system import FileId, file_id, read_guarded
 from latencyd.core.tomlpos import KeyPath, key_lines, max_nesting, nearest_line
 
 SUFFIX = ".toml"
@@ -122,6 +122,24 @@ class ProfileInfo:
     path: Path
     summary: str
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """A profile as ProfileLibrary.all() listed it, and what that answer depended on."""
+
+    info: ProfileInfo
+    names: tuple[tuple[str, Path], ...]  # every profile name on the search path -> file
+    machine: Machine
+    files: tuple[tuple[Path, FileId | None], ...]  # each file loading it read, as it was
+
+    def holds(self, names: tuple[tuple[str, Path], ...], machine: Machine) -> bool:
+        """Whether loading the profile again would answer the same."""
+        return (
+            self.names == names
+            and self.machine == machine
+            and all(file_id(p) == was for p, was in self.files)
+        )
 
 
 def _toml_error(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> ProfileError:
@@ -260,6 +278,8 @@ class ProfileLibrary:
         self.schemas = schemas
         self.machine = machine
         self.trusted_only = trusted_only  # the daemon as root: see system.read_guarded
+        self._files_read: dict[Path, FileId | None] = {}  # by the last load(), as they were
+        self._listed: dict[str, _Listed] = {}  # by name: all()'s last answers
 
     # -- finding -------------------------------------------------------------
     def find(self, name: str, near: Path | None = None, by_path: bool = True) -> Path:
@@ -282,19 +302,36 @@ class ProfileLibrary:
         return profile_files(self.search_path)
 
     def all(self) -> list[ProfileInfo]:
-        """All profiles with their summaries; invalid ones carry their error instead."""
-        infos = []
-        for name, path in self.names().items():
+        """All profiles with their summaries; invalid ones carry their error instead.
+
+        ListProfiles asks this at every `latencyctl list` (and Tab), in the main loop,
+        and loading a profile takes milliseconds, more for a large one: a profile is
+        loaded again only if a file it read changed (system.FileId), the profiles on the
+        search path did (one added, removed or renamed: an include by name may now find
+        another file), or the machine did. Not watched: an include by path, outside the
+        search path, that was missing and now exists, and the directories above a file
+        (load() checks them every time).
+        """
+        names = tuple(self.names().items())
+        listed: dict[str, _Listed] = {}
+        for name, path in names:
+            before = self._listed.get(name)
+            if before is not None and before.holds(names, self.machine):
+                listed[name] = before
+                continue
             try:
-                profile = self.load(name)
-                infos.append(ProfileInfo(name, path, profile.summary))
+                info = ProfileInfo(name, path, self.load(name).summary)
             except ProfileError as exc:
-                infos.append(ProfileInfo(name, path, "", str(exc)))
-        return infos
+                info = ProfileInfo(name, path, "", str(exc))
+            files = tuple(self._files_read.items())
+            listed[name] = _Listed(info, names, self.machine, files)
+        self._listed = listed
+        return [entry.info for entry in listed.values()]
 
     # -- loading -------------------------------------------------------------
     def load(self, name_or_path: str, by_path: bool = True) -> Profile:
         """Load and validate a profile; `by_path` allows file paths (root only)."""
+        self._files_read = {}
         path = self.find(name_or_path, by_path=by_path)
         name = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
         try:
@@ -312,7 +349,9 @@ class ProfileLibrary:
                 "its log has the details)",
             ) from exc
 
-    def _read(self, name: str, path: Path) -> SourceFile:
+    def _source(self, name: str, path: Path) -> SourceFile:
+        # Its FileId before it is read: a change while it is read shows as one later.
+        self._files_read[path] = file_id(path)
         return read_source(name, path, self.trusted_only)
 
     def _include_chain(self, name: str, path: Path) -> list[SourceFile]:
@@ -325,7 +364,7 @@ class ProfileLibrary:
         chain: list[SourceFile] = []
         merged: set[Path] = set()
         # Each frame: (source, its include paths still to visit, the resolved stack).
-        root = self._read(name, path)
+        root = self._source(name, path)
         frames: list[tuple[SourceFile, list[Path], tuple[Path, ...]]] = [
             (root, self._includes(root), (path.resolve(),))
         ]
@@ -357,7 +396,7 @@ class ProfileLibrary:
                 )
             inc_name = inc_path.name[: -len(SUFFIX)] if inc_path.suffix == SUFFIX else inc_path.name
             try:
-                included = self._read(inc_name, inc_path)
+                included = self._source(inc_name, inc_path)
             except ProfileError as exc:
                 if exc.location.line is not None:
                     raise  # an error inside the included file: its own file and line

@@ -693,6 +693,33 @@ _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
+@dataclass(frozen=True)
+class FileId:
+    """One version of one file as stat tells it, for caches of what it holds: a write
+    changes its size or mtime, a chmod or chown its mode, owner and ctime, a replacement
+    its inode. (Two writes of the same size within one tick of the file system's clock
+    look alike, as to every cache that goes by stat.)"""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    mode: int
+    uid: int
+
+
+def file_id(path: Path) -> FileId | None:
+    """What `path` is now (a symbolic link itself, not what it names); None if nothing."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return FileId(
+        st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid
+    )
+
+
 def filesystem_magic(fd: int) -> int:
     """statfs's f_type of the file system holding `fd` (os.fstatvfs has no f_type)."""
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux

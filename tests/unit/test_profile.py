@@ -330,6 +330,41 @@ def test_all_lists_invalid_profiles_with_their_error(lib: ProfileLibrary, pdir: 
     )
 
 
+def test_the_listing_loads_again_only_what_changed(lib: ProfileLibrary, pdir: Path) -> None:
+    """ListProfiles (all()) is asked at every `latencyctl list` and Tab: a profile is
+    loaded again when a file it read, the profiles on the search path or the machine
+    changed, and only then (an answer not loaded again is the very same object)."""
+    base = write(pdir, "base", '[main]\nsummary = "base"\n')
+    write(pdir, "top", '[main]\ninclude = ["base"]\n')
+    alone = write(pdir, "alone", '[main]\nsummary = "alone"\n')
+    first = {i.name: i for i in lib.all()}
+    assert {n: i.summary for n, i in first.items()} == {
+        "alone": "alone",
+        "base": "base",
+        "top": "base",
+    }
+    again = {i.name: i for i in lib.all()}
+    assert all(again[n] is first[n] for n in first)
+    # An edit of the included file: the two profiles that read it, not the third.
+    base.write_text('[main]\nsummary = "base, edited"\n')
+    edited = {i.name: i for i in lib.all()}
+    assert edited["top"].summary == edited["base"].summary == "base, edited"
+    assert edited["alone"] is first["alone"]
+    # A chmod changes no content, but whether root may trust the file.
+    trusted = ProfileLibrary([pdir], lib.schemas, MACHINE, trusted_only=True)
+    assert [i.error for i in trusted.all()] == [None, None, None]
+    alone.chmod(0o666)
+    assert [bool(i.error) for i in trusted.all()] == [True, False, False]
+    # A profile added: every one is loaded again (an include by name may find another).
+    write(pdir, "zzz", "")
+    added = {i.name: i for i in lib.all()}
+    assert list(added) == ["alone", "base", "top", "zzz"]
+    assert added["top"] == edited["top"] and added["top"] is not edited["top"]
+    # The machine changed (CPUs went offline): loaded again ("all" is another set).
+    lib.machine = Machine(CpuSet.from_list("0-1"), 8 << 30)
+    assert not any(i is added[i.name] for i in lib.all())
+
+
 def test_shipped_profiles_load(fake_root: Path) -> None:
     schemas = section_schemas(load_plugins(System(fake_root)))
     library = ProfileLibrary([shipped_profiles_dir()], schemas, MACHINE)
