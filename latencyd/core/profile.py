@@ -126,20 +126,15 @@ class ProfileInfo:
 
 @dataclass(frozen=True)
 class _Listed:
-    """A profile as ProfileLibrary.all() listed it, and what that answer depended on."""
+    """A profile as ProfileLibrary.all() listed it, and the files its loading read."""
 
     info: ProfileInfo
-    names: tuple[tuple[str, Path], ...]  # every profile name on the search path -> file
-    machine: Machine
-    files: tuple[tuple[Path, FileId | None], ...]  # each file loading it read, as it was
+    files: tuple[tuple[Path, FileId | None], ...]  # each as it was before it was read
 
-    def holds(self, names: tuple[tuple[str, Path], ...], machine: Machine) -> bool:
-        """Whether loading the profile again would answer the same."""
-        return (
-            self.names == names
-            and self.machine == machine
-            and all(file_id(p) == was for p, was in self.files)
-        )
+    def holds(self) -> bool:
+        """Whether each file is as it was (the rest that the answer depends on is the
+        library's: its names and machine)."""
+        return all(file_id(path) == was for path, was in self.files)
 
 
 def _toml_error(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> ProfileError:
@@ -279,7 +274,9 @@ class ProfileLibrary:
         self.machine = machine
         self.trusted_only = trusted_only  # the daemon as root: see system.read_guarded
         self._files_read: dict[Path, FileId | None] = {}  # by the last load(), as they were
-        self._listed: dict[str, _Listed] = {}  # by name: all()'s last answers
+        # all()'s last answers by name, for these profiles (name -> file) and machine
+        self._listed: dict[str, _Listed] = {}
+        self._listed_for: tuple[tuple[tuple[str, Path], ...], Machine] | None = None
 
     # -- finding -------------------------------------------------------------
     def find(self, name: str, near: Path | None = None, by_path: bool = True) -> Path:
@@ -313,18 +310,19 @@ class ProfileLibrary:
         (load() checks them every time).
         """
         names = tuple(self.names().items())
+        if (names, self.machine) != self._listed_for:
+            self._listed, self._listed_for = {}, (names, self.machine)
         listed: dict[str, _Listed] = {}
         for name, path in names:
             before = self._listed.get(name)
-            if before is not None and before.holds(names, self.machine):
+            if before is not None and before.holds():
                 listed[name] = before
                 continue
             try:
                 info = ProfileInfo(name, path, self.load(name).summary)
             except ProfileError as exc:
                 info = ProfileInfo(name, path, "", str(exc))
-            files = tuple(self._files_read.items())
-            listed[name] = _Listed(info, names, self.machine, files)
+            listed[name] = _Listed(info, tuple(self._files_read.items()))
         self._listed = listed
         return [entry.info for entry in listed.values()]
 

@@ -770,16 +770,12 @@ def _open_directory(directory: Path, trusted: bool) -> int:
                 inner = os.open(part, _PROBE | os.O_DIRECTORY, dir_fd=fd)
                 os.close(fd)
                 fd, here = inner, here / part
-            if trusted:
-                _check_directory(os.fstat(fd), here, holds_the_file=here == directory)
+            if trusted:  # the file's own directory may not be sticky: see read_guarded
+                _check_owner(os.fstat(fd), f"directory {here}", sticky_allowed=here != directory)
         return fd
     except BaseException:
         os.close(fd)
         raise
-
-
-def _check_directory(st: os.stat_result, directory: Path, holds_the_file: bool) -> None:
-    _check_owner(st, f"directory {directory}", sticky_allowed=not holds_the_file)
 
 
 def _check_owner(st: os.stat_result, label: str, sticky_allowed: bool) -> None:
@@ -798,13 +794,13 @@ def _read_regular(directory: int, path: Path, max_bytes: int, trusted: bool, wha
     probe = os.open(path.name, _PROBE, dir_fd=directory)
     try:
         looked_at = os.fstat(probe)
+        kind = stat.S_IFMT(looked_at.st_mode)
+        if kind != stat.S_IFREG:
+            shown = _FILE_KINDS.get(kind, f"of file type {kind:o}")
+            raise FileRefused(f"refusing {label}: {shown}, not a regular file")
         magic = filesystem_magic(probe)
     finally:
         os.close(probe)
-    kind = stat.S_IFMT(looked_at.st_mode)
-    if kind != stat.S_IFREG:
-        shown = _FILE_KINDS.get(kind, f"of file type {kind:o}")
-        raise FileRefused(f"refusing {label}: {shown}, not a regular file")
     if magic in KERNEL_FILESYSTEMS:
         raise FileRefused(
             f"refusing {label}: a file of {KERNEL_FILESYSTEMS[magic]}, a kernel interface "
