@@ -11,6 +11,8 @@ SNIPPETS = [
     'cpus = "all"\n', 'cpus = "0-99999999"\n', 'match = "("\n', "dirty_ratio = 500\n",
     "\x00", "\udcff", "é", "0x", "~", "-", "1e999", "-0", "inf", "true", "[]", "{}",
     'isolate = "' + "(" * 40 + '"\n', "a.b.c.d.e = 1\n", 'x = """\n', "\t", "\r\n",
+    # Numbers int() and float() take or refuse where TOML and the kernel do not.
+    "1" * 4400, "0x" + "f" * 40, "9" * 400 + "T", "\u0661", "\uff11", "0-8191:3",
 ]  # fmt: skip
 
 
