@@ -3,6 +3,7 @@ methods (policy = introspection = code), and what members of admin_group may not
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 import xml.etree.ElementTree as ET
@@ -217,3 +218,22 @@ def test_profiles_others_could_write_are_refused(
     listed = d.ctl("list").stdout
     assert re.search(r"planted +INVALID: .*writable by group or others", listed)
     assert d.ctl("active").stdout.strip() == "test-a"
+
+
+def test_a_number_python_cannot_hold_stops_neither_the_daemon_nor_the_listing(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    """Issue 37, defect 7: a 5,000-digit integer made tomllib raise ValueError, not a
+    ProfileError: as the start-up profile it stopped the daemon (at every restart), and
+    on the search path it failed ListProfiles for every caller."""
+    digits = profiles / "digits.toml"
+    digits.write_text("[writeback]\ndirty_ratio = 1" + "0" * 5000 + "\n")
+    d = start_daemon("digits")
+    status = json.loads(d.ctl("status", "--json").stdout)
+    error = f"{digits}:2: an integer of more than 4300 digits (TOML's are 64-bit)"
+    assert (status.get("active_profile"), status.get("last_error")) == ("", error), d.log()
+    listed = d.ctl("list")
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(rf"digits +INVALID: {re.escape(error)}", listed.stdout)
+    assert re.search(r"test-a +\S", listed.stdout)
+    assert "Traceback" not in d.log()
