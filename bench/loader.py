@@ -3,12 +3,18 @@
 For each hostile profile an outside test built (a 1,000-file include chain, arrays
 nested 3,000 deep, a 3,000-variable chain, doubling variables, a huge CPU range, a
 3,000-entry rule list, names of 10 kB and 1 MB, a file of 1 MB) it prints the time and
-the peak memory (tracemalloc) of loading it, and the error's first words. Then it loads
---cases seeded mutations of the shipped profiles and counts the outcomes.
+the peak memory (tracemalloc) of loading it, and the error's first words. Then the cost
+per KB of large hostile profiles that look valid, at three sizes (CPU expressions of
+hundreds of overlapping ranges, written out or through one variable used by every rule):
+a flat figure is a cost linear in the file's size. Then what ListProfiles costs over the
+shipped profiles and three large ones: its first answer, the next (nothing changed) and
+one after a profile changed. Then it loads --cases seeded mutations of the shipped
+profiles and counts the outcomes.
 
     python -m bench loader [--cases 10000] [--seed N] [--json] [--quick]
 
-Goals: every case <= 1 s and <= 50 MB; every refusal says `file:line: what is wrong`.
+Goals: every case <= 1 s and <= 50 MB; every refusal says `file:line: what is wrong`;
+the cost per KB flat as a file grows to the 256 KiB limit.
 """
 
 from __future__ import annotations
@@ -76,15 +82,76 @@ def hostile(pdir: Path) -> dict[str, Callable[[], str]]:
     }
 
 
-def measure(load: Callable[[], Any]) -> tuple[float, int, str]:
-    tracemalloc.start()
+# Sizes of the large profiles, in KiB: up to just below the 256 KiB limit.
+SIZES_KB = (64, 128, 240)
+WIDE = ",".join(["0-8191"] * 580)  # 4 KB of ranges that each cover every CPU there can be
+
+
+# Arrays of tables whose entries name CPUs (1,024 entries each at most, the limit).
+ARRAYS = ("kthread.rule", "irq.rule", "cstate.cpus", "cpu.cpus")
+
+
+def rules(kb: int, cpus: Callable[[int], str], head: str = "") -> str:
+    """A profile of about `kb` KiB: after `head`, entries of ARRAYS whose CPUs are `cpus(i)`."""
+    out, size, i = [head], len(head), 0
+    while size < kb * 1024:
+        array = ARRAYS[i // 1024]
+        match = f'match = "r{i}"\n' if array.endswith(".rule") else ""
+        entry = f'[[{array}]]\n{match}cpus = "{cpus(i)}"\n'
+        out.append(entry)
+        size += len(entry)
+        i += 1
+    return "".join(out)
+
+
+def large(kb: int) -> dict[str, str]:
+    """name -> a hostile profile of about `kb` KiB that looks valid (CPUs 0-3 online), each
+    CPU list unlike any other (none is parsed once for several rules, or several sizes)."""
+    return {
+        "written out": rules(kb, lambda i: f"all & ({WIDE},{kb}-{kb + i})"),
+        "through one variable": rules(
+            kb,
+            lambda i: f"all & (${{wide}},{kb}-{kb + i}) | none",
+            f'[variables]\nwide = "{WIDE}"\n',
+        ),
+    }
+
+
+def listing(pdir: Path, library: ProfileLibrary) -> dict[str, float]:
+    """Seconds of ListProfiles (library.all()) over the shipped profiles and the large
+    ones written out: first, again with nothing changed, and after one profile changed."""
+    pdir.mkdir()
+    for path in shipped_profiles_dir().glob("*.toml"):
+        (pdir / path.name).write_text(path.read_text())
+    for kb in SIZES_KB:
+        (pdir / f"large-{kb}.toml").write_text(large(kb)["written out"])
+    listed = ProfileLibrary([pdir], library.schemas, library.machine)
+    seconds = {}
+    for when in ("first", "unchanged", "one changed"):
+        if when == "one changed":
+            with (pdir / "balanced.toml").open("a") as f:
+                f.write("# edited\n")
+        started = time.perf_counter()
+        listed.all()
+        seconds[when] = time.perf_counter() - started
+    return seconds
+
+
+def timed(load: Callable[[], Any]) -> tuple[float, str]:
+    """Seconds `load` took, and "loaded" or the ProfileError it raised."""
     started = time.perf_counter()
     try:
         load()
         outcome = "loaded"
     except ProfileError as exc:
         outcome = str(exc)
-    seconds = time.perf_counter() - started
+    return time.perf_counter() - started, outcome
+
+
+def measure(load: Callable[[], Any]) -> tuple[float, int, str]:
+    """timed(load), and its peak memory (tracemalloc: it slows what allocates much)."""
+    tracemalloc.start()
+    seconds, outcome = timed(load)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return seconds, peak, outcome
@@ -106,6 +173,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             seconds, peak, outcome = measure(load)
             cases.append({"case": name, "seconds": seconds, "peak_bytes": peak, "outcome": outcome})
+        per_kb = []
+        for kb in SIZES_KB[:1] if args.quick else SIZES_KB:
+            for name, text in large(kb).items():
+                (pdir / "large.toml").write_text(text)
+                seconds, outcome = timed(lambda: library.load("large"))  # not traced: see measure
+                size = len(text.encode()) / 1024
+                per_kb.append(
+                    {
+                        "case": name,
+                        "kib": size,
+                        "seconds": seconds,
+                        "ms_per_kib": seconds * 1000 / size,
+                        "outcome": outcome,
+                    }
+                )
+        listed = listing(pdir / "listed", library)
         rng = random.Random(args.seed)
         seeds = {p.stem: p.read_text() for p in shipped_profiles_dir().glob("*.toml")}
         for name, text in seeds.items():
@@ -141,6 +224,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "loader",
         "hostile": cases,
+        "per_kib": per_kb,
+        "list_profiles_seconds": listed,
         "fuzz": {
             "cases": args.cases,
             "seed": args.seed,
@@ -159,6 +244,17 @@ def report(r: dict[str, Any]) -> None:
             f"  {c['case']:30} {c['seconds'] * 1000:8.1f} ms {c['peak_bytes'] / 2**20:7.2f} MiB"
             f"  [{'PASS' if ok else 'MISS'}]  {c['outcome'][-90:]}"
         )
+    print("large hostile profiles that look valid (goal: ms per KiB flat as the file grows)")
+    for c in r["per_kib"]:
+        outcome = re.sub(r"^/.*?:(\d+): ", r"line \1: ", c["outcome"])  # the file is large.toml
+        print(
+            f"  {c['case']:22} {c['kib']:5.0f} KiB {c['seconds'] * 1000:9.1f} ms "
+            f"{c['ms_per_kib']:8.2f} ms/KiB  {outcome}"
+        )
+    listed = ", ".join(
+        f"{when} {s * 1000:.1f} ms" for when, s in r["list_profiles_seconds"].items()
+    )
+    print(f"ListProfiles over the shipped profiles and the large ones: {listed}")
     f = r["fuzz"]
     print(f"fuzz: {f['cases']} mutations of the shipped profiles (seed {f['seed']})")
     for outcome, count in f["outcomes"].items():
