@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import FileRefused, KernelRefused
 from latencyd.core.schema import Machine
+from latencyd.core.trust import untrusted
 
 KERNEL_SETTINGS = ("/proc/", "/sys/")  # where System.write may write
 
@@ -690,7 +691,6 @@ _FILE_KINDS = {
 # Looked at (fstat, fstatfs) without being opened: no driver's open() runs, nothing blocks.
 _PROBE = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
 @dataclass(frozen=True)
@@ -780,13 +780,10 @@ def _open_directory(directory: Path, trusted: bool) -> int:
 
 def _check_owner(st: os.stat_result, label: str, sticky_allowed: bool) -> None:
     """Root's alone: owned by root, and writable by no one else (but in a sticky directory
-    where `sticky_allowed`)."""
-    if st.st_uid != 0:
-        raise FileRefused(f"refusing {label}: owned by uid {st.st_uid}, not root")
-    if st.st_mode & _OTHERS_WRITE and not (sticky_allowed and st.st_mode & stat.S_ISVTX):
-        raise FileRefused(
-            f"refusing {label}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-        )
+    where `sticky_allowed`): trust.untrusted's rule."""
+    why = untrusted(st, (0,), sticky_allowed)
+    if why:
+        raise FileRefused(f"refusing {label}: {why}")
 
 
 def _read_regular(directory: int, path: Path, max_bytes: int, trusted: bool, what: str) -> bytes:

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Collection
 from pathlib import Path
 
 from latencyd.core.errors import UnsafePath
@@ -22,15 +23,25 @@ from latencyd.core.errors import UnsafePath
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
+def untrusted(
+    st: os.stat_result, owners: Collection[int], sticky_allowed: bool = True
+) -> str | None:
+    """Why a file or directory with this stat could be changed by someone not in `owners`
+    (a sticky directory, as /tmp, only where `sticky_allowed`), or None: the one rule by
+    which latencyd trusts what is on disk (its state, profiles, dev directories)."""
+    if st.st_uid not in owners:
+        whose = " or ".join("root" if uid == 0 else f"uid {uid}" for uid in dict.fromkeys(owners))
+        return f"owned by uid {st.st_uid}, not {whose}"
+    if st.st_mode & OTHERS_WRITE and not (sticky_allowed and st.st_mode & stat.S_ISVTX):
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def _unsafe_dir(st: os.stat_result, uid: int) -> str | None:
     """Why a directory with this stat is not to be trusted, or None."""
     if not stat.S_ISDIR(st.st_mode):
         return "it is not a directory"
-    if st.st_uid not in (0, uid):
-        return f"it is owned by uid {st.st_uid}, not by root or uid {uid}"
-    if st.st_mode & OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
-        return f"others may write to it (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    return untrusted(st, (0, uid))
 
 
 def check_ancestors(path: Path) -> None:
@@ -64,11 +75,8 @@ def open_private_dir(path: Path, create: bool = True) -> int:
         what = "it is a symlink" if link else f"{exc.strerror}: {exc.filename}"
         raise UnsafePath(f"{path} cannot be used: {what}") from exc
     st = os.fstat(fd)
-    why: str | None = _unsafe_dir(st, os.geteuid())
-    if why is None and st.st_uid != os.geteuid():
-        why = f"it is owned by uid {st.st_uid}, not by this process (uid {os.geteuid()})"
-    if why is None and st.st_mode & OTHERS_WRITE:
-        why = f"others may write to it (mode {stat.S_IMODE(st.st_mode):04o})"
+    # Its own: not root's unless we are root, and not writable by others even if sticky.
+    why = untrusted(st, (os.geteuid(),), sticky_allowed=False)
     if why:
         os.close(fd)
         raise UnsafePath(f"{path} cannot be trusted: {why}")

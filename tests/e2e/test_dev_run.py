@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,17 +94,19 @@ def test_make_run_refuses_a_directory_another_user_could_change(
     assert "DBUS_SYSTEM_BUS_ADDRESS" not in r.stdout  # nothing started
 
 
-def test_the_harness_records_its_daemons_only_where_root_alone_writes() -> None:
-    records = harness.STARTED_DAEMONS
-    assert not str(records).startswith("/tmp")
-    if records.exists():
-        pytest.skip(f"{records} is in use")
-    records.mkdir(mode=0o700)
+def test_the_harness_records_its_daemons_only_where_root_alone_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert not str(harness.STARTED_DAEMONS).startswith(tempfile.gettempdir())
+    where = Path(tempfile.mkdtemp(dir="/run", prefix="latencyd-test-"))
+    records = where / "records"
+    monkeypatch.setattr(harness, "STARTED_DAEMONS", records)
     try:
+        records.mkdir(mode=0o700)
         os.chown(records, NOBODY, NOBODY)  # as if another user had made it first
         with pytest.raises(UnsafePath, match=f"owned by uid {NOBODY}"):
             harness.started_daemons()
         with pytest.raises(UnsafePath):
             harness.recover_killed_runs("unix:path=/nonexistent")
     finally:
-        records.rmdir()
+        shutil.rmtree(where)

@@ -108,7 +108,7 @@ def test_a_state_directory_someone_else_could_change_is_refused(tmp_path: Path) 
     loose = tmp_path / "loose"
     loose.mkdir(mode=0o700)
     loose.chmod(0o777)
-    with pytest.raises(JournalError, match="others may write to it"):
+    with pytest.raises(JournalError, match="writable by group or others"):
         Journal(loose).open()
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
@@ -119,7 +119,7 @@ def test_a_state_directory_someone_else_could_change_is_refused(tmp_path: Path) 
     open_dir = tmp_path / "open"
     open_dir.mkdir()
     open_dir.chmod(0o777)
-    with pytest.raises(JournalError, match=r"open cannot be trusted: others may write"):
+    with pytest.raises(JournalError, match=r"open cannot be trusted: writable by group or others"):
         Journal(open_dir / "state").open()
     Journal(tmp_path / "fine" / "state").open()
     assert (tmp_path / "fine" / "state").stat().st_mode & 0o777 == 0o700
