@@ -218,8 +218,7 @@ class IrqPlugin(Plugin[IrqTarget]):
         masks back and forth). Only an exec of root's irqbalance counts."""
         if event.kind != "comm" or not isinstance(rules, IrqRules) or not rules.coordinate:
             return {}
-        task = self.system.task(event.pid)
-        if task is None or task.comm != "irqbalance" or self.system.task_uid(event.pid) != 0:
+        if not self.system.is_root_process(event.pid, "irqbalance"):
             return {}
         return {IrqbalanceBan(): rules.isolate.to_list()}
 

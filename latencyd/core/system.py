@@ -335,17 +335,20 @@ class System:
             pass
         return None
 
+    def is_root_process(self, pid: int, comm: str) -> bool:
+        """Whether `pid` is a process named `comm` that runs as root (irqbalance, say):
+        anyone may name a process so, only root's is the service."""
+        try:
+            named = _read_text(self.fspath(f"proc/{pid}/comm")).strip() == comm
+        except OSError:
+            return False
+        return named and self.task_uid(pid) == 0
+
     def root_process(self, comm: str) -> int | None:
-        """The pid of a process named `comm` that runs as root (irqbalance, say): anyone
-        may name a process so, only root's is the service."""
+        """The pid of a process named `comm` that runs as root (is_root_process)."""
         for entry in self.entries("proc"):
-            if entry.isdigit():
-                try:
-                    named = _read_text(self.fspath(f"proc/{entry}/comm")).strip() == comm
-                except OSError:
-                    continue
-                if named and self.task_uid(int(entry)) == 0:
-                    return int(entry)
+            if entry.isdigit() and self.is_root_process(int(entry), comm):
+                return int(entry)
         return None
 
     def ancestors(self, pid: int) -> list[int]:
