@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -219,6 +220,13 @@ def unlike_machine(key: str, value: str, alternative: str) -> str:
     """`value`, or `alternative` where the machine already has `value` (a profile that
     set it would change nothing there, and a test could not see it apply)."""
     return alternative if sysctl(key) == value else value
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(cond: Callable[[], bool], timeout: float) -> float:

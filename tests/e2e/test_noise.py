@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from latencyd.core.system import System
-from tests.harness import Latencyd, wait_for
+from tests.harness import Latencyd, free_port, wait_for
 from tests.machine_state import trace_instances
 
 CPU = max(System("/").online_cpus())
@@ -210,12 +209,6 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_real_prometheus_scrapes_the_injected_noise_source(

@@ -98,9 +98,11 @@ def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not found")
 def test_verify_would_catch_a_broken_unit(tmp_path: Path) -> None:
-    broken = UNIT.read_text().replace("ProtectSystem=full", "ProtectSystem=fulll\nNoSuchKey=1")
+    unit = UNIT.read_text()
+    assert "\nProtectSystem=" in unit
+    broken = unit.replace("\nProtectSystem=", "\nProtectSystem=nonsense\nNoSuchKey=1\n#", 1)
     result = _verify(broken, tmp_path)
-    assert "fulll" in result.stderr
+    assert "nonsense" in result.stderr
     assert "NoSuchKey" in result.stderr
 
 
