@@ -37,6 +37,7 @@ from latencyd.core.plugin import (
     Table,
     Target,
     Value,
+    of_device,
     plain_path,
 )
 from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Fields, Int, ListOf, Option, Schema, Str
@@ -64,6 +65,9 @@ class NicSetting(Target):
         known = (*GROUPS, "feature")
         return None if self.group in known else f"no ethtool group {self.group!r} ({known})"
 
+    def device(self) -> str:
+        return self.nic
+
 
 @dataclass(frozen=True)
 class NicFile(Target):
@@ -76,6 +80,9 @@ class NicFile(Target):
 
     def problem(self) -> str | None:
         return None if plain_path(self.path) else f"NIC file {self.path!r} is not below the NIC"
+
+    def device(self) -> str:
+        return self.nic
 
 
 NetTarget = NicSetting | NicFile
@@ -225,50 +232,60 @@ class NetPlugin(Plugin[NetTarget]):
         """Where the NIC sits: its device's sysfs path and port (stable across renames,
         MAC changes and reboots); a NIC without a device (virtual) by its permanent MAC,
         else by its ifindex (a re-created virtual NIC is a new NIC)."""
+        return self._identity(ifname, self._device(ifname))
+
+    def _device(self, ifname: str) -> str | None:
+        """The NIC's device, as a path below /sys (None: a virtual NIC)."""
+        link = f"{NET}/{ifname}/device"
+        return self.system.realpath(link) if self.system.exists(link) else None
+
+    def _identity(self, ifname: str, device: str | None, ifindex: str = "") -> str:
         base = f"{NET}/{ifname}"
-        if self.system.exists(f"{base}/device"):
-            device = self.system.realpath(f"{base}/device").split("/devices/", 1)[-1]
+        if device is not None:
             port = (
                 self.system.read(f"{base}/dev_port")
                 if self.system.exists(f"{base}/dev_port")
                 else "0"
             )
-            return f"dev:{device}/{port}"
+            return f"dev:{device.split('/devices/', 1)[-1]}/{port}"
         mac = self.system.read(f"{base}/address")
         if self.system.read(f"{base}/addr_assign_type") == "0" and mac.strip("0:"):
             return f"mac:{mac}"
-        return f"ifindex:{self.system.read(f'{base}/ifindex')}"
+        return f"ifindex:{ifindex or self.system.read(f'{base}/ifindex')}"
 
-    def _bus(self, ifname: str) -> str:
-        if not self.system.exists(f"{NET}/{ifname}/device"):
+    @staticmethod
+    def _bus(device: str | None) -> str:
+        if device is None:
             return ""
-        path = self.system.realpath(f"{NET}/{ifname}/device")
-        found = PCI_ADDR.findall(path)
-        return found[-1] if found else path.rsplit("/", 1)[-1]
+        found = PCI_ADDR.findall(device)
+        return found[-1] if found else device.rsplit("/", 1)[-1]
 
     def nic(self, ifname: str) -> Nic | None:
-        """The NIC as sysfs shows it; None for what is not a NIC (bonding_masters) or gone."""
+        """The NIC as sysfs shows it (each file read once: a burst of hundreds of NICs
+        pays for every read); None for what is not a NIC (bonding_masters) or gone. It
+        is remembered under its identity (see ifname)."""
         base = f"{NET}/{ifname}"
-        if not self.system.exists(f"{base}/ifindex"):
-            return None
         try:
-            driver_link = f"{base}/device/driver"
-            if self.system.exists(driver_link):
-                driver = self.system.realpath(driver_link).rsplit("/", 1)[-1]
+            ifindex = self.system.read(f"{base}/ifindex")
+            device = self._device(ifname)
+            if device is not None and self.system.exists(f"{base}/device/driver"):
+                driver = self.system.realpath(f"{base}/device/driver").rsplit("/", 1)[-1]
             else:  # a virtual NIC: its driver is only known to ethtool (veth, tun, bonding)
                 driver = self.system.ethtool.driver(ifname)
             queues = self.system.listdir(f"{base}/queues")
-            return Nic(
+            nic = Nic(
                 ifname,
-                self.nic_identity(ifname),
+                self._identity(ifname, device, ifindex),
                 driver,
-                self._bus(ifname),
+                self._bus(device),
                 self.system.read(f"{base}/address"),
                 tuple(q for q in queues if q.startswith("rx-")),
                 tuple(q for q in queues if q.startswith("tx-")),
             )
-        except KernelRefused:  # it went away while we looked
+        except KernelRefused:  # not a NIC, or it went away while we looked
             return None
+        self._names[nic.identity] = (ifname, ifindex)
+        return nic
 
     def nics(self) -> list[Nic]:
         found = [self.nic(name) for name in self.system.listdir(NET)]
@@ -357,20 +374,33 @@ class NetPlugin(Plugin[NetTarget]):
             if not name:
                 return None  # no path to tell whose: expand again
         elif event.action == "remove":
-            gone: set[Target] = {
-                t for t in owned if isinstance(t, NicSetting | NicFile) and not self.exists(t)
-            }
-            return {}, gone
+            return {}, self._gone(event.name, owned)
         nic = self.nic(name)
         if nic is None:
             return {}, set()
-        self._remember(nic.name)
         rule = rules.rule_for(nic)
         settings = self.nic_settings(rule, nic) if rule is not None else {}
-        mine: set[Target] = {
-            t for t in owned if isinstance(t, NicSetting | NicFile) and t.nic == nic.identity
-        }
-        return settings, mine
+        return settings, of_device(owned, nic.identity)
+
+    def _gone(self, ifname: str, owned: Mapping[Target, Value]) -> set[Target]:
+        """The owned settings of the NIC that was `ifname` and is gone: found by the names
+        remembered for each NIC (a burst of removals costs each its own NIC's settings),
+        else, for a NIC never seen under that name, by asking every owned setting."""
+        known = [i for i, (name, _) in self._names.items() if name == ifname]
+        if known:
+            return {t for i in known if not self._still_there(i) for t in of_device(owned, i)}
+        return {t for t in owned if isinstance(t, NicSetting | NicFile) and not self.exists(t)}
+
+    def _still_there(self, identity: str) -> bool:
+        """Whether the NIC remembered under `identity` is there, under whatever name: a
+        rename keeps the ifindex."""
+        ifindex = self._names[identity][1]
+        now = self.system.interface_name(int(ifindex)) if ifindex.isdigit() else None
+        if now is None:
+            del self._names[identity]
+            return False
+        self._names[identity] = (now, ifindex)
+        return True
 
     # -- one target --------------------------------------------------------------------------
     def read(self, target: NetTarget) -> Value:

@@ -159,6 +159,9 @@ class Owned(OwnedSettings):
     def original(self, target: Target) -> Value | None:
         return self._engine.originals.get((self._name, target))
 
+    def of_device(self, device: str) -> set[Target]:
+        return {t for t in self._engine.by_device.get((self._name, device), ()) if t in self}
+
 
 @dataclass(frozen=True)
 class Drift:
@@ -251,6 +254,8 @@ class Engine:
         self.plugins = plugins
         self.journal = journal
         self.applied: dict[SettingId, Value] = {}
+        # (plugin, device) -> its owned targets: kept with `applied` by _own and _disown.
+        self.by_device: dict[tuple[str, str], set[Target]] = {}
         self.originals: dict[SettingId, Value] = {}
         self.not_applicable: dict[SettingId, Refused] = {}
         self.sections: dict[str, Section] = {}
@@ -694,6 +699,7 @@ class Engine:
             log.error("%s", p)
         self._tell(report)
         self.applied.clear()
+        self.by_device.clear()
         self.originals.clear()
         self.not_applicable.clear()
         self._changes = None
@@ -775,13 +781,24 @@ class Engine:
         return drifts
 
     def _own(self, sid: SettingId, value: Value) -> None:
-        if self._changes is not None and sid not in self.applied:
-            self._changes.add(sid)
+        if sid not in self.applied:
+            if self._changes is not None:
+                self._changes.add(sid)
+            device = sid[1].device()
+            if device is not None:
+                self.by_device.setdefault((sid[0], device), set()).add(sid[1])
         self.applied[sid] = value
 
     def _disown(self, sid: SettingId) -> None:
-        if self._changes is not None and sid in self.applied:
-            self._changes.add(sid)
+        if sid in self.applied:
+            if self._changes is not None:
+                self._changes.add(sid)
+            device = sid[1].device()
+            if device is not None:
+                targets = self.by_device.get((sid[0], device), set())
+                targets.discard(sid[1])
+                if not targets:
+                    self.by_device.pop((sid[0], device), None)
         self.applied.pop(sid, None)
         self.originals.pop(sid, None)
 

@@ -250,6 +250,7 @@ class NetlinkEthtool:
         self.family = 0
         self.seq = 0
         self._feature_names: tuple[str, ...] | None = None
+        self._known_features: frozenset[str] = frozenset()
 
     # -- transport ---------------------------------------------------------------------
     def _socket(self) -> socket.socket:
@@ -374,6 +375,7 @@ class NetlinkEthtool:
                         index = int(struct.unpack("=I", fields[STRING_INDEX][:4])[0])
                         names[index] = fields.get(STRING_VALUE, b"").rstrip(b"\0").decode()
             self._feature_names = tuple(names.get(i, "") for i in range(max(names, default=-1) + 1))
+            self._known_features = frozenset(n for n in self._feature_names if n)
         return self._feature_names
 
     def features(self, ifname: str) -> Features:
@@ -384,11 +386,15 @@ class NetlinkEthtool:
 
         def bits(kind: int) -> frozenset[str]:
             raw = attr_map(found.get(kind, b"")).get(BITSET_VALUE, b"")
-            value = int.from_bytes(raw, "little")
-            return frozenset(n for i, n in enumerate(names) if n and value >> i & 1)
+            value, set_bits = int.from_bytes(raw, "little"), []
+            while value:  # the set bits only: a NIC has a few of the kernel's ~60 features
+                low = value & -value
+                set_bits.append(low.bit_length() - 1)
+                value ^= low
+            return frozenset(names[i] for i in set_bits if i < len(names) and names[i])
 
         changeable = bits(FEATURES_HW) - bits(FEATURES_NOCHANGE)
-        return Features(bits(FEATURES_ACTIVE), changeable, frozenset(n for n in names if n))
+        return Features(bits(FEATURES_ACTIVE), changeable, self._known_features)
 
     def set_feature(self, ifname: str, name: str, on: bool) -> None:
         bit = nla_nest(BITS_BIT, nla_str(BIT_NAME, name), *([nla(BIT_VALUE, b"")] if on else []))

@@ -70,6 +70,12 @@ class Target:
         sound. `expand` makes sound targets only; decode_target asks every one."""
         return None
 
+    def device(self) -> str | None:
+        """The device this setting belongs to (a NIC's identity), by which the engine
+        indexes what a plugin owns: a device event then finds the device's settings
+        without a scan of every other device's. None: no one device's."""
+        return None
+
 
 def plain_path(text: str, parts: int | None = None) -> bool:
     """Whether `text` is a relative path of plain components (none empty, "." or "..",
@@ -92,6 +98,18 @@ class OwnedSettings(Mapping[Target, Value]):
     def original(self, target: Target) -> Value | None:
         """The value `target` had before latencyd first changed it; None if not owned."""
         raise NotImplementedError
+
+    def of_device(self, device: str) -> set[Target]:
+        """The owned settings of one device (Target.device), at the cost of their number."""
+        raise NotImplementedError
+
+
+def of_device(owned: Mapping[Target, Value], device: str) -> set[Target]:
+    """`owned`'s settings of one device: the engine's index, or a scan of a plain mapping
+    (a unit test's)."""
+    if isinstance(owned, OwnedSettings):
+        return owned.of_device(device)
+    return {t for t in owned if t.device() == device}
 
 
 def encode_target(target: Target) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import errno
 import os
 import platform
 import posixpath
+import socket
 import stat
 import struct
 import time
@@ -282,6 +283,23 @@ class System:
             raise KernelRefused(what, f"the kernel took {written} of its {len(data)} bytes")
 
     # -- machine facts ---------------------------------------------------------
+    def interface_name(self, ifindex: int) -> str | None:
+        """The network interface with this index now, or None: one ioctl on the real
+        system (a burst of removals must not list every NIC for each), a scan of the
+        fake root's sysfs otherwise."""
+        if self.is_real:
+            try:
+                return socket.if_indextoname(ifindex)
+            except OSError:
+                return None
+        for name in self.listdir("sys/class/net"):
+            try:
+                if self.read(f"sys/class/net/{name}/ifindex") == str(ifindex):
+                    return name
+            except KernelRefused:
+                continue
+        return None
+
     def online_cpus(self) -> CpuSet:
         return CpuSet.from_list(self.read("sys/devices/system/cpu/online"))
 

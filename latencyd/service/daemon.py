@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
 
 from latencyd.core.engine import (
@@ -669,4 +668,14 @@ def without_covered(events: list[DeviceEvent]) -> list[DeviceEvent]:
     """Events of sub-devices (a NIC's queues) whose device was added or renamed in the same
     batch are covered by that event: plugins tune a device as a whole when it appears."""
     whole = {e.devpath for e in events if e.action in ("add", "move") and e.devpath}
-    return [e for e in events if not any(str(p) in whole for p in PurePosixPath(e.devpath).parents)]
+    return [e for e in events if not (whole and _under(e.devpath, whole))]
+
+
+def _under(devpath: str, devices: set[str]) -> bool:
+    """Whether a parent of `devpath` is one of `devices` (string work: a burst of
+    hundreds of NICs brings thousands of queue events)."""
+    while "/" in devpath:
+        devpath = devpath.rpartition("/")[0]
+        if devpath in devices:
+            return True
+    return False

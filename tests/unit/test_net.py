@@ -1125,13 +1125,33 @@ def test_on_device_move_and_remove_name_the_owned_targets(rig: Rig) -> None:
     rig.rename("eth9", "wan0")
     move = DeviceEvent("net", "move", "wan0", old_name="eth9")
     assert rig.plugin.on_device(expansion.rules, move, owned) == ({}, set(eth1))
-    # Removed: the owned targets whose NIC is gone, whatever name the event gives.
+    # Removed: the named NIC's owned targets (a burst of removals costs each its own).
     rig.unplug("veth0")
     rig.unplug("eth0")
-    remove = DeviceEvent("net", "remove", "eth0")
-    gone = rig.plugin.on_device(expansion.rules, remove, owned)
     keys = ("napi_defer_hard_irqs", "feature rx-gro")
+    remove = DeviceEvent("net", "remove", "eth0")
+    assert rig.plugin.on_device(expansion.rules, remove, owned) == ({}, targets(ETH0, *keys))
+    # A name never seen (events read after a rename we missed): every NIC that is gone.
+    remove = DeviceEvent("net", "remove", "unknown0")
+    gone = rig.plugin.on_device(expansion.rules, remove, owned)
     assert gone == ({}, targets(ETH0, *keys) | targets(VETH0, *keys))
+
+
+def test_the_engine_finds_a_nics_settings_by_device_not_by_a_scan(rig: Rig) -> None:
+    """A device event asks for one NIC's owned settings; the engine keeps them by device
+    (a scan of every owned setting per event made a burst of NICs quadratic)."""
+    engine = rig.engine()
+    expansion = rig.expand(*ENTRIES)
+    engine.switch(net(expansion.settings), "p")
+    owned = engine.owned("net")
+    eth1 = set(on(ETH1, {"napi_defer_hard_irqs": "4", "feature rx-gro": False}))
+    assert owned.of_device(ETH1) == eth1
+    assert {t for t in owned if t.device() == ETH1} == eth1  # the index agrees with a scan
+    assert engine.by_device[("net", ETH1)] == eth1
+    engine.update("net", {}, [("net", t) for t in eth1], {("net", t) for t in eth1})
+    assert owned.of_device(ETH1) == set() and ("net", ETH1) not in engine.by_device
+    engine.off()
+    assert engine.by_device == {}
 
 
 def test_the_daemon_tunes_hot_plugged_nics_and_drops_removed_ones(
