@@ -41,6 +41,7 @@ from latencyd.core.plugin import (
     decode_target,
     encode_target,
     in_one_go,
+    names_a_task,
     target_kinds,
 )
 from latencyd.core.profile import Profile
@@ -171,7 +172,14 @@ class Drift:
     actual: Value
     text: str  # the setting as the profile wants it, in words
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, show_tasks: bool = True) -> dict[str, Any]:
+        """The drift for Verify; a task's (pid, name, CPUs) only with `show_tasks` (root
+        and the admin group), else its plugin and kind alone."""
+        if not show_tasks and names_a_task(self.target):
+            hidden = "a task's setting (hidden)"
+            target = {"kind": type(self.target).kind}
+            return {"plugin": self.plugin, "target": target, "setting": hidden,
+                    "wanted": None, "actual": None}  # fmt: skip
         return {
             "plugin": self.plugin,
             "target": encode_target(self.target),

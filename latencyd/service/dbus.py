@@ -284,13 +284,16 @@ class Service(dbus.service.Object):
         Answered after the change in progress, if any (it would read it half done); callers
         asking meanwhile share one verify (Operations.read)."""
 
-        recent = None if _answer(lambda: self._caller(sender)[1]) else self._recent("verify")
+        privileged = _answer(lambda: self._caller(sender)[1])
+        recent = None if privileged else self._recent("verify")
         if recent is not None:
             reply(recent)
             return
 
         def verify() -> str:
-            return self._answered("verify", json.dumps([d.as_json() for d in self.daemon.verify()]))
+            drifts = self.daemon.verify()
+            self._answered("verify", json.dumps([d.as_json(show_tasks=False) for d in drifts]))
+            return json.dumps([d.as_json() for d in drifts])
 
         def start() -> Steps[str]:
             return _at_once(verify)
@@ -298,7 +301,12 @@ class Service(dbus.service.Object):
         def failed(exc: Exception) -> None:
             error(_error_reply(exc))
 
-        self.operations.read(Operation("verify", start, reply, failed))
+        def answer(full: str) -> None:
+            # One verify is shared by every caller waiting: those who may only read get
+            # its answer without other users' tasks.
+            reply(full if privileged else self._answers["verify"][1])
+
+        self.operations.read(Operation("verify", start, answer, failed))
 
     # -- changes: each runs as an operation (latencyd.service.operations) and replies when done ----
     @_change("s", "s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -240,6 +241,36 @@ def test_unprivileged_caller_denied_by_bus_policy_reads_allowed(
     assert cli_as_nobody(d.address, "off", capture=out) == 4
     assert d.ctl("active").stdout.strip() == "test-a"
     assert sysctl("vm.swappiness") == "11"
+
+
+def monitor(address: str, user: int | None) -> subprocess.Popen[str]:
+    """gdbus monitor of the daemon's signals (match rules, as any client subscribes)."""
+    cmd = ["gdbus", "monitor", "--address", address, "--dest", "org.latencyd.Daemon1"]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_signals_naming_tasks_reach_root_only(start_daemon: Callable[..., Latencyd]) -> None:
+    """Drift and NoiseExceeded name tasks (pid, comm, CPUs): the bus policy delivers them to
+    root (and an admin group it names), as Status shows tasks to them only; everybody
+    still hears ProfileChanged."""
+    d = start_daemon("test-a")
+    listeners = {"root": monitor(d.address, None), "nobody": monitor(d.address, 65534)}
+    try:
+        time.sleep(0.5)  # subscribed
+        Path("/proc/sys/vm/swappiness").write_text("12")
+        wait_for(lambda: sysctl("vm.swappiness") == "11", timeout=5)  # put back: drift
+        assert d.ctl("switch", "test-b").returncode == 0
+        time.sleep(0.5)
+    finally:
+        heard = {}
+        for who, proc in listeners.items():
+            proc.terminate()
+            heard[who] = proc.communicate(timeout=5)[0]
+    assert "org.latencyd.Daemon1.Drift" in heard["root"], heard["root"]
+    assert "org.latencyd.Daemon1.ProfileChanged ('test-b'" in heard["nobody"], heard["nobody"]
+    assert "Drift" not in heard["nobody"] and "swappiness" not in heard["nobody"]
 
 
 def test_daemon_checks_uid_even_when_bus_policy_allows(

@@ -855,3 +855,20 @@ def test_a_cancelled_step_is_rolled_back_like_a_failed_one(
     assert rig.journal_on_disk() == journal_a
     rig.engine.off()
     assert rig.values() == rig.original
+
+
+def test_a_drift_of_a_task_is_named_only_to_who_may_see_tasks() -> None:
+    """Verify for a caller who may only read: a task's drift keeps its plugin and kind,
+    not its pid, name or CPUs (hidepid's promise, as in Status)."""
+    from latencyd.plugins.kthread import ThreadAffinity
+
+    from latencyd.core.engine import Drift
+
+    text = "thread 4242 (secret-job): CPUs 0"
+    task = Drift("kthread", ThreadAffinity(4242, 99), "0", "0-1", text)
+    sysctl = Drift("sysctl", Sysctl("vm.swappiness"), "10", "60", "vm.swappiness = 10")
+    assert task.as_json()["target"]["pid"] == 4242
+    hidden = json.dumps(task.as_json(show_tasks=False))
+    assert "4242" not in hidden and "secret-job" not in hidden and "0-1" not in hidden
+    assert task.as_json(show_tasks=False)["plugin"] == "kthread"
+    assert sysctl.as_json(show_tasks=False) == sysctl.as_json()
