@@ -53,6 +53,8 @@ class Limits:
     path_chars: int = 4096  # an include given as a path
     include_depth: int = 16
     files: int = 64  # files in one profile, includes included
+    # All of one profile's files together: 64 files of file_bytes each cost ~20 s to load.
+    profile_bytes: int = 1024 * 1024
     nesting: int = 16  # arrays and tables inside each other
     variables: int = 256
     value_chars: int = 4096  # a string after variables are substituted
@@ -73,6 +75,7 @@ class SourceFile:
     path: Path
     data: dict[str, Any]
     lines: dict[KeyPath, int]
+    size: int = 0  # characters of TOML
 
     def at(self, *path: str | int) -> Location:
         return Location(self.path, nearest_line(self.lines, tuple(path)))
@@ -175,7 +178,7 @@ def parse_source(name: str, path: Path, text: str) -> SourceFile:
     except ValueError as exc:  # int() of a decimal integer with too many digits
         raise _value_error(path, text, exc) from exc
     lines = key_lines(text)
-    source = SourceFile(name, path, data, lines)
+    source = SourceFile(name, path, data, lines, len(text))
     problem = _oversized(data)
     if problem is not None:
         where, what = problem
@@ -366,7 +369,7 @@ class ProfileLibrary:
         frames: list[tuple[SourceFile, list[Path], tuple[Path, ...]]] = [
             (root, self._includes(root), (path.resolve(),))
         ]
-        files = 1
+        files, size = 1, root.size
         while frames:
             source, pending, stack = frames[-1]
             if not pending:
@@ -402,6 +405,13 @@ class ProfileLibrary:
                 raise ProfileError(
                     source.at("main", "include"), f"included profile {inc_path}: {exc.message}"
                 ) from exc
+            size += included.size
+            if size > LIMITS.profile_bytes:
+                raise ProfileError(
+                    source.at("main", "include"),
+                    f"the profile's files, includes included, exceed {LIMITS.profile_bytes} "
+                    "bytes together",
+                )
             frames.append((included, self._includes(included), (*stack, resolved)))
         return chain
 

@@ -80,6 +80,21 @@ def test_a_wide_include_fan_is_bounded(lib: ProfileLibrary) -> None:
     assert at_line(error, path) == 2 and "more than 64 files included" in str(error)
 
 
+def test_the_files_of_one_profile_are_bounded_together(lib: ProfileLibrary) -> None:
+    """Each file within its own limit, 20 of them over the profile's: refused at the
+    include that crosses it (64 such files took ~20 s to load)."""
+    filler = "# " + "x" * 1000 + "\n"
+    big = filler * (LIMITS.file_bytes // len(filler) - 1)
+    for i in range(20):
+        write(lib, f"big{i}", big)
+    names = ", ".join(f'"big{i}"' for i in range(20))
+    path = write(lib, "heavy", f"[main]\ninclude = [{names}]\n")
+    error = refused(lib, "heavy")
+    assert at_line(error, path) == 2 and f"exceed {LIMITS.profile_bytes} bytes" in str(error)
+    write(lib, "light", '[main]\ninclude = ["big0", "big1", "big2"]\n')
+    lib.load("light")  # three of them are within it
+
+
 @pytest.mark.parametrize(
     ("text", "line", "message"),
     [
