@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,3 +116,13 @@ class Internal(LatencydError):
 
     def __init__(self) -> None:
         super().__init__("internal error in latencyd; the details are in its log")
+
+
+def describe_oserror(exc: OSError, nofollow: bool = False) -> str:
+    """An OSError in words, with its errno's name: "Permission denied (EACCES)". With
+    `nofollow` (the path was opened with O_NOFOLLOW) ELOOP means the path is a symlink."""
+    if nofollow and exc.errno == errno.ELOOP:
+        return "it is a symlink"
+    name = errno.errorcode.get(exc.errno or 0, "")
+    text = exc.strerror or str(exc)
+    return f"{text} ({name})" if name else text

@@ -21,19 +21,21 @@ import contextlib
 import errno
 import json
 import os
-import stat
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.errors import JournalError, UnsafePath
-from latencyd.core.system import describe_oserror as describe
+from latencyd.core.errors import FileRefused, JournalError, UnsafePath, describe_oserror
+from latencyd.core.system import read_regular_at
 from latencyd.core.trust import open_private_dir
 
 JOURNAL_FILE = "journal.jsonl"  # in the state directory (--state-dir)
 BASE_FILE = "base.json"  # the base profile a restart resumes
+# A journal file larger than this is not read: ~300 bytes an entry, so beyond a million
+# owned settings (50,000 tasks own about 100,000).
+MAX_FILE_BYTES = 256 * 1024 * 1024
 # 4: settings with the same original are one record (_group); 3 had one entry per setting
 # (still read: a journal a crash left before an upgrade); 2 had plugin-specific keys.
 FORMAT = 4
@@ -224,19 +226,10 @@ class Journal:
     def _read(self, name: str) -> bytes | None:
         """A regular file of the state directory, whole; None if there is none."""
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=self._dir)  # fmt: skip
+            path = self.state_dir / name
+            return read_regular_at(self._dir, path, MAX_FILE_BYTES, False, "journal file")
         except FileNotFoundError:
             return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-            return b"".join(chunks)
-        finally:
-            os.close(fd)
 
     def load(self) -> JournalState | None:
         """The journal left on disk, or None when the last exit was clean."""
@@ -245,7 +238,7 @@ class Journal:
             if data is None:
                 return None
             text = data.decode()
-        except (OSError, ValueError, UnsafePath) as exc:
+        except (OSError, ValueError, UnsafePath, FileRefused) as exc:
             raise JournalError(f"journal {self.path} is unreadable: {_why(exc)}") from exc
         lines = text.splitlines()
         if not lines:
@@ -466,7 +459,7 @@ class Journal:
         """(found, ref) of the base profile a previous run of this boot left in force."""
         try:
             data = _parse((self._read(BASE_FILE) or b"").decode())
-        except (OSError, ValueError, UnsafePath):
+        except (OSError, ValueError, UnsafePath, FileRefused):
             return False, None
         ref = data.get("base") if isinstance(data, dict) else None
         return isinstance(data, dict) and "base" in data, ref if isinstance(ref, str) else None
@@ -481,9 +474,8 @@ class Journal:
 
 
 def _why(exc: Exception) -> str:
-    if isinstance(exc, OSError):
-        return "it is a symlink" if exc.errno == errno.ELOOP else describe(exc)
-    return str(exc)
+    """Why a journal file could not be used (they are all opened with O_NOFOLLOW)."""
+    return describe_oserror(exc, nofollow=True) if isinstance(exc, OSError) else str(exc)
 
 
 def _profile(value: Any, path: Path, line: int) -> str | None:

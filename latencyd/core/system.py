@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import FileRefused, KernelRefused
+from latencyd.core.errors import FileRefused, KernelRefused, describe_oserror
 from latencyd.core.schema import Machine
 from latencyd.core.trust import untrusted
 
@@ -34,12 +34,6 @@ KERNEL_SETTINGS = ("/proc/", "/sys/")  # where System.write may write
 
 if TYPE_CHECKING:
     from latencyd.core.ethtool import Ethtool
-
-
-def describe_oserror(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno or 0, "")
-    text = exc.strerror or str(exc)
-    return f"{text} ({name})" if name else text
 
 
 @dataclass(frozen=True)
@@ -773,7 +767,7 @@ def read_guarded(path: Path, max_bytes: int, trusted: bool, what: str = "file") 
     try:
         directory = _open_directory(Path(os.path.realpath(path.parent)), trusted)
         try:
-            return _read_regular(directory, path, max_bytes, trusted, what)
+            return read_regular_at(directory, path, max_bytes, trusted, what)
         finally:
             os.close(directory)
     except OSError as exc:
@@ -807,9 +801,14 @@ def _check_owner(st: os.stat_result, label: str, sticky_allowed: bool) -> None:
         raise FileRefused(f"refusing {label}: {why}")
 
 
-def _read_regular(directory: int, path: Path, max_bytes: int, trusted: bool, what: str) -> bytes:
+def read_regular_at(directory: int, path: Path, max_bytes: int, trusted: bool, what: str) -> bytes:
+    """The regular file `path` in the directory open as `directory` (its name there; the
+    whole path for messages), at most `max_bytes` of it, never blocking: how read_guarded
+    and the journal read files. OSError when it cannot be opened (FileNotFoundError: there
+    is none), FileRefused otherwise."""
+    name = path.name
     label, larger = f"{what} {path}", f"{what} is larger than {max_bytes // 1024} KiB"
-    probe = os.open(path.name, _PROBE, dir_fd=directory)
+    probe = os.open(name, _PROBE, dir_fd=directory)
     try:
         looked_at = os.fstat(probe)
         kind = stat.S_IFMT(looked_at.st_mode)
@@ -828,7 +827,7 @@ def _read_regular(directory: int, path: Path, max_bytes: int, trusted: bool, wha
         _check_owner(looked_at, label, sticky_allowed=False)
     if looked_at.st_size > max_bytes:
         raise FileRefused(larger)
-    fd = os.open(path.name, _READ, dir_fd=directory)
+    fd = os.open(name, _READ, dir_fd=directory)
     try:
         opened = os.fstat(fd)
         if (opened.st_dev, opened.st_ino) != (looked_at.st_dev, looked_at.st_ino):

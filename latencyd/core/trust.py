@@ -12,13 +12,12 @@ file that is a symlink to /etc/shadow.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 from collections.abc import Collection
 from pathlib import Path
 
-from latencyd.core.errors import UnsafePath
+from latencyd.core.errors import UnsafePath, describe_oserror
 
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
@@ -71,8 +70,7 @@ def open_private_dir(path: Path, create: bool = True) -> int:
         raise
     except OSError as exc:
         # O_DIRECTORY | O_NOFOLLOW on a symlink to a directory fails with ENOTDIR.
-        link = exc.errno == errno.ELOOP or os.path.islink(path)
-        what = "it is a symlink" if link else f"{exc.strerror}: {exc.filename}"
+        what = "it is a symlink" if os.path.islink(path) else describe_oserror(exc, True)
         raise UnsafePath(f"{path} cannot be used: {what}") from exc
     st = os.fstat(fd)
     # Its own: not root's unless we are root, and not writable by others even if sticky.
