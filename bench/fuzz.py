@@ -34,12 +34,11 @@ from bench import arguments
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.errors import LatencydError
 from latencyd.core.journal import JOURNAL_FILE, Journal
-from latencyd.core.plugin import Plugin, discover
+from latencyd.core.plugin import discover
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import validate
-from latencyd.core.system import System
 from latencyd.service.config import shipped_profiles_dir
 from latencyd.tools import tuned_import as ti
+from tests.fuzzjournal import applied_journal, plugins_on
 from tests.fuzzprofiles import mutate
 from tests.unit.fakesys import make_fake_machine
 
@@ -112,22 +111,9 @@ def fuzz_loader(cases: int, seconds: float, rng: random.Random, tmp: Path) -> Ta
     return tally
 
 
-def applied_journal(tmp: Path) -> tuple[System, dict[str, Plugin[Any]], str]:
-    system = make_fake_machine(tmp)
-    plugins = {n: c(system) for n, c in discover().items()}
-    schemas = section_schemas(plugins)
-    machine = system.machine()
-    sections = {n: validate(schemas[n], p.example, machine) for n, p in plugins.items()}
-    from latencyd.core.profile import Profile
-
-    journal = Journal(tmp / "state")
-    Engine(plugins, journal).apply(Profile("fuzz", Path("fuzz.toml"), "", sections, {}))
-    journal.close()
-    return system, plugins, (tmp / "state" / JOURNAL_FILE).read_text()
-
-
 def fuzz_journal(cases: int, seconds: float, rng: random.Random, tmp: Path) -> Tally:
-    system, plugins, text = applied_journal(tmp / "machine")
+    system, _, _, text = applied_journal(tmp / "machine")
+    plugins = plugins_on(system)
     tally = Tally()
     for i in range(cases):
         state = tmp / "journals" / str(i)

@@ -15,60 +15,18 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.engine import ADOPTED, Engine, section_schemas
+from latencyd.core.engine import ADOPTED, Engine
 from latencyd.core.errors import LatencydError
 from latencyd.core.journal import Journal
-from latencyd.core.plugin import Plugin, discover
 from latencyd.core.profile import Profile
-from latencyd.core.schema import validate
 from latencyd.core.system import System
-from tests.unit.fakesys import add_task, make_fake_machine, put, tree_bytes
+from tests.fuzzjournal import applied_journal, machine, plugins_on
+from tests.unit.fakesys import put, tree_bytes
 
-# Every plugin's example, and isolation (the sections whose new targets consult what the
-# profile owns: a new IRQ's original is the machine's default affinity, not the profile's).
-EXTRA: dict[str, dict[str, Any]] = {
-    "irq": {"isolate": "1", "default_affinity": "0"},
-    "kthread": {
-        "isolate_tasks": "1",
-        "writeback_cpumask": "0",
-        "rule": [{"match": "^kswapd", "cpus": "0"}],
-    },
-}
 JUNK: list[Any] = [
     None, 0, -1, 2**70, 1.5, True, "", "garbage", "0-1", "<adopted>", [], [1, "x"],
     ["fifo"], {"a": 1}, {"": []}, [[[[]]]],
 ]  # fmt: skip
-
-
-def machine(tmp_path: Path) -> System:
-    system = make_fake_machine(tmp_path)
-    add_task(system.root, 300, "app", threads=(301,))
-    system.sched.add(300)  # type: ignore[attr-defined]  # the fake's
-    system.sched.add(301)  # type: ignore[attr-defined]
-    return system
-
-
-def plugins_on(system: System) -> dict[str, Plugin[Any]]:
-    return {name: cls(system) for name, cls in discover().items()}
-
-
-def profile_on(system: System, plugins: dict[str, Plugin[Any]]) -> Profile:
-    schemas = section_schemas(plugins)
-    sections = {
-        name: validate(schemas[name], EXTRA.get(name, plugin.example), system.machine())
-        for name, plugin in plugins.items()
-    }
-    return Profile("fuzz", Path("fuzz.toml"), "", sections, {})
-
-
-def applied_journal(tmp_path: Path) -> tuple[System, Profile, Journal, str]:
-    """A fake machine under the profile, killed: the journal it leaves."""
-    system = machine(tmp_path)
-    plugins = plugins_on(system)
-    profile = profile_on(system, plugins)
-    journal = Journal(tmp_path / "state")
-    Engine(plugins, journal).apply(profile)
-    return system, profile, journal, journal.path.read_text()
 
 
 def restart(system: System, profile: Profile, journal: Journal) -> Engine:
