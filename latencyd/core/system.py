@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from latencyd.core.boot import BootReadings
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import FileRefused, KernelRefused, describe_oserror
 from latencyd.core.schema import Machine
@@ -293,6 +294,35 @@ class System:
             except KernelRefused:
                 continue
         return None
+
+    def boot_readings(self) -> BootReadings:
+        """How the running kernel booted, as it shows it (latencyd.core.boot)."""
+        cpu = "sys/devices/system/cpu"
+
+        def cpus(rel: str) -> CpuSet | None:
+            if not self.exists(rel):
+                return None
+            try:  # "(null)" where the mask was never allocated: none
+                return CpuSet.from_list(self.read(rel))
+            except ValueError:
+                return CpuSet()
+
+        offloaded = []
+        with contextlib.suppress(KernelRefused):  # kthreadd's children: the kernel threads
+            for pid in self.read("proc/2/task/2/children").split():
+                with contextlib.suppress(KernelRefused):
+                    comm = self.read(f"proc/{pid}/comm")
+                    kind, _, number = comm.partition("/")
+                    if kind == "rcuop" and number.isdigit():
+                        offloaded.append(int(number))
+        return BootReadings(
+            cmdline=self.read("proc/cmdline"),
+            possible=cpus(f"{cpu}/possible") or self.online_cpus(),
+            isolated=cpus(f"{cpu}/isolated"),
+            nohz_full=cpus(f"{cpu}/nohz_full"),
+            rcu_nocb_capable=self.exists("sys/module/rcutree/parameters/rcu_nocb_gp_stride"),
+            rcu_offloaded=CpuSet(offloaded),
+        )
 
     def online_cpus(self) -> CpuSet:
         return CpuSet.from_list(self.read("sys/devices/system/cpu/online"))

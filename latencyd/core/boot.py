@@ -1,0 +1,164 @@
+"""The isolation the machine booted with, and what a profile's shield would gain by more.
+
+Only boot arguments stop the scheduler tick on a CPU (nohz_full), move RCU callbacks off it
+(rcu_nocbs) or keep kernel-managed IRQs away (isolcpus=managed_irq): no write at run time
+does. So at every start the daemon reads what is in force (`BootReadings`, from the
+system facade), and `compare` sets it against the CPUs the profile shields: for each of
+these, booted, not booted (with the argument that would add it), or not applicable on
+this kernel (with the reason: a kernel built without CONFIG_NO_HZ_FULL ignores
+nohz_full= after any reboot).
+
+What is in force is read from the kernel where it says so, not from the command line:
+/sys/devices/system/cpu/isolated (scheduler domains), /sys/devices/system/cpu/nohz_full
+(present only on kernels built with NO_HZ_FULL), the rcuop/N kthreads (one per CPU whose
+callbacks are offloaded); the command line for the rest (managed_irq has no file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from latencyd.core.cmdline import Isolation, KernelArg, isolation, parse_cmdline
+from latencyd.core.cpuset import CpuSet
+
+ISOLATION_KEYS = ("isolcpus", "nohz_full", "nohz", "rcu_nocbs", "irqaffinity", "rcu_nocb_poll")
+NO_NOHZ_FULL = (
+    "this kernel is built without CONFIG_NO_HZ_FULL (it has no "
+    "/sys/devices/system/cpu/nohz_full): it ignores nohz_full= even after a reboot"
+)
+NO_RCU_NOCB = (
+    "this kernel is built without CONFIG_RCU_NOCB_CPU (rcutree has no rcu_nocb_gp_stride "
+    "parameter): it ignores rcu_nocbs="
+)
+NO_CPU_ISOLATION = (
+    "this kernel is built without CONFIG_CPU_ISOLATION (it has no "
+    "/sys/devices/system/cpu/isolated): it ignores isolcpus="
+)
+
+
+@dataclass(frozen=True)
+class BootReadings:
+    """What the running kernel shows of how it booted (System.boot_readings)."""
+
+    cmdline: str
+    possible: CpuSet
+    isolated: CpuSet | None  # None: no such file (no CONFIG_CPU_ISOLATION)
+    nohz_full: CpuSet | None  # None: no such file (no CONFIG_NO_HZ_FULL)
+    rcu_nocb_capable: bool
+    rcu_offloaded: CpuSet
+
+
+@dataclass(frozen=True)
+class BootState:
+    """The isolation in force, and what the command line asked that the kernel did not
+    do (`problems`), in words."""
+
+    args: tuple[KernelArg, ...]  # the isolation arguments as booted
+    asked: Isolation
+    isolated: CpuSet
+    tickless: CpuSet
+    rcu_offloaded: CpuSet
+    managed_irq: CpuSet
+    unsupported: dict[str, str] = field(default_factory=dict)  # argument -> why not here
+    problems: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "arguments": [str(a) for a in self.args],
+            "isolated": self.isolated.to_list(),
+            "nohz_full": self.tickless.to_list(),
+            "rcu_nocbs": self.rcu_offloaded.to_list(),
+            "managed_irq": self.managed_irq.to_list(),
+            "unsupported": dict(self.unsupported),
+            "problems": list(self.problems),
+        }
+
+
+def booted(readings: BootReadings) -> BootState:
+    args = parse_cmdline(readings.cmdline)
+    asked = isolation(args, readings.possible)
+    unsupported = {}
+    problems = list(asked.problems)
+    if readings.nohz_full is None:
+        unsupported["nohz_full"] = NO_NOHZ_FULL
+        if asked.tickless:
+            problems.append(f"nohz_full={asked.tickless.to_list()} was asked: {NO_NOHZ_FULL}")
+    if not readings.rcu_nocb_capable:
+        unsupported["rcu_nocbs"] = NO_RCU_NOCB
+    if readings.isolated is None:
+        unsupported["isolcpus"] = NO_CPU_ISOLATION
+    kept = [a for a in args if a.key in ISOLATION_KEYS]
+    return BootState(
+        args=tuple(kept),
+        asked=asked,
+        isolated=readings.isolated or CpuSet(),
+        tickless=readings.nohz_full or CpuSet(),
+        rcu_offloaded=readings.rcu_offloaded,
+        managed_irq=asked.managed_irq if readings.isolated is not None else CpuSet(),
+        unsupported=unsupported,
+        problems=tuple(problems),
+    )
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One boot-time isolation feature for the shielded CPUs: `state` is "booted", "not
+    booted" (`argument` would add it at the next boot), "not applicable" (`detail` says
+    why, on this kernel) or "mismatch" (booted for CPUs the profile does not shield)."""
+
+    feature: str
+    cpus: str
+    state: str
+    argument: str
+    detail: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"feature": self.feature, "cpus": self.cpus, "state": self.state,
+                "argument": self.argument, "detail": self.detail}  # fmt: skip
+
+
+# feature, the argument that adds it for CPUS, the parameter it needs, what it does
+_FEATURES = (
+    ("tick", "nohz_full={}", "nohz_full",
+     "stops the scheduler tick (and moves unbound work and timers) off the CPUs"),
+    ("rcu callbacks", "rcu_nocbs={}", "rcu_nocbs",
+     "runs their RCU callbacks on other CPUs (rcuop kthreads)"),
+    ("managed IRQs", "isolcpus=managed_irq,{}", "isolcpus",
+     "keeps kernel-managed IRQs (which no affinity write moves) off the CPUs"),
+    ("scheduler domains", "isolcpus=domain,{}", "isolcpus",
+     "takes the CPUs out of load balancing (the shield's affinities keep other tasks off "
+     "already; without balancing, an application's threads stay where it put them)"),
+)  # fmt: skip
+
+
+def compare(shield: CpuSet, state: BootState) -> list[Finding]:
+    """What the booted isolation gives the CPUs a profile shields, feature by feature."""
+    if not shield:
+        return []
+    have = {
+        "tick": state.tickless,
+        "rcu callbacks": state.rcu_offloaded,
+        "managed IRQs": state.managed_irq,
+        "scheduler domains": state.isolated,
+    }
+    findings = []
+    for feature, argument, parameter, does in _FEATURES:
+        booted_cpus = have[feature]
+        missing = shield - booted_cpus
+        wanted = argument.format(shield.to_list())
+        if parameter in state.unsupported:
+            findings.append(Finding(feature, missing.to_list(), "not applicable", wanted,
+                                    state.unsupported[parameter]))  # fmt: skip
+        elif missing:
+            findings.append(Finding(feature, missing.to_list(), "not booted", wanted,
+                                    f"{wanted} {does} after a reboot"))  # fmt: skip
+        else:
+            findings.append(Finding(feature, shield.to_list(), "booted", "", does))
+        extra = booted_cpus - shield
+        if extra:
+            findings.append(Finding(
+                feature, extra.to_list(), "mismatch", "",
+                f"booted for CPUs {extra.to_list()}, which the profile does not shield "
+                f"(it shields {shield.to_list()})",
+            ))  # fmt: skip
+    return findings

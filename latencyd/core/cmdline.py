@@ -1,0 +1,201 @@
+"""The kernel command line: its arguments, and what they say about CPU isolation.
+
+Pure functions over text, as the kernel reads it (kernel/params.c, next_arg): arguments
+are separated by spaces, a double-quoted part may hold spaces (`a="b c"`, `"a=b c"`),
+`--` ends the kernel's arguments (what follows is init's), and a parameter's `-` and `_`
+are the same letter (`rcu-nocbs` is `rcu_nocbs`).
+
+Isolation (kernel/sched/isolation.c): `isolcpus=[flag,...,]CPUS` with the flags `nohz`,
+`domain` (the default when none is given) and `managed_irq`; `nohz_full=CPUS` (the tick,
+and unbound work, RCU callbacks and timers off those CPUs); `rcu_nocbs[=CPUS]` (every CPU
+when given no list); `irqaffinity=CPUS` (the default affinity of IRQs). When `isolcpus=`
+and `nohz_full=` both set a kind of housekeeping (`isolcpus=nohz,...` and `nohz_full=` both
+stop the tick) with different CPUs, the kernel keeps the first and ignores the second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from latencyd.core.cpuset import CpuSet, CpuSetError
+
+ISOLCPUS_FLAGS = ("nohz", "domain", "managed_irq")
+# The kinds of housekeeping each argument takes off its CPUs (HK_TYPE_*), for the rule
+# that a second argument setting a kind already set must name the same CPUs.
+_NOHZ_FULL_KINDS = frozenset({"tick", "wq", "timer", "rcu", "misc", "kthread"})
+_ISOLCPUS_KINDS = {"nohz": frozenset({"tick"}), "domain": frozenset({"domain"}),
+                   "managed_irq": frozenset({"managed_irq"})}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One argument as written: `name=value`, or a bare `name` (value None)."""
+
+    name: str
+    value: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The parameter as the kernel compares it: `-` and `_` alike."""
+        return self.name.replace("-", "_")
+
+    def __str__(self) -> str:
+        if self.value is None:
+            return self.name
+        value = f'"{self.value}"' if " " in self.value else self.value
+        return f"{self.name}={value}"
+
+
+def parse_cmdline(text: str) -> tuple[KernelArg, ...]:
+    """The kernel's own arguments of a command line (up to `--`)."""
+    args: list[KernelArg] = []
+    for word in _words(text):
+        if word == "--":
+            break
+        name, eq, value = word.partition("=")
+        args.append(KernelArg(name, value if eq else None))
+    return tuple(args)
+
+
+def _words(text: str) -> Iterable[str]:
+    """Words split at spaces outside double quotes, the quotes removed."""
+    word: list[str] = []
+    quoted = started = False
+    for char in text:
+        if char == '"':
+            quoted, started = not quoted, True
+        elif char.isspace() and not quoted:
+            if started:
+                yield "".join(word)
+            word, started = [], False
+        else:
+            word.append(char)
+            started = True
+    if started:
+        yield "".join(word)
+
+
+def find(args: Iterable[KernelArg], key: str) -> KernelArg | None:
+    """The last argument of a parameter (where a later one overrides an earlier)."""
+    found = None
+    for arg in args:
+        if arg.key == key:
+            found = arg
+    return found
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What a command line asks of CPU isolation, on a machine whose CPUs are `possible`
+    (None: not asked); `problems`: what the kernel ignores or refuses of it, in words."""
+
+    isolcpus: CpuSet | None = None
+    isolcpus_flags: frozenset[str] = frozenset()
+    nohz_full: CpuSet | None = None
+    rcu_nocbs: CpuSet | None = None
+    irqaffinity: CpuSet | None = None
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def domain_isolated(self) -> CpuSet:
+        """CPUs taken out of the scheduler's load balancing (/sys/.../cpu/isolated)."""
+        if self.isolcpus is None or "domain" not in self.isolcpus_flags:
+            return CpuSet()
+        return self.isolcpus
+
+    @property
+    def managed_irq(self) -> CpuSet:
+        """CPUs that kernel-managed IRQs avoid (isolcpus=managed_irq)."""
+        if self.isolcpus is None or "managed_irq" not in self.isolcpus_flags:
+            return CpuSet()
+        return self.isolcpus
+
+    @property
+    def tickless(self) -> CpuSet:
+        """CPUs asked to run without the periodic tick."""
+        tick = self.nohz_full or CpuSet()
+        if self.isolcpus is not None and "nohz" in self.isolcpus_flags and not tick:
+            tick = self.isolcpus
+        return tick
+
+
+def isolation(args: Iterable[KernelArg], possible: CpuSet) -> Isolation:
+    """The isolation the arguments ask for, in the order the kernel applies them."""
+    problems: list[str] = []
+    isolcpus: CpuSet | None = None
+    flags: frozenset[str] = frozenset()
+    nohz_full = rcu_nocbs = irqaffinity = None
+    kinds: dict[str, tuple[str, CpuSet]] = {}  # housekeeping kind -> (argument, its CPUs)
+
+    def cpus(arg: KernelArg, text: str) -> CpuSet | None:
+        try:
+            return _cpulist(text, possible)
+        except CpuSetError as exc:
+            problems.append(f"{arg}: the kernel ignores it ({exc})")
+            return None
+
+    def claim(arg: KernelArg, taken: frozenset[str], value: CpuSet) -> bool:
+        for kind in sorted(taken):
+            if kind in kinds and kinds[kind][1] != value:
+                first = kinds[kind][0]
+                problems.append(
+                    f"{arg}: the kernel ignores it, {first} already isolates "
+                    f"{kinds[kind][1].to_list() or 'no CPU'} (they must name the same CPUs)"
+                )
+                return False
+        kinds.update(dict.fromkeys(taken, (str(arg), value)))
+        return True
+
+    for arg in args:
+        if arg.key == "isolcpus" and arg.value is not None:
+            parsed = _isolcpus(arg, possible, problems)
+            if parsed is not None:
+                taken = frozenset().union(*(_ISOLCPUS_KINDS[f] for f in parsed[0]))
+                if claim(arg, taken, parsed[1]):
+                    flags, isolcpus = parsed
+        elif arg.key == "nohz_full" and arg.value is not None:
+            value = cpus(arg, arg.value)
+            if value is not None and claim(arg, _NOHZ_FULL_KINDS, value):
+                nohz_full = value
+        elif arg.key == "rcu_nocbs":
+            rcu_nocbs = possible if not arg.value else cpus(arg, arg.value)
+        elif arg.key == "irqaffinity" and arg.value is not None:
+            irqaffinity = cpus(arg, arg.value)
+    if nohz_full is not None and nohz_full == possible:
+        problems.append("nohz_full names every CPU: the kernel keeps the boot CPU for housekeeping")
+    return Isolation(isolcpus, flags, nohz_full, rcu_nocbs, irqaffinity, tuple(problems))
+
+
+def _isolcpus(
+    arg: KernelArg, possible: CpuSet, problems: list[str]
+) -> tuple[frozenset[str], CpuSet] | None:
+    """isolcpus's flags (`domain` when none is named) and CPUs."""
+    assert arg.value is not None
+    rest, flags = arg.value, set()
+    while True:  # a word before a comma is a flag; the kernel skips one it does not know
+        word, comma, after = rest.partition(",")
+        if not (comma and word[:1].isalpha() and word != "N"):
+            break
+        if word in ISOLCPUS_FLAGS:
+            flags.add(word)
+        else:
+            problems.append(f"{arg}: the kernel skips the unknown flag {word!r}")
+        rest = after
+    try:
+        return frozenset(flags or {"domain"}), _cpulist(rest, possible)
+    except CpuSetError as exc:
+        problems.append(f"{arg}: the kernel ignores it ({exc})")
+        return None
+
+
+def _cpulist(text: str, possible: CpuSet) -> CpuSet:
+    """A cpulist as the kernel's bitmap_parselist reads it: also `all`, and `N` for the
+    last CPU."""
+    if text == "all":
+        return possible
+    last = str(max(possible)) if possible else "0"
+    cpus = CpuSet.from_list(",".join(last if part == "N" else part for part in text.split(",")))
+    if not cpus.issubset(possible):
+        raise CpuSetError(f"CPUs {(cpus - possible).to_list()} are not this machine's")
+    return cpus

@@ -1,0 +1,123 @@
+"""The kernel command line and the booted isolation: parsing as the kernel does, recorded
+command lines (the usual isolation, none, conflicting ones), and what the booted state
+gives the CPUs a profile shields."""
+
+from __future__ import annotations
+
+from latencyd.core.boot import NO_NOHZ_FULL, BootReadings, Finding, booted, compare
+from latencyd.core.cmdline import KernelArg, find, isolation, parse_cmdline
+from latencyd.core.cpuset import CpuSet
+
+FOUR = CpuSet.from_list("0-3")
+USUAL = "BOOT_IMAGE=/vmlinuz ro quiet isolcpus=managed_irq,domain,2-3 nohz_full=2-3 rcu_nocbs=2-3"
+
+
+def test_arguments_are_split_as_the_kernel_does() -> None:
+    args = parse_cmdline('a=1 "b=x y" c="p q" flag rcu-nocbs=1 -- init=args after=dash')
+    assert args == (
+        KernelArg("a", "1"),
+        KernelArg("b", "x y"),
+        KernelArg("c", "p q"),
+        KernelArg("flag"),
+        KernelArg("rcu-nocbs", "1"),
+    )
+    assert args[4].key == "rcu_nocbs"  # "-" and "_" are the same to the kernel
+    assert str(args[2]) == 'c="p q"' and str(args[3]) == "flag"
+    assert find(parse_cmdline("x=1 x=2"), "x") == KernelArg("x", "2")
+
+
+def test_the_usual_isolation_line() -> None:
+    asked = isolation(parse_cmdline(USUAL), FOUR)
+    assert asked.problems == ()
+    assert asked.isolcpus == CpuSet([2, 3]) and asked.isolcpus_flags == {"managed_irq", "domain"}
+    assert asked.domain_isolated == asked.managed_irq == CpuSet([2, 3])
+    assert asked.tickless == asked.nohz_full == CpuSet([2, 3])
+    assert asked.rcu_nocbs == CpuSet([2, 3]) and asked.irqaffinity is None
+
+
+def test_a_line_without_isolation() -> None:
+    asked = isolation(parse_cmdline("console=ttyS0 quiet -- isolcpus=1"), FOUR)
+    assert asked.isolcpus is None and asked.nohz_full is None and asked.rcu_nocbs is None
+    assert not asked.tickless and not asked.domain_isolated and asked.problems == ()
+
+
+def test_isolcpus_without_flags_is_domain_and_rcu_nocbs_without_a_list_is_every_cpu() -> None:
+    asked = isolation(parse_cmdline("isolcpus=1,3 rcu_nocbs irqaffinity=0 nohz_full=N"), FOUR)
+    assert asked.isolcpus_flags == {"domain"} and asked.domain_isolated == CpuSet([1, 3])
+    assert asked.rcu_nocbs == FOUR and asked.irqaffinity == CpuSet([0])
+    assert asked.nohz_full == CpuSet([3])  # N: the last CPU
+
+
+def test_conflicting_and_broken_arguments_are_what_the_kernel_ignores() -> None:
+    # Both stop the tick, on different CPUs: the kernel keeps the first.
+    asked = isolation(parse_cmdline("isolcpus=nohz,domain,2-3 nohz_full=1-2"), FOUR)
+    assert asked.nohz_full is None and asked.tickless == CpuSet([2, 3])
+    assert any("nohz_full=1-2: the kernel ignores it" in p for p in asked.problems)
+    # Different kinds of housekeeping may name different CPUs.
+    asked = isolation(parse_cmdline("isolcpus=domain,3 nohz_full=1-2"), FOUR)
+    assert asked.problems == () and asked.domain_isolated == CpuSet([3])
+    assert asked.tickless == CpuSet([1, 2])
+    asked = isolation(parse_cmdline("isolcpus=bogus,2 nohz_full=6-7 rcu_nocbs=x"), FOUR)
+    assert asked.isolcpus == CpuSet([2]) and asked.nohz_full is None and asked.rcu_nocbs is None
+    assert [p.split(":")[0] for p in asked.problems] == [
+        "isolcpus=bogus,2",
+        "nohz_full=6-7",
+        "rcu_nocbs=x",
+    ]
+
+
+def readings(cmdline: str, nohz_full: bool = True, rcu_nocb_capable: bool = True) -> BootReadings:
+    """What a kernel booted with `cmdline` shows (with NO_HZ_FULL or not, RCU_NOCB_CPU
+    or not), as the sysfs files and kthreads would have it."""
+    asked = isolation(parse_cmdline(cmdline), FOUR)
+    return BootReadings(
+        cmdline,
+        FOUR,
+        isolated=asked.domain_isolated,
+        nohz_full=asked.tickless if nohz_full else None,
+        rcu_nocb_capable=rcu_nocb_capable,
+        rcu_offloaded=(asked.rcu_nocbs or CpuSet()) if rcu_nocb_capable else CpuSet(),
+    )
+
+
+def states(findings: list[Finding]) -> set[tuple[str, str, str]]:
+    return {(f.feature, f.cpus, f.state) for f in findings}
+
+
+def test_a_shield_on_the_booted_cpus_has_everything() -> None:
+    state = booted(readings(USUAL))
+    assert [str(a) for a in state.args] == ["isolcpus=managed_irq,domain,2-3", "nohz_full=2-3",
+                                            "rcu_nocbs=2-3"]  # fmt: skip
+    assert states(compare(CpuSet([2, 3]), state)) == {
+        ("tick", "2-3", "booted"),
+        ("rcu callbacks", "2-3", "booted"),
+        ("managed IRQs", "2-3", "booted"),
+        ("scheduler domains", "2-3", "booted"),
+    }
+
+
+def test_a_shield_elsewhere_says_what_a_reboot_would_add_and_what_is_isolated_for_nothing() -> None:
+    findings = compare(CpuSet([1]), booted(readings(USUAL)))
+    assert ("tick", "1", "not booted") in states(findings)
+    assert ("tick", "2-3", "mismatch") in states(findings)
+    tick = next(f for f in findings if f.feature == "tick" and f.state == "not booted")
+    assert tick.argument == "nohz_full=1" and "after a reboot" in tick.detail
+    domains = next(
+        f for f in findings if f.feature == "scheduler domains" and f.state == "mismatch"
+    )
+    assert "2-3, which the profile does not shield" in domains.detail
+
+
+def test_a_kernel_without_nohz_full_makes_it_not_applicable_never_pending() -> None:
+    state = booted(readings("nohz_full=1", nohz_full=False))
+    assert state.unsupported["nohz_full"] == NO_NOHZ_FULL
+    assert any("nohz_full=1 was asked" in p for p in state.problems)
+    tick = next(f for f in compare(CpuSet([1]), state) if f.feature == "tick")
+    assert (tick.state, tick.detail) == ("not applicable", NO_NOHZ_FULL)
+    rcu = next(f for f in compare(CpuSet([1]), booted(readings("", rcu_nocb_capable=False))) if
+               f.feature == "rcu callbacks")  # fmt: skip
+    assert rcu.state == "not applicable" and "CONFIG_RCU_NOCB_CPU" in rcu.detail
+
+
+def test_no_shield_no_findings() -> None:
+    assert compare(CpuSet(), booted(readings(USUAL))) == []
