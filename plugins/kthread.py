@@ -121,7 +121,7 @@ KthreadTarget = Workqueue | ThreadAffinity | ThreadPolicy | TaskAffinity
 @dataclass(frozen=True)
 class Rule:
     pattern: re.Pattern[str]
-    cpus: CpuSet
+    cpus: CpuSet | None  # None: the threads' CPUs are left as they are (a policy-only rule)
     policy: str | None
     priority: int
     user: bool = False  # matches user processes (all their threads), not kernel threads
@@ -148,7 +148,7 @@ def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(
         Rule(
             re.compile(r["match"]),
-            r["cpus"],
+            r.get("cpus"),
             r.get("policy"),
             r.get("priority", 0),
             r.get("user", False),
@@ -157,7 +157,10 @@ def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     )
 
 
-def _user_rules_set_cpus_only(rule: Mapping[str, Any]) -> tuple[str, str] | None:
+def _rule_is_whole(rule: Mapping[str, Any]) -> tuple[str, str] | None:
+    """A rule sets CPUs, a policy or both; a user process's rule sets CPUs only."""
+    if "cpus" not in rule and ("policy" not in rule or rule.get("user")):
+        return "match", "a rule needs cpus (or, for kernel threads, a policy)"
     # Policies are kept for kernel threads: a user process's policy is its own (and
     # the daemon could not give it back after an exec changed what the process is).
     if rule.get("user"):
@@ -204,6 +207,7 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 "isolate_tasks",
                 Cpus(),
                 "Move every movable user task off these CPUs (and keep new ones off)",
+                shields=True,
             ),
             Option(
                 "allow",
@@ -217,7 +221,12 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                 Schema(
                     options=(
                         Option("match", Regex(), "Regex on the kernel thread's name (searched)"),
-                        Option("cpus", Cpus(), "CPUs the matched threads may run on"),
+                        Option(
+                            "cpus",
+                            Cpus(),
+                            "CPUs the matched threads may run on (without it, a rule sets "
+                            "a policy only: per-CPU threads such as ksoftirqd/N keep their CPU)",
+                        ),
                         Option(
                             "policy",
                             Choice(tuple(POLICIES)),
@@ -233,8 +242,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
                             default=False,
                         ),
                     ),
-                    required=("match", "cpus"),
-                    consistent=_user_rules_set_cpus_only,
+                    required=("match",),
+                    consistent=_rule_is_whole,
                 ),
                 "Kernel-thread rules (and user-process rules, user = true); the first rule "
                 "whose regex matches wins",
@@ -262,7 +271,9 @@ class KthreadPlugin(Plugin[KthreadTarget]):
         rule = next((r for r in rules.kthread_rules if r.pattern.search(task.comm)), None)
         if rule is None:
             return {}
-        settings: Settings = {ThreadAffinity(task.pid, task.start_time): rule.cpus.to_list()}
+        settings: Settings = {}
+        if rule.cpus is not None:  # a policy-only rule leaves per-CPU threads where they are
+            settings[ThreadAffinity(task.pid, task.start_time)] = rule.cpus.to_list()
         if rule.policy is not None:
             realtime = rule.policy in RT_POLICIES
             settings[ThreadPolicy(task.pid, task.start_time)] = [
@@ -279,6 +290,8 @@ class KthreadPlugin(Plugin[KthreadTarget]):
 
     @staticmethod
     def user_rule_settings(rule: Rule, task: Task, tids: list[int]) -> Settings:
+        if rule.cpus is None:  # not for a user rule: _rule_is_whole
+            return {}
         cpus = rule.cpus.to_list()
         return {TaskAffinity(task.pid, task.start_time, tid): cpus for tid in tids}
 

@@ -247,6 +247,16 @@ def test_policy_and_priority(
     assert m.plugin.read(ThreadPolicy(14, 10)) == sched
 
 
+def test_a_policy_only_rule_leaves_per_cpu_threads_where_they_are(
+    m: Machinery, machine: Machine
+) -> None:
+    """ksoftirqd/N at SCHED_FIFO, as TuneD's realtime profile sets it: no CPUs asked, so no
+    affinity a per-CPU thread cannot take (nor a "not applicable" line for each)."""
+    settings = m.settings(machine, {"rule": [{"match": "^ksoftirqd/", "policy": "fifo",
+                                              "priority": 2}]})  # fmt: skip
+    assert settings == {ThreadPolicy(12, 10): ["fifo", 2]}
+
+
 def test_write_and_read_go_through_the_scheduler(m: Machinery) -> None:
     assert m.plugin.read(ThreadAffinity(13, 10)) == "0-3"
     assert m.plugin.read(ThreadPolicy(10, 10)) == ["fifo", 1]
@@ -1040,7 +1050,8 @@ def test_status_shows_tasks_to_root_and_the_admin_group_only(
         ({"match": "(", "cpus": "0"}, "match: bad regular expression '('"),
         ({"match": "x", "cpus": "0", "policy": "deadline"}, "policy: expected one of other, fifo"),
         ({"match": "x", "cpus": "0", "priority": 100}, "priority: 100 is above the maximum 99"),
-        ({"match": "x"}, "missing required option 'cpus'"),
+        ({"match": "x"}, "a rule needs cpus (or, for kernel threads, a policy)"),
+        ({"match": "x", "user": True, "policy": "fifo"}, "a rule needs cpus"),
     ],
 )
 def test_schema_errors(m: Machinery, machine: Machine, rule: dict[str, Any], message: str) -> None:
