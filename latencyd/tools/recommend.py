@@ -13,8 +13,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from latencyd.core.boot import BootState, booted, compare
 from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused
+from latencyd.core.errors import KernelRefused, LatencydError
 from latencyd.core.idle import RESPONSIVE_POLL_NS, IdleFacts, read_idle
 from latencyd.core.system import System
 
@@ -39,6 +40,7 @@ class Facts:
     nodes: tuple[CpuSet, ...]  # CPUs of each NUMA node
     nics: tuple[Nic, ...]
     irqbalance: bool
+    boot: BootState | None = None  # the isolation it booted with (None: not known)
 
 
 @dataclass
@@ -90,10 +92,34 @@ def read_facts(system: System) -> Facts:
         node = int(read(f"{NET}/{name}/device/numa_node", "-1") or -1)
         nics.append(Nic(name, driver, queues, node))
     irqbalance = system.root_process("irqbalance") is not None
+    try:
+        boot: BootState | None = booted(system.boot_readings())
+    except LatencydError:
+        boot = None
     return Facts(
         virtual, idle, online, tuple(cores.values()), tuple(nodes or [online]), tuple(nics),
-        irqbalance,
+        irqbalance, boot,
     )  # fmt: skip
+
+
+def boot_reasons(isolated: CpuSet, boot: BootState | None) -> list[str]:
+    """The boot arguments that would add to the isolated CPUs what no daemon can (the
+    tick, RCU callbacks, managed IRQs), and those this kernel cannot honour, with why."""
+    if boot is None or not isolated:
+        return []
+    findings = compare(isolated, boot)
+    add = [f for f in findings if f.state == "not booted" and f.feature != "scheduler domains"]
+    out = []
+    if add:
+        args = " ".join(dict.fromkeys(f.argument for f in add))
+        does = "; ".join(f"{f.argument}: {f.detail.removeprefix(f.argument + ' ')}" for f in add)
+        out.append(f"Boot arguments for {isolated} (the next boot brings them, not latencyd): "
+                   f"{args}. {does}.")  # fmt: skip
+    out += [f"Not on this kernel: {f.argument}: {f.detail}." for f in findings
+            if f.state == "not applicable" and f.feature != "scheduler domains"]  # fmt: skip
+    out += [f"Booted isolation the profile would not use: {f.feature}: {f.detail}." for f in
+            findings if f.state == "mismatch"]  # fmt: skip
+    return out
 
 
 def machine_kind(f: Facts, kernel: str) -> str:
@@ -229,6 +255,7 @@ def recommend(f: Facts, measured: Sequence[str] | None = None) -> Recommendation
     )
     if f.irqbalance:
         why.append("irqbalance runs: cpu-partitioning bans the isolated CPUs in its config.")
+    why += boot_reasons(isolated, f.boot)
     why.append(f"Start the application on the isolated CPUs as you would anyway (`taskset -c "
                f"{isolated} ./app`, a container's cpuset): a task confined to them stays there, "
                "every task also allowed elsewhere is moved off them. `latencyctl hold "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from latencyd.core.boot import BootReadings, BootState, booted
+from latencyd.core.cmdline import isolation, parse_cmdline
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.idle import IdleFacts, IdleState
 from latencyd.core.system import System
@@ -85,6 +87,35 @@ def test_big_metal_isolates_whole_cores_on_the_nics_node() -> None:
         assert core.issubset(rec.isolated) or not (core & rec.isolated)  # never half a core
     text = "\n".join(rec.reasons)
     assert "irqbalance" in text and "intel_idle" in text
+
+
+def boot_of(cmdline: str, nohz_full: bool) -> BootState:
+    """BIG_METAL booted with `cmdline`, on a kernel built with NO_HZ_FULL or without."""
+    asked = isolation(parse_cmdline(cmdline), BIG_METAL.online)
+    return booted(BootReadings(cmdline, BIG_METAL.online, asked.domain_isolated,
+                               asked.tickless if nohz_full else None, True,
+                               asked.rcu_nocbs or CpuSet()))  # fmt: skip
+
+
+def test_the_boot_arguments_a_reboot_would_add_are_proposed_with_what_they_do() -> None:
+    rec = recommend(Facts(**{**BIG_METAL.__dict__, "boot": boot_of("quiet", True)}))
+    text = "\n".join(rec.reasons)
+    assert (
+        "Boot arguments for 6-7,14-15 (the next boot brings them, not latencyd): "
+        "nohz_full=6-7,14-15 rcu_nocbs=6-7,14-15 isolcpus=managed_irq,6-7,14-15."
+    ) in text
+    assert "stops the scheduler tick" in text
+    # Booted already for other CPUs, on a kernel without NO_HZ_FULL.
+    boot = boot_of("isolcpus=managed_irq,domain,1-2 rcu_nocbs=6-7,14-15", False)
+    text = "\n".join(recommend(Facts(**{**BIG_METAL.__dict__, "boot": boot})).reasons)
+    assert "Not on this kernel: nohz_full=6-7,14-15: this kernel is built without" in text
+    line = next(r for r in text.splitlines() if r.startswith("Boot arguments"))
+    assert line.startswith(
+        "Boot arguments for 6-7,14-15 (the next boot brings them, not "
+        "latencyd): isolcpus=managed_irq,6-7,14-15. "
+    )  # rcu_nocbs booted
+    assert "Booted isolation the profile would not use: managed IRQs: booted for CPUs 1-2" in text
+    assert "Boot arguments" not in "\n".join(recommend(SMALL_VM).reasons)  # nothing isolated
 
 
 def test_a_nic_of_unknown_node_isolates_on_the_first_node() -> None:
