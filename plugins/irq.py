@@ -102,7 +102,12 @@ class IrqPlugin(Plugin[IrqTarget]):
                 "Affinity given to IRQs the kernel creates later "
                 "(/proc/irq/default_smp_affinity); defaults to all CPUs but `isolate`",
             ),
-            Option("isolate", Cpus(), "Move every movable IRQ off these CPUs (rules still win)"),
+            Option(
+                "isolate",
+                Cpus(),
+                "Move every movable IRQ off these CPUs (rules still win)",
+                shields=True,
+            ),
             Option(
                 "coordinate_irqbalance",
                 Bool(),

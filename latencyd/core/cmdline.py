@@ -15,7 +15,8 @@ stop the tick) with different CPUs, the kernel keeps the first and ignores the s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from latencyd.core.cpuset import CpuSet, CpuSetError
@@ -199,3 +200,96 @@ def _cpulist(text: str, possible: CpuSet) -> CpuSet:
     if not cpus.issubset(possible):
         raise CpuSetError(f"CPUs {(cpus - possible).to_list()} are not this machine's")
     return cpus
+
+
+# -- arguments latencyd writes ---------------------------------------------------------------
+
+# What an argument latencyd writes may contain: a boot configuration is often a shell
+# script (/etc/default/grub.d/*.cfg is sourced by grub-mkconfig, as root), so no quote,
+# space, `$`, backtick or backslash ever reaches one.
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,:=+/@%-]*")
+# Parameters whose value is a CPU list (isolcpus's after its flags): a profile may give a
+# CPU expression there, written as the kernel's cpulist.
+CPU_LIST_PARAMETERS = frozenset(
+    {"isolcpus", "nohz_full", "rcu_nocbs", "irqaffinity", "kthread_cpus", "systemd.cpu_affinity"}
+)
+
+
+def unsafe(text: str) -> str | None:
+    """Why `text` cannot be a kernel argument latencyd writes, or None."""
+    if len(text) > 1024:
+        return "longer than 1024 characters"
+    if not _SAFE.fullmatch(text):
+        return (
+            "only letters, digits and _ . , : = + / @ % - may be used (no space, quote or $: "
+            "boot configurations are often shell scripts)"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Change:
+    """What latencyd did to a command line: arguments it added, and the users' arguments
+    it removed (as they were, to be put back)."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+    def as_text(self) -> str:
+        """One line: the added arguments, then each removed one after a `-`."""
+        return " ".join([*self.added, *(f"-{r}" for r in self.removed)])
+
+    @classmethod
+    def from_text(cls, text: str) -> Change:
+        words = text.split()
+        return cls(tuple(w for w in words if not w.startswith("-")),
+                   tuple(w[1:] for w in words if w.startswith("-")))  # fmt: skip
+
+
+def rewritten(
+    text: str, before: Change, added: Sequence[str], remove: Sequence[str]
+) -> tuple[str, Change]:
+    """The command line `text` (a file's content: its trailing newline is kept) with
+    latencyd's earlier change `before` undone, then `added` appended and the parameters
+    named in `remove` taken out: the new text and the change made. Everything else stays
+    byte for byte, so adding then undoing gives the text back (a removed argument comes
+    back at the end). A parameter `text` holds that latencyd did not put there is the
+    user's: it is left as it is (ValueError) unless `remove` names it."""
+    line = text.rstrip("\n")
+    newline = text[len(line) :]
+    for arg in before.added:
+        line = _drop_word(line, arg)
+    for arg in before.removed:
+        line = _append(line, arg)
+    removing = {k.replace("-", "_") for k in remove}
+    taken = tuple(str(a) for a in parse_cmdline(line) if a.key in removing)
+    for arg in taken:
+        line = _drop_word(line, arg)
+    left = parse_cmdline(line)
+    for key in removing:
+        if find(left, key) is not None:
+            raise ValueError(f"{find(left, key)} is written in a form latencyd does not rewrite")
+    for arg in added:
+        theirs = find(left, parse_cmdline(arg)[0].key)
+        if theirs is not None:
+            raise ValueError(
+                f"the boot configuration has {theirs} already, not latencyd's: it is left as "
+                f"it is (name {theirs.key!r} in remove to have latencyd replace it)"
+            )
+        line = _append(line, arg)
+    return line + newline, Change(tuple(added), taken)
+
+
+def _drop_word(line: str, word: str) -> str:
+    """`line` without one whole-word occurrence of `word` and the space before it."""
+    match = re.search(rf"(^|\s){re.escape(word)}(?=\s|$)", line)
+    if match is None:
+        return line
+    end = match.end()
+    if not match.group(1) and line[end : end + 1].isspace():
+        end += 1  # the first word: the space after it goes with it
+    return line[: match.start()] + line[end:]
+
+
+def _append(line: str, word: str) -> str:
+    return f"{line} {word}" if line.strip() else word

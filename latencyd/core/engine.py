@@ -262,8 +262,10 @@ class Engine:
         self.plugins = plugins
         self.journal = journal
         self.applied: dict[SettingId, Value] = {}
-        # (plugin, device) -> its owned targets: kept with `applied` by _own and _disown.
+        # (plugin, device) -> its owned targets, and each plugin's count of them: kept with
+        # `applied` by _own and _disown.
         self.by_device: dict[tuple[str, str], set[Target]] = {}
+        self.owned_count: dict[str, int] = {}
         self.originals: dict[SettingId, Value] = {}
         self.not_applicable: dict[SettingId, Refused] = {}
         self.sections: dict[str, Section] = {}
@@ -708,6 +710,7 @@ class Engine:
         self._tell(report)
         self.applied.clear()
         self.by_device.clear()
+        self.owned_count.clear()
         self.originals.clear()
         self.not_applicable.clear()
         self._changes = None
@@ -760,6 +763,23 @@ class Engine:
         )
         return state
 
+    def pending(self) -> list[tuple[SettingId, Value, str]]:
+        """Applied settings not in effect yet: each with its value and why (Plugin.pending),
+        asked only of plugins that own settings and can have such ones."""
+        asking = {n for n, p in self.plugins.items()
+                  if type(p).pending is not Plugin.pending and self.owned_count.get(n)}  # fmt: skip
+        out: list[tuple[SettingId, Value, str]] = []
+        if not asking:
+            return out
+        for sid, value in list(self.applied.items()):
+            if sid[0] in asking:
+                plugin = self.plugins[sid[0]]
+                shown = value if value is not ADOPTED else _quietly_read(plugin, sid[1])
+                why = plugin.pending(sid[1], shown)
+                if why is not None:
+                    out.append((sid, shown, why))
+        return out
+
     # -- checking -------------------------------------------------------------
     def verify(self, sids: Iterable[SettingId] | None = None) -> list[Drift]:
         """Settings whose kernel value differs from the profile's (vanished ones are dropped)."""
@@ -792,6 +812,7 @@ class Engine:
         if sid not in self.applied:
             if self._changes is not None:
                 self._changes.add(sid)
+            self.owned_count[sid[0]] = self.owned_count.get(sid[0], 0) + 1
             device = sid[1].device()
             if device is not None:
                 self.by_device.setdefault((sid[0], device), set()).add(sid[1])
@@ -801,6 +822,7 @@ class Engine:
         if sid in self.applied:
             if self._changes is not None:
                 self._changes.add(sid)
+            self.owned_count[sid[0]] -= 1
             device = sid[1].device()
             if device is not None:
                 targets = self.by_device.get((sid[0], device), set())
@@ -947,3 +969,10 @@ def _quietly(action: Callable[[], object]) -> None:
         action()
     except LatencydError as exc:
         log.debug("ignored while backing out a refused setting: %s", exc)
+
+
+def _quietly_read(plugin: Plugin[Any], target: Target) -> Value:
+    try:
+        return plugin.read(target)
+    except LatencydError:
+        return None

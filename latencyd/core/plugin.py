@@ -356,6 +356,11 @@ class Plugin(Generic[T]):
         """Whether the target is still there; vanished ones are dropped without error."""
         return True
 
+    def pending(self, target: T, value: Value) -> str | None:
+        """Why an applied setting is not in effect yet (a kernel argument: until the next
+        boot), or None: it acts now. Pending is not drift: the setting is as wanted."""
+        return None
+
     def describe(self, target: T, value: Value) -> str:
         raise NotImplementedError
 

@@ -286,6 +286,9 @@ class Option:
     doc: str
     default: Any = None  # None: the setting is left untouched unless the profile names it
     unit: str = ""
+    # The CPUs it names are kept for the application (the shield): what the booted
+    # isolation (nohz_full, rcu_nocbs, isolcpus) is compared with.
+    shields: bool = False
 
 
 @dataclass(frozen=True)
@@ -395,3 +398,13 @@ def validate(
         if option.name not in out and option.default is not None:
             out[option.name] = option.default
     return out
+
+
+def shielded_cpus(schema: Schema, options: Mapping[str, Any]) -> CpuSet:
+    """The CPUs a section's options keep for the application (Option.shields)."""
+    found = CpuSet()
+    for option in schema.options:
+        value = options.get(option.name)
+        if option.shields and isinstance(value, CpuSet):
+            found = found | value
+    return found

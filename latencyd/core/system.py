@@ -337,6 +337,14 @@ class System:
                 return int(line.split()[1]) * 1024
         raise KernelRefused("reading /proc/meminfo", "no MemTotal line")
 
+    def read_file(self, rel: str) -> str:
+        """A configuration file's whole text as it is (read strips kernel values), read
+        without blocking and at most 1 MiB of it."""
+        try:
+            return read_guarded(self.path(rel), 1 << 20, False, "file").decode(errors="replace")
+        except FileRefused as exc:
+            raise KernelRefused(f"reading /{rel.lstrip('/')}", str(exc)) from exc
+
     def replace_file(self, rel: str, text: str) -> None:
         """Replace a config file atomically (for files like /etc/default/irqbalance)."""
         path = self.path(rel)
@@ -502,6 +510,39 @@ class System:
         except (OSError, subprocess.TimeoutExpired):
             return False
         return result.returncode == 0
+
+    def run_tool(self, argv: list[str], env: dict[str, str] | None = None,
+                 timeout_s: float = 120.0) -> str:  # fmt: skip
+        """Run a tool of the machine's own (kernel-install, grubby, update-grub) and give
+        its output; KernelRefused saying what it printed when it fails. `env` is added to
+        the daemon's environment."""
+        import subprocess
+
+        what = " ".join(argv)
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                                    env={**os.environ, **(env or {})}, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise KernelRefused(f"running {what}", str(exc)) from exc
+        if result.returncode != 0:
+            said = (result.stderr or result.stdout).strip().splitlines()
+            raise KernelRefused(
+                f"running {what}", said[-1] if said else f"exit {result.returncode}"
+            )
+        return result.stdout
+
+    def which(self, tool: str) -> str | None:
+        """Where the machine's `tool` is: on PATH for the real system; in a staged root,
+        its own /usr/sbin, /usr/bin, /sbin or /bin only (the host's grubby would change
+        the host's boot configuration, whatever root it was meant for)."""
+        import shutil
+
+        if self.is_real:
+            return shutil.which(tool)
+        for where in ("usr/sbin", "usr/bin", "sbin", "bin"):
+            if os.access(self.fspath(f"{where}/{tool}"), os.X_OK):
+                return self.fspath(f"{where}/{tool}")
+        return None
 
     def unix_request(self, rel: str, text: str, timeout_s: float = 1.0) -> bool:
         """Send `text` to the stream socket at `rel`, with this process's credentials

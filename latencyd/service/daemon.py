@@ -12,6 +12,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from latencyd.core.boot import BootState, booted, compare
+from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import (
     ADOPTED,
     Drift,
@@ -34,7 +36,9 @@ from latencyd.core.plugin import (
     names_a_task,
 )
 from latencyd.core.profile import Profile, ProfileInfo, ProfileLibrary
+from latencyd.core.schema import shielded_cpus
 from latencyd.core.system import System
+from latencyd.core.text import printable
 
 log = logging.getLogger("latencyd")
 
@@ -123,6 +127,13 @@ class Daemon:
         self.busy: str | None = None
         self.progress: Progress | None = None
         self._deferred: list[Callable[[], object]] = []
+        # How the machine booted: read once, it changes only with a reboot.
+        self.boot = read_boot(system)
+        # Applied settings the next boot brings into effect (Engine.pending), followed
+        # after every step; told to on_pending_changed when there come to be some or none.
+        self.reboot_pending: list[dict[str, str]] = []
+        self.on_pending_changed: list[Callable[[bool], None]] = []
+        self.after_step.append(self._follow_pending)
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, profile: str | None, resume: bool = False) -> None:
@@ -643,7 +654,37 @@ class Daemon:
             ),
             "task_events": self.task_source,
             "readback": self.readback,
+            "boot": self.boot_status(),
+            "reboot_pending": self.reboot_pending,
             "plugins": plugins,
+        }
+
+    def _follow_pending(self) -> None:
+        was = bool(self.reboot_pending)
+        self.reboot_pending = [
+            {"plugin": sid[0], "text": self.plugins[sid[0]].describe(sid[1], value), "reason": why}
+            for sid, value, why in self.engine.pending()
+        ]
+        if bool(self.reboot_pending) != was:
+            for callback in self.on_pending_changed:
+                callback(not was)
+
+    def shielded(self) -> CpuSet:
+        """The CPUs the active profile keeps for the application (Option.shields)."""
+        found = CpuSet()
+        for name, options in self.active.sections.items() if self.active else ():
+            if name in self.plugins:
+                found = found | shielded_cpus(self.plugins[name].schema, options)
+        return found
+
+    def boot_status(self) -> dict[str, Any] | None:
+        """The booted isolation, and what it gives the CPUs the profile shields."""
+        if self.boot is None:
+            return None
+        shield = self.shielded()
+        return self.boot.as_json() | {
+            "shielded": shield.to_list(),
+            "findings": [f.as_json() for f in compare(shield, self.boot)],
         }
 
     def _exempt(self) -> None:
@@ -679,3 +720,18 @@ def _under(devpath: str, devices: set[str]) -> bool:
         if devpath in devices:
             return True
     return False
+
+
+def read_boot(system: System) -> BootState | None:
+    """The booted isolation, said in the log (what the kernel ignored of it as warnings);
+    None where the machine does not show it (a fake root without /proc/cmdline)."""
+    try:
+        state = booted(system.boot_readings())
+    except LatencydError as exc:
+        log.info("the booted isolation is not known here: %s", exc)
+        return None
+    args = " ".join(str(a) for a in state.args) or "none"
+    log.info("booted with isolation arguments: %s", printable(args))
+    for problem in state.problems:
+        log.warning("kernel command line: %s", printable(problem))
+    return state

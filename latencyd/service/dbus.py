@@ -122,6 +122,7 @@ class Service(dbus.service.Object):
         # The last answer to each read an unprivileged caller may be given again (_recent).
         self._answers: dict[str, tuple[float, str]] = {}
         daemon.on_profile_changed.append(self._emit_changed)
+        daemon.on_pending_changed.append(self._emit_pending)
         daemon.on_drift.append(lambda records: self._emit(self.Drift, json.dumps(records)))
 
     # -- the connection ----------------------------------------------------------
@@ -522,7 +523,11 @@ class Service(dbus.service.Object):
                 f"no interface {interface[:80]!r} (properties are on {INTERFACE})",
             )
         active = self.daemon.active.name if self.daemon.active else ""
-        return {"ActiveProfile": dbus.String(active)}
+        pending = bool(self.daemon.reboot_pending)
+        return {"ActiveProfile": dbus.String(active), "RebootPending": dbus.Boolean(pending)}
+
+    def _emit_pending(self, pending: bool) -> None:
+        self._emit(self.PropertiesChanged, INTERFACE, {"RebootPending": dbus.Boolean(pending)}, [])
 
     def _emit_changed(self, name: str) -> None:
         self._emit(self.ProfileChanged, name)

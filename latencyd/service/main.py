@@ -406,6 +406,7 @@ def expose_metrics(
                 "not_applicable": len(daemon.engine.not_applicable),
             },
             switch_seconds=step.seconds if step else None,
+            reboot_pending=bool(daemon.reboot_pending),
         )
 
     def drifted(records: list[dict[str, Any]]) -> None:

@@ -157,6 +157,7 @@ class Snapshot:
     settings: Mapping[str, int] = field(default_factory=dict)  # state -> count
     drift: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (section, action)
     switch_seconds: float | None = None
+    reboot_pending: bool = False
     noise: Mapping[str, CpuSeries] = field(default_factory=dict)  # by cpu
     noise_max_seconds: Mapping[str, float] = field(default_factory=dict)  # cpu
 
@@ -203,7 +204,8 @@ class Metrics:
         longest = gauge("latencyd_noise_max_seconds", HELP["noise_max_seconds"], labels=["cpu"])
         for cpu, value in sorted(s.noise_max_seconds.items()):
             longest.add_metric([cpu], value)
-        yield from (info, settings, drift, noise, events, longest)
+        pending = gauge("latencyd_reboot_pending", HELP["reboot_pending"], value=s.reboot_pending)
+        yield from (info, settings, pending, drift, noise, events, longest)
         if s.switch_seconds is not None:
             yield gauge("latencyd_switch_duration_seconds", HELP["switch"], value=s.switch_seconds)
 
@@ -213,6 +215,7 @@ class Metrics:
 NAMES = {
     "profile_info": "latencyd_profile_info{profile}",
     "settings": "latencyd_settings{state}",
+    "reboot_pending": "latencyd_reboot_pending",
     "drift": "latencyd_drift_total{section,action}",
     "noise_seconds": "latencyd_noise_seconds_total{cpu,source}",
     "noise_events": "latencyd_noise_events_total{cpu,source}",
@@ -222,6 +225,8 @@ NAMES = {
 HELP = {
     "profile_info": 'The profile in force (value 1; profile="" when none is)',
     "settings": "Settings of the profile in force, by state: applied, not_applicable",
+    "reboot_pending": "1 when applied settings take effect only at the next boot (kernel "
+    "arguments written, not booted), else 0",
     "drift": "Owned settings found changed by someone else, by section and by what was "
     "done (reapplied, reported, failed)",
     "noise_seconds": "Time the watched CPUs spent interrupted, by CPU and source",

@@ -25,6 +25,7 @@ from latencyd.core.text import printable
 from latencyd.tools.cliparser import parser
 
 OK, DRIFT, USAGE, UNREACHABLE, DENIED = 0, 1, 2, 3, 4
+PENDING = 5  # verify: as the profile wants, but part of it takes effect at the next boot
 FAILED = 1  # the daemon tried and the kernel refused: like drift, the machine is not as asked
 
 _UNREACHABLE = {
@@ -252,12 +253,18 @@ def cmd_off(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from latencyd.core.noise import top_view
+
     drifts = json.loads(str(_call("Verify")))
+    status = json.loads(str(_call("Status")))
+    pending = status.get("reboot_pending") or []
     lines = [
         f"drift: [{d['plugin']}] {d['setting']}, but it is {d['actual']!r}" for d in drifts
     ] or ["ok: every applied setting matches the profile"]
-    data: dict[str, Any] = {"ok": not drifts, "drift": drifts}
-    noise = _last_noise()
+    lines += [f"reboot pending: [{p['plugin']}] {p['text']}: {p['reason']}" for p in pending]
+    data: dict[str, Any] = {"ok": not drifts, "drift": drifts, "reboot_pending": pending}
+    view = top_view(status)
+    noise = view["cpus"] if view.get("watching") else None
     if noise is not None:  # beside drift: whether the shield's promise held, last interval
         data["noise"] = noise
         lines += [
@@ -266,15 +273,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for cpu, rows in noise.items()
         ]
     _emit(args, data, lines)
-    return DRIFT if drifts else OK
-
-
-def _last_noise() -> dict[str, list[dict[str, Any]]] | None:
-    """The watched CPUs' sources in the last interval, when [monitor] is in force."""
-    from latencyd.core.noise import top_view
-
-    view = top_view(json.loads(str(_call("Status"))))
-    return view["cpus"] if view.get("watching") else None
+    return DRIFT if drifts else PENDING if pending else OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -786,6 +785,33 @@ def _format_options(options: list[dict[str, Any]], indent: str) -> list[str]:
     return out
 
 
+def format_boot(status: dict[str, Any]) -> list[str]:
+    """The isolation the machine booted with, what it gives the shielded CPUs, and the
+    tick there as the noise watch counted it (what nohz_full would take away)."""
+    from latencyd.core.cpuset import CpuSet
+    from latencyd.core.noise import top_view
+
+    boot = status.get("boot")
+    if not boot:
+        return []
+    out = ["", "[boot]  (isolation only a reboot changes)"]
+    out.append(f"  booted with: {' '.join(boot.get('arguments', [])) or 'no isolation arguments'}")
+    view = top_view(status)
+    for f in boot.get("findings", []):
+        out.append(f"  {f['feature']}, CPUs {f['cpus']}: {f['state']}: {f['detail']}")
+        if f["feature"] != "tick" or f["state"] not in ("not booted", "not applicable"):
+            continue
+        for cpu, rows in (view.get("cpus") or {}).items():
+            tick = next((r for r in rows if r["source"] == "local timer"), None)
+            if tick and int(cpu) in CpuSet.from_list(f["cpus"]):
+                out.append(
+                    f"    the noise watch counted {tick['count']} ticks on CPU {cpu}, "
+                    f"{tick['total_us']:.0f} µs, in its last {view['interval_ms']} ms"
+                )
+    out.extend(f"  ignored by the kernel: {p}" for p in boot.get("problems", []))
+    return out
+
+
 def format_status(status: dict[str, Any]) -> list[str]:
     out = []
     name = status.get("active_profile") or ""
@@ -815,6 +841,9 @@ def format_status(status: dict[str, Any]) -> list[str]:
             f"affinities, NIC settings), {rb['read_per_poll']} every {rb['poll_interval_s']:g} s:"
             f" each checked every {rb['each_checked_every_s']:g} s"
         )
+    out.extend(f"reboot pending: [{p['plugin']}] {p['text']}: {p['reason']}"
+               for p in status.get("reboot_pending") or [])  # fmt: skip
+    out.extend(format_boot(status))
     for plugin, info in status.get("plugins", {}).items():
         out += ["", f"[{plugin}]  (on drift: {info.get('on_drift', 'reapply')})"]
         for item in info.get("applied", []):

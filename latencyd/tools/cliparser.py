@@ -18,6 +18,7 @@ EXIT_CODES = {
     2: "usage or bad profile",
     3: "daemon unreachable",
     4: "permission denied",
+    5: "verify: as the profile wants, but part of it takes effect at the next boot",
 }
 MAN_PAGES = ("latencyctl", "latencyd", "latencyd.profile")  # latencyd.tools.manpages.PAGES
 

@@ -365,8 +365,10 @@ def test_variables_file_include_and_tuned_idioms(tmp_path: Path) -> None:
     assert variables == {"isolated_cores": "2-3", "not_isolated": "all - (${isolated_cores})"}
     assert data["iso"]["kthread"]["unbound_cpumask"] == "${not_isolated}"
     assert data["iso"]["irq"]["isolate"] == "${isolated_cores}"
-    # Only the boot loader used ${tmpdir} (a command): reported there, with values from here.
-    assert "nohz_full=2-3" in texts["iso"]
+    # Only the boot loader used ${tmpdir} (a command): reported there; its other argument
+    # converts with latencyd's variable (the loader evaluates it where it runs).
+    assert "initrd=${tmpdir}: not evaluated" in texts["iso"]
+    assert data["iso"]["bootloader"] == {"cmdline": ["nohz_full=${isolated_cores}"]}
     assert "tmpdir" not in variables
 
 
@@ -814,13 +816,14 @@ def test_cpu_plugin_options(tmp_path: Path) -> None:
 
 
 def test_bootloader_and_unsupported_plugins_are_listed(tmp_path: Path) -> None:
-    result, _d, texts = run(
+    result, data, texts = run(
         tmp_path,
         {
             "lib/p/tuned.conf": """
                 [bootloader]
                 cmdline_a=+isolcpus=1 nohz_full=1
                 cmdline_b=-quiet
+                initrd_add_dir=/x
                 [disk]
                 readahead=>4096
                 [script]
@@ -835,8 +838,10 @@ def test_bootloader_and_unsupported_plugins_are_listed(tmp_path: Path) -> None:
         "p",
     )
     text = texts["p"]
-    assert "wants these kernel arguments: isolcpus=1 nohz_full=1" in text
-    assert "wants these kernel arguments removed: quiet" in text
+    # The kernel arguments convert (issue 38); the initrd stays TuneD's.
+    converted = {"cmdline": ["isolcpus=1", "nohz_full=1"], "remove": ["quiet"]}
+    assert data["p"]["bootloader"] == converted
+    assert "latencyd does not build or change initrds" in text
     assert f"{tmp_path}/tuned/lib/p/script.sh" in text
     for why in ("no latencyd plugin", "CPUAffinity", "SO_TIMESTAMP", "'frobnicate' is unknown"):
         assert why in text

@@ -72,8 +72,6 @@ MSG = {
     "already had (the configured ones where none were left)",
     "virtual_nics": "TuneD tunes physical NICs only; latencyd's entry also matches virtual ones "
     "(veth, bridges, tap) unless excluded",
-    "cmdline": "{want} -- latencyd does not edit the kernel command line: add them to the boot "
-    "loader yourself (values as on this machine)",
     "script": "TuneD runs {raw} when it applies and unapplies the profile; latencyd runs no "
     "scripts: port what it does to latencyd settings or a systemd unit",
     "cpu_affinity": "cpu_affinity = {raw} ({value} here): TuneD sets CPUAffinity= in systemd's "

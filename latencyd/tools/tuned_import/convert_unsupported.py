@@ -1,9 +1,11 @@
-"""The TuneD plugins latencyd takes nothing from: the boot loader, scripts, systemd, and
-those it has no counterpart for. Each setting is reported with the reason.
+"""The TuneD plugins latencyd takes little or nothing from: the boot loader (its kernel
+arguments only), scripts, systemd, and those it has no counterpart for. Each setting not
+taken is reported with the reason.
 """
 
 from __future__ import annotations
 
+from latencyd.core.cmdline import CPU_LIST_PARAMETERS, unsafe
 from latencyd.tools.tuned_import.context import Context
 from latencyd.tools.tuned_import.profiles import Unit
 from latencyd.tools.tuned_import.values import Evaluator, parse_value
@@ -31,21 +33,50 @@ NO_PLUGIN = {
 
 
 def bootloader(ctx: Context, unit: Unit) -> None:
-    """[bootloader]: the kernel arguments it wanted, as they would be on this machine."""
+    """[bootloader]: its cmdline* options into [bootloader] cmdline (arguments to add) and
+    remove (a `-` value: parameters to take out), evaluated for this machine; written at
+    the next boot only where the profile says write = true."""
+    added: list[str] = []
+    removed: list[str] = []
+    keys: list[str] = []
     for option, raw in unit.options.items():
         if option.startswith("cmdline"):
-            tr = Evaluator(ctx.variables.env, ctx.host, lenient=True).eval(parse_value(raw))
-            text = str(tr.text)
-            removes = text.startswith("-")
-            want = f"wants these kernel arguments{' removed' if removes else ''}: "
-            want += text.lstrip("+-").strip()
-            if tr.approx:
-                want += f" (not evaluated: {'; '.join(tr.approx)})"
-            ctx.lost(unit, option, "cmdline", want=want)
+            given = raw.strip()
+            into = removed if given.startswith("-") else added
+            for word in given.lstrip("+-").split():
+                converted = _argument(ctx, word)
+                if isinstance(converted, str):
+                    into.append(converted)
+                else:
+                    ctx.lost(unit, option, f"{option}: {word}: {converted[0]}")
+            keys.append(option)
         elif option.startswith("initrd"):
             ctx.lost(unit, option, f"{option} = {raw}: latencyd does not build or change initrds")
         else:
-            ctx.lost(unit, option, f"{option} = {raw}: latencyd does not configure the boot loader")
+            ctx.unknown(unit, option, "cmdline*, initrd*")
+    note = "written at the next boot only with write = true"
+    if added:
+        ctx.item("bootloader", "cmdline", added, unit, keys, note)
+    if removed:
+        names = list(dict.fromkeys(w.partition("=")[0] for w in removed))
+        ctx.item("bootloader", "remove", names, unit, keys, note)
+
+
+def _argument(ctx: Context, word: str) -> str | tuple[str]:
+    """One kernel argument as latencyd text: its variables kept as latencyd's (the loader
+    evaluates them on the machine it runs on), else evaluated here; or (why not)."""
+    # A CPU-list parameter keeps latencyd's variables (its value is a CPU expression the
+    # loader evaluates where it runs); any other is evaluated here, as TuneD would.
+    if word.partition("=")[0].replace("-", "_") in CPU_LIST_PARAMETERS:
+        tr = ctx.variables.translate_raw(word, "text")
+        if tr.text is not None and not tr.approx:
+            return tr.text
+    tr = Evaluator(ctx.variables.env, ctx.host, lenient=True).eval(parse_value(word))
+    text = str(tr.text or "")
+    if tr.approx:
+        return (f"not evaluated: {'; '.join(tr.approx)}",)
+    why = unsafe(text)
+    return (why,) if why else text
 
 
 def script(ctx: Context, unit: Unit) -> None:

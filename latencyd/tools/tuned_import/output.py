@@ -46,7 +46,9 @@ MARKER = "# latencyd profile converted from TuneD by `latencyctl import-tuned`"
 # Exit codes: everything converted; some settings not (listed); nothing (ImportFailed).
 COMPLETE, PARTIAL, IMPOSSIBLE = 0, 1, 2
 # latencyd's sections in the order they are written.
-SECTION_ORDER = ("cstate", "cpu", "irq", "kthread", "net", "sysctl", "writeback", "sysfs")
+SECTION_ORDER = (
+    "cstate", "cpu", "irq", "kthread", "net", "sysctl", "writeback", "sysfs", "bootloader",
+)  # fmt: skip
 
 
 @dataclass

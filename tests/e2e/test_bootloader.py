@@ -1,0 +1,82 @@
+"""A [bootloader] section in the daemon: written (here, where no bootloader tool is found,
+latencyd's own file), pending until a reboot everywhere a user looks (status, verify's
+exit code, the D-Bus property), and taken back by off. On a machine whose mechanism is a
+real bootloader (grubby, kernel-install entries, GRUB) the test is skipped: it never
+touches a machine's own boot configuration."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from latencyd.core.bootloaders import RECORD, PlainFile, detect
+from latencyd.core.system import System
+from tests.harness import Latencyd
+
+PENDING = 5  # latencyctl verify: as wanted, part of it at the next boot
+PROFILE = """
+[main]
+summary = "kernel arguments for the next boot"
+
+[bootloader]
+cmdline = ["skew_tick=1", "nohz_full=1"]
+write = true
+"""
+
+
+@pytest.fixture
+def record() -> Iterator[Path]:
+    system = System("/")
+    if not isinstance(detect(system), PlainFile):
+        pytest.skip("this machine has a bootloader tool: its boot configuration is not ours")
+    path = system.path(RECORD)
+    if path.exists():
+        pytest.skip(f"{path} exists: a latencyd of this machine has written it")
+    made = [p for p in (path.parent, path.parent.parent) if not p.exists()]
+    yield path
+    path.unlink(missing_ok=True)
+    for directory in made:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def reboot_pending_property(d: Latencyd) -> str:
+    out = subprocess.run(
+        ["gdbus", "call", "--address", d.address, "--dest", "org.latencyd.Daemon1",
+         "--object-path", "/org/latencyd/Daemon1", "--method",
+         "org.freedesktop.DBus.Properties.Get", "org.latencyd.Daemon1", "RebootPending"],
+        capture_output=True, text=True, timeout=10, check=True,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_kernel_arguments_are_pending_until_a_reboot_and_off_takes_them_back(
+    start_daemon: Callable[..., Latencyd], profiles: Path, record: Path
+) -> None:
+    (profiles / "boot-args.toml").write_text(PROFILE)
+    booted_nohz_full = Path("/sys/devices/system/cpu/nohz_full").exists()
+    d = start_daemon("boot-args")
+    status = json.loads(d.ctl("status", "--json").stdout)
+    if booted_nohz_full:
+        assert record.read_text() == "skew_tick=1 nohz_full=1\n"
+    else:  # this kernel ignores nohz_full=: not applicable, never written nor pending
+        refused = {
+            r["text"]: r["reason"] for r in status["plugins"]["bootloader"]["not_applicable"]
+        }
+        assert "CONFIG_NO_HZ_FULL" in refused["nohz_full=1"]
+        assert record.read_text() == "skew_tick=1\n"
+    [pending] = status["reboot_pending"]
+    assert pending["plugin"] == "bootloader"
+    assert pending["reason"].startswith("the next boot brings skew_tick=1")
+    assert reboot_pending_property(d) == "(<true>,)"
+    verify = d.ctl("verify")
+    assert verify.returncode == PENDING, verify.stdout + verify.stderr
+    assert "reboot pending: [bootloader]" in verify.stdout
+    assert d.ctl("off").returncode == 0
+    assert not record.exists()
+    assert reboot_pending_property(d) == "(<false>,)"
+    assert json.loads(d.ctl("status", "--json").stdout)["reboot_pending"] == []

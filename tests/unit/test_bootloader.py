@@ -1,0 +1,276 @@
+"""[bootloader]: kernel arguments for the next boot, written through each mechanism on a
+staged root (the real kernel-install; stand-ins for grubby, rpm-ostree and update-grub,
+which Debian lacks here), then taken back by off: the staged files byte-identical to
+before. The machine's own boot configuration is never touched: every System here has a
+staged root."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+from latencyd.plugins.bootloader import NOT_WRITTEN, BootArguments, BootloaderPlugin
+
+from latencyd.core.bootloaders import (
+    RECORD,
+    DebianGrub,
+    Grubby,
+    KernelInstall,
+    PlainFile,
+    RpmOstree,
+    detect,
+    in_effect,
+    read_record,
+)
+from latencyd.core.cmdline import Change, rewritten, unsafe
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.engine import Engine, section_schemas
+from latencyd.core.errors import KernelRefused
+from latencyd.core.journal import Journal
+from latencyd.core.profile import Profile
+from latencyd.core.schema import Machine, SchemaError, validate
+from latencyd.core.system import System
+
+VERSION = "0.0.0-latencyd-test"  # a kernel no host has: kernel-install's plugins skip it
+MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def tool(root: Path, name: str, body: str) -> None:
+    """A stand-in for a tool Debian does not have, in the staged root's /usr/sbin (where
+    latencyd looks for a staged root's tools: never the host's)."""
+    path = root / "usr/sbin" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/usr/bin/env python3\nimport json, os, sys\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_the_pure_rewrite_gives_a_file_back_byte_for_byte() -> None:
+    text = "root=/dev/vda1 ro  quiet\n"
+    new, change = rewritten(text, Change(), ["nohz_full=1", "rcu_nocbs=1"], [])
+    assert new == "root=/dev/vda1 ro  quiet nohz_full=1 rcu_nocbs=1\n"
+    assert rewritten(new, change, [], [])[0] == text
+    new, change = rewritten(text, Change(), ["skew_tick=1"], ["quiet"])
+    assert (new, change.removed) == ("root=/dev/vda1 ro  skew_tick=1\n", ("quiet",))
+    assert rewritten(new, change, [], [])[0] == "root=/dev/vda1 ro  quiet\n"
+    with pytest.raises(ValueError, match="has nohz_full=3 already, not latencyd's"):
+        rewritten("nohz_full=3\n", Change(), ["nohz_full=1"], [])
+    assert unsafe("x=$(reboot)") and unsafe("a b") and unsafe('a="b"') and not unsafe("a=1,2")
+
+
+def test_kernel_install_on_a_staged_root(tmp_path: Path) -> None:
+    if shutil.which("kernel-install") is None:
+        pytest.skip("kernel-install is not installed")
+    root = tmp_path / "root"
+    (root / "etc/kernel").mkdir(parents=True)
+    (root / "etc/kernel/cmdline").write_text("root=/dev/vda1 ro quiet\n")
+    (root / "etc/kernel/install.conf").write_text("layout=bls\n")
+    (root / "boot/loader/entries").mkdir(parents=True)
+    (root / f"usr/lib/modules/{VERSION}").mkdir(parents=True)
+    (root / f"usr/lib/modules/{VERSION}/vmlinuz").write_bytes(b"not a kernel")
+    system = System(root)
+    loader = detect(system)
+    assert isinstance(loader, KernelInstall)
+    before = (root / "etc/kernel/cmdline").read_bytes()
+    change = loader.apply(Change(), ["nohz_full=1", "rcu_nocbs=1"], ["quiet"])
+    assert (
+        root / "etc/kernel/cmdline"
+    ).read_text() == "root=/dev/vda1 ro nohz_full=1 rcu_nocbs=1\n"
+    entry = next((root / "boot/loader/entries").glob(f"*-{VERSION}.conf")).read_text()
+    options = next(ln for ln in entry.splitlines() if ln.startswith("options"))
+    assert "nohz_full=1 rcu_nocbs=1" in options and "quiet" not in options.split()
+    loader.apply(change, [], [])
+    assert (root / "etc/kernel/cmdline").read_bytes() == before
+    entry = next((root / "boot/loader/entries").glob(f"*-{VERSION}.conf")).read_text()
+    assert "nohz_full" not in entry and "quiet" in entry
+
+
+GRUBBY = """
+state = os.environ["FAKE_GRUBBY"]
+args = open(state).read().strip()
+if "--info=DEFAULT" in sys.argv:
+    print(f'index=0\\nkernel="/boot/vmlinuz"\\nargs="{args}"')
+    sys.exit(0)
+words = args.split()
+for a in sys.argv[1:]:
+    if a.startswith("--remove-args="):
+        gone = a.split("=", 1)[1].split()
+        words = [w for w in words if w not in gone and w.split("=")[0] not in gone]
+    elif a.startswith("--args="):
+        words += a.split("=", 1)[1].split()
+open(state, "w").write(" ".join(words) + "\\n")
+"""
+
+RPM_OSTREE = """
+state = os.environ["FAKE_RPM_OSTREE"]
+words = open(state).read().split()
+if sys.argv[1:] == ["kargs"]:
+    print(" ".join(words))
+    sys.exit(0)
+for a in sys.argv[2:]:
+    if a.startswith("--delete="):
+        words.remove(a.split("=", 1)[1])
+    elif a.startswith("--append="):
+        words.append(a.split("=", 1)[1])
+open(state, "w").write(" ".join(words) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("kind", ["grubby", "rpm-ostree"])
+def test_grubby_and_rpm_ostree_take_back_exactly_what_they_were_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    state = tmp_path / "state"
+    state.write_text("root=/dev/vda1 ro quiet rhgb\n")
+    if kind == "grubby":
+        tool(root, "grubby", GRUBBY)
+        monkeypatch.setenv("FAKE_GRUBBY", str(state))
+    else:
+        tool(root, "rpm-ostree", RPM_OSTREE)
+        monkeypatch.setenv("FAKE_RPM_OSTREE", str(state))
+        (root / "run/ostree-booted").write_text("")
+    loader = detect(System(root))
+    assert isinstance(loader, Grubby if kind == "grubby" else RpmOstree)
+    assert loader.tool == str(root / "usr/sbin" / kind)
+    before = state.read_bytes()
+    change = loader.apply(Change(), ["nohz_full=1", "skew_tick=1"], ["rhgb"])
+    assert state.read_text().split() == ["root=/dev/vda1", "ro", "quiet", "nohz_full=1",
+                                         "skew_tick=1"]  # fmt: skip
+    assert change == Change(("nohz_full=1", "skew_tick=1"), ("rhgb",))
+    loader.apply(change, [], [])
+    assert sorted(state.read_bytes().split()) == sorted(before.split())
+
+
+def test_debian_grub_gets_a_drop_in_of_its_own_and_update_grub(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc/default/grub.d").mkdir(parents=True)
+    (root / "etc/default/grub").write_text('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n')
+    ran = tmp_path / "ran"
+    tool(root, "update-grub", f"open({str(ran)!r}, 'a').write('ran\\n')\n")
+    loader = detect(System(root))
+    assert isinstance(loader, DebianGrub)
+    before = tree(root)
+    change = loader.apply(Change(), ["nohz_full=1"], [])
+    drop_in = (root / "etc/default/grub.d/latencyd.cfg").read_text()
+    assert 'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT nohz_full=1"' in drop_in
+    loader.apply(change, [], [])
+    assert tree(root) == before and ran.read_text() == "ran\nran\n"
+    with pytest.raises(KernelRefused, match="can only add arguments"):
+        loader.apply(Change(), [], ["quiet"])
+
+
+def rig(tmp_path: Path, cmdline: str = "root=/dev/vda1 ro", nohz_full: bool = True) -> System:
+    """A staged root with no bootloader tool: the plain file."""
+    root = tmp_path / "root"
+    cpu = root / "sys/devices/system/cpu"
+    cpu.mkdir(parents=True)
+    for name, text in (("possible", "0-3"), ("online", "0-3"), ("isolated", "")):
+        (cpu / name).write_text(text + "\n")
+    if nohz_full:
+        (cpu / "nohz_full").write_text("(null)\n")
+    rcutree = root / "sys/module/rcutree/parameters"
+    rcutree.mkdir(parents=True)
+    (rcutree / "rcu_nocb_gp_stride").write_text("-1\n")  # built with RCU_NOCB_CPU
+    (root / "proc").mkdir()
+    (root / "proc/cmdline").write_text(cmdline + "\n")
+    return System(root)
+
+
+def profile(system: System, plugin: BootloaderPlugin, section: dict[str, object]) -> Profile:
+    options = validate(section_schemas({"bootloader": plugin})["bootloader"], section, MACHINE)
+    return Profile("boot", Path("boot.toml"), "", {"bootloader": options}, {})
+
+
+def test_the_plugin_writes_only_when_asked_and_off_takes_it_back(tmp_path: Path) -> None:
+    system = rig(tmp_path)
+    plugin = BootloaderPlugin(system)
+    assert isinstance(plugin.loader, PlainFile)
+    engine = Engine({"bootloader": plugin}, Journal(tmp_path / "state"))
+    asked = {"cmdline": ["nohz_full=all - 0", "rcu_nocbs=1-3", "nosoftlockup"]}
+    engine.apply(profile(system, plugin, asked))
+    refused = engine.sections["bootloader"].expansion.refused
+    assert refused == dict.fromkeys(["nohz_full=1-3", "rcu_nocbs=1-3", "nosoftlockup"], NOT_WRITTEN)
+    assert not (system.root / RECORD).exists() and engine.pending() == []
+    before = tree(system.root)
+    engine.apply(profile(system, plugin, {**asked, "write": True}))
+    assert (system.root / RECORD).read_text() == "nohz_full=1-3 rcu_nocbs=1-3 nosoftlockup\n"
+    assert engine.verify() == []
+    [(sid, _, why)] = engine.pending()
+    assert sid == ("bootloader", BootArguments())
+    assert why.startswith("the next boot brings nohz_full=1-3 rcu_nocbs=1-3 nosoftlockup")
+    # Booted with them: nothing pending.
+    (system.root / "proc/cmdline").write_text("root=/dev/vda1 nohz_full=1-3 rcu_nocbs=1-3 "
+                                              "nosoftlockup\n")  # fmt: skip
+    assert engine.pending() == []
+    assert engine.off() == []
+    (system.root / "proc/cmdline").write_text("root=/dev/vda1 ro\n")
+    assert tree(system.root) == before and read_record(system) == (Change(), ())
+
+
+def test_what_this_kernel_ignores_is_not_applicable_and_never_written(tmp_path: Path) -> None:
+    system = rig(tmp_path, nohz_full=False)
+    plugin = BootloaderPlugin(system)
+    engine = Engine({"bootloader": plugin}, Journal(tmp_path / "state"))
+    engine.apply(profile(system, plugin, {"cmdline": ["nohz_full=1", "skew_tick=1"],
+                                          "write": True}))  # fmt: skip
+    refused = engine.sections["bootloader"].expansion.refused
+    assert list(refused) == ["nohz_full=1"] and "CONFIG_NO_HZ_FULL" in refused["nohz_full=1"]
+    assert (system.root / RECORD).read_text() == "skew_tick=1\n"
+    assert in_effect(read_record(system)[0], "root=/dev/vda1 skew_tick=1") == []
+    assert engine.off() == []
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"cmdline": ["a=$(reboot)"]}, "only letters, digits"),
+        ({"cmdline": ['x="1 2"']}, "only letters, digits"),
+        ({"cmdline": ["nohz_full=9"]}, "nohz_full"),
+        ({"cmdline": [1]}, "expected a kernel argument"),
+    ],
+)
+def test_bad_arguments_are_refused_at_load(
+    tmp_path: Path, section: dict[str, object], message: str
+) -> None:
+    plugin = BootloaderPlugin(rig(tmp_path))
+    with pytest.raises(SchemaError, match=message):
+        validate(section_schemas({"bootloader": plugin})["bootloader"], section, MACHINE)
+
+
+def test_a_staged_root_never_runs_the_hosts_tools(tmp_path: Path) -> None:
+    """The host's grubby would change the host's boot configuration, whatever root it was
+    meant for: a staged root's tools are its own (kernel-install alone is told the root)."""
+    root = tmp_path / "root"
+    (root / "etc/default").mkdir(parents=True)
+    (root / "etc/default/grub").write_text("")
+    assert shutil.which("sh") is not None and System(root).which("sh") is None
+    assert isinstance(detect(System(root)), PlainFile)  # update-grub: only its own
+
+
+def test_removing_what_is_not_there_verifies_and_off_gives_everything_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system = rig(tmp_path)
+    tool(system.root, "grubby", GRUBBY)
+    state = tmp_path / "grubby-state"
+    state.write_text("root=/dev/vda1 ro quiet\n")
+    monkeypatch.setenv("FAKE_GRUBBY", str(state))
+    plugin = BootloaderPlugin(system)
+    assert isinstance(plugin.loader, Grubby)
+    engine = Engine({"bootloader": plugin}, Journal(tmp_path / "journal"))
+    section = {"cmdline": ["skew_tick=1"], "remove": ["quiet", "nope"], "write": True}
+    engine.apply(profile(system, plugin, section))
+    assert state.read_text() == "root=/dev/vda1 ro skew_tick=1\n"
+    assert engine.verify() == []  # "nope" was not there: nothing to take out, no drift
+    assert engine.off() == []
+    assert state.read_text().split() == ["root=/dev/vda1", "ro", "quiet"]
+    assert not (system.root / RECORD).exists()
