@@ -329,7 +329,8 @@ def test_active_profile_property(start_daemon: Callable[..., Latencyd], method: 
         if method == "Get":
             assert props.Get("org.latencyd.Daemon1", "ActiveProfile") == "test-a"
         else:
-            assert props.GetAll("org.latencyd.Daemon1") == {"ActiveProfile": "test-a"}
+            everything = props.GetAll("org.latencyd.Daemon1")
+            assert everything == {"ActiveProfile": "test-a", "RebootPending": False}
     finally:
         conn.close()
 
