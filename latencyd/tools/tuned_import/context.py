@@ -88,7 +88,9 @@ MSG = {
 def int_or_text(text: str) -> int | str:
     """An integer where TOML can hold it, else the text."""
     text = text.strip()
-    if re.fullmatch(r"-?\d+", text) and -INT64 <= int(text) < INT64:
+    # ASCII digits, at most 19 (int() of thousands of digits costs quadratic time, and
+    # refuses beyond 4,300): no TOML integer has more.
+    if re.fullmatch(r"-?[0-9]{1,19}", text) and -INT64 <= int(text) < INT64:
         return int(text)
     return text
 

@@ -41,7 +41,7 @@ def convert_force_latency(
         chosen: int | str | None = None
         exact = False  # the same on every machine: nothing after it can ever be used
         no_zero = False
-        if re.fullmatch(r"-?\d+", alt):
+        if re.fullmatch(r"-?[0-9]{1,12}", alt):
             if int(alt) < 0:
                 lost.append(f"{alt!r} is not a latency")
                 continue
@@ -52,7 +52,7 @@ def convert_force_latency(
             return None, lost, notes
         elif allow_na and alt == "n/a":
             chosen, exact = "n/a", True
-        elif m := re.fullmatch(r"cstate\.id(_no_zero)?:(\d+)", alt):
+        elif m := re.fullmatch(r"cstate\.id(_no_zero)?:([0-9]{1,6})", alt):
             no_zero, index = bool(m.group(1)), int(m.group(2))
             if index == 0 and not no_zero:
                 chosen = "poll"
@@ -169,7 +169,7 @@ def cpu(ctx: Context, unit: Unit) -> None:
             if text is None:
                 continue
             pct = option.endswith("_pct")
-            ok = text.strip().isdigit() and int(text) <= 100
+            ok = re.fullmatch(r"[0-9]{1,3}", text.strip()) is not None and int(text) <= 100
             value: int | bool | None = (int(text) if ok else None) if pct else tuned_bool(text)
             if value is None:
                 what = "a percentage" if pct else "true or false"
@@ -210,7 +210,7 @@ def epb_choice(ctx: Context, unit: Unit, raw: str) -> int | str | None:
     choices: list[int | str] = []
     for word in (w.strip() for w in (text or "").split("|")):
         name = EPB_ALIASES.get(word, word)
-        if word.isdigit() and int(word) <= 15:
+        if re.fullmatch(r"[0-9]{1,2}", word) and int(word) <= 15:
             choices.append(int(word))
         elif name in EPB_NAMES:
             choices.append(name)

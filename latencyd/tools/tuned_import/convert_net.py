@@ -65,7 +65,8 @@ def net_table(ctx: Context, unit: Unit, option: str, raw: str) -> dict[str, Any]
     table: dict[str, Any] = {}
     for key, word in zip(words[::2], words[1::2], strict=True):
         flag = option == "features" or key in NET_FLAGS.get(option, ())
-        value = tuned_bool(word) if flag else int(word) if word.isdigit() else None
+        number = re.fullmatch(r"[0-9]{1,10}", word)  # ASCII digits, within 32 bits
+        value = tuned_bool(word) if flag else int(word) if number else None
         if option != "features" and key not in NET_KEYS[option]:
             ctx.lost(unit, option, f"{option}: {key!r} is not a key latencyd knows", "net")
         elif value is None:

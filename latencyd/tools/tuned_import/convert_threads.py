@@ -154,7 +154,7 @@ def scheduler(ctx: Context, unit: Unit) -> None:
         if not option.startswith("group."):
             continue
         fields = (ctx.evaluated(unit, option, raw, "kthread") or "").split(":", 4)
-        if len(fields) != 5 or not re.fullmatch(r"-?\d+", fields[0]):
+        if len(fields) != 5 or not re.fullmatch(r"-?[0-9]{1,9}", fields[0]):
             if raw.strip():  # "group.X =" switches an inherited rule off
                 ctx.lost(
                     unit,
@@ -303,7 +303,7 @@ def group_rule(
         return None
     rule["policy"] = TUNED_POLICIES[policy]
     if TUNED_POLICIES[policy] in RT_POLICIES:
-        if not priority.strip().isdigit() or not 1 <= int(priority) <= 99:
+        if not re.fullmatch(r"[0-9]{1,2}", priority.strip()) or not 1 <= int(priority) <= 99:
             ctx.lost(unit, option, f"{option}: priority {priority!r} is not 1-99", "kthread")
             return None
         rule["priority"] = int(priority)

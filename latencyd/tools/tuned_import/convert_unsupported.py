@@ -65,6 +65,13 @@ def bootloader(ctx: Context, unit: Unit) -> None:
 def _argument(ctx: Context, word: str) -> str | tuple[str]:
     """One kernel argument as latencyd text: its variables kept as latencyd's (the loader
     evaluates them on the machine it runs on), else evaluated here; or (why not)."""
+    try:
+        return _converted(ctx, word)
+    except ValueError as exc:  # a number too long for int(), a NUL in a path, ...
+        return (f"cannot be evaluated: {exc}",)
+
+
+def _converted(ctx: Context, word: str) -> str | tuple[str]:
     # A CPU-list parameter keeps latencyd's variables (its value is a CPU expression the
     # loader evaluates where it runs); any other is evaluated here, as TuneD would.
     if word.partition("=")[0].replace("-", "_") in CPU_LIST_PARAMETERS:

@@ -9,6 +9,13 @@ import re
 from collections.abc import Iterable
 
 
+def _cpu(text: str) -> bool:
+    """A CPU number as TuneD's lists write one: ASCII digits, below Linux's 8,192 CPUs
+    (str.isdigit takes other scripts' digits, and int() of thousands of them raises)."""
+    text = text.strip()
+    return re.fullmatch(r"[0-9]{1,4}", text) is not None and int(text) <= 8191
+
+
 def cpulist_unpack(text: str) -> list[int] | None:
     """TuneD's cpulist_unpack: "0-3,^2", "0x3" masks (commas inside, ",," ends one);
     None where TuneD gives an empty list for a parse error."""
@@ -29,7 +36,7 @@ def cpulist_unpack(text: str) -> list[int] | None:
             mask, in_mask = item, True
         elif item and item[0] in "^!":
             lo, _, hi = item[1:].partition("-")
-            if not lo.strip().isdigit() or (hi and not hi.strip().isdigit()):
+            if not _cpu(lo) or (hi and not _cpu(hi)):
                 return None
             neg.extend(range(int(lo), int(hi or lo) + 1))
         elif item.strip():
@@ -39,6 +46,8 @@ def cpulist_unpack(text: str) -> list[int] | None:
     cpus: set[int] = set()
     for item in plain:
         if item[:2].lower() == "0x":
+            if len(item) > 2 + 2048 + 256:  # 8,192 CPUs' mask, with commas
+                return None
             try:
                 value = int(item[2:].replace(",", ""), 16)
             except ValueError:
@@ -46,7 +55,7 @@ def cpulist_unpack(text: str) -> list[int] | None:
             cpus.update(i for i in range(value.bit_length()) if value >> i & 1)
             continue
         lo, _, hi = item.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()) or int(hi or lo) > 8191:
+        if not _cpu(lo) or (hi and not _cpu(hi)):
             return None
         cpus.update(range(int(lo), int(hi or lo) + 1))
     return sorted(cpus - set(neg))

@@ -53,6 +53,8 @@ def read_host(root: str = "/") -> Host:
             return ""
 
     def exists(path: str) -> bool:
+        if "\0" in path:  # no file has such a name (and glob raises on it)
+            return False
         full = os.path.join(root, path.lstrip("/"))
         return bool(glob.glob(full)) if glob.has_magic(path) else os.path.exists(full)
 

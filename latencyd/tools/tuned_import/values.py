@@ -267,7 +267,7 @@ class Evaluator:
         if name == "cpuinfo_check":
             return cpuinfo_check(args, host)
         if name == "check_net_queue_count":
-            if args and args[0].isdigit():
+            if args and re.fullmatch(r"[0-9]{1,6}", args[0]):
                 return Tr(args[0])
             return Tr(
                 None,
