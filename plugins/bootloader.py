@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.boot import NO_CPU_ISOLATION, NO_NOHZ_FULL, NO_RCU_NOCB, booted
+from latencyd.core.boot import booted
 from latencyd.core.bootloaders import Bootloader, detect, in_effect, read_record, write_record
 from latencyd.core.cmdline import CPU_LIST_PARAMETERS, ISOLCPUS_FLAGS, Change, unsafe
 from latencyd.core.cpuset import CpuSet, CpuSetError
@@ -143,12 +143,11 @@ class BootloaderPlugin(Plugin[BootArguments]):
         return Expansion({BootArguments(): value} if value else {}, rules, refused=refused)
 
     def _unsupported(self) -> dict[str, str]:
+        """Parameters this kernel ignores after any reboot, with why (BootState's)."""
         try:
-            state = booted(self.system.boot_readings())
+            return booted(self.system.boot_readings()).unsupported
         except LatencydError:
             return {}
-        why = {"nohz_full": NO_NOHZ_FULL, "rcu_nocbs": NO_RCU_NOCB, "isolcpus": NO_CPU_ISOLATION}
-        return {k: why[k] for k in state.unsupported}
 
     # -- the one target ------------------------------------------------------------------
     def read(self, target: BootArguments) -> Value:
