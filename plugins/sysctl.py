@@ -1,4 +1,10 @@
-"""sysctl: any /proc/sys key, e.g. ``"net.core.busy_read" = 50``."""
+"""sysctl: any /proc/sys key, e.g. ``"net.core.busy_read" = 50``.
+
+A key the kernel lacks is an error when the profile loads (a typo must not pass as a
+setting), unless it starts with "-", as in sysctl.d(5): ``"-kernel.numa_balancing" = 0``
+is for kernels built with it and *not applicable* on the others, which is what a profile
+shipped for many kernels needs.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +56,9 @@ def sysctl_path(key: str) -> str:
     return f"proc/sys/{rel}"
 
 
+OPTIONAL = "-"  # sysctl.d(5)'s prefix: the key may be missing from this kernel
+
+
 def key_parts(key: str) -> list[str] | None:
     """The path components a key names, or None if it is not a plain key: every part
     non-empty and not "." or ".." (so no spelling reaches a file another key names)."""
@@ -97,6 +106,7 @@ class SysctlPlugin(Plugin[Sysctl]):
     @classmethod
     def schema_for(cls, system: System) -> Schema:
         def check_key(key: str) -> str | None:
+            optional, key = key.startswith(OPTIONAL), key.removeprefix(OPTIONAL)
             if key_parts(key) is None:
                 return f"sysctl key {key!r} is not a plain key"
             if len(key) > 255:
@@ -104,6 +114,8 @@ class SysctlPlugin(Plugin[Sysctl]):
             path = system.path(sysctl_path(key))
             try:
                 if not path.exists():
+                    if optional:
+                        return None
                     return (
                         f"unknown sysctl {key!r}: /{sysctl_path(key)} does not exist on this kernel"
                     )
@@ -118,10 +130,19 @@ class SysctlPlugin(Plugin[Sysctl]):
         return Schema(free_keys=check_key, free_kind=OneOf((Int(), Str())), groups=(busy_poll,))
 
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
-        return Expansion({Sysctl(key): normalize(value) for key, value in options.items()})
+        wanted: dict[Target, Value] = {}
+        refused: dict[str, str] = {}
+        for given, value in options.items():
+            key = given.removeprefix(OPTIONAL)
+            if given.startswith(OPTIONAL) and not self.system.exists(sysctl_path(key)):
+                refused[key] = f"this kernel has no /{sysctl_path(key)}"
+            else:
+                wanted[Sysctl(key)] = normalize(value)
+        return Expansion(wanted, refused=refused)
 
     def root_only(self, options: Options) -> str | None:
-        return next(filter(None, map(root_only_reason, options)), None)
+        keys = (key.removeprefix(OPTIONAL) for key in options)
+        return next(filter(None, map(root_only_reason, keys)), None)
 
     def read(self, target: Sysctl) -> Value:
         return normalize(self.system.read(sysctl_path(target.key)))

@@ -268,6 +268,22 @@ def test_sysctl_schema_checks_keys_against_the_tree(
     assert info.value.path == (key,)
 
 
+def test_a_sysctl_marked_optional_is_not_applicable_where_the_kernel_lacks_it(
+    fake_root: Path, machine: Machine
+) -> None:
+    """sysctl.d(5)'s "-": a key for kernels built with it (kernel.numa_balancing) loads
+    where it is missing and is *not applicable* there, with the file it looked for; where
+    it exists it is an ordinary setting. Without the "-" a missing key stays an error."""
+    plugin = SysctlPlugin(System(fake_root))
+    options = validate(plugin.schema, {"-vm.nope": 0, "-vm.swappiness": 10}, machine)
+    expansion = plugin.expand(options, {})
+    assert expansion.settings == {Sysctl("vm.swappiness"): "10"}
+    assert expansion.refused == {"vm.nope": "this kernel has no /proc/sys/vm/nope"}
+    with pytest.raises(SchemaError, match=r"unknown sysctl 'vm\.nope'"):
+        validate(plugin.schema, {"vm.nope": 0}, machine)
+    assert plugin.root_only({"-kernel.core_pattern": "core"}) is not None
+
+
 def test_sysctl_schema_values(fake_root: Path, machine: Machine) -> None:
     plugin = SysctlPlugin(System(fake_root))
     out = validate(plugin.schema, {"vm.swappiness": "10", "net.ipv4.tcp_rmem": "1 2 3"}, machine)
