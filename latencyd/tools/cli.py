@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -922,9 +923,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """Console-script entry: skip interpreter teardown (~7 ms) once output is flushed."""
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`latencyctl status | head`): end as a shell tool killed by
+        # SIGPIPE does, not with a traceback (Python ignores SIGPIPE, so EPIPE raises).
+        code = 128 + signal.SIGPIPE
+    with contextlib.suppress(BrokenPipeError):
+        sys.stderr.flush()
     os._exit(code)
 
 
