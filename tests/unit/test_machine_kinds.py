@@ -175,7 +175,9 @@ def test_per_cpu_limits_governor_and_haltpoll_parameters_per_kind(
         assert HaltpollParam("ns") not in exp.settings and "haltpoll" in exp.refused
 
 
-@pytest.mark.parametrize("profile", ["latency-performance", "cpu-partitioning", "realtime-poll"])
+@pytest.mark.parametrize(
+    "profile", ["latency-performance", "cpu-partitioning", "realtime-poll", "realtime"]
+)
 def test_shipped_profiles_apply_only_what_acts_here(
     machine_kind: FakeMachine, tmp_path: Path, profile: str
 ) -> None:
