@@ -63,6 +63,8 @@ APT_PACKAGES=(
     # test on a free port (installing it starts nothing: no systemd as PID 1, and
     # policy-rc.d forbids service starts on these images).
     prometheus
+    # update-grub, grub-mkconfig: the bootloader test runs the real ones on a staged root.
+    grub-common grub2-common
 )
 
 missing=()
