@@ -1,13 +1,17 @@
 """[bootloader]: kernel arguments for the next boot, written through each mechanism on a
-staged root (the real kernel-install; stand-ins for grubby, rpm-ostree and update-grub,
-which Debian lacks here), then taken back by off: the staged files byte-identical to
-before. The machine's own boot configuration is never touched: every System here has a
-staged root."""
+staged root, then taken back by off: the staged files byte-identical to before. The real
+tool where Debian has it: kernel-install, and GRUB's update-grub and grub-mkconfig (run
+in a mount namespace of their own, see real_update_grub); stand-ins only for grubby and
+rpm-ostree, which Debian lacks (and for update-grub in one test of the logic where GRUB
+is not installed). The machine's own boot configuration is never touched: every System
+here has a staged root."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -151,6 +155,8 @@ def test_grubby_and_rpm_ostree_take_back_exactly_what_they_were_given(
 
 
 def test_debian_grub_gets_a_drop_in_of_its_own_and_update_grub(tmp_path: Path) -> None:
+    """The backend's logic with a stand-in update-grub, where GRUB is not installed (with
+    the real one: test_debian_grub_with_the_real_update_grub_...)."""
     root = tmp_path / "root"
     (root / "etc/default/grub.d").mkdir(parents=True)
     (root / "etc/default/grub").write_text('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n')
@@ -188,6 +194,101 @@ def rig(tmp_path: Path, cmdline: str = "root=/dev/vda1 ro", nohz_full: bool = Tr
 def profile(system: System, plugin: BootloaderPlugin, section: dict[str, object]) -> Profile:
     options = validate(section_schemas({"bootloader": plugin})["bootloader"], section, MACHINE)
     return Profile("boot", Path("boot.toml"), "", {"bootloader": options}, {})
+
+
+UPDATE_GRUB = Path("/usr/sbin/update-grub")
+GRUB_PROBE_PATH = "/usr/sbin/grub-probe"  # where grub-mkconfig runs it from
+GRUB_PATHS = ("etc/default", "etc/grub.d", "boot")  # grub-mkconfig has them built in
+
+
+def real_update_grub(root: Path) -> None:
+    """The real update-grub for a staged root, in its /usr/sbin (where latencyd looks for
+    a staged root's tools): it runs /usr/sbin/update-grub in a mount namespace of its own
+    in which the staged etc/default, etc/grub.d and boot are bound over /etc/default,
+    /etc/grub.d and /boot, so the real grub-mkconfig reads the staged configuration and
+    writes the staged boot/grub/grub.cfg. The namespace is private (unshare's default
+    propagation, said anyway): the host never sees those mounts."""
+    binds = "; ".join(f'mount --bind "$1/{p}" /{p}' for p in GRUB_PATHS)
+    probe = root.parent / "grub-probe"
+    if subprocess.run([GRUB_PROBE_PATH, "--target=device", str(root)],
+                      capture_output=True).returncode != 0:  # fmt: skip
+        # The one stand-in: grub-probe finds no disk under a tmpfs (a /tmp in RAM) or a
+        # container's overlay, and grub-mkconfig stops without the root's device name.
+        probe.write_text(GRUB_PROBE_STAND_IN)
+        probe.chmod(0o755)
+        binds += f'; mount --bind "$2" {GRUB_PROBE_PATH}'
+    path = root / "usr/sbin/update-grub"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "#!/bin/sh\nexport PATH=/usr/sbin:/usr/bin:/sbin:/bin\n"
+        f"exec unshare --mount --propagation private sh -ec '{binds}; exec {UPDATE_GRUB}' "
+        f"sh {shlex.quote(str(root))} {shlex.quote(str(probe))}\n"
+    )
+    path.chmod(0o755)
+    # GRUB's own scripts as grub-common ships them (not the host's whole /etc/grub.d:
+    # TuneD's 00_tuned there would read the host's /etc/tuned).
+    shipped = subprocess.run(["dpkg-query", "-L", "grub-common"], capture_output=True,
+                             text=True, check=True).stdout.split()  # fmt: skip
+    (root / "etc/grub.d").mkdir(parents=True)
+    for script in (Path(p) for p in shipped if p.startswith("/etc/grub.d/")):
+        if script.is_file():
+            shutil.copy2(script, root / "etc/grub.d" / script.name)
+
+
+GRUB_PROBE_STAND_IN = """#!/bin/sh
+case " $* " in
+*" --target=device "*) echo /dev/latencyd-test ;;
+*) echo "stand-in grub-probe: no $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def host_files(*dirs: str) -> dict[str, tuple[int, int]]:
+    """Size and modification time of every file below the host's `dirs` (its kernels
+    can be large: not their bytes)."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+            for d in dirs for p in sorted(Path(d).rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def test_debian_grub_with_the_real_update_grub_and_off_gives_every_file_back(
+    tmp_path: Path,
+) -> None:
+    if not UPDATE_GRUB.exists():
+        pytest.skip(f"{UPDATE_GRUB} is not installed (grub2-common)")
+    tried = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+    if tried.returncode != 0:
+        pytest.skip(f"unshare --mount is not permitted here: {tried.stderr.strip()}")
+    host = host_files("/etc/default", "/etc/grub.d", "/boot")
+    system = rig(tmp_path)
+    root = system.root
+    (root / "etc/default/grub.d").mkdir(parents=True)
+    (root / "etc/default/grub").write_text('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n')
+    (root / "boot/grub").mkdir(parents=True)
+    (root / "boot/vmlinuz-6.18.0-test").write_bytes(b"not a kernel")  # 10_linux's entry
+    real_update_grub(root)
+    system.run_tool([str(root / "usr/sbin/update-grub")])  # grub.cfg before latencyd
+    plugin = BootloaderPlugin(system)
+    assert isinstance(plugin.loader, DebianGrub)
+    before = tree(root)
+    # Every character the allow-list lets through, in the drop-in grub-mkconfig sources.
+    odd = "latencyd.test=a_b.c,d:e=f+g/h@i%j-k"
+    engine = Engine({"bootloader": plugin}, Journal(tmp_path / "journal"))
+    engine.apply(profile(system, plugin, {"cmdline": ["nohz_full=1", "skew_tick=1", odd],
+                                          "write": True}))  # fmt: skip
+    cfg = (root / "boot/grub/grub.cfg").read_text()
+    linux = [ln.split() for ln in cfg.splitlines() if ln.split()[:1] == ["linux"]]
+    normal = [words for words in linux if "single" not in words]
+    assert len(normal) == 2 and len(linux) == 3, cfg  # the default entry, the advanced one
+    for words in normal:
+        # (The image's path on its filesystem: grub-mkrelpath sees through the bind mount.)
+        assert words[1].endswith("/boot/vmlinuz-6.18.0-test")
+        assert words[-4:] == ["quiet", "nohz_full=1", "skew_tick=1", odd], cfg
+    [recovery] = [words for words in linux if "single" in words]
+    assert "nohz_full=1" not in recovery  # it has GRUB_CMDLINE_LINUX only, by Debian's design
+    assert engine.off() == []
+    assert tree(root) == before  # the drop-in gone, grub.cfg regenerated as it was
+    assert host_files("/etc/default", "/etc/grub.d", "/boot") == host
+    assert str(root) not in Path("/proc/self/mountinfo").read_text()
 
 
 def test_the_plugin_writes_only_when_asked_and_off_takes_it_back(tmp_path: Path) -> None:
