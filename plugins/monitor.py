@@ -87,6 +87,8 @@ class MonitorPlugin(Plugin[Target]):
             "budget_us": plan.budget_us,
             "max_single_us": plan.max_single_us,
             "mechanism": self.last.mechanism or "not running",
+            # The tick since the watch began: `measure` takes it over a run.
+            "ticks": self.last.ticks.as_json() if self.last.ticks else None,
         }
         rows = []
         for cpu, tallies in sorted((self.last.cpus or {}).items()):

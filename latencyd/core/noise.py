@@ -195,13 +195,56 @@ class Tally:
         )
 
 
+TICK = VECTORS["local_timer"]  # the scheduler tick's source, as both watches name it
+
+
+@dataclass(frozen=True)
+class TickCount:
+    """The tick on each watched CPU since the watch began, its intervals added up: status
+    shows only the last interval, and `measure` needs the tick over a whole run (it reads
+    this before and after, and takes the difference)."""
+
+    since: float  # CLOCK_MONOTONIC s the watch began: another watch, counts from zero
+    timed: bool  # False: counts without their time (the /proc counters' fallback)
+    seconds: float = 0.0  # the intervals added up
+    cpus: Mapping[int, Tally] = field(default_factory=dict)
+
+    def plus(self, interval: Mapping[int, Mapping[str, Tally]], seconds: float) -> TickCount:
+        """After one more interval (per CPU, source -> Tally)."""
+        cpus = dict(self.cpus)
+        for cpu, tallies in interval.items():
+            cpus[cpu] = cpus.get(cpu, Tally()).merged(tallies.get(TICK, Tally()))
+        return dataclasses.replace(self, seconds=self.seconds + seconds, cpus=cpus)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "since": self.since,
+            "timed": self.timed,
+            "seconds": self.seconds,
+            "cpus": {
+                str(c): {"count": t.count, "total_ns": t.total_ns} for c, t in self.cpus.items()
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TickCount:
+        return cls(
+            float(data["since"]),
+            bool(data["timed"]),
+            float(data["seconds"]),
+            {int(c): Tally(int(t["count"]), int(t["total_ns"])) for c, t in data["cpus"].items()},
+        )
+
+
 @dataclass
 class LastInterval:
-    """What the daemon's watch saw last (the monitor plugin shows it in status)."""
+    """What the daemon's watch saw last (the monitor plugin shows it in status), and the
+    tick since it began."""
 
     mechanism: str = ""
     seconds: float = 0.0
     cpus: Mapping[int, Mapping[str, Tally]] | None = None
+    ticks: TickCount | None = None
 
 
 UNNAMED = "\0"  # a task's source before its name is known: "task PID \0" (see `named`)

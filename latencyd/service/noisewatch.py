@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from latencyd.core import noise, procstat
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import LatencydError
-from latencyd.core.noise import Breach, LastInterval, ReportLimit, WatchPlan, over_budget
+from latencyd.core.noise import (
+    Breach,
+    LastInterval,
+    ReportLimit,
+    TickCount,
+    WatchPlan,
+    over_budget,
+)
 from latencyd.core.system import System, Tracefs
 
 if TYPE_CHECKING:
@@ -50,6 +57,8 @@ class NoiseInterval:
 
 class NoiseWatch:
     """Open with start(), read with poll() each interval, close with stop()."""
+
+    timed: ClassVar[bool] = True  # each interruption's time, not only its count
 
     def __init__(self, system: System, cpus: CpuSet) -> None:
         self.system = system
@@ -137,12 +146,13 @@ class CounterWatch:
 
     # /proc/interrupts rows named as the tracefs watch names them (noise.VECTORS).
     ROWS: ClassVar[dict[str, str]] = {
-        "LOC": "local timer",
+        "LOC": noise.TICK,
         "CAL": "IPI function call",
         "RES": "IPI reschedule",
         "IWI": "irq work",
     }
     TASKS = "tasks (not named: /proc counters)"
+    timed: ClassVar[bool] = False
 
     def __init__(self, system: System, cpus: CpuSet, why: str) -> None:
         self.system = system
@@ -241,6 +251,7 @@ class ShieldWatch:
         self.notify = notify
         self.plan: WatchPlan | None = None
         self.watch: NoiseWatch | CounterWatch | None = None
+        self.ticks: TickCount | None = None  # since this watch began (status: the plugin)
         self.source: int | None = None
         self.limit = ReportLimit()
         self._holds: tuple[int, ...] = ()
@@ -288,7 +299,8 @@ class ShieldWatch:
                 self.plugin.last = LastInterval(f"not running: {reason}; {exc2}")
                 return
         self.watch = watch
-        self.plugin.last = LastInterval(watch.mechanism)
+        self.ticks = TickCount(time.monotonic(), watch.timed)
+        self.plugin.last = LastInterval(watch.mechanism, ticks=self.ticks)
         self.source = self.loop.timeout_add(plan.interval_ms, self._poll)
         log.info("watching CPUs %s for noise (%s)", plan.cpus, watch.mechanism)
 
@@ -299,7 +311,9 @@ class ShieldWatch:
         seconds = interval.end - interval.start
         log.debug("noise poll: %d pages, %d events, %d switches not in the buffers",
                   interval.pages, interval.events, interval.unseen_switches)  # fmt: skip
-        self.plugin.last = LastInterval(self.watch.mechanism, seconds, interval.cpus)
+        if self.ticks is not None:
+            self.ticks = self.ticks.plus(interval.cpus, seconds)
+        self.plugin.last = LastInterval(self.watch.mechanism, seconds, interval.cpus, self.ticks)
         for callback in self.on_interval:
             callback(interval.cpus)
         now = time.monotonic()
@@ -357,4 +371,5 @@ class ShieldWatch:
             except LatencydError as exc:
                 log.error("noise watch not closed cleanly: %s", exc)
             self.watch = None
+        self.ticks = None
         self.plan = None

@@ -13,7 +13,7 @@ from typing import Any
 
 from latencyd.core import procstat
 from latencyd.core.cpuset import CpuSet
-from latencyd.core.noise import WatchPlan
+from latencyd.core.noise import TickCount, WatchPlan
 from latencyd.core.system import System
 from latencyd.service.noisewatch import CounterWatch, NoiseWatch, ShieldWatch
 from latencyd.tools import measure
@@ -192,3 +192,29 @@ def test_the_daemons_watch_falls_back_to_counters_and_says_why(tmp_path: Path) -
     assert monitor.last.cpus is not None and monitor.last.cpus[1]["local timer"].count == 250
     shield.close()
     assert loop.sources == [None]
+
+
+def test_the_daemons_watch_adds_up_the_tick_and_status_shows_it(tmp_path: Path) -> None:
+    """Status keeps only the last interval; the tick since the watch began is what a run
+    needs. The /proc counters' fallback counts it without its time, and says so."""
+    root = make_fake_root(tmp_path, cpus="0-1")
+    proc(root, virtio=0, loc=0, timer=0, busy_ticks=0)
+    monitor = MonitorPlugin(System(root))
+    plan = WatchPlan(CpuSet({1}), 1000)
+    daemon: Any = SimpleNamespace(
+        engine=SimpleNamespace(sections={"monitor": SimpleNamespace(
+            expansion=SimpleNamespace(rules=plan))}),
+        plugins={"monitor": monitor}, after_step=[], system=monitor.system, holds={},
+    )  # fmt: skip
+    loop = Loop()
+    shield = ShieldWatch(daemon, loop, lambda breach, s: None)
+    shield.sync()
+    first = TickCount.from_json(monitor.monitor(plan).facts["ticks"])
+    assert (first.seconds, first.cpus, first.timed) == (0.0, {}, False)
+    proc(root, virtio=0, loc=250, timer=0, busy_ticks=0)
+    loop.sources[0]()
+    proc(root, virtio=0, loc=500, timer=0, busy_ticks=0)
+    loop.sources[0]()
+    total = TickCount.from_json(monitor.monitor(plan).facts["ticks"])
+    assert total.since == first.since and total.cpus[1].count == 500 and total.seconds > 0
+    shield.close()
