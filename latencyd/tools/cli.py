@@ -447,7 +447,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if args.attribute:
         return _attribute(args, plan, hold, release)
     try:
-        result = measure.run(plan, hold, release, measure.ProgressBar())
+        result = measure.run(plan, hold, release, measure.ProgressBar(),
+                             lambda: json.loads(str(_call("Status"))))  # fmt: skip
     except measure.MeasureError as exc:
         raise CliError(FAILED, str(exc)) from exc
     if args.plot:
@@ -715,6 +716,7 @@ def _attribute_recommendation(
 
 def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
     from latencyd.tools.latency import Ratio, render_ratios, render_table
+    from latencyd.tools.ticks import format_ticks
 
     out = []
     baseline = result["baseline"]
@@ -736,6 +738,8 @@ def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) ->
         out.append(f"  interrupts: {top}")
         out.append(f"  softirqs: {soft}")
         out.append(f"  schedule() calls: {blame['schedule_calls']}; other tasks: {tasks or 'none'}")
+    if result.get("tick"):
+        out += ["", *format_ticks(result["tick"])]
     if result.get("saved"):
         out += ["", f"saved: {result['saved']}"]
     if result.get("plot"):
@@ -790,7 +794,7 @@ def format_boot(status: dict[str, Any]) -> list[str]:
     """The isolation the machine booted with, what it gives the shielded CPUs, and the
     tick there as the noise watch counted it (what nohz_full would take away)."""
     from latencyd.core.cpuset import CpuSet
-    from latencyd.core.noise import top_view
+    from latencyd.core.noise import TICK, top_view
 
     boot = status.get("boot")
     if not boot:
@@ -803,7 +807,7 @@ def format_boot(status: dict[str, Any]) -> list[str]:
         if f["feature"] != "tick" or f["state"] not in ("not booted", "not applicable"):
             continue
         for cpu, rows in (view.get("cpus") or {}).items():
-            tick = next((r for r in rows if r["source"] == "local timer"), None)
+            tick = next((r for r in rows if r["source"] == TICK), None)
             if tick and int(cpu) in CpuSet.from_list(f["cpus"]):
                 out.append(
                     f"    the noise watch counted {tick['count']} ticks on CPU {cpu}, "

@@ -22,7 +22,9 @@ it announces, is changed; all of it is undone on success, failure and Ctrl-C (an
 the run is killed outright, by its guard: runguard), and every tool runs under a time
 limit. Attribution (what ran or interrupted on the measured
 CPUs) comes from /proc/interrupts, /proc/softirqs, /proc/schedstat and per-task
-schedstat, plus perf tracepoint counts where tracefs is mounted.
+schedstat, plus perf tracepoint counts where tracefs is mounted. Where a scenario's profile
+shields CPUs, the scheduler tick there during its tools, as the daemon's noise watch counted
+it, beside what nohz_full= would remove after a reboot (latencyd.tools.ticks).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from latencyd.core.idle import states_of as idle_states_of
 from latencyd.core.plugin import Plugin, Target, decode_target, discover
 from latencyd.core.system import System
 from latencyd.core.text import printable
+from latencyd.tools import ticks
 from latencyd.tools.latency import Histogram, ratios
 from latencyd.tools.runguard import Guard
 
@@ -818,7 +821,10 @@ def run(
     hold: Callable[[str], int],
     release: Callable[[int], None],
     progress: Callable[[str, float], None] = lambda what, share: None,
+    status: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """Measure `plan`'s scenarios, held with `hold`/`release`; `status`, the daemon's
+    Status, is read around each scenario's tools for the tick on its shielded CPUs."""
     missing = missing_tools(plan.tools)
     if missing:
         raise MeasureError(f"missing measurement tools: {', '.join(missing)}")
@@ -832,6 +838,9 @@ def run(
     per_round: dict[str, dict[str, list[Histogram]]] = {t: {} for t in plan.tools}
     blame: dict[str, dict[str, Any]] = {}
     idle: dict[str, list[float]] = {}
+    # Per scenario: the tick its watch counted, the booted isolation beside its shield.
+    tick_counts: dict[str, ticks.Counted] = {}
+    boot: dict[str, Any] = {}
     order: list[list[str]] = []
     previous: str | None = None
     started = time.time()
@@ -884,6 +893,7 @@ def run(
                             idle.setdefault(scenario, []).append(
                                 busy_share(plan.idle_seconds, plan.app_cpus)
                             )
+                        seen = status() if status is not None else None
                         before = counters(plan.app_cpus, system)
                         for tool in plan.tools:
                             progress(f"round {r + 1}/{plan.rounds}: {scenario}: {tool}",
@@ -893,6 +903,13 @@ def run(
                             done += 1
                         part = attribution(before, counters(plan.app_cpus, system), plan.app_cpus)
                         blame[scenario] = merge_attribution(blame.get(scenario, {}), part)
+                        if status is not None:
+                            now = status()
+                            boot[scenario] = now.get("boot")
+                            window = ticks.counted(seen, now)
+                            if window is not None:
+                                was = tick_counts.get(scenario, ticks.Counted())
+                                tick_counts[scenario] = was.plus(window)
         finally:
             try:
                 switcher.leave()
@@ -907,6 +924,9 @@ def run(
         out["idle_busy_pct"] = {s: round(100 * sum(v) / len(v), 2) for s, v in idle.items()}
     if switcher.tuned.put_back:
         out["tuned_left_put_back"] = switcher.tuned.put_back
+    tick = {s: t for s in plan.scenarios if (t := ticks.report(boot.get(s), tick_counts.get(s)))}
+    if tick:
+        out["tick"] = tick
     return out
 
 

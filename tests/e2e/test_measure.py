@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from latencyd.core.boot import NO_NOHZ_FULL
 from latencyd.tools import measure
 from tests.harness import BIN, Latencyd, wait_for
 
@@ -87,12 +89,23 @@ def test_alternates_scenarios_and_puts_back_the_profile(daemon: Latencyd, tmp_pa
     assert netns_of_measure() == []
     assert "hold 1 on test-b by" in daemon.log() and "hold 2 on untuned by" in daemon.log()
 
-    # --compare sets a new run beside the saved one (text output).
-    r = measure(daemon, "--profile", "test-b", "--seconds", "1", "--rounds", "1",
-                "--tools", "cyclictest", "--compare", str(json_file))  # fmt: skip
+    # --compare sets a new run beside the saved one (text output). Beside it the shipped
+    # cpu-partitioning, which shields and watches CPU 1: the tick the noise watch counted
+    # there while cyclictest ran (3 s: whole 1 s intervals end within it), and what
+    # nohz_full=1 would remove, or why this kernel cannot.
+    r = measure(daemon, "--profile", "test-b", "--vs", "cpu-partitioning", "--seconds", "3",
+                "--rounds", "1", "--tools", "cyclictest", "--compare", str(json_file))  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "cyclictest: this run beside the old one (new / old)" in r.stdout
     assert "test-b: p50 " in r.stdout
+    assert "the scheduler tick on the shielded CPUs while the tools ran" in r.stdout, r.stdout
+    assert re.search(r"^  cpu-partitioning, CPUs 1 \([\d.]+ s\): CPU 1 [\d,.]+ ticks/s, ",
+                     r.stdout, re.M), r.stdout  # fmt: skip
+    assert "  test-b, CPUs" not in r.stdout  # no shield, no tick report
+    if not Path("/sys/devices/system/cpu/nohz_full").exists():
+        assert f"    nohz_full=1: not applicable: {NO_NOHZ_FULL}" in r.stdout
+    elif "nohz_full=1 after a reboot: up to CPU 1 " not in r.stdout:
+        assert "    nohz_full booted for CPUs 1" in r.stdout
 
 
 def test_ctrl_c_cleans_up_everything(daemon: Latencyd) -> None:
