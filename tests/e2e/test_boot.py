@@ -469,3 +469,26 @@ def test_an_attribution_runs_against_the_units_daemon(booted: Booted) -> None:
     groups = {g["name"]: g for g in json.loads(result.stdout)["groups"]}
     assert groups["busy"]["verdict"] in {"helps", "hurts", "no measurable effect"}
     assert booted.status()["active_profile"] == DEFAULT and booted.status()["holds"] == []
+
+
+def test_kernel_arguments_are_written_under_the_units_sandbox(booted: Booted) -> None:
+    """ProtectSystem=strict leaves the record of latencyd's change writable (its
+    StateDirectory=): under the unit a [bootloader] section with write = true writes
+    it, verify says reboot pending (exit 5), and a switch away takes it back. (The
+    container has no bootloader tool: latencyd's own file is the mechanism here.)"""
+    record = "/var/lib/latencyd/bootcmdline"
+    profile = booted.profiles / "boot-args.toml"
+    profile.write_text('[main]\nsummary = "boot"\n\n[bootloader]\ncmdline = ["skew_tick=1"]\n'
+                       "write = true\n")  # fmt: skip
+    booted.ensure_default()
+    try:
+        result = booted.ctl("switch", "boot-args")
+        assert result.returncode == 0, result.stderr
+        assert booted.container.run("cat", record).stdout == "skew_tick=1\n"
+        assert booted.ctl("verify").returncode == 5
+        [pending] = booted.status()["reboot_pending"]
+        assert pending["plugin"] == "bootloader"
+    finally:
+        booted.ensure_default()
+        profile.unlink()
+    assert booted.container.run("test", "-e", record).returncode == 1
