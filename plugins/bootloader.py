@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from latencyd.core.boot import booted
 from latencyd.core.bootloaders import Bootloader, detect, in_effect, read_record, write_record
-from latencyd.core.cmdline import CPU_LIST_PARAMETERS, ISOLCPUS_FLAGS, Change, unsafe
+from latencyd.core.cmdline import CPU_LIST_PARAMETERS, Change, split_isolcpus, unsafe
 from latencyd.core.cpuset import CpuSet, CpuSetError
 from latencyd.core.errors import LatencydError
 from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
@@ -47,7 +47,7 @@ class KernelArgument:
             raise ValueError(f'expected a kernel argument like "nohz_full=1", got {raw!r}')
         name, eq, value = raw.partition("=")
         if eq and name.replace("-", "_") in CPU_LIST_PARAMETERS:
-            flags, expression = _split_flags(name, value)
+            flags, expression = split_isolcpus(value) if name == "isolcpus" else ((), value)
             try:
                 cpus = CpuSet.parse(expression, machine.all_cpus)
             except CpuSetError as exc:
@@ -61,15 +61,6 @@ class KernelArgument:
         if why:
             raise ValueError(f"{raw!r}: {why}")
         return text
-
-
-def _split_flags(name: str, value: str) -> tuple[list[str], str]:
-    """isolcpus's leading flags, and the CPU part."""
-    words = value.split(",")
-    flags = []
-    while name == "isolcpus" and len(words) > 1 and words[0] in ISOLCPUS_FLAGS:
-        flags.append(words.pop(0))
-    return flags, ",".join(words)
 
 
 @dataclass(frozen=True)

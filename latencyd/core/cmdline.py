@@ -168,20 +168,30 @@ def isolation(args: Iterable[KernelArg], possible: CpuSet) -> Isolation:
     return Isolation(isolcpus, flags, nohz_full, rcu_nocbs, irqaffinity, tuple(problems))
 
 
+def split_isolcpus(value: str) -> tuple[tuple[str, ...], str]:
+    """isolcpus's leading known flags, and the rest (its CPUs, or an unknown flag first).
+    Only known flags: a profile's CPU expression may itself start with a word
+    (`managed_irq,all - 0`)."""
+    words = value.split(",")
+    count = 0
+    while count < len(words) - 1 and words[count] in ISOLCPUS_FLAGS:
+        count += 1
+    return tuple(words[:count]), ",".join(words[count:])
+
+
 def _isolcpus(
     arg: KernelArg, possible: CpuSet, problems: list[str]
 ) -> tuple[frozenset[str], CpuSet] | None:
     """isolcpus's flags (`domain` when none is named) and CPUs."""
     assert arg.value is not None
-    rest, flags = arg.value, set()
+    rest, flags = arg.value, set[str]()
     while True:  # a word before a comma is a flag; the kernel skips one it does not know
+        known, rest = split_isolcpus(rest)
+        flags.update(known)
         word, comma, after = rest.partition(",")
         if not (comma and word[:1].isalpha() and word != "N"):
             break
-        if word in ISOLCPUS_FLAGS:
-            flags.add(word)
-        else:
-            problems.append(f"{arg}: the kernel skips the unknown flag {word!r}")
+        problems.append(f"{arg}: the kernel skips the unknown flag {word!r}")
         rest = after
     try:
         return frozenset(flags or {"domain"}), _cpulist(rest, possible)

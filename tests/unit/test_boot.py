@@ -5,7 +5,7 @@ gives the CPUs a profile shields."""
 from __future__ import annotations
 
 from latencyd.core.boot import NO_NOHZ_FULL, BootReadings, Finding, booted, compare
-from latencyd.core.cmdline import KernelArg, find, isolation, parse_cmdline
+from latencyd.core.cmdline import KernelArg, find, isolation, parse_cmdline, split_isolcpus
 from latencyd.core.cpuset import CpuSet
 
 FOUR = CpuSet.from_list("0-3")
@@ -64,6 +64,17 @@ def test_conflicting_and_broken_arguments_are_what_the_kernel_ignores() -> None:
         "nohz_full=6-7",
         "rcu_nocbs=x",
     ]
+
+
+def test_isolcpus_flags_are_split_off_one_way_for_the_kernel_and_for_profiles() -> None:
+    # Known flags only: the rest is CPUs, a profile's expression (which may start with a
+    # word), or an unknown flag the kernel skips (isolation() reports it).
+    assert split_isolcpus("managed_irq,domain,2-3") == (("managed_irq", "domain"), "2-3")
+    assert split_isolcpus("managed_irq,all - 0,3") == (("managed_irq",), "all - 0,3")
+    assert split_isolcpus("nohz,bogus,domain,2") == (("nohz",), "bogus,domain,2")
+    assert split_isolcpus("domain") == ((), "domain")  # no comma: no flag
+    asked = isolation(parse_cmdline("isolcpus=nohz,bogus,managed_irq,2"), FOUR)
+    assert asked.isolcpus_flags == {"nohz", "managed_irq"} and asked.isolcpus == CpuSet([2])
 
 
 def readings(cmdline: str, nohz_full: bool = True, rcu_nocb_capable: bool = True) -> BootReadings:
