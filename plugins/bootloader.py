@@ -26,9 +26,11 @@ from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
 from latencyd.core.schema import Bool, ListOf, Machine, Option, Schema
 from latencyd.core.system import System
 
+# write is false by default, by the profile, or fixed by the daemon's config ([plugin.
+# bootloader]): the plugin sees only the value; status names the config's line when it fixed it.
 NOT_WRITTEN = (
-    "not written: the profile's [bootloader] has write = false (the default), so latencyd "
-    "shows the argument and leaves the boot configuration alone"
+    "not written: [bootloader] write is false (the default, the profile's, or fixed by the "
+    "daemon's config), so latencyd shows the argument and leaves the boot configuration alone"
 )
 
 

@@ -87,6 +87,15 @@ class SourceFile:
 
 
 @dataclass(frozen=True)
+class Fixed:
+    """An option the daemon's config fixes for a plugin's section in every profile
+    (latencyd.conf's [plugin.NAME]), as written there, and where."""
+
+    value: Any
+    where: Location
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     path: Path
@@ -99,6 +108,9 @@ class Profile:
     # The options as the files wrote them, variables substituted, not yet validated:
     # what a profile derived from this one (measure --attribute) writes back out.
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Options the daemon's config fixed, by section: where the config says so (also
+    # their origins: explain and status name the config's line, not the profile's).
+    fixed: dict[str, dict[str, Location]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -271,10 +283,12 @@ class ProfileLibrary:
         schemas: Mapping[str, Schema],
         machine: Machine,
         trusted_only: bool = False,
+        fixed: Mapping[str, Mapping[str, Fixed]] | None = None,
     ) -> None:
         self.search_path = [Path(p) for p in search_path]
         self.schemas = schemas
         self.machine = machine
+        self.fixed = fixed or {}  # by section: options over every profile (the config's)
         self.trusted_only = trusted_only  # the daemon as root: see system.read_guarded
         self._files_read: dict[Path, FileId | None] = {}  # by the last load(), as they were
         # all()'s last answers by name, for these profiles (name -> file) and machine
@@ -538,19 +552,31 @@ class ProfileLibrary:
         sections: dict[str, dict[str, Any]] = {}
         origins: dict[str, dict[str, Location]] = {}
         written: dict[str, dict[str, Any]] = {}
+        fixed_in: dict[str, dict[str, Location]] = {}
         for section, options in raw.items():
             substituted: dict[str, Any] = {}
             for opt, (val, source) in options.items():
                 substituted[opt] = _substitute(val, resolved_vars, source, (section, opt), budget)
                 _check_size(substituted[opt], source, (section, opt))
-            written[section] = substituted
+            written[section] = substituted  # the files' own, without the config's
+            # Fixed options only where the profile has the section: the config limits what
+            # profiles do, it adds no tuning (write = false fixed must not give every
+            # profile a [bootloader], nor a fixed governor a [cpu]).
+            fixed = self.fixed.get(section, {})
+            checked = _with_fixed(substituted, fixed, self.schemas[section])
             try:
-                sections[section] = validate(self.schemas[section], substituted, self.machine)
+                sections[section] = validate(self.schemas[section], checked, self.machine)
             except SchemaError as exc:
                 head = exc.path[0] if exc.path else None
+                if head in fixed:  # the config's value, with this profile's other options
+                    where = fixed[str(head)].where
+                    raise ProfileError(where, f"[plugin.{section}] {exc.message}") from exc
                 source = options[str(head)][1] if head in options else section_file[section]
                 raise ProfileError(source.at(section, *exc.path), exc.message) from exc
             origins[section] = {opt: src.at(section, opt) for opt, (_, src) in options.items()}
+            origins[section] |= {opt: f.where for opt, f in fixed.items()}
+            if fixed:
+                fixed_in[section] = {opt: f.where for opt, f in fixed.items()}
         return Profile(
             name=name,
             path=path,
@@ -562,7 +588,23 @@ class ProfileLibrary:
             files=tuple(dict.fromkeys(s.path for s in chain)),
             removed=removed,
             written=written,
+            fixed=fixed_in,
         )
+
+
+def _with_fixed(
+    options: Mapping[str, Any], fixed: Mapping[str, Fixed], schema: Schema
+) -> dict[str, Any]:
+    """A section's options with the fixed ones over them; a fixed option replaces the
+    profile's choice of another in its exclusive group, as a later file's would."""
+    out = dict(options)
+    for opt in fixed:
+        for group in schema.exclusive:
+            if opt in group:
+                for other in group:
+                    if other != opt:
+                        out.pop(other, None)
+    return out | {opt: f.value for opt, f in fixed.items()}
 
 
 def _weight(value: Any, cap: int) -> int:

@@ -6,12 +6,15 @@ import ipaddress
 import sys
 import sysconfig
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from latencyd.core.errors import ConfigError, Location
-from latencyd.core.tomlpos import key_lines
+from latencyd.core.profile import Fixed
+from latencyd.core.schema import Machine, Schema
+from latencyd.core.tomlpos import key_lines, nearest_line
 
 CONFIG_FILE = Path("/etc/latencyd/latencyd.conf")
 ETC_PROFILES = Path("/etc/latencyd/profiles")
@@ -38,6 +41,9 @@ class Config:
     # in 10. Two counters of 11 series a CPU: ~1,400 for a 64-CPU shield, however many
     # command names come and go.
     metrics_sources_per_cpu: int = 10
+    # [plugin.NAME] option = value: fixed in that section of every profile that has it
+    # (checked against the plugin's schema by fixed_options, once the plugins are known).
+    plugin: dict[str, dict[str, Fixed]] = field(default_factory=dict)
 
 
 KNOWN: dict[str, type | tuple[type, ...]] = {
@@ -51,6 +57,7 @@ KNOWN: dict[str, type | tuple[type, ...]] = {
     "metrics_listen": str,
     "metrics_allow_remote": bool,
     "metrics_sources_per_cpu": int,
+    "plugin": dict,
 }
 SOURCES_PER_CPU_MAX = 100  # beyond it, the bound would no longer bound much
 # What each setting does, for latencyd(8)'s CONFIGURATION (latencyd.tools.manpages).
@@ -73,6 +80,11 @@ DOCS = {
     '(such as "0.0.0.0:9477"): the metrics name the tasks that interrupt the watched CPUs',
     "metrics_sources_per_cpu": "noise sources each watched CPU names in the metrics, those "
     f'with the most time lately (1 to {SOURCES_PER_CPU_MAX}); the rest are source="other"',
+    "plugin": "options fixed in that plugin's section of every profile that has the section, "
+    "whatever the profile says (a profile without it gains none); e.g. "
+    "[plugin.bootloader] write = false: latencyd writes no boot configuration from any "
+    "profile. Checked against the plugin's options at start; explain and status name "
+    "the config's line for each",
 }
 
 
@@ -92,6 +104,9 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
 
     def at(key: str) -> Location:
         return Location(path, lines.get((key,)))
+
+    def at_path(*keys: str) -> Location:
+        return Location(path, nearest_line(lines, keys))
 
     for key, value in data.items():
         want = KNOWN.get(key)
@@ -130,6 +145,7 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
                 "metrics_allow_remote = true to mean it"
             )
     return Config(
+        plugin=_plugin_tables(at_path, data.get("plugin", {})),
         default_profile=data.get("default_profile", FALLBACK_PROFILE),
         admin_group=data.get("admin_group"),
         verify_interval_s=float(data.get("verify_interval_s", Config.verify_interval_s)),
@@ -141,6 +157,49 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         metrics_allow_remote=remote,
         metrics_sources_per_cpu=sources,
     )
+
+
+def _plugin_tables(
+    at: Callable[..., Location], tables: dict[str, Any]
+) -> dict[str, dict[str, Fixed]]:
+    """[plugin.NAME] tables as they are written (their options are checked against the
+    plugins' schemas by fixed_options)."""
+    fixed: dict[str, dict[str, Fixed]] = {}
+    for name, options in tables.items():
+        if not isinstance(options, dict):
+            raise ConfigError(
+                f"{at('plugin', name)}: plugin.{name} must be a table of the plugin's "
+                f"options, like [plugin.{name}] (got {options!r})"
+            )
+        if options:  # an empty table fixes nothing
+            fixed[name] = {o: Fixed(value, at("plugin", name, o)) for o, value in options.items()}
+    return fixed
+
+
+def fixed_options(
+    config: Config, schemas: Mapping[str, Schema], machine: Machine
+) -> dict[str, dict[str, Fixed]]:
+    """The config's [plugin.NAME] options, each checked against its plugin's schema
+    (`schemas`: the installed plugins', engine options included): an unknown plugin or
+    option, or a value the option does not take, is the config's error at its line."""
+    for name, options in config.plugin.items():
+        schema = schemas.get(name)
+        if schema is None:
+            where = next(iter(options.values())).where  # an empty table was left out
+            known = ", ".join(sorted(schemas)) or "none installed"
+            raise ConfigError(f"{where}: unknown plugin {name!r} in [plugin.{name}] "
+                              f"(plugins: {known})")  # fmt: skip
+        for opt, fixed in options.items():
+            option = schema.option(opt)
+            if option is None:
+                known = ", ".join(o.name for o in schema.options)
+                raise ConfigError(f"{fixed.where}: [plugin.{name}] has no option {opt!r} "
+                                  f"to fix (options: {known})")  # fmt: skip
+            try:
+                option.kind.parse(fixed.value, machine)
+            except ValueError as exc:
+                raise ConfigError(f"{fixed.where}: [plugin.{name}] {opt}: {exc}") from exc
+    return config.plugin
 
 
 def _choice(

@@ -622,6 +622,9 @@ class Daemon:
                 }
                 if name in hidden:
                     plugins[name]["hidden"] = hidden[name]
+                fixed = self.active.fixed.get(name, {}) if self.active else {}
+                if fixed:  # options the daemon's config set over the profile's
+                    plugins[name]["fixed"] = {opt: str(where) for opt, where in fixed.items()}
         step = self.engine.last_step
         return {
             "active_profile": self.active.name if self.active else "",

@@ -13,12 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from latencyd.core.engine import Engine, SettingId, section_schemas
-from latencyd.core.errors import LatencydError
+from latencyd.core.errors import ConfigError, LatencydError
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.core.system import System
-from latencyd.service.config import CONFIG_FILE, DEFAULT_STATE_DIR, Config, load_config, search_path
+from latencyd.service.config import (
+    CONFIG_FILE,
+    DEFAULT_STATE_DIR,
+    Config,
+    fixed_options,
+    load_config,
+    search_path,
+)
 from latencyd.service.daemon import Daemon
 from latencyd.service.mainloop import PRIORITY_HIGH, MainLoop
 from latencyd.service.noisewatch import ShieldWatch
@@ -241,12 +248,14 @@ def build(
 ) -> Daemon:
     system = System(args.root, fdstore=fdstore)
     plugins = load_plugins(system)
+    schemas, machine = section_schemas(plugins), system.machine()
     library = ProfileLibrary(
         search_path(args.profile_dir, config),
-        section_schemas(plugins),
-        system.machine(),
+        schemas,
+        machine,
         # As root, profiles must be root's (a local user must not plant settings).
         trusted_only=os.geteuid() == 0 and system.is_real,
+        fixed=fixed_options(config, schemas, machine),  # ConfigError: its line
     )
     engine = Engine(plugins, journal or Journal(args.state_dir))
     return Daemon(system, plugins, library, engine)
@@ -319,7 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     from latencyd.service.operations import Operations
 
     dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
-    daemon = build(args, config, FdStore.from_environment(), journal)
+    try:
+        daemon = build(args, config, FdStore.from_environment(), journal)
+    except ConfigError as exc:  # [plugin.NAME] checked against the plugins, nothing tuned yet
+        log.error("%s", exc)
+        return 2
     loop = MainLoop()
     operations = Operations(daemon, loop)
     service = Service(daemon, config, operations)

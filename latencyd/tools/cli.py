@@ -856,6 +856,8 @@ def format_status(status: dict[str, Any]) -> list[str]:
             out.append(f"  {item['text']}{note}   (original: {_short(item['original'])})")
         for item in info.get("not_applicable", []):
             out.append(f"  not applicable: {item['text']}: {item['reason']}")
+        out.extend(f"  {opt} fixed by the daemon's config ({where})"
+                   for opt, where in info.get("fixed", {}).items())  # fmt: skip
         if n := info.get("hidden", 0):
             out.append(f"  ({n:,} setting{'s' * (n != 1)} of tasks: {ROOT_AND_ADMINS})")
         out.extend(format_tables(info.get("tables", [])))
@@ -899,7 +901,8 @@ def format_explain(data: dict[str, Any]) -> list[str]:
     for section in dict.fromkeys([*data["sections"], *data.get("removed", {})]):
         out += ["", f"[{section}]"]
         for opt in data["sections"].get(section, []):
-            out.append(f"  {opt['option']} = {opt['value']!r}   # {opt['from']}")
+            fixed = " (fixed by the daemon's config)" if opt.get("fixed") else ""
+            out.append(f"  {opt['option']} = {opt['value']!r}   # {opt['from']}{fixed}")
         for gone in data.get("removed", {}).get(section, []):
             out.append(f"  - {gone['option']}   # removed by {gone['how']} at {gone['from']}")
     return out

@@ -11,7 +11,7 @@ from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import Schema
 from latencyd.core.system import System
-from latencyd.service.config import CONFIG_FILE, load_config, search_path
+from latencyd.service.config import CONFIG_FILE, fixed_options, load_config, search_path
 
 
 def plain(value: Any) -> Any:
@@ -29,10 +29,13 @@ def library(profile_dirs: list[Path], root: str = "/") -> ProfileLibrary:
     """Profiles as the CLI reads them without the daemon: the config's search path, this
     machine's plugins (explain, measure --attribute)."""
     system = System(root)
+    config = load_config(CONFIG_FILE)
+    schemas, machine = section_schemas(load_plugins(system)), system.machine()
     return ProfileLibrary(
-        search_path(profile_dirs, load_config(CONFIG_FILE)),
-        section_schemas(load_plugins(system)),
-        system.machine(),
+        search_path(profile_dirs, config),
+        schemas,
+        machine,
+        fixed=fixed_options(config, schemas, machine),  # as the daemon has them
     )
 
 
@@ -44,6 +47,8 @@ def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dic
                 "option": opt,
                 "value": plain(value),
                 "from": str(profile.origins[section].get(opt, "(default)")),
+                # "from" is then the daemon's config, over what the profile says
+                **({"fixed": True} if opt in profile.fixed.get(section, {}) else {}),
             }
             for opt, value in options.items()
         ]

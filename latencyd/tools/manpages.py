@@ -144,6 +144,9 @@ def latencyd_page() -> str:
 
     settings = {}
     for name, value in dataclasses.asdict(Config()).items():
+        if isinstance(value, dict):  # a table of tables: [plugin.NAME]
+            settings[f"{bold(f'[{name}.NAME]')} option = value"] = sentence(DOCS.get(name, ""))
+            continue
         value = [str(v) for v in value] if isinstance(value, tuple) else value
         value = "unset" if value is None else toml_value(value)
         settings[f"{bold(name)} = {esc(value)}"] = sentence(DOCS.get(name, ""))
