@@ -162,3 +162,38 @@ def compare(shield: CpuSet, state: BootState) -> list[Finding]:
                 f"(it shields {shield.to_list()})",
             ))  # fmt: skip
     return findings
+
+
+NOT_SHOWN = (
+    "this machine does not show how it booted (its /proc/cmdline or "
+    "/sys/devices/system/cpu could not be read), so nothing shows the isolation is booted"
+)
+# The features' arguments in the order they are proposed; isolcpus= once with both flags:
+# the parser (and the kernel, for one kind) keeps only one isolcpus= of each kind.
+_ARGUMENTS = (
+    ({"tick"}, "nohz_full={}"),
+    ({"rcu callbacks"}, "rcu_nocbs={}"),
+    ({"managed IRQs", "scheduler domains"}, "isolcpus=managed_irq,domain,{}"),
+)
+
+
+def unmet(shield: CpuSet, state: BootState | None) -> str | None:
+    """Why the booted isolation does not give `shield` what a profile requiring it needs
+    ([main] booted_isolation = "require"), with the arguments to boot with; None if it
+    does. Any feature "not booted" or "mismatch" (booted for CPUs not shielded) is unmet;
+    "not applicable" is not: no reboot brings it on this kernel. A machine that does not
+    show its booted state (`state` None) never passes."""
+    if state is None:
+        return NOT_SHOWN
+    findings = compare(shield, state)
+    said = []
+    for finding in findings:
+        if finding.state == "not booted":
+            said.append(f"{finding.feature} not booted for CPUs {finding.cpus}")
+        elif finding.state == "mismatch":
+            said.append(f"{finding.feature} booted for CPUs {finding.cpus}, not shielded")
+    if not said:
+        return None
+    wrong = {f.feature for f in findings if f.state in ("not booted", "mismatch")}
+    args = [arg.format(shield.to_list()) for features, arg in _ARGUMENTS if features & wrong]
+    return f"{'; '.join(said)} (boot with {' '.join(args)})"

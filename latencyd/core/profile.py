@@ -37,7 +37,13 @@ MAIN_KEYS = {  # key: what it holds (latencyd.profile(5))
     "include": "profiles this one builds on, by name (on the search path) or by path (from "
     "this file's directory); later ones win, option by option; a profile reached twice is "
     "merged once; a cycle is an error",
+    "booted_isolation": '"show" (the default): the booted isolation of the CPUs the profile '
+    'shields is shown in status; "require": the profile is refused (nothing applied, the '
+    "active profile stays) unless every boot-time feature for those CPUs is booted (none "
+    '"not booted", none booted for other CPUs); a feature this kernel cannot have after any '
+    "reboot (not applicable) does not refuse it",
 }
+BOOTED_ISOLATION = ("show", "require")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@-]*")
 
@@ -111,6 +117,9 @@ class Profile:
     # Options the daemon's config fixed, by section: where the config says so (also
     # their origins: explain and status name the config's line, not the profile's).
     fixed: dict[str, dict[str, Location]] = field(default_factory=dict)
+    # [main] booted_isolation (BOOTED_ISOLATION), and where it was set (None: the default)
+    booted_isolation: str = "show"
+    booted_isolation_at: Location | None = None
 
 
 @dataclass(frozen=True)
@@ -441,6 +450,11 @@ class ProfileLibrary:
                 )
         if not isinstance(main.get("summary", ""), str):
             raise ProfileError(source.at("main", "summary"), "summary must be a string")
+        if main.get("booted_isolation", "show") not in BOOTED_ISOLATION:
+            raise ProfileError(
+                source.at("main", "booted_isolation"),
+                f'booted_isolation must be "show" or "require" (got {main["booted_isolation"]!r})',
+            )
         includes = main.get("include", [])
         if isinstance(includes, str):
             includes = [includes]
@@ -577,11 +591,14 @@ class ProfileLibrary:
             origins[section] |= {opt: f.where for opt, f in fixed.items()}
             if fixed:
                 fixed_in[section] = {opt: f.where for opt, f in fixed.items()}
+        required = _booted_isolation(chain)
         return Profile(
             name=name,
             path=path,
             summary=chain[-1].summary
             or next((s.summary for s in reversed(chain) if s.summary), ""),
+            booted_isolation=required[0],
+            booted_isolation_at=required[1],
             sections=sections,
             origins=origins,
             variables=resolved_vars,
@@ -590,6 +607,15 @@ class ProfileLibrary:
             written=written,
             fixed=fixed_in,
         )
+
+
+def _booted_isolation(chain: list[SourceFile]) -> tuple[str, Location | None]:
+    """[main] booted_isolation of the last file that sets it (later files win), and where."""
+    for source in reversed(chain):
+        main = source.data.get("main", {})
+        if "booted_isolation" in main:
+            return str(main["booted_isolation"]), source.at("main", "booted_isolation")
+    return "show", None
 
 
 def _with_fixed(

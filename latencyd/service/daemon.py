@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from latencyd.core.boot import BootState, booted, compare
+from latencyd.core.boot import BootState, booted, compare, unmet
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import (
     ADOPTED,
@@ -24,7 +24,13 @@ from latencyd.core.engine import (
     StepReport,
     Steps,
 )
-from latencyd.core.errors import LatencydError, NoSuchHold, PermissionDenied
+from latencyd.core.errors import (
+    LatencydError,
+    Location,
+    NoSuchHold,
+    PermissionDenied,
+    ProfileError,
+)
 from latencyd.core.plugin import (
     DeviceEvent,
     Plugin,
@@ -180,7 +186,8 @@ class Daemon:
 
     def load(self, ref: str, caller: Caller = ROOT) -> Profile:
         """A profile as `caller` may have it: only root names files and applies sections
-        that can hand out root."""
+        that can hand out root. Every switch, hold, release, reload and re-apply loads
+        through here, so a refusal leaves the profile in force as it is."""
         profile = self.library.load(ref, by_path=caller.is_root)
         if not caller.is_root:
             for name, options in profile.sections.items():
@@ -190,6 +197,24 @@ class Daemon:
                         f"profile {profile.name} cannot be applied for {caller.name} "
                         f"(uid {caller.uid}): [{name}] {reason}; only root may apply it"
                     )
+        if profile.booted_isolation == "require":
+            why = unmet(self.shielded(profile), self.boot)
+            if why is not None:
+                # A refused switch writes nothing, [bootloader] write = true included. Such
+                # a profile is still allowed, not a load error: once booted as it asks, it
+                # keeps its arguments written (a profile without them would take them back
+                # out). The message says how to get there.
+                how = (
+                    ". Nothing is applied, boot configuration included: have them written (a "
+                    "profile with [bootloader] write = true, this one with booted_isolation = "
+                    '"show"), then reboot'
+                    if self.boot is not None
+                    else ""
+                )
+                raise ProfileError(
+                    profile.booted_isolation_at or Location(profile.path),
+                    f'profile {profile.name}: booted_isolation = "require", but {why}{how}',
+                )
         return profile
 
     def switch_steps(self, ref: str, caller: Caller = ROOT) -> Steps[StepReport | None]:
@@ -259,7 +284,7 @@ class Daemon:
             self._restore_all()
             return None
         try:
-            return (yield from self._apply_steps(self.library.load(ref), ref))
+            return (yield from self._apply_steps(self.load(ref), ref))
         except LatencydError as exc:
             log.error(
                 "could not apply %s after a hold ended; %s stays: %s",
@@ -324,7 +349,7 @@ class Daemon:
     def reload_steps(self) -> Steps[None]:
         """Re-read profiles; re-apply the one in force incrementally if its files changed."""
         if self.active_ref is not None:
-            yield from self._apply_steps(self.library.load(self.active_ref), self.active_ref)
+            yield from self._apply_steps(self.load(self.active_ref), self.active_ref)
 
     # The changes in one go (start-up, signals, tests); D-Bus runs them a slice at a time.
     switch = in_one_go(switch_steps)
@@ -491,7 +516,7 @@ class Daemon:
         self.library.machine = self.system.machine()
         if self.active_ref is not None:
             try:
-                self._apply(self.library.load(self.active_ref), self.active_ref)
+                self._apply(self.load(self.active_ref), self.active_ref)
             except LatencydError as exc:
                 log.error("re-applying after a CPU change failed: %s", exc)
 
@@ -672,10 +697,11 @@ class Daemon:
             for callback in self.on_pending_changed:
                 callback(not was)
 
-    def shielded(self) -> CpuSet:
-        """The CPUs the active profile keeps for the application (Option.shields)."""
+    def shielded(self, profile: Profile | None = None) -> CpuSet:
+        """The CPUs a profile (the active one) keeps for the application (Option.shields)."""
+        profile = profile or self.active
         found = CpuSet()
-        for name, options in self.active.sections.items() if self.active else ():
+        for name, options in profile.sections.items() if profile else ():
             if name in self.plugins:
                 found = found | shielded_cpus(self.plugins[name].schema, options)
         return found
@@ -687,6 +713,7 @@ class Daemon:
         shield = self.shielded()
         return self.boot.as_json() | {
             "shielded": shield.to_list(),
+            "booted_isolation": self.active.booted_isolation if self.active else "show",
             "findings": [f.as_json() for f in compare(shield, self.boot)],
         }
 

@@ -4,7 +4,15 @@ gives the CPUs a profile shields."""
 
 from __future__ import annotations
 
-from latencyd.core.boot import NO_NOHZ_FULL, BootReadings, Finding, booted, compare
+from latencyd.core.boot import (
+    NO_NOHZ_FULL,
+    NOT_SHOWN,
+    BootReadings,
+    Finding,
+    booted,
+    compare,
+    unmet,
+)
 from latencyd.core.cmdline import KernelArg, find, isolation, parse_cmdline, split_isolcpus
 from latencyd.core.cpuset import CpuSet
 
@@ -132,3 +140,36 @@ def test_a_kernel_without_nohz_full_makes_it_not_applicable_never_pending() -> N
 
 def test_no_shield_no_findings() -> None:
     assert compare(CpuSet(), booted(readings(USUAL))) == []
+
+
+# -- booted_isolation = "require": what refuses a profile ----------------------------------
+
+
+def test_require_is_met_only_by_the_shield_booted_exactly() -> None:
+    assert unmet(CpuSet([2, 3]), booted(readings(USUAL))) is None
+    assert unmet(CpuSet(), booted(readings(""))) is None  # nothing shielded, nothing required
+
+
+def test_require_names_what_is_not_booted_and_the_arguments_that_fix_it() -> None:
+    why = unmet(CpuSet([1]), booted(readings("BOOT_IMAGE=/vmlinuz nohz_full=1")))
+    assert why == (
+        "rcu callbacks not booted for CPUs 1; managed IRQs not booted for CPUs 1; "
+        "scheduler domains not booted for CPUs 1 "
+        "(boot with rcu_nocbs=1 isolcpus=managed_irq,domain,1)"
+    )
+
+
+def test_require_refuses_isolation_booted_for_cpus_the_profile_does_not_shield() -> None:
+    # Booted for 2-3, the profile shields 2 only: every feature is a mismatch on 3.
+    why = unmet(CpuSet([2]), booted(readings(USUAL)))
+    assert why is not None
+    assert why.startswith("tick booted for CPUs 3, not shielded; rcu callbacks booted for CPUs 3")
+    assert why.endswith("(boot with nohz_full=2 rcu_nocbs=2 isolcpus=managed_irq,domain,2)")
+
+
+def test_what_no_reboot_brings_does_not_refuse_and_an_unknown_boot_always_does() -> None:
+    # Without NO_HZ_FULL and RCU_NOCB_CPU: the tick and callbacks are not applicable.
+    state = booted(readings("isolcpus=managed_irq,domain,1", nohz_full=False,
+                            rcu_nocb_capable=False))  # fmt: skip
+    assert unmet(CpuSet([1]), state) is None
+    assert unmet(CpuSet([1]), None) == NOT_SHOWN

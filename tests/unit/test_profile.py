@@ -407,7 +407,7 @@ def test_unknown_plugin_section_as_array_of_tables(lib: ProfileLibrary, pdir: Pa
 def test_section_that_is_a_value(lib: ProfileLibrary, pdir: Path) -> None:
     path = write(pdir, "p", '[main]\nsummary = "x"\nwriteback = 5\n')
     assert str(load_error(lib, "p")) == (
-        f"{path}:3: unknown key 'writeback' in [main] (known: summary, include)"
+        f"{path}:3: unknown key 'writeback' in [main] (known: summary, include, booted_isolation)"
     )
     path = write(pdir, "q", 'writeback = 5\n[main]\nsummary = "x"\n')
     assert str(load_error(lib, "q")) == (
@@ -509,10 +509,27 @@ def test_bad_main_section(lib: ProfileLibrary, pdir: Path) -> None:
     assert str(load_error(lib, "p")) == f"{path}:3: include must be a list of profile names"
     path = write(pdir, "q", '[main]\nsummary = "x"\nincludes = ["a"]\n')
     assert str(load_error(lib, "q")) == (
-        f"{path}:3: unknown key 'includes' in [main] (known: summary, include)"
+        f"{path}:3: unknown key 'includes' in [main] (known: summary, include, booted_isolation)"
     )
     path = write(pdir, "r", 'main = "x"\n')
     assert str(load_error(lib, "r")) == f"{path}:1: [main] must be a table"
+
+
+def test_booted_isolation_is_show_or_require_and_the_last_file_setting_it_wins(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    path = write(pdir, "p", '[main]\nsummary = "x"\nbooted_isolation = "always"\n')
+    assert str(load_error(lib, "p")) == (
+        f'{path}:3: booted_isolation must be "show" or "require" (got \'always\')'
+    )
+    write(pdir, "q", "")
+    assert lib.load("q").booted_isolation == "show"
+    base = write(pdir, "base", '[main]\nbooted_isolation = "require"\n')
+    write(pdir, "rt", '[main]\ninclude = ["base"]\n')
+    rt = lib.load("rt")
+    assert (rt.booted_isolation, str(rt.booted_isolation_at)) == ("require", f"{base}:2")
+    write(pdir, "loose", '[main]\ninclude = ["base"]\nbooted_isolation = "show"\n')
+    assert lib.load("loose").booted_isolation == "show"
 
 
 def test_undefined_variable(lib: ProfileLibrary, pdir: Path) -> None:
