@@ -80,3 +80,21 @@ def test_kernel_arguments_are_pending_until_a_reboot_and_off_takes_them_back(
     assert not record.exists()
     assert reboot_pending_property(d) == "(<false>,)"
     assert json.loads(d.ctl("status", "--json").stdout)["reboot_pending"] == []
+
+
+def test_the_daemons_config_fixing_write_false_writes_nothing_whatever_the_profile_says(
+    start_daemon: Callable[..., Latencyd], profiles: Path, record: Path
+) -> None:
+    """[plugin.bootloader] write = false in latencyd.conf: the profile's write = true is
+    overridden, the arguments are shown, nothing is written, and status names the line."""
+    (profiles / "boot-args.toml").write_text(PROFILE)
+    config = "# no boot configuration from any profile\n[plugin.bootloader]\nwrite = false\n"
+    d = start_daemon("boot-args", config=config)
+    status = json.loads(d.ctl("status", "--json").stdout)
+    bootloader = status["plugins"]["bootloader"]
+    assert bootloader["fixed"] == {"write": f"{d.config}:3"}
+    assert {r["text"] for r in bootloader["not_applicable"]} >= {"skew_tick=1"}
+    assert all("fixed by the daemon's config" in r["reason"] or "CONFIG_NO_HZ_FULL" in r["reason"]
+               for r in bootloader["not_applicable"])  # fmt: skip
+    assert not record.exists() and status["reboot_pending"] == []
+    assert d.ctl("off").returncode == 0 and not record.exists()
