@@ -75,9 +75,11 @@ def test_not_booted_nohz_full_is_what_a_reboot_would_remove() -> None:
     assert r["reboot_would_remove"] == r["cpus"]
     assert r["counted_s"] == 4.0 and r["not_counted"] is None
     assert format_ticks({"cpu-partitioning": r}) == [
-        "the scheduler tick on the shielded CPUs while the tools ran (the noise watch):",
-        "  cpu-partitioning, CPUs 1 (4 s): CPU 1 250.0 ticks/s, 5,000.0 µs/s",
-        "    nohz_full=1 after a reboot: up to CPU 1 250.0 ticks/s, 5,000.0 µs/s less, while "
+        "local timer interrupts on the shielded CPUs while the tools ran (the noise watch; "
+        "the scheduler tick, and hrtimers such as cyclictest's own):",
+        "  cpu-partitioning, CPUs 1 (4 s): CPU 1 250.0 a second, 5,000.0 µs/s",
+        "    nohz_full=1 after a reboot: the tick among these, at most CPU 1 250.0 a second, "
+        "5,000.0 µs/s less, while "
         "one task runs on the CPU (nohz_full stops the tick only then)",
     ]
 
@@ -120,7 +122,7 @@ def test_without_the_watch_or_its_time_nothing_is_made_up() -> None:
         "ticks_per_s": 250.0,
         "us_per_s": None,
     }
-    assert "CPU 1 250.0 ticks/s, time not known" in format_ticks({"p": counters})[1]
+    assert "CPU 1 250.0 a second, time not known" in format_ticks({"p": counters})[1]
     short = report(boot_status("1"), Counted(0.0, True, {1: Tally()}))
     assert short is not None and short["not_counted"] == NO_INTERVAL
     elsewhere = report(boot_status("1"), Counted(1.0, True, {2: Tally(250, 1)}))
