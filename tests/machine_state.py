@@ -130,7 +130,39 @@ def snapshot() -> dict[str, object]:
         "loop_devices": loops.strip(),
         "mounts": mounts,
         "nics": nic_state(),
+        "cgroups": cgroup_state(),
+        "task_cpusets": task_cpusets(),
     }
+
+
+CPUSET_V1 = Path("/sys/fs/cgroup/cpuset")
+UNIFIED = Path("/sys/fs/cgroup/unified")
+
+
+def cgroup_state() -> dict[str, object]:
+    """The shield's cgroups: v1 child cpusets and root flags, the cpuset controller's
+    binding to v2, latencyd's v2 cgroups."""
+    v1_root = {n: _read(CPUSET_V1 / n) for n in ("cpuset.cpus", "cpuset.sched_load_balance")}
+    return {
+        "v1 mounted": (CPUSET_V1 / "cpuset.cpus").exists(),
+        "v1 root": v1_root,
+        "v1 children": sorted(str(p) for p in CPUSET_V1.rglob("*") if p.is_dir()),
+        "v2 subtree_control": _read(UNIFIED / "cgroup.subtree_control"),
+        "v2 children": sorted(str(p) for p in UNIFIED.glob("latencyd-*")),
+    }
+
+
+def task_cpusets() -> dict[str, str]:
+    """Each process's cpuset cgroup (v1, or v2 when cpuset is bound there)."""
+    found: dict[str, str] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and (text := _read(proc / "cgroup")) is not None:
+            lines = [line.split(":", 2) for line in text.splitlines()]
+            cpuset = [p for _, c, p in lines if "cpuset" in c.split(",")]
+            found[proc.name] = (
+                cpuset[0] if cpuset else next((p for n, c, p in lines if n == "0"), "?")
+            )
+    return found
 
 
 def differences(before: dict[str, object], after: dict[str, object]) -> list[str]:
@@ -151,7 +183,12 @@ def differences(before: dict[str, object], after: dict[str, object]) -> list[str
     for key in sorted(set(nb) | set(na)):
         if nb.get(key) != na.get(key):
             diffs.append(f"NIC {key}: {nb.get(key)!r} -> {na.get(key)!r}")
-    for key in ("pm_qos_holders", "netns", "loop_devices", "mounts", "run_systemd"):
+    tb, ta = before["task_cpusets"], after["task_cpusets"]
+    assert isinstance(tb, dict) and isinstance(ta, dict)
+    for pid in sorted(set(tb) & set(ta), key=int):
+        if tb[pid] != ta[pid]:
+            diffs.append(f"pid {pid}'s cpuset: {tb[pid]} -> {ta[pid]}")
+    for key in ("pm_qos_holders", "netns", "loop_devices", "mounts", "run_systemd", "cgroups"):
         if before[key] != after[key]:
             diffs.append(f"{key}: {before[key]!r} -> {after[key]!r}")
     return diffs

@@ -26,12 +26,20 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from latencyd.core.boot import BootReadings
+from latencyd.core.cgroups import (
+    CGROUP_ROOT,
+    CgroupFacts,
+    kernel_version,
+    parse_mountinfo,
+    task_cgroup,
+)
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import FileRefused, KernelRefused, describe_oserror
 from latencyd.core.schema import Machine
 from latencyd.core.trust import untrusted
 
 KERNEL_SETTINGS = ("/proc/", "/sys/")  # where System.write may write
+CGROUP_DRAIN_ROUNDS = 16  # rounds of moving a cgroup's tasks out before removing it
 
 if TYPE_CHECKING:
     from latencyd.core.ethtool import Ethtool
@@ -363,6 +371,71 @@ class System:
             self.path(rel).unlink(missing_ok=True)
         except OSError as exc:
             raise KernelRefused(f"removing /{rel.lstrip('/')}", describe_oserror(exc)) from exc
+
+    # -- cgroups -------------------------------------------------------------------
+    def cgroup_facts(self) -> CgroupFacts:
+        """The cgroup hierarchies mounted, what the unified one offers, the kernel's
+        version and whether systemd runs the machine (latencyd.core.cgroups.choose)."""
+        mounts = parse_mountinfo(self._read_or_empty("proc/self/mountinfo"))
+        unified = next((m.path for m in mounts if m.version == 2), None)
+        offered = self._read_or_empty(f"{unified}/cgroup.controllers") if unified else ""
+        return CgroupFacts(
+            tuple(mounts),
+            frozenset(offered.split()),
+            kernel_version(self._read_or_empty("proc/sys/kernel/osrelease")),
+            self.exists("run/systemd/system"),
+        )
+
+    def _read_or_empty(self, rel: str) -> str:
+        try:
+            return _read_text(self.fspath(rel))
+        except OSError:
+            return ""
+
+    def task_cgroup(self, pid: int, version: int) -> str | None:
+        """The cgroup the process is in, in the v1 cpuset hierarchy or the unified one;
+        None once it has exited."""
+        try:
+            return task_cgroup(_read_text(self.fspath(f"proc/{pid}/cgroup")), version)
+        except OSError:
+            return None
+
+    def make_cgroup(self, rel: str) -> None:
+        """Create a cgroup (a directory of a mounted hierarchy under /sys/fs/cgroup)."""
+        where = self._cgroup_path(rel, "creating")
+        try:
+            os.mkdir(self.fspath(where), 0o755)
+        except FileExistsError:
+            return
+        except OSError as exc:
+            raise KernelRefused(f"creating cgroup {where}", describe_oserror(exc)) from exc
+
+    def remove_cgroup(self, rel: str) -> None:
+        """Remove a cgroup latencyd made, moving what runs in it to its parent first
+        (a task born there after latencyd moved its parent in came from the parent's
+        cgroup too). Tasks forking meanwhile are moved on the next round."""
+        where = self._cgroup_path(rel, "removing")
+        parent = posixpath.dirname(where)
+        for _ in range(CGROUP_DRAIN_ROUNDS):
+            try:
+                os.rmdir(self.fspath(where))
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise KernelRefused(f"removing cgroup {where}", describe_oserror(exc)) from exc
+            for pid in self._read_or_empty(f"{where}/cgroup.procs").split():
+                with contextlib.suppress(KernelRefused):  # exited meanwhile
+                    self.write(f"{parent}/cgroup.procs", pid)
+        raise KernelRefused(f"removing cgroup {where}", "its tasks kept coming back")
+
+    @staticmethod
+    def _cgroup_path(rel: str, doing: str) -> str:
+        where = posixpath.normpath("/" + rel.lstrip("/"))
+        if not where.startswith(f"/{CGROUP_ROOT}/") or where.count("/") < 5:
+            raise KernelRefused(f"{doing} cgroup {where}", f"not a cgroup under /{CGROUP_ROOT}")
+        return where
 
     # -- tasks -------------------------------------------------------------------
     def task(self, pid: int) -> Task | None:

@@ -1,0 +1,233 @@
+"""cgroup hierarchies as the kernel shows them, whose a cgroup is, and the shield's cpusets.
+
+Pure: decoders of /proc/self/mountinfo and /proc/PID/cgroup, the choice between the
+shield's mechanisms from what the machine has, and the cpusets each mechanism makes
+(the system facade reads and writes them; plugins/shield.py owns them as settings).
+
+The kernel facts this rests on (Documentation/admin-guide/cgroup-v2.rst, cgroup-v1/
+cpusets.rst; checked on Linux 6.18):
+- A controller sits in one hierarchy at a time: cpuset is in v2 only while no v1
+  hierarchy holds it (it shows in the v2 root's cgroup.controllers then).
+- v2: a child with `cpuset.cpus.partition = isolated` (Linux >= 6.1) takes its CPUs from
+  every cgroup outside it and turns load balancing off there, in one write; a task
+  placed inside is the only kind that runs there. The partition reads
+  "isolated invalid (reason)" when the kernel will not make it.
+- v1: a cpuset with `cpu_exclusive` and `sched_load_balance = 0`, beside a housekeeping
+  cpuset holding every task that was in the root cpuset, does the same (what `cset
+  shield` does); a task forked later is born in its parent's cpuset: no per-start work.
+- Moving a task between cpusets sets its CPUs to the cpuset's, intersected with what its
+  user asked with sched_setaffinity (Linux >= 6.2 keeps that mask): moved back, a task
+  gets its own affinity back from the kernel. sched_setaffinity outside the task's
+  cpuset fails with EINVAL.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from latencyd.core.cpuset import CpuSet
+
+PREFIX = "latencyd-"  # every cgroup latencyd makes is named so, and only those it removes
+SHIELD = "latencyd-shield"
+HOUSEKEEPING = "latencyd-housekeeping"
+CGROUP_ROOT = "sys/fs/cgroup"  # where the hierarchies latencyd uses are mounted
+V2_PARTITION_KERNEL = (6, 1)  # `cpuset.cpus.partition = isolated` came with Linux 6.1
+
+# The files of a cgroup the shield may set, in the order they must be written (a cpuset
+# takes tasks only once it has CPUs and memory nodes; a partition needs its CPUs first).
+CGROUP_FILES = (
+    "cpuset.cpus",
+    "cpuset.mems",
+    "cpuset.cpu_exclusive",
+    "cpuset.sched_load_balance",
+    "cpuset.cpus.partition",
+)
+
+MECHANISMS = ("cpuset-v2", "cpuset-v1", "affinity")
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+@dataclass(frozen=True)
+class CgroupMount:
+    """A hierarchy's root mounted at `path` (relative to /): version 1 with its
+    controllers, or the unified (v2) hierarchy."""
+
+    path: str
+    version: int
+    controllers: frozenset[str] = frozenset()
+
+
+def _unescape(text: str) -> str:
+    """mountinfo's octal escapes (a space is \\040)."""
+    return _OCTAL.sub(lambda m: chr(int(m[1], 8)), text)
+
+
+def parse_mountinfo(text: str) -> list[CgroupMount]:
+    """The cgroup hierarchies mounted at their root (a bind of a sub-cgroup, as a
+    container sees its own, is not the hierarchy and is left out)."""
+    mounts = []
+    for line in text.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if not sep or len(fields) < 5 or len(rest) < 3 or fields[3] != "/":
+            continue
+        fstype, options = rest[0], rest[2].split(",")
+        where = _unescape(fields[4]).strip("/")
+        if fstype == "cgroup2":
+            mounts.append(CgroupMount(where, 2))
+        elif fstype == "cgroup":
+            mounts.append(CgroupMount(where, 1, frozenset(options)))
+    return mounts
+
+
+def task_cgroup(proc_cgroup: str, version: int) -> str | None:
+    """A task's cpuset cgroup from /proc/PID/cgroup: in the v1 hierarchy holding cpuset,
+    or the unified one; None when the task is in neither (it has exited meanwhile)."""
+    for line in proc_cgroup.splitlines():
+        number, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if version == 2 and number == "0" and controllers == "":
+            return path
+        if version == 1 and "cpuset" in controllers.split(","):
+            return path
+    return None
+
+
+def owner(path: str) -> str | None:
+    """Who else manages the cgroup at `path` (a task's), in words, or None: the root
+    cgroup or one of latencyd's. The shield never moves a task out of a cgroup it did not
+    make, nor narrows it behind its owner's back."""
+    parts = [p for p in path.split("/") if p]
+    if not parts or parts[0].startswith(PREFIX):
+        return None
+    if any(part.startswith("kubepods") for part in parts):  # a pod's containers are its
+        return f"kubelet (pod cgroup {path})"
+    for part in reversed(parts):  # the innermost names the manager (libpod in machine.slice)
+        if part.startswith(("crio-", "cri-containerd-", "containerd-")):
+            return f"a container runtime (cgroup {path})"
+        if part == "docker" or part.startswith("docker-"):
+            return f"docker (cgroup {path})"
+        if part == "libpod_parent" or part.startswith("libpod"):
+            return f"podman (cgroup {path})"
+        if part == "machine.slice" or part.startswith("machine-"):
+            return f"systemd-machined (cgroup {path})"
+    if parts[-1].endswith((".service", ".scope", ".slice")):
+        return f"systemd ({parts[-1]})"
+    return f"another manager (cgroup {path})"
+
+
+@dataclass(frozen=True)
+class CgroupFacts:
+    """What the machine has for a shield (System.cgroup_facts)."""
+
+    mounts: tuple[CgroupMount, ...]
+    v2_controllers: frozenset[str]  # available in the unified root (its cgroup.controllers)
+    kernel: tuple[int, int]
+    systemd: bool  # systemd runs the machine (/run/systemd/system): it owns the v2 tree
+
+    @property
+    def v1_cpuset(self) -> str | None:
+        held = (m.path for m in self.mounts if m.version == 1 and "cpuset" in m.controllers)
+        return next(held, None)
+
+    @property
+    def unified(self) -> str | None:
+        return next((m.path for m in self.mounts if m.version == 2), None)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The mechanism the shield uses here (None: the one asked for cannot run), on which
+    hierarchy, and why not each of the others."""
+
+    mechanism: str | None
+    hierarchy: str | None
+    why_not: dict[str, str] = field(default_factory=dict)
+
+
+def kernel_version(osrelease: str) -> tuple[int, int]:
+    """(major, minor) of /proc/sys/kernel/osrelease; (0, 0) if it cannot be read."""
+    numbers = osrelease.strip().split("-")[0].split(".")
+    try:
+        return int(numbers[0]), int(numbers[1])
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def _blockers(facts: CgroupFacts) -> dict[str, str]:
+    """Why each cgroup mechanism cannot run here; absent: it can."""
+    why: dict[str, str] = {}
+    if facts.unified is None:
+        why["cpuset-v2"] = "no cgroup v2 hierarchy is mounted"
+    elif "cpuset" not in facts.v2_controllers:
+        held = f" (a v1 hierarchy holds it at /{facts.v1_cpuset})" if facts.v1_cpuset else ""
+        why["cpuset-v2"] = f"the cpuset controller is not available in cgroup v2{held}"
+    elif facts.kernel < V2_PARTITION_KERNEL:
+        why["cpuset-v2"] = "isolated cpuset partitions need Linux >= 6.1"
+    elif facts.systemd:
+        why["cpuset-v2"] = (
+            "systemd owns the cgroup v2 tree here: a shield must be set through its "
+            "D-Bus API (AllowedCPUs=), which latencyd does not do yet"
+        )
+    if facts.v1_cpuset is None:
+        why["cpuset-v1"] = "no cgroup v1 hierarchy has the cpuset controller"
+    return why
+
+
+def choose(facts: CgroupFacts, asked: str) -> Choice:
+    """The mechanism for `asked` ("auto", "cpuset" or "affinity"): the v2 partition where
+    it can run, else the v1 cpusets, else (auto only) the affinity chase."""
+    why = _blockers(facts)
+    if asked == "affinity":
+        why_not = {m: "the profile asks for the affinity mechanism" for m in MECHANISMS[:2]}
+        return Choice("affinity", None, why_not)
+    for mechanism, hierarchy in (("cpuset-v2", facts.unified), ("cpuset-v1", facts.v1_cpuset)):
+        if mechanism not in why:
+            others = dict(why)
+            for later in MECHANISMS[MECHANISMS.index(mechanism) + 1 :]:
+                others.setdefault(later, f"{mechanism} runs here, and the kernel enforces it")
+            return Choice(mechanism, hierarchy, others)
+    if asked == "cpuset":
+        return Choice(None, None, why)
+    return Choice("affinity", None, why)
+
+
+# -- the cpusets of each mechanism ---------------------------------------------------
+def v1_groups(shield: CpuSet, online: CpuSet, mems: str) -> dict[str, dict[str, str]]:
+    """The v1 cpusets, each file in the order to write it: housekeeping takes every
+    task from the root; the shield is exclusive and not load-balanced."""
+    return {
+        HOUSEKEEPING: {"cpuset.cpus": (online - shield).to_list(), "cpuset.mems": mems},
+        SHIELD: {
+            "cpuset.cpus": shield.to_list(),
+            "cpuset.mems": mems,
+            "cpuset.cpu_exclusive": "1",
+            "cpuset.sched_load_balance": "0",
+        },
+    }
+
+
+# The root cpuset stops balancing across all CPUs, or the shield's CPUs stay in its
+# scheduler domain (cpusets.rst: a cpuset's flag counts only if its parent's is off).
+V1_ROOT_FILES = {"cpuset.sched_load_balance": "0"}
+
+
+def v2_groups(shield: CpuSet) -> dict[str, dict[str, str]]:
+    """The v2 partition: its CPUs, then the partition type."""
+    return {SHIELD: {"cpuset.cpus": shield.to_list(), "cpuset.cpus.partition": "isolated"}}
+
+
+def placement(
+    mechanism: str, cgroup: str, affinity: CpuSet, shield: CpuSet, placed: bool, allowed: bool
+) -> str | None:
+    """Where the shield moves a user task now in `cgroup` (the cgroup's name), or None:
+    it stays. Only tasks in the root cgroup are moved; those in another manager's stay.
+    `placed`: the application (a hold's command, an app); `allowed`: named in allow."""
+    if cgroup != "/":
+        return None
+    if placed or (affinity and affinity.issubset(shield)):
+        return SHIELD  # its user put it on the shield's CPUs: there it keeps them
+    if mechanism == "cpuset-v1" and not allowed:
+        return HOUSEKEEPING
+    return None  # v2: the partition takes its CPUs from the root without a move
