@@ -81,17 +81,19 @@ def parse_mountinfo(text: str) -> list[CgroupMount]:
     return mounts
 
 
-def task_cgroup(proc_cgroup: str, version: int) -> str | None:
+def task_cgroup(proc_cgroup: str) -> str | None:
     """A task's cpuset cgroup from /proc/PID/cgroup: in the v1 hierarchy holding cpuset,
-    or the unified one; None when the task is in neither (it has exited meanwhile)."""
+    else in the unified one (cpuset is in one hierarchy at a time); None when the task is
+    in neither (it has exited meanwhile)."""
+    unified = None
     for line in proc_cgroup.splitlines():
         number, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        if version == 2 and number == "0" and controllers == "":
+        if "cpuset" in controllers.split(","):
             return path
-        if version == 1 and "cpuset" in controllers.split(","):
-            return path
-    return None
+        if number == "0" and controllers == "":
+            unified = path
+    return unified
 
 
 def owner(path: str) -> str | None:

@@ -392,11 +392,11 @@ class System:
         except OSError:
             return ""
 
-    def task_cgroup(self, pid: int, version: int) -> str | None:
-        """The cgroup the process is in, in the v1 cpuset hierarchy or the unified one;
-        None once it has exited."""
+    def task_cgroup(self, pid: int) -> str | None:
+        """The process's cpuset cgroup (latencyd.core.cgroups.task_cgroup); None once it
+        has exited."""
         try:
-            return task_cgroup(_read_text(self.fspath(f"proc/{pid}/cgroup")), version)
+            return task_cgroup(_read_text(self.fspath(f"proc/{pid}/cgroup")))
         except OSError:
             return None
 

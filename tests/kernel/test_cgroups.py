@@ -42,12 +42,12 @@ def test_a_task_moved_into_a_cpuset_and_back_keeps_its_own_affinity(v1: System) 
     try:
         _wait_exec(pinned.pid)
         v1.write(f"{GROUP}/cgroup.procs", str(pinned.pid))
-        assert v1.task_cgroup(pinned.pid, 1) == f"/{HOUSEKEEPING}"
+        assert v1.task_cgroup(pinned.pid) == f"/{HOUSEKEEPING}"
         assert os.sched_getaffinity(pinned.pid) == {0}
         with pytest.raises(OSError):  # outside its cpuset: EINVAL
             os.sched_setaffinity(pinned.pid, {1})
         v1.write(f"{V1}/cgroup.procs", str(pinned.pid))
-        assert v1.task_cgroup(pinned.pid, 1) == "/"
+        assert v1.task_cgroup(pinned.pid) == "/"
         assert os.sched_getaffinity(pinned.pid) == {1}  # its user's, from the kernel
     finally:
         pinned.kill()
@@ -63,7 +63,7 @@ def test_removing_a_cgroup_moves_its_tasks_to_the_parent(v1: System) -> None:
         v1.write(f"{GROUP}/cgroup.procs", str(task.pid))
         v1.remove_cgroup(GROUP)
         assert not Path("/", GROUP).exists()
-        assert v1.task_cgroup(task.pid, 1) == "/"
+        assert v1.task_cgroup(task.pid) == "/"
         assert os.sched_getaffinity(task.pid) == {0, 1}
     finally:
         task.kill()

@@ -51,10 +51,10 @@ def test_mountinfo_gives_the_hierarchies_mounted_at_their_root() -> None:
 
 def test_a_tasks_cpuset_cgroup_in_either_version() -> None:
     text = "9:name=systemd:/\n3:cpuset:/latencyd-shield\n4:memory:/x\n0::/payload\n"
-    assert task_cgroup(text, 1) == "/latencyd-shield"
-    assert task_cgroup(text, 2) == "/payload"
-    assert task_cgroup("3:cpu,cpuset:/a\n", 1) == "/a"
-    assert task_cgroup("", 1) is None
+    assert task_cgroup(text) == "/latencyd-shield"
+    assert task_cgroup("9:name=systemd:/\n0::/payload\n") == "/payload"  # cpuset in v2
+    assert task_cgroup("3:cpu,cpuset:/a\n") == "/a"
+    assert task_cgroup("") is None
 
 
 @pytest.mark.parametrize(
