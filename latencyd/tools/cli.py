@@ -191,29 +191,84 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
+    """Hold a profile while a command runs (see _held_while)."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return _held_while(args, args.profile, command, lambda: None)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Start a command on the shielded CPUs: a hold on the profile (the active one by
+    default) places this process inside the shield (its cpuset, or its CPUs), so the
+    command is born there; `--cpus` narrows it within the shield and `--fifo`/`--rr` give
+    it a real-time policy, set before the fork so a refusal is said in words."""
+    import os
+
+    from latencyd.core.cpuset import CpuSet, CpuSetError
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise CliError(USAGE, "run needs a command: latencyctl run [options] -- CMD ARGS")
+    try:
+        cpus = CpuSet.from_list(args.cpus) if args.cpus else None
+    except CpuSetError as exc:
+        raise CliError(USAGE, f"--cpus {args.cpus!r}: {exc}") from exc
+    profile = args.profile or str(_call("ActiveProfile"))
+    if not profile:
+        raise CliError(USAGE, "no profile is active: name one with --profile")
+
+    def prepare() -> None:
+        """In this process, after the hold placed it: what the command inherits."""
+        if cpus is not None:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError as exc:
+                raise CliError(
+                    USAGE,
+                    f"--cpus {cpus}: the kernel refused them ({exc.strerror}): inside a "
+                    f"cpuset shield only its CPUs, {CpuSet(os.sched_getaffinity(0))}, are "
+                    "allowed (taskset and sched_setaffinity are refused outside it too)",
+                ) from exc
+        if args.fifo or args.rr:
+            policy = os.SCHED_FIFO if args.fifo else os.SCHED_RR
+            try:
+                os.sched_setscheduler(0, policy, os.sched_param(args.fifo or args.rr))
+            except OSError as exc:
+                raise CliError(DENIED, f"a real-time policy was refused: {exc.strerror}") from exc
+
+    return _held_while(args, profile, command, prepare)
+
+
+def _held_while(
+    args: argparse.Namespace, profile: str, command: list[str], prepare: Callable[[], None]
+) -> int:
     """Hold a profile while a command runs. The hold lives on this process's bus
-    connection, so it ends even if latencyctl is killed. SIGTERM and SIGHUP are passed to
-    the command, and the hold lasts until it has exited: a command that undoes its own
-    changes when stopped does so while the profile is still held."""
+    connection, so it ends even if latencyctl is killed. The daemon places the holder on
+    the shielded CPUs, and the command, started after, is born there. SIGTERM and SIGHUP
+    are passed to the command, and the hold lasts until it has exited: a command that
+    undoes its own changes when stopped does so while the profile is still held."""
+    import os
     import signal
     import subprocess
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     reason = args.reason or (" ".join(command) if command else "latencyctl hold")
-    cookie = int(_call_showing_progress("HoldProfile", args.profile, reason))
+    cookie = int(_call_showing_progress("HoldProfile", profile, reason))
     if not args.json:
-        _say(f"holding {args.profile} (cookie {cookie})")
+        _say(f"holding {profile} (cookie {cookie})")
     try:
         if not command:  # hold until interrupted
             stop = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop)
             signal.sigwait(stop)
             return OK
+        prepare()
         try:
             child = subprocess.Popen(command)
         except OSError as exc:
             _say(f"latencyctl: cannot run {command[0]}: {exc.strerror}")
             return 127
+        finally:  # the command has its policy; this process waits as any other
+            if os.sched_getscheduler(0) != os.SCHED_OTHER:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
         def forward(signum: int, frame: object) -> None:
             child.send_signal(signum)

@@ -30,6 +30,13 @@ def _cookie(text: str) -> int:
     return value
 
 
+def _priority(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 99:
+        raise ValueError(text)
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     codes = ", ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items())
     p = argparse.ArgumentParser(
@@ -57,6 +64,18 @@ def parser() -> argparse.ArgumentParser:
     hold.add_argument("profile")
     hold.add_argument("--reason", help="shown in status (default: the command line)")
     hold.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
+    run = add(
+        "run",
+        "start a command on the shielded CPUs, holding a profile while it runs: "
+        "run [--profile P] [--cpus LIST] [--fifo N | --rr N] -- CMD ARGS",
+    )
+    run.add_argument("--profile", help="the profile to hold (default: the active one)")
+    run.add_argument("--cpus", help="run on these of the shielded CPUs (a list: 1,3-4)")
+    policy = run.add_mutually_exclusive_group()
+    policy.add_argument("--fifo", type=_priority, metavar="N", help="SCHED_FIFO at priority N")
+    policy.add_argument("--rr", type=_priority, metavar="N", help="SCHED_RR at priority N")
+    run.add_argument("--reason", help="shown in status (default: the command line)")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
     release = add("release", "end a hold by its cookie")
     release.add_argument("cookie", type=_cookie)
     add("off", "restore every original value (also ends every hold)")
