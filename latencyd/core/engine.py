@@ -734,17 +734,19 @@ class Engine:
             return None
         stranded: dict[JournalKey, str] = {}
         for (name, key), original in state.originals.items():
-            plugin = self.plugins.get(name)
             try:
+                data = json.loads(key)
+                heir = self._heir(name, data)
+                plugin = self.plugins.get(heir)
                 if plugin is None:
                     raise ValueError("plugin not installed")
-                target = decode_target(target_kinds(plugin), json.loads(key))
+                target = decode_target(target_kinds(plugin), data)
                 _check_value(plugin, target, original)
             except (ValueError, RecursionError) as exc:  # any content: never crash at start
                 stranded[(name, key)] = f"[{name}] {key}: {exc}"
                 continue
-            self.originals[(name, target)] = original
-            self._own((name, target), ADOPTED)
+            self.originals[(heir, target)] = original
+            self._own((heir, target), ADOPTED)
         self.profile = state.profile
         for line in stranded.values():
             log.error("journal entry cannot be restored: %s", line)
@@ -762,6 +764,19 @@ class Engine:
             state.profile or "none",
         )
         return state
+
+    def _heir(self, name: str, target: Any) -> str:
+        """The plugin a journaled target of plugin `name` belongs to now: `name`, unless
+        it no longer has that kind of target and another plugin took it over
+        (Plugin.took_over)."""
+        kind = target.get("kind") if isinstance(target, dict) else None
+        plugin = self.plugins.get(name)
+        if not isinstance(kind, str) or (plugin and kind in target_kinds(plugin)):
+            return name
+        for heir, other in self.plugins.items():
+            if type(other).took_over.get(kind) == name:
+                return heir
+        return name
 
     def pending(self) -> list[tuple[SettingId, Value, str]]:
         """Applied settings not in effect yet: each with its value and why (Plugin.pending),

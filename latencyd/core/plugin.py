@@ -259,6 +259,10 @@ class Plugin(Generic[T]):
     # A section that exercises the plugin: the contract test (tests/unit/test_contract.py)
     # applies it on a fake machine, verifies it and restores it, for every plugin found.
     example: ClassVar[dict[str, Any]] = {}
+    # Target kinds this plugin took over from another (kind -> the plugin that had it):
+    # a journal an older version wrote keys them by that plugin, and the engine's adopt
+    # gives them to this one, so a kill -9 across the upgrade still restores them.
+    took_over: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, system: System) -> None:
         self.system = system

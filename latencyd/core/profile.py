@@ -17,6 +17,7 @@ and not writable by group or others, or a local user could plant settings.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import sys
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from latencyd.core.errors import FileRefused, Location, ProfileError, ProfileNotFound
+from latencyd.core.respell import respell
 from latencyd.core.schema import INT64, Machine, Schema, SchemaError, validate
 from latencyd.core.system import FileId, file_id, read_guarded
 from latencyd.core.tomlpos import KeyPath, key_lines, max_nesting, nearest_line
@@ -516,12 +518,19 @@ class ProfileLibrary:
             del removed[section]
         return own
 
+    def _respelled(self, source: SourceFile) -> SourceFile:
+        """The file as if it spelled moved options the new way (latencyd.core.respell)."""
+        moved = respell(source.path, source.data, source.lines, self.schemas)
+        if moved is None:
+            return source
+        return dataclasses.replace(source, data=moved[0], lines=moved[1])
+
     def _merge(self, name: str, path: Path, chain: list[SourceFile]) -> Profile:
         variables: dict[str, tuple[Any, SourceFile]] = {}
         raw: dict[str, dict[str, tuple[Any, SourceFile]]] = {}
         section_file: dict[str, SourceFile] = {}
         removed: dict[str, list[Removal]] = {}
-        for source in chain:
+        for source in map(self._respelled, chain):
             for key, value in source.data.items():
                 if key == "main":
                     continue

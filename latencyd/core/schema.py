@@ -301,6 +301,21 @@ class ArrayOfTables:
 
 
 @dataclass(frozen=True)
+class Moved:
+    """An option that once was another section's (`[kthread] isolate_tasks` is now
+    `[shield] cpus`), declared by the section that took it over: a profile that still
+    says it the old way loads as if it said the new way, with a warning naming its line
+    (latencyd.core.respell), so no profile written for an older version silently loses
+    it. `only_with` (key, value): of an array of tables, just the entries holding that
+    value moved, without the key; entries where it is false stay, without it too."""
+
+    section: str
+    option: str
+    to: str  # its name in the declaring section
+    only_with: tuple[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class Schema:
     options: tuple[Option, ...] = ()
     tables: tuple[ArrayOfTables, ...] = ()
@@ -324,6 +339,8 @@ class Schema:
     # A rule across options that no single option's kind can state: given the parsed
     # values, the key at fault and what is wrong, or None.
     consistent: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
+    # Options other sections had before this one took them over (see Moved).
+    moved: tuple[Moved, ...] = ()
 
     def extended(self, options: tuple[Option, ...]) -> Schema:
         """This schema with more options (the engine's `on_drift` in every section)."""
