@@ -49,8 +49,10 @@ isolated = "{isolated}"
 [irq]
 isolate = "${{isolated}}"
 
+[shield]
+cpus = "${{isolated}}"
+
 [kthread]
-isolate_tasks = "${{isolated}}"
 writeback_cpumask = "0"
 
 [[kthread.rule]]

@@ -8,7 +8,7 @@ For each task-event source (perf, proc connector, none = periodic rescan only):
 - runs a fork storm (>= 2000 fork+exec of /bin/true) and reports the daemon's CPU time
   per fork+exec (utime+stime of the daemon process, from /proc/PID/stat).
 
-Then under a shield (`isolate_tasks` = the last CPU) with CPU hogs beside the daemon on
+Then under a shield (`[shield] cpus` = the last CPU) with CPU hogs beside the daemon on
 the housekeeping CPUs (the bench and all it starts are narrowed there):
 - an exec storm the shield must narrow (`taskset -c ALL /bin/true`, each exec wide again):
   the daemon's CPU time per narrowed exec;
@@ -57,8 +57,8 @@ SHIELD_PROFILE = """
 [main]
 summary = "bench: CPU {isolated} shielded from user tasks"
 
-[kthread]
-isolate_tasks = "{isolated}"
+[shield]
+cpus = "{isolated}"
 """
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TARGET_P99_MS = 2.0
@@ -252,7 +252,7 @@ def report(results: dict[str, dict[str, Any]]) -> None:
             f"{per:.1f} µs per fork+exec  [{verdict} <= 40 µs]"
         )
     if shield:
-        print("[shield] (isolate_tasks = the last CPU, a CPU hog on the others)")
+        print("[shield] (cpus = the last CPU, a CPU hog on the others)")
         print(
             f"  exec storm: {shield['execs']} wide execs narrowed in "
             f"{shield['exec_seconds']:.2f} s; daemon CPU {shield['daemon_cpu_us_per_exec']:.0f}"

@@ -79,7 +79,7 @@ def cpu_of(stat: Path) -> float:
 def daemon_cpu_pct(cpu: int, seconds: float) -> dict[str, float]:
     """The daemon's CPU share (% of one CPU) holding a profile that watches `cpu`, and the
     same profile without its [monitor] section."""
-    profile = f'[main]\nsummary = "bench: CPU {cpu}"\n[kthread]\nisolate_tasks = "{cpu}"\n'
+    profile = f'[main]\nsummary = "bench: CPU {cpu}"\n[shield]\ncpus = "{cpu}"\n'
     out = {}
     with PrivateBus(POLICY) as bus, tempfile.TemporaryDirectory(prefix="latencyd-noise-") as tmp:
         root = Path(tmp)

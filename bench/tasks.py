@@ -1,6 +1,6 @@
 """tasks benchmark: enumerating every thread the shield judges, /proc directly against psutil.
 
-The shield (kthread `isolate_tasks`) and its reports walk every task: each process's pid,
+The shield (`[shield] cpus`) and its reports walk every task: each process's pid,
 name, parent and kernel-thread flag, then each thread's id and CPU affinity. latencyd reads
 /proc itself (core.system.System.tasks, the plugin's thread_ids, sched_getaffinity per
 thread). psutil is the field's library for this; this bench measures both ways over the

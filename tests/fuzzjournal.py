@@ -19,10 +19,10 @@ from tests.unit.fakesys import add_task, make_fake_machine
 EXTRA: dict[str, dict[str, Any]] = {
     "irq": {"isolate": "1", "default_affinity": "0"},
     "kthread": {
-        "isolate_tasks": "1",
         "writeback_cpumask": "0",
         "rule": [{"match": "^kswapd", "cpus": "0"}],
     },
+    "shield": {"cpus": "1"},
 }
 
 

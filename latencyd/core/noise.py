@@ -574,7 +574,7 @@ def _held_by(hold: Mapping[str, Any]) -> str:
 
 def _what_the_profile_did(plugins: Mapping[str, Any]) -> dict[tuple[str, int], str]:
     out: dict[tuple[str, int], str] = {}
-    for name in ("irq", "kthread"):
+    for name in ("irq", "kthread", "shield"):
         section = plugins.get(name)
         if not isinstance(section, dict):
             continue
@@ -583,7 +583,8 @@ def _what_the_profile_did(plugins: Mapping[str, Any]) -> dict[tuple[str, int], s
             if target.get("kind") == "irq":
                 out[("irq", int(target["irq"]))] = f"{row['text']} by [irq]"
             elif target.get("kind") in ("thread_affinity", "task_affinity"):
-                out[("task", int(target.get("tid", target["pid"])))] = f"{row['text']} by [kthread]"
+                by = f"{row['text']} by [{name}]"
+                out[("task", int(target.get("tid", target["pid"])))] = by
         for row in section.get("not_applicable", []):
             target = row.get("target") or {}
             if target.get("kind") == "irq":

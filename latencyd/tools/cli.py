@@ -537,8 +537,8 @@ def _attribution_plan(
         raise CliError(USAGE, str(exc)) from exc
     hog = None
     if control:  # the hog measure starts on housekeeping, moved onto the measured CPUs
-        rule = {"match": f"^{measure.CONTROL_HOG}$", "cpus": app.to_list(), "user": True}
-        hog = {"kthread": {"rule": [rule]}}
+        rule = {"match": f"^{measure.CONTROL_HOG}$", "cpus": app.to_list()}
+        hog = {"shield": {"rule": [rule]}}
         groups.append(attribute.Group(attribute.CONTROL, ()))
     settings = attribute.settings_of(profile.written, schemas)
     return attribute.Attribution(profile.name, profile.written, settings, groups, hog)

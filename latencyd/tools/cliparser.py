@@ -181,7 +181,7 @@ def parser() -> argparse.ArgumentParser:
         "--control",
         action="store_true",
         help="with --attribute: add a group known to hurt (a real-time task busy 80 µs of "
-        "every 100, moved onto the measured CPUs by a [[kthread.rule]]), to see the "
+        "every 100, moved onto the measured CPUs by a [[shield.rule]]), to see the "
         "measurement catch harm",
     )
     m.add_argument(

@@ -73,7 +73,7 @@ CYCLICTEST_RANGE_US = 20000  # histogram range; beyond it samples are counted as
 OSLAT_BUCKETS = 1024  # µs; the last bucket holds everything above
 # The control hog's name (its comm): Python started through a link of this name, parked
 # on the housekeeping CPUs (asleep: it must not load them) until the control group's
-# [[kthread.rule]] moves it onto the measured ones; there it makes itself SCHED_FIFO 1
+# [[shield.rule]] moves it onto the measured ones; there it makes itself SCHED_FIFO 1
 # and is busy 80 µs of every 100: a real-time task the application cannot preempt, so
 # most wake-ups wait, whatever else runs. The period is shorter than a round trip's
 # work so the median moves, not only the tail: at 0.8 ms of every ms a dozen round trips

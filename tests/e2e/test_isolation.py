@@ -24,8 +24,8 @@ PROFILE = """
 [main]
 summary = "shield CPU 1 from user tasks"
 
-[kthread]
-isolate_tasks = "1"
+[shield]
+cpus = "1"
 allow = ["allowed-*"]
 """
 
@@ -77,7 +77,7 @@ def _status(d: Latencyd) -> dict[str, Any]:
 
 def _shielded_pids(d: Latencyd) -> dict[int, str]:
     """pid -> why, from status's table of user tasks on the isolated CPUs."""
-    (table,) = _status(d)["plugins"]["kthread"]["tables"]
+    (table,) = _status(d)["plugins"]["shield"]["tables"]
     return {row[0]: row[4] for row in table["rows"]}
 
 
@@ -92,7 +92,7 @@ def test_floating_tasks_are_narrowed_logged_and_given_back(
     d = start_daemon("shield")
     assert os.sched_getaffinity(floating.pid) == before - {1}
     assert f"(pid {floating.pid}, thread {floating.pid}): CPUs " in d.log()
-    applied = [a["text"] for a in _status(d)["plugins"]["kthread"]["applied"]]
+    applied = [a["text"] for a in _status(d)["plugins"]["shield"]["applied"]]
     narrowed = CpuSet(before - {1})
     assert (
         f"user task sleep (pid {floating.pid}, thread {floating.pid}) CPUs = {narrowed}" in applied
@@ -144,7 +144,7 @@ def test_a_narrowed_task_moved_back_inside_by_its_user_is_left_there(
     time.sleep(1.5)  # several drift checks and rescans
     assert os.sched_getaffinity(floating.pid) == {1}
     assert "on purpose" in d.log()
-    applied = [a["text"] for a in _status(d)["plugins"]["kthread"]["applied"]]
+    applied = [a["text"] for a in _status(d)["plugins"]["shield"]["applied"]]
     assert not [a for a in applied if f"(pid {floating.pid}," in a]
     d.stop()
     assert os.sched_getaffinity(floating.pid) == {1}
@@ -199,7 +199,7 @@ def test_status_names_the_shields_tasks_and_the_holder_to_root_only(
         shown = out.read_text()
         assert moved not in shown and holder not in shown
         status = json.loads(shown)
-        assert status["plugins"]["kthread"]["hidden"] >= 1
+        assert status["plugins"]["shield"]["hidden"] >= 1
         assert [(h["pid"], h["owner"]) for h in status["holds"]] == [(None, None)]
         assert cli_as_nobody(d.address, "status", capture=out) == 0
         assert " of tasks: shown to root and the admin group only)" in out.read_text()
@@ -248,7 +248,7 @@ def test_children_born_narrowed_get_their_parents_cpus_back(
         shell.stdin.flush()
         child = int(shell.stdout.readline())
         assert os.sched_getaffinity(child) == before - {1}  # born narrowed
-        wait_for(lambda: f"pid {child}" in json.dumps(_status(d)["plugins"]["kthread"]), 5)
+        wait_for(lambda: f"pid {child}" in json.dumps(_status(d)["plugins"]["shield"]), 5)
         d.stop()
         assert os.sched_getaffinity(shell.pid) == before
         assert os.sched_getaffinity(child) == before  # given back with its parent's

@@ -114,14 +114,12 @@ def test_threads_get_their_original_affinity_back(
     assert "ERROR" not in d.log()
 
 
-def test_isolate_tasks_moves_user_tasks_except_allowed(
+def test_the_shield_moves_user_tasks_except_allowed(
     start_daemon: Callable[..., Latencyd], profiles: Path, tmp_path: Path
 ) -> None:
     app = tmp_path / "latencyapp"
     shutil.copy("/bin/sleep", app)
-    (profiles / "shield.toml").write_text(
-        '[kthread]\nisolate_tasks = "1"\nallow = ["latencyapp"]\n'
-    )
+    (profiles / "shield.toml").write_text('[shield]\ncpus = "1"\nallow = ["latencyapp"]\n')
     victim = subprocess.Popen(["sleep", "60"])
     allowed = subprocess.Popen([str(app), "60"])
     try:

@@ -87,7 +87,7 @@ def test_a_quiet_watched_cpu_gives_no_report(
     """A shielded CPU (user tasks and IRQs moved off it) watched for fifteen intervals:
     what is left is what the kernel must do there, far within the budget. (Unshielded,
     the CPU is anyone's: this VM's agent once ran there 55 ms in one interval.)"""
-    shield = f'\n[kthread]\nisolate_tasks = "{CPU}"\n\n[irq]\nisolate = "{CPU}"\n'
+    shield = f'\n[shield]\ncpus = "{CPU}"\n\n[irq]\nisolate = "{CPU}"\n'
     (profiles / "watch.toml").write_text(PROFILE + shield)
     d = start_daemon("watch")
     time.sleep(3)  # fifteen intervals
@@ -133,7 +133,7 @@ def test_the_shipped_cpu_partitioning_quiet_then_a_taskset_task_named(
     facts = json.loads(d.ctl("status", "--json").stdout)["plugins"]["monitor"]["facts"]
     assert facts["cpus"] == "1" and facts["budget_us"] == 20000
     assert facts["mechanism"].startswith("tracefs instance")
-    # 50 s, not 60: the kthread plugin's rescan runs every 60 s, and a `taskset -c 1` task
+    # 50 s, not 60: the shield plugin's rescan runs every 60 s, and a `taskset -c 1` task
     # started at that instant can lose its pin to the rescan's write (the race the README
     # names; suspected in a run of 2026-11-26: the rescan ran that second, the task unseen).
     time.sleep(50)

@@ -39,7 +39,7 @@ def load(schemas: dict[str, Schema], name: str, extra: Path | None = None) -> An
 def attribution(schemas: dict[str, Schema], name: str, control: bool = False) -> A.Attribution:
     p = load(schemas, name)
     groups = A.groups_of(p.written, schemas)
-    hog = {"kthread": {"rule": [{"match": "^hog$", "cpus": "3", "user": True}]}}
+    hog = {"shield": {"rule": [{"match": "^hog$", "cpus": "3"}]}}
     if control:
         groups.append(A.Group(A.CONTROL, ()))
     return A.Attribution(p.name, p.written, A.settings_of(p.written, schemas), groups,
@@ -61,19 +61,19 @@ def test_cpu_partitioning_splits_sections_whose_parts_act_alone(schemas: dict[st
                          "net.nic.gro_flush_timeout", "net.nic.xps_cpus"],
         "irq.isolate": ["irq.isolate"],
         "kthread.workqueues": ["kthread.writeback_cpumask", "kthread.unbound_cpumask"],
-        "kthread.tasks": ["kthread.isolate_tasks", "kthread.allow"],
         "kthread.rules": ["kthread.rule"],
+        "shield.tasks": ["shield.cpus", "shield.allow"],
     }  # fmt: skip
 
 
 def test_user_groups_come_first_and_bad_ones_say_what_is_wrong(schemas: dict[str, Schema]) -> None:
     p = load(schemas, "cpu-partitioning")
-    specs = ["shield=irq,kthread.isolate_tasks", "vm=sysctl.vm.swappiness"]
+    specs = ["shield=irq,shield.cpus", "vm=sysctl.vm.swappiness"]
     groups = A.groups_of(p.written, schemas, specs)
-    assert [s.id for s in groups[0].settings] == ["irq.isolate", "kthread.isolate_tasks"]
+    assert [s.id for s in groups[0].settings] == ["irq.isolate", "shield.cpus"]
     assert [s.id for s in groups[1].settings] == ["sysctl.vm.swappiness"]
     rest = {g.name: [s.id for s in g.settings] for g in groups[2:]}
-    assert rest["kthread.tasks"] == ["kthread.allow"]
+    assert rest["shield.tasks"] == ["shield.allow"]
     assert "irq.isolate" not in rest and "sysctl.vm.swappiness" not in rest["sysctl"]
     for spec, message in [
         ("shield", r"expected NAME=SECTION\[\.OPTION\]"),
@@ -134,14 +134,14 @@ def test_scenario_profiles_hold_exactly_their_groups_settings(schemas: dict[str,
     assert {k: v for k, v in without.items() if k != "net"} == {
         k: v for k, v in tuning.items() if k != "net"
     }
-    alone = load(schemas, "untuned+kthread.tasks", tmp_path).sections
-    assert set(alone) == {"kthread"} and set(alone["kthread"]) - {"on_drift"} == {
-        "isolate_tasks",
+    alone = load(schemas, "untuned+shield.tasks", tmp_path).sections
+    assert set(alone) == {"shield"} and set(alone["shield"]) - {"on_drift", "mechanism"} == {
+        "cpus",
         "allow",
     }
     # The control rule goes first, so it wins over P's own rules.
     ctl = tomllib.loads(files["cpu-partitioning+control"])
-    assert ctl["kthread"]["rule"][0]["match"] == "^hog$"
+    assert ctl["shield"]["rule"][0]["match"] == "^hog$"
     assert set(tomllib.loads(files["untuned"])) == {"main"}
 
 

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import pytest
 from latencyd.plugins.kthread import KthreadPlugin, Workqueue
+from latencyd.plugins.shield import ShieldPlugin
 from latencyd.plugins.sysctl import Sysctl, SysctlPlugin, key_parts, normalize, sysctl_path
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
@@ -348,7 +349,8 @@ def test_sysctl_root_only_cannot_be_dodged_by_spelling(
 def test_other_plugins_are_never_root_only(fake_root: Path) -> None:
     system = System(fake_root)
     assert WritebackPlugin(system).root_only({"dirty_ratio": 5}) is None
-    assert KthreadPlugin(system).root_only({"isolate_tasks": CpuSet([1])}) is None
+    assert KthreadPlugin(system).root_only({"writeback_cpumask": CpuSet([1])}) is None
+    assert ShieldPlugin(system).root_only({"cpus": CpuSet([1])}) is None
 
 
 def test_daemon_applies_root_only_sections_only_for_root(tmp_path: Path, machine: Machine) -> None:

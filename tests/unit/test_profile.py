@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from latencyd.plugins.kthread import KthreadPlugin
+from latencyd.plugins.shield import ShieldPlugin
 from latencyd.plugins.sysctl import SysctlPlugin
 from latencyd.plugins.writeback import WritebackPlugin
 
@@ -594,18 +595,19 @@ def test_exclusive_options_both_in_child(lib: ProfileLibrary, pdir: Path) -> Non
 
 
 def test_a_user_rule_with_a_policy_is_refused_at_its_line(tmp_path: Path, pdir: Path) -> None:
-    """A policy in a `user = true` rule would be silently unused: refused where it stands."""
-    schemas = {"kthread": KthreadPlugin(System(make_fake_root(tmp_path))).schema}
+    """A policy in a user process's rule (once `user = true`, now [[shield.rule]]) would be
+    silently unused: refused where it stands, in either spelling."""
+    system = System(make_fake_root(tmp_path))
+    schemas = {"kthread": KthreadPlugin(system).schema, "shield": ShieldPlugin(system).schema}
     lib = ProfileLibrary([pdir], schemas, MACHINE)
     path = write(
         pdir,
         "p",
         '[[kthread.rule]]\nmatch = "^app$"\ncpus = "1"\nuser = true\npolicy = "fifo"\n',
     )
-    assert str(load_error(lib, "p")) == (
-        f"{path}:5: policy: a user = true rule sets CPUs only "
-        "(start the process with chrt for a real-time policy)"
-    )
+    assert str(load_error(lib, "p")).startswith(f"{path}:5: unknown option 'policy'")
+    path = write(pdir, "s", '[[shield.rule]]\nmatch = "^app$"\ncpus = "1"\npolicy = "fifo"\n')
+    assert str(load_error(lib, "s")).startswith(f"{path}:4: unknown option 'policy'")
     write(pdir, "q", '[[kthread.rule]]\nmatch = "^k"\ncpus = "1"\npolicy = "fifo"\n')
     assert lib.load("q").sections["kthread"]["rule"][0]["policy"] == "fifo"
 

@@ -145,7 +145,7 @@ def test_lists_multiplied_through_variables_are_bounded(lib: ProfileLibrary) -> 
     refs = ", ".join(['"${v2}"'] * 1000)
     text = (
         f"[variables]\nv1 = [{refs}]\nv2 = [{refs.replace('v2', 'v3')}]\nv3 = [1, 2]\n"
-        '[kthread]\nallow = "${v1}"\n'
+        '[shield]\nallow = "${v1}"\n'
     )
     path = write(lib, "multiply", text)
     error = refused(lib, "multiply")
@@ -172,20 +172,20 @@ def test_a_long_variable_used_often_is_refused_not_validated_a_thousand_times(
     what variables add to one profile is bounded, so its cost stays linear in the file."""
     long = "x" * 4000
     entries = ", ".join(['"${v}"'] * 1000)
-    path = write(lib, "inline", f'[variables]\nv = "{long}"\n[kthread]\nallow = [{entries}]\n')
+    path = write(lib, "inline", f'[variables]\nv = "{long}"\n[shield]\nallow = [{entries}]\n')
     error = refused(lib, "inline")
     assert "variables add more than 262144 characters" in str(error)
     assert at_line(error, path) == 4
     # The same through a list variable used whole: its entries count too.
     lists = ", ".join(['"${v}"'] * 100)
-    text = f'[variables]\nv = "{long}"\nl = [{lists}]\n[kthread]\nallow = "${{l}}"\n'
+    text = f'[variables]\nv = "{long}"\nl = [{lists}]\n[shield]\nallow = "${{l}}"\n'
     path = write(lib, "whole", text)
     error = refused(lib, "whole")
     assert "variables add more than 262144 characters" in str(error)
     assert at_line(error, path) == 5
     # Used a few times, it loads.
-    write(lib, "few", f'[variables]\nv = "{long}"\n[kthread]\nallow = ["${{v}}", "${{v}}"]\n')
-    assert lib.load("few").sections["kthread"]["allow"] == [long, long]
+    write(lib, "few", f'[variables]\nv = "{long}"\n[shield]\nallow = ["${{v}}", "${{v}}"]\n')
+    assert lib.load("few").sections["shield"]["allow"] == [long, long]
 
 
 def test_a_long_rule_list_is_refused(lib: ProfileLibrary) -> None:

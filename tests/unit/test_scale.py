@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from latencyd.plugins.kthread import KthreadPlugin
+from latencyd.plugins.shield import ShieldPlugin
 
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import Engine
@@ -182,14 +182,14 @@ def jvm_of_200_threads(tmp_path: Path) -> tuple[System, FakeSched]:
 
 
 def shielding_daemon(tmp_path: Path, system: System) -> Daemon:
-    """A daemon with the kthread plugin alone and profile "p": the shield of CPU 1."""
-    plugin = KthreadPlugin(system)
+    """A daemon with the shield plugin alone and profile "p": the shield of CPU 1."""
+    plugin = ShieldPlugin(system)
     profiles = tmp_path / "profiles"
     profiles.mkdir()
-    (profiles / "p.toml").write_text('[kthread]\nisolate_tasks = "1"\n')
-    library = ProfileLibrary([profiles], {"kthread": plugin.schema}, system.machine())
-    engine = Engine({"kthread": plugin}, Journal(tmp_path / "state"))
-    return Daemon(system, {"kthread": plugin}, library, engine)
+    (profiles / "p.toml").write_text('[shield]\ncpus = "1"\n')
+    library = ProfileLibrary([profiles], {"shield": plugin.schema}, system.machine())
+    engine = Engine({"shield": plugin}, Journal(tmp_path / "state"))
+    return Daemon(system, {"shield": plugin}, library, engine)
 
 
 def test_no_process_wide_stat_is_read_per_thread(
@@ -201,8 +201,8 @@ def test_no_process_wide_stat_is_read_per_thread(
     from latencyd.core import system as system_module
 
     system, sched = jvm_of_200_threads(tmp_path)
-    plugin = KthreadPlugin(system)
-    engine = Engine({"kthread": plugin}, Journal(tmp_path / "state"))
+    plugin = ShieldPlugin(system)
+    engine = Engine({"shield": plugin}, Journal(tmp_path / "state"))
     read = system_module._read_text
     process_wide: list[str] = []
 
@@ -212,9 +212,9 @@ def test_no_process_wide_stat_is_read_per_thread(
         return read(path)
 
     monkeypatch.setattr(system_module, "_read_text", counting)
-    options = {"isolate_tasks": CpuSet({1})}
+    options = {"cpus": CpuSet({1})}
     report = engine.switch(
-        {("kthread", t): v for t, v in plugin.expand(options, {}).settings.items()}, "p"
+        {("shield", t): v for t, v in plugin.expand(options, {}).settings.items()}, "p"
     )
     assert report.applied == 200 and sched.affinity[1100] == {0, 2, 3}
     assert engine.verify() == [] and engine.off() == []
@@ -240,7 +240,7 @@ def test_status_shows_a_process_s_moved_threads_as_one_row(
         return read(path)
 
     monkeypatch.setattr(system_module, "_read_text", counting)
-    rows = daemon.status()["plugins"]["kthread"]["applied"]
+    rows = daemon.status()["plugins"]["shield"]["applied"]
     assert [(r["text"], r.get("targets"), r["original"]) for r in rows] == [
         ("user task jvm (pid 1000, 199 threads) CPUs = 0,2-3", 199, "0-3"),
         ("user task jvm (pid 1000, thread 1199) CPUs = 0", None, "0-1"),
@@ -301,7 +301,7 @@ def test_a_thread_s_cpus_are_read_once_before_it_is_moved(tmp_path: Path) -> Non
     engine = daemon.engine
     sched.calls.clear()
     report = engine.apply(daemon.library.load("p"))
-    assert report.applied == 200 and engine.originals[("kthread", next(iter(engine.applied))[1])]
+    assert report.applied == 200 and engine.originals[("shield", next(iter(engine.applied))[1])]
     reads = [pid for call, pid in sched.calls if call == "getaffinity" and pid == 1100]
     assert len(reads) == 3, sched.calls
     checks: list[str] = []

@@ -460,8 +460,9 @@ def test_group_rules(tmp_path: Path) -> None:
     assert not re.search(isolation["match"], "ksoftirqd/3")
     assert not re.search(isolation["match"], "xpmd0") and not re.search(isolation["match"], "DPDKx")
     assert re.search(isolation["match"], "kswapd0") and re.search(isolation["match"], "xDPDK")
-    assert kthread["isolate_tasks"] == "2-3"
-    assert kthread["allow"] == ["*pmd*", "DPDK*"]
+    assert "isolate_tasks" not in kthread and "allow" not in kthread
+    assert data["rt"]["shield"] == {"cpus": "2-3", "allow": ["*pmd*", "DPDK*"]}
+    assert "\n[shield]\ncpus = " in texts["rt"]  # the new spelling, nothing to warn of
     assert data["rt"]["irq"]["isolate"] == "2-3"
     assert "matches only user processes" in texts["rt"]  # group.user
     assert "latencyd uses no cgroups" in texts["rt"]  # group.cg

@@ -76,7 +76,7 @@ MSG = {
     "scripts: port what it does to latencyd settings or a systemd unit",
     "cpu_affinity": "cpu_affinity = {raw} ({value} here): TuneD sets CPUAffinity= in systemd's "
     "system.conf (effective after a reboot); latencyd does not edit systemd's configuration "
-    "([kthread] isolate_tasks moves user tasks at run time instead)",
+    "([shield] cpus moves user tasks at run time instead)",
     "covered": "every unbound workqueue's cpumask: covered by unbound_cpumask (the kernel "
     "confines each unbound workqueue to it)",
     "per_workqueue": "{key} = {raw}: per-workqueue cpumasks have no latencyd option; set "

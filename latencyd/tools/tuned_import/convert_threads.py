@@ -1,5 +1,5 @@
 """TuneD's [scheduler], [irqbalance] and [irq]: CPU isolation, kernel-thread rules and
-IRQ affinity, into latencyd's [kthread] and [irq] (and the scheduler's knobs into
+IRQ affinity, into latencyd's [kthread], [shield] and [irq] (and the scheduler's knobs into
 [sysctl] or [sysfs]).
 """
 
@@ -187,8 +187,8 @@ def scheduler(ctx: Context, unit: Unit) -> None:
     if tuned_bool(opts.get("kthread_process", "1")) is not False:
         isolate_kthreads(ctx, unit, blacklist, whitelist, str(housekeeping), src)
     ctx.item(
-        "kthread",
-        "isolate_tasks",
+        "shield",
+        "cpus",
         iso,
         unit,
         ["isolated_cores"],
@@ -199,13 +199,13 @@ def scheduler(ctx: Context, unit: Unit) -> None:
         if not pattern.startswith(("^\\[", "\\[")):  # those are kernel threads only
             glob_ = regex_to_glob(pattern)
             if glob_ is None:
-                ctx.lost(unit, "ps_blacklist", "no_glob", "kthread", pattern=pattern)
+                ctx.lost(unit, "ps_blacklist", "no_glob", "shield", pattern=pattern)
             else:
                 allow.append(glob_)
     if allow:
-        ctx.item("kthread", "allow", allow, unit, ["ps_blacklist"], f"[{unit.name}] ps_blacklist")
+        ctx.item("shield", "allow", allow, unit, ["ps_blacklist"], f"[{unit.name}] ps_blacklist")
     if whitelist:
-        ctx.lost(unit, "ps_whitelist", "whitelist", "kthread")
+        ctx.lost(unit, "ps_whitelist", "whitelist", "shield")
 
 
 def isolate_kthreads(

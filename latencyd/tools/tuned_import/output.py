@@ -47,7 +47,8 @@ MARKER = "# latencyd profile converted from TuneD by `latencyctl import-tuned`"
 COMPLETE, PARTIAL, IMPOSSIBLE = 0, 1, 2
 # latencyd's sections in the order they are written.
 SECTION_ORDER = (
-    "cstate", "cpu", "irq", "kthread", "net", "sysctl", "writeback", "sysfs", "bootloader",
+    "cstate", "cpu", "irq", "kthread", "shield", "net", "sysctl", "writeback", "sysfs",
+    "bootloader",
 )  # fmt: skip
 
 

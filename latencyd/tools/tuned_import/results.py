@@ -12,7 +12,7 @@ from typing import Any
 
 # Options of latencyd sections that are arrays of tables.
 TABLE_ARRAYS = {("cstate", "cpus"), ("cpu", "cpus"), ("irq", "rule"), ("kthread", "rule")}
-TABLE_ARRAYS |= {("net", "nic")}
+TABLE_ARRAYS |= {("net", "nic"), ("shield", "rule")}
 # The writeback pairs the kernel keeps one of; latencyd drops the other mode by itself.
 WRITEBACK_PAIRS = (
     ("dirty_ratio", "dirty_bytes"),
