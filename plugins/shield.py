@@ -17,15 +17,29 @@ so still load (Schema.moved), and journals that hold them still restore (took_ov
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import itertools
 import logging
 import re
 import time
 from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from latencyd.core.cgroups import (
+    CGROUP_FILES,
+    CGROUP_ROOT,
+    PREFIX,
+    SHIELD,
+    V1_ROOT_FILES,
+    Chosen,
+    choose,
+    owner,
+    placement,
+    v1_groups,
+    v2_groups,
+)
 from latencyd.core.cpuset import CpuSet, CpuSetError
 from latencyd.core.errors import KernelRefused, NotApplicable
 from latencyd.core.movable import MOVE_REFUSED, TaskMover
@@ -42,6 +56,7 @@ from latencyd.core.plugin import (
     Target,
     TaskEvent,
     Value,
+    plain_path,
     run_to_end,
 )
 from latencyd.core.schema import (
@@ -60,6 +75,8 @@ from latencyd.core.system import System, Task
 THREAD_CHUNK = 1024  # threads of one task read per piece of an expansion (expand_steps)
 BORN_NARROWED_DEPTH = 8  # generations born_narrowed walks up to a narrowed ancestor
 MECHANISMS = ("auto", "cpuset", "affinity")
+CGROUP_TASK_CHUNK = 256  # tasks judged per piece of a cpuset expansion
+PLACED = re.compile("")  # the rule the application is placed by (ShieldPlugin.rule_for)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +90,87 @@ class TaskAffinity(Target):
     pid: int
     start: int
     tid: int
+
+
+def _hierarchy_problem(hierarchy: str) -> str | None:
+    if hierarchy.startswith(f"{CGROUP_ROOT}/") and plain_path(hierarchy):
+        return None
+    return f"{hierarchy!r} is not a cgroup hierarchy under /{CGROUP_ROOT}"
+
+
+@dataclass(frozen=True)
+class Cgroup(Target):
+    """A cgroup the shield makes (named latencyd-*): {file: value}, written in that order
+    once it is made, or None: not there (removed, what runs in it moved to its parent)."""
+
+    kind: ClassVar[str] = "cgroup"
+    refusal_means: ClassVar[str | None] = "the kernel will not make this cpuset"
+    hierarchy: str
+    name: str
+
+    def problem(self) -> str | None:
+        if not self.name.startswith(PREFIX) or not plain_path(self.name, 1):
+            return f"{self.name!r} is not a cgroup latencyd makes"
+        return _hierarchy_problem(self.hierarchy)
+
+    @property
+    def path(self) -> str:
+        return f"{self.hierarchy}/{self.name}"
+
+
+@dataclass(frozen=True)
+class RootFile(Target):
+    """A file of a hierarchy's root cgroup (v1: the root stops balancing every CPU)."""
+
+    kind: ClassVar[str] = "cgroup_root_file"
+    hierarchy: str
+    file: str
+
+    def problem(self) -> str | None:
+        if self.file not in V1_ROOT_FILES:
+            return f"{self.file!r} is not a root cgroup file the shield sets"
+        return _hierarchy_problem(self.hierarchy)
+
+
+@dataclass(frozen=True)
+class Controller(Target):
+    """Whether a hierarchy's root hands a controller to its children (v2's
+    cgroup.subtree_control): true or false."""
+
+    kind: ClassVar[str] = "cgroup_controller"
+    hierarchy: str
+    name: str
+
+    def problem(self) -> str | None:
+        if self.name != "cpuset":
+            return f"{self.name!r} is not a controller the shield enables"
+        return _hierarchy_problem(self.hierarchy)
+
+
+@dataclass(frozen=True)
+class TaskCgroup(Target):
+    """The cpuset cgroup of a process (pid, start time): "/" or one of latencyd's. A move
+    takes every thread; its children born later are born there."""
+
+    kind: ClassVar[str] = "task_cgroup"
+    refusal_means: ClassVar[str | None] = "the kernel will not move this task"
+    hierarchy: str
+    pid: int
+    start: int
+
+    def problem(self) -> str | None:
+        return _hierarchy_problem(self.hierarchy)
+
+
+ShieldTarget = TaskAffinity | Cgroup | RootFile | Controller | TaskCgroup
+
+
+def _cgroup_of(value: Value) -> str:
+    """A task's cgroup as the shield may set it: the root, or one of latencyd's."""
+    text = str(value)
+    if text == "/" or (text.startswith(f"/{PREFIX}") and plain_path(text[1:], 1)):
+        return text
+    raise KernelRefused(f"moving a task to cgroup {text!r}", "not a cgroup the shield uses")
 
 
 @dataclass(frozen=True)
@@ -90,16 +188,29 @@ class ShieldRules:
     cpus: CpuSet  # the shielded CPUs
     allow: tuple[str, ...]
     scanned_at: float  # monotonic time of the expansion: the next rescan is due from here
+    apps: tuple[str, ...] = ()  # globs of the application's names: placed as they exec
+    # The mechanism here, and why not the others.
+    choice: Chosen = field(default_factory=lambda: Chosen("affinity", None))
+    # Tasks another manager's cgroup holds, left alone: (pid, name, cgroup, whose).
+    theirs: tuple[tuple[int, str, str, str], ...] = ()
 
 
 def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
 
 
-class ShieldPlugin(TaskMover[TaskAffinity]):
+def _same_file(name: str, wanted: Value, actual: Value) -> bool:
+    if actual is None:
+        return False
+    if name == "cpuset.cpus":
+        return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+    return str(wanted) == str(actual)
+
+
+class ShieldPlugin(TaskMover[ShieldTarget]):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"
-    targets = (TaskAffinity,)
+    targets = (TaskAffinity, Cgroup, RootFile, Controller, TaskCgroup)
     # Journals of versions where [kthread] moved user tasks hold ("kthread", task_affinity).
     took_over: ClassVar[Mapping[str, str]] = {"task_affinity": "kthread"}
     example: ClassVar[dict[str, Any]] = {
@@ -122,10 +233,17 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
                 "Name patterns (globs) of user tasks that may stay on the shielded CPUs",
             ),
             Option(
+                "apps",
+                ListOf(Str()),
+                "Name patterns (globs, on the process name or its executable's) of the "
+                "application: placed on the shielded CPUs as it starts (exec)",
+            ),
+            Option(
                 "mechanism",
                 Choice(MECHANISMS),
-                "How the shield is kept: affinity narrows each task's CPUs; cpuset (not "
-                "built yet) has the kernel keep them; auto picks what the machine has",
+                "How the shield is kept: cpuset has the kernel keep it (a cgroup v2 "
+                "isolated partition, else v1 exclusive cpusets); affinity narrows each "
+                "task's CPUs as it comes; auto takes cpuset where the machine has one",
                 default="auto",
             ),
         ),
@@ -149,7 +267,7 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
             ),
         ),
         groups=(
-            ("tasks", ("cpus", "allow", "mechanism")),
+            ("tasks", ("cpus", "allow", "apps", "mechanism")),
             ("rules", ("rule",)),
         ),
         moved=(
@@ -165,23 +283,107 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
         self.just_narrowed: set[int] = set()  # processes whose new settings await "applied"
 
     # -- which mechanism keeps the shield ------------------------------------------------
-    def mechanism(self, options: Options) -> str:
-        """The mechanism that keeps the section's shield here. Only the affinity chase is
-        built: "auto" is it, and "cpuset" cannot apply yet."""
-        chosen = options.get("mechanism", "auto")
-        if chosen == "cpuset":
-            raise NotApplicable("the cpuset mechanism is not built yet")
-        return "affinity"
+    def mechanism(self, options: Options) -> Chosen:
+        """The mechanism that keeps the section's shield here (latencyd.core.cgroups.
+        choose), and why not each other one; NotApplicable when the profile asks for a
+        cpuset and the machine has none."""
+        choice = choose(self.system.cgroup_facts(), options.get("mechanism", "auto"))
+        if choice.mechanism is None:
+            raise NotApplicable(
+                'mechanism = "cpuset", and no cpuset can run here: '
+                + "; ".join(f"{m}: {why}" for m, why in choice.why_not.items())
+            )
+        return choice
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
     ) -> Generator[None, None, Expansion]:
         """The section's settings, by the mechanism that keeps the shield here."""
-        self.mechanism(options)  # the affinity chase is the only one built: it runs
-        return (yield from self.affinity_expand_steps(options, owned))
+        choice = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
+        rules = ShieldRules(
+            rules_from(options),
+            options.get("cpus", CpuSet()),
+            tuple(options.get("allow", ())),
+            time.monotonic(),
+            tuple(options.get("apps", ())),
+            choice,
+        )
+        if choice.mechanism == "affinity":
+            return (yield from self.affinity_expand_steps(rules, owned))
+        return (yield from self.cpuset_expand_steps(rules, owned))
 
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
         return run_to_end(self.expand_steps(options, owned))
+
+    def is_app(self, rules: ShieldRules, task: Task) -> bool:
+        """Whether the task is the application by name ([shield] apps): its process name
+        or its executable's file name."""
+        if not rules.apps:
+            return False
+        if any(fnmatch.fnmatchcase(task.comm, p) for p in rules.apps):
+            return True
+        exe = self.system.executable(task.pid)
+        return exe is not None and any(fnmatch.fnmatchcase(exe, p) for p in rules.apps)
+
+    def placed(self, rules: ShieldRules, task: Task) -> bool:
+        """Whether the shield puts the task on the shielded CPUs: the application, by
+        name or because it holds the profile (`latencyctl run`/`hold`, whose command is
+        then born there)."""
+        return task.pid in self.exempt_pids or self.is_app(rules, task)
+
+    # -- the cpuset mechanisms: the kernel keeps the shield ----------------------------------
+    def cpuset_expand_steps(
+        self, rules: ShieldRules, owned: Mapping[Target, Value]
+    ) -> Generator[None, None, Expansion]:
+        """The cpusets, then every user task of the root cgroup that must move (v1: all but
+        those allowed, to housekeeping; both: the application and tasks their users
+        confined to the shielded CPUs, into the shield). What runs in another manager's
+        cgroup stays, listed. Yields every CGROUP_TASK_CHUNK tasks."""
+        mechanism, hierarchy = rules.choice.mechanism, rules.choice.hierarchy
+        assert mechanism is not None and hierarchy is not None
+        settings: Settings = {}
+        refused: dict[str, str] = {}
+        if mechanism == "cpuset-v2":
+            settings[Controller(hierarchy, "cpuset")] = True
+            groups = v2_groups(rules.cpus)
+            if rules.allow:
+                refused["allow"] = (
+                    "an isolated partition takes its CPUs from every cgroup outside it: no "
+                    "task outside may stay on them (name the application in apps instead)"
+                )
+        else:
+            mems = self.system.read(f"{hierarchy}/cpuset.effective_mems")
+            groups = v1_groups(rules.cpus, self.system.online_cpus(), mems)
+            settings.update({RootFile(hierarchy, f): v for f, v in V1_ROOT_FILES.items()})
+        settings.update({Cgroup(hierarchy, name): files for name, files in groups.items()})
+        theirs = []
+        for n, task in enumerate(self.system.tasks()):
+            if n % CGROUP_TASK_CHUNK == CGROUP_TASK_CHUNK - 1:
+                yield
+            if task.is_kthread:
+                continue
+            target = TaskCgroup(hierarchy, task.pid, task.start_time)
+            cgroup = self.system.task_cgroup(task.pid)
+            if cgroup is None:
+                continue
+            allowed = any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow)
+            try:
+                cpus = self.system.affinity(task.pid) if cgroup == "/" else CpuSet()
+            except KernelRefused:
+                continue  # exited meanwhile
+            where = placement(
+                mechanism, cgroup, cpus, rules.cpus, self.placed(rules, task), allowed
+            )
+            if where is not None:
+                settings[target] = f"/{where}"
+            elif target in owned:
+                settings[target] = owned[target]
+            elif whose := owner(cgroup):
+                theirs.append((task.pid, task.comm, cgroup, whose))
+            if (rule := self.user_rule(rules, task)) is not None:  # after its move
+                settings.update(self.user_rule_settings(rule, task, [*self.thread_ids(task.pid)]))
+        rules = dataclasses.replace(rules, theirs=tuple(theirs))
+        return Expansion(settings, rules, refused=refused)
 
     # -- the affinity mechanism: deciding what a task wants --------------------------------
     @staticmethod
@@ -275,7 +477,7 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
         """The process's threads, as the kernel lists them (lazily: 20,000 take a while)."""
         return (int(t) for t in self.system.entries(f"proc/{pid}/task") if t.isdigit())
 
-    def handed_over(self, rules: Any, target: TaskAffinity, actual: Value) -> str | None:
+    def handed_over(self, rules: Any, target: ShieldTarget, actual: Value) -> str | None:
         if not isinstance(target, TaskAffinity) or not isinstance(rules, ShieldRules):
             return None
         cpus = CpuSet.from_list(str(actual))
@@ -284,20 +486,14 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
         return None
 
     def affinity_expand_steps(
-        self, options: Options, owned: Mapping[Target, Value]
+        self, rules: ShieldRules, owned: Mapping[Target, Value]
     ) -> Generator[None, None, Expansion]:
         """Yields after each task and each THREAD_CHUNK threads of one (a JVM's 20,000)."""
-        rules = ShieldRules(
-            rules_from(options),
-            options.get("cpus", CpuSet()),
-            tuple(options.get("allow", ())),
-            time.monotonic(),
-        )
         settings: Settings = {}
         current: dict[Target, Value] = {}
         for task in self.system.tasks():
             if not task.is_kthread and (
-                (rule := self.user_rule(rules, task)) is not None
+                (rule := self.rule_for(rules, task)) is not None
                 or (rules.cpus and not self.left_alone(rules, task))
             ):
                 tids = self.thread_ids(task.pid)
@@ -311,8 +507,25 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
             yield
         return Expansion(settings, rules, current=current)
 
+    def rule_for(self, rules: ShieldRules, task: Task) -> Rule | None:
+        """The CPUs a user task is put on by name: its rule's, or, for the application
+        (placed), the shielded CPUs; None: the shield judges it."""
+        rule = self.user_rule(rules, task)
+        if rule is None and rules.cpus and self.placed(rules, task):
+            return Rule(PLACED, rules.cpus)
+        return rule
+
     def follows_user_tasks(self, options: Options) -> bool:
-        return bool(options.get("cpus") or options.get("rule"))
+        """Exec events: the affinity chase needs every one; under a cpuset only the
+        application's and the rules' (the kernel places every other new task)."""
+        if options.get("rule") or options.get("apps"):
+            return True
+        if not options.get("cpus"):
+            return False
+        try:
+            return self.mechanism(options).mechanism == "affinity"
+        except NotApplicable:
+            return False
 
     def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
         """Settings a just-renamed (exec'd) user task needs; user forks inherit their
@@ -325,13 +538,26 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
             task = self.system.task(event.pid)
             if task is None or task.is_kthread:
                 return {}
-            if (rule := self.user_rule(rules, task)) is not None:
+            if rules.choice.mechanism != "affinity":  # the kernel keeps the rest
+                return self.cpuset_task_settings(rules, task, [event.tid])
+            if (rule := self.rule_for(rules, task)) is not None:
                 return self.user_rule_settings(rule, task, [event.tid])
             settings = self.user_task_settings(rules, task, [event.tid], owned)
             if settings:
                 self.just_narrowed.add(task.pid)
             return settings
         return {}
+
+    def cpuset_task_settings(self, rules: ShieldRules, task: Task, tids: list[int]) -> Settings:
+        """Under a cpuset, what an exec asks: the application moved into the shield (every
+        thread goes along), and a rule's CPUs; nothing for any other task."""
+        settings: Settings = {}
+        hierarchy = rules.choice.hierarchy
+        if hierarchy is not None and self.is_app(rules, task):
+            settings[TaskCgroup(hierarchy, task.pid, task.start_time)] = f"/{SHIELD}"
+        if (rule := self.user_rule(rules, task)) is not None:
+            settings.update(self.user_rule_settings(rule, task, tids))
+        return settings
 
     def started_before_narrowed(
         self, rules: ShieldRules, owned: Mapping[Target, Value]
@@ -413,11 +639,15 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
 
     def original(
         self,
-        target: TaskAffinity,
+        target: ShieldTarget,
         current: Value,
         owned: Callable[[Target], tuple[Value, Value] | None],
     ) -> Value:
-        """A task born narrowed (born_narrowed) gets its parent's original back."""
+        """A task born narrowed (born_narrowed) gets its parent's original back. A cgroup
+        named latencyd-* is latencyd's, even one a killed run left without a journal:
+        given back, it is removed."""
+        if isinstance(target, Cgroup):
+            return None
         if isinstance(target, TaskAffinity):
 
             def applied(t: Target) -> Value | None:
@@ -435,16 +665,59 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
         super().end_step()
         self.every_cpu = None
 
-    def read(self, target: TaskAffinity) -> Value:
-        _require_movable(self._task(target))
-        return self.system.affinity(target.tid).to_list()
+    def read(self, target: ShieldTarget) -> Value:
+        system = self.system
+        if isinstance(target, TaskAffinity):
+            _require_movable(self._task(target))
+            return system.affinity(target.tid).to_list()
+        if isinstance(target, Cgroup):
+            if not system.exists(target.path):
+                return None
+            return {
+                name: system.read(f"{target.path}/{name}")
+                for name in CGROUP_FILES
+                if system.exists(f"{target.path}/{name}")
+            }
+        if isinstance(target, RootFile):
+            return system.read(f"{target.hierarchy}/{target.file}")
+        if isinstance(target, Controller):
+            enabled = system.read(f"{target.hierarchy}/cgroup.subtree_control").split()
+            return target.name in enabled
+        self._task(target)
+        cgroup = system.task_cgroup(target.pid)
+        if cgroup is None:
+            raise NotApplicable(f"pid {target.pid} has exited")
+        return cgroup
 
-    def write(self, target: TaskAffinity, value: Value) -> None:
-        _require_movable(self._task(target))
-        self.system.set_affinity(target.tid, CpuSet.from_list(value))
+    def write(self, target: ShieldTarget, value: Value) -> None:
+        system = self.system
+        if isinstance(target, TaskAffinity):
+            _require_movable(self._task(target))
+            system.set_affinity(target.tid, CpuSet.from_list(value))
+        elif isinstance(target, Cgroup):
+            if value is None:
+                system.remove_cgroup(target.path)
+                return
+            made = not system.exists(target.path)
+            system.make_cgroup(target.path)
+            try:
+                self._write_cgroup_files(target, dict(value))
+            except KernelRefused:
+                if made:  # all or nothing: a cpuset the kernel would not finish goes
+                    system.remove_cgroup(target.path)
+                raise
+        elif isinstance(target, RootFile):
+            system.write(f"{target.hierarchy}/{target.file}", str(value))
+        elif isinstance(target, Controller):
+            sign = "+" if value else "-"
+            system.write(f"{target.hierarchy}/cgroup.subtree_control", f"{sign}{target.name}")
+        else:
+            self._task(target)
+            where = _cgroup_of(value).rstrip("/")
+            system.write(f"{target.hierarchy}{where}/cgroup.procs", str(target.pid))
 
     def write_unless_changed(
-        self, target: TaskAffinity, value: Value, judged: Value
+        self, target: ShieldTarget, value: Value, judged: Value
     ) -> Value | None:
         """A user task's CPUs read and written back to back (System.set_affinity): its
         user may pin it in between (`taskset -c 1 app` right after an exec narrowed)."""
@@ -455,13 +728,17 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
         found = self.system.set_affinity(target.tid, cpus, only_from=judged_cpus)
         return None if found is None else found.to_list()
 
-    def report(self, changes: list[tuple[TaskAffinity, Value, Value]]) -> None:
+    def report(self, changes: list[tuple[ShieldTarget, Value, Value]]) -> None:
         """Every move of a user task is said: one line per process and move (name, pid,
-        how many of its threads, CPUs before and after), not one per thread."""
+        how many of its threads, CPUs before and after), not one per thread; moves
+        between cgroups as one line per cgroup, the tasks counted."""
         moves: dict[tuple[int, str, str], list[int]] = {}
+        into: dict[tuple[str, str], int] = {}
         for target, before, after in changes:
             if isinstance(target, TaskAffinity):
                 moves.setdefault((target.pid, str(before), str(after)), []).append(target.tid)
+            elif isinstance(target, TaskCgroup):
+                into[(str(before), str(after))] = into.get((str(before), str(after)), 0) + 1
         for (pid, before, after), tids in moves.items():
             task = self.system.task(pid)
             threads = f"thread {tids[0]}" if len(tids) == 1 else f"{len(tids)} threads"
@@ -469,27 +746,68 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
                 "user task %s (pid %d, %s): CPUs %s -> %s",
                 task.comm if task else "?", pid, threads, before, after,
             )  # fmt: skip
+        for (before, after), count in into.items():
+            log.info("%d user tasks moved from cgroup %s to %s", count, before, after)
 
-    def same(self, target: TaskAffinity, wanted: Value, actual: Value) -> bool:
-        return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+    def _write_cgroup_files(self, target: Cgroup, files: dict[str, str]) -> None:
+        for name, wanted in files.items():
+            self.system.write(f"{target.path}/{name}", str(wanted))
+        partition = files.get("cpuset.cpus.partition")
+        got = self.system.read(f"{target.path}/cpuset.cpus.partition") if partition else ""
+        if partition and got != partition:
+            # "isolated invalid (Cpu list in cpuset.cpus not exclusive)": the kernel's why
+            raise KernelRefused(f"making /{target.path} an isolated partition", got)
 
-    def exists(self, target: TaskAffinity) -> bool:
+    def same(self, target: ShieldTarget, wanted: Value, actual: Value) -> bool:
+        if isinstance(target, TaskAffinity):
+            return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+        if isinstance(target, Cgroup):
+            if wanted is None or actual is None:
+                return wanted is actual
+            return all(
+                _same_file(name, value, actual.get(name)) for name, value in dict(wanted).items()
+            )
+        return bool(wanted == actual)
+
+    def exists(self, target: ShieldTarget) -> bool:
+        if not isinstance(target, TaskAffinity | TaskCgroup):
+            return True  # a cgroup latencyd makes is there to make or to remove
         try:  # a thread's own directory says whether it is there
             self._task(target)
         except NotApplicable:
             return False
-        return self.system.exists(f"proc/{target.pid}/task/{target.tid}")
+        return isinstance(target, TaskCgroup) or self.system.exists(
+            f"proc/{target.pid}/task/{target.tid}"
+        )
 
-    def describe(self, target: TaskAffinity, value: Value) -> str:
+    def describe(self, target: ShieldTarget, value: Value) -> str:
+        if isinstance(target, Cgroup):
+            if value is None:
+                return f"cgroup /{target.path} absent"
+            files = ", ".join(f"{name} = {v}" for name, v in dict(value).items())
+            return f"cgroup /{target.path}: {files}"
+        if isinstance(target, RootFile):
+            return f"/{target.hierarchy}/{target.file} = {value}"
+        if isinstance(target, Controller):
+            state = "enabled" if value else "disabled"
+            return f"controller {target.name} {state} for /{target.hierarchy}'s children"
         task = self.system.task(target.pid)
         name = f"{task.comm} " if task else ""
+        if isinstance(target, TaskCgroup):
+            return f"user task {name}(pid {target.pid}) in cgroup {value}"
         return f"user task {name}(pid {target.pid}, thread {target.tid}) CPUs = {value}"
 
-    def group(self, target: TaskAffinity) -> Hashable | None:
-        return ("task", target.pid, target.start)
+    def group(self, target: ShieldTarget) -> Hashable | None:
+        if isinstance(target, TaskAffinity):
+            return ("task", target.pid, target.start)
+        return ("cgroup",) if isinstance(target, TaskCgroup) else None
 
-    def describe_group(self, targets: Sequence[TaskAffinity], value: Value) -> str:
+    def describe_group(self, targets: Sequence[ShieldTarget], value: Value) -> str:
         first = targets[0]
+        if isinstance(first, TaskCgroup):
+            return f"{len(targets):,} user tasks in cgroup {value}"
+        if not isinstance(first, TaskAffinity):
+            return super().describe_group(targets, value)
         task = self.system.task(first.pid)
         name = f"{task.comm} " if task else ""
         return f"user task {name}(pid {first.pid}, {len(targets):,} threads) CPUs = {value}"
@@ -497,14 +815,59 @@ class ShieldPlugin(TaskMover[TaskAffinity]):
     def monitor(self, rules: Any) -> Monitor:
         if not isinstance(rules, ShieldRules):
             return Monitor()
+        choice = rules.choice
         facts = {
-            "mechanism": "affinity",
+            "mechanism": choice.mechanism,
             "rules": len(rules.rules),
             "rescan_every_s": self.rescan_interval_s,
         }
         if not rules.cpus:
             return Monitor(facts=facts)
-        return Monitor((self.shielded_tasks(rules),), facts)
+        if choice.mechanism == "affinity":
+            return Monitor((self.mechanisms(rules), self.shielded_tasks(rules)), facts)
+        return Monitor((self.mechanisms(rules), self.inside(rules), self.others(rules)), facts)
+
+    @staticmethod
+    def mechanisms(rules: ShieldRules) -> Table:
+        """Which mechanism keeps the shield here, and why not each other one."""
+        used = rules.choice.mechanism
+        where = f" on /{rules.choice.hierarchy}" if rules.choice.hierarchy else ""
+        rows = [(used, f"in use{where}")]
+        rows += [(m, why) for m, why in rules.choice.why_not.items()]
+        hint = (
+            "; inside a cpuset the kernel refuses an affinity outside it (taskset -c: "
+            "EINVAL): start the application with `latencyctl run` or name it in apps"
+            if used != "affinity"
+            else ""
+        )
+        return Table(f"Shield mechanism{hint}", ("mechanism", "here"), tuple(rows))
+
+    def inside(self, rules: ShieldRules) -> Table:
+        """The tasks in the shield's cgroup: the application, and what its users put on
+        the shielded CPUs."""
+        rows = []
+        path = f"{rules.choice.hierarchy}/{SHIELD}/cgroup.procs"
+        text = self.system.read(path) if self.system.exists(path) else ""
+        for pid in map(int, text.split()):
+            task = self.system.task(pid)
+            if task is not None:
+                rows.append((pid, task.comm))
+        return Table(
+            f"User tasks inside the shield (cgroup /{SHIELD}, CPUs {rules.cpus})",
+            ("PID", "name"),
+            tuple(rows),
+            hide_tasks=lambda row: None,
+        )
+
+    @staticmethod
+    def others(rules: ShieldRules) -> Table:
+        """Tasks another manager's cgroup holds: never moved nor narrowed behind its back."""
+        return Table(
+            "User tasks left in cgroups other managers own (as of the last expansion)",
+            ("PID", "name", "cgroup", "whose"),
+            rules.theirs,
+            hide_tasks=lambda row: None,
+        )
 
     def shielded_tasks(self, rules: ShieldRules) -> Table:
         """The user threads that may run on the isolated CPUs now, and why they may."""

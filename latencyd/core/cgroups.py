@@ -139,7 +139,7 @@ class CgroupFacts:
 
 
 @dataclass(frozen=True)
-class Choice:
+class Chosen:
     """The mechanism the shield uses here (None: the one asked for cannot run), on which
     hierarchy, and why not each of the others."""
 
@@ -177,22 +177,22 @@ def _blockers(facts: CgroupFacts) -> dict[str, str]:
     return why
 
 
-def choose(facts: CgroupFacts, asked: str) -> Choice:
+def choose(facts: CgroupFacts, asked: str) -> Chosen:
     """The mechanism for `asked` ("auto", "cpuset" or "affinity"): the v2 partition where
     it can run, else the v1 cpusets, else (auto only) the affinity chase."""
     why = _blockers(facts)
     if asked == "affinity":
         why_not = {m: "the profile asks for the affinity mechanism" for m in MECHANISMS[:2]}
-        return Choice("affinity", None, why_not)
+        return Chosen("affinity", None, why_not)
     for mechanism, hierarchy in (("cpuset-v2", facts.unified), ("cpuset-v1", facts.v1_cpuset)):
         if mechanism not in why:
             others = dict(why)
             for later in MECHANISMS[MECHANISMS.index(mechanism) + 1 :]:
                 others.setdefault(later, f"{mechanism} runs here, and the kernel enforces it")
-            return Choice(mechanism, hierarchy, others)
+            return Chosen(mechanism, hierarchy, others)
     if asked == "cpuset":
-        return Choice(None, None, why)
-    return Choice("affinity", None, why)
+        return Chosen(None, None, why)
+    return Chosen("affinity", None, why)
 
 
 # -- the cpusets of each mechanism ---------------------------------------------------

@@ -400,6 +400,14 @@ class System:
         except OSError:
             return None
 
+    def executable(self, pid: int) -> str | None:
+        """The file name of the process's executable (proc/PID/exe), None if it cannot be
+        read (exited, a kernel thread)."""
+        try:
+            return os.path.basename(os.readlink(self.fspath(f"proc/{pid}/exe")))
+        except OSError:
+            return None
+
     def make_cgroup(self, rel: str) -> None:
         """Create a cgroup (a directory of a mounted hierarchy under /sys/fs/cgroup)."""
         where = self._cgroup_path(rel, "creating")
@@ -418,7 +426,7 @@ class System:
         parent = posixpath.dirname(where)
         for _ in range(CGROUP_DRAIN_ROUNDS):
             try:
-                os.rmdir(self.fspath(where))
+                self._rmdir_cgroup(where)
                 return
             except FileNotFoundError:
                 return
@@ -429,6 +437,10 @@ class System:
                 with contextlib.suppress(KernelRefused):  # exited meanwhile
                     self.write(f"{parent}/cgroup.procs", pid)
         raise KernelRefused(f"removing cgroup {where}", "its tasks kept coming back")
+
+    def _rmdir_cgroup(self, where: str) -> None:
+        """rmdir(2) of a cgroup: EBUSY while tasks are in it (a fake root overrides it)."""
+        os.rmdir(self.fspath(where))
 
     @staticmethod
     def _cgroup_path(rel: str, doing: str) -> str:

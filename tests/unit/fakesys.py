@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import KernelRefused
 from latencyd.core.ethtool import Features
 from latencyd.core.system import System
@@ -875,3 +876,113 @@ def make_machine_kind(tmp_path: Path, kind: str) -> FakeMachine:
     add_nic(root, "eth0", 2, bus="0000:00:04.0", driver="virtio_net")
     put(root, "sys/class/net/eth0/device/numa_node", "-1")
     return FakeMachine(kind, root, SysfsLikeSystem(root))
+
+
+# -- cgroups -------------------------------------------------------------------------------
+
+V1_CPUSET_FILES = {
+    "cpuset.cpus": "",
+    "cpuset.mems": "",
+    "cpuset.effective_mems": "0",
+    "cpuset.cpu_exclusive": "0",
+    "cpuset.sched_load_balance": "1",
+    "cgroup.procs": "",
+}
+V2_CPUSET_FILES = {"cpuset.cpus": "", "cpuset.cpus.partition": "member", "cgroup.procs": ""}
+
+
+def add_cgroups(root: Path, cpus: str, v1_cpuset: bool, v2_cpuset: bool) -> None:
+    """A mountinfo with a v1 cpuset hierarchy and/or a unified one offering cpuset, and
+    their root cgroups' files (every task starts in the root: add_task's tasks get a
+    proc/PID/cgroup from `place`)."""
+    lines = ["31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw"]
+    if v1_cpuset:
+        lines.append("34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset")
+        base = "sys/fs/cgroup/cpuset"
+        for name, value in V1_CPUSET_FILES.items():
+            put(root, f"{base}/{name}", value)
+        put(root, f"{base}/cpuset.cpus", cpus)
+        put(root, f"{base}/cpuset.mems", "0")
+    lines.append("41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw")
+    put(root, "sys/fs/cgroup/unified/cgroup.controllers", "cpuset cpu" if v2_cpuset else "cpu")
+    put(root, "sys/fs/cgroup/unified/cgroup.subtree_control", "")
+    put(root, "sys/fs/cgroup/unified/cgroup.procs", "")
+    put(root, "proc/self/mountinfo", "\n".join(lines))
+    put(root, "proc/sys/kernel/osrelease", "6.18.0")
+
+
+class CgroupLikeSystem(System):
+    """cgroupfs as the kernel keeps it, for what cannot run here (cpuset bound to v2): a
+    cgroup made has its controller's files, subtree_control takes +/- words, a task
+    written to cgroup.procs leaves its old cgroup (its proc/PID/cgroup follows), an
+    isolated partition whose CPUs a sibling also claims reads "isolated invalid (...)",
+    and a cgroup with tasks is not removed (EBUSY) until they are moved out (the facade's
+    remove_cgroup moves them)."""
+
+    def __init__(self, root: Path | str = "/", **backends: Any) -> None:
+        super().__init__(root, **backends)
+        self.writes: list[tuple[str, str]] = []
+
+    def place(self, pid: int, hierarchy: str, cgroup: str = "/") -> None:
+        """Put a task in a cgroup as the kernel would show it."""
+        procs = f"{hierarchy}{cgroup.rstrip('/')}/cgroup.procs"
+        pids = sorted({*map(int, self.read(procs).split()), pid})  # as `sort -n` shows it
+        put(self.root, procs, "\n".join(map(str, pids)))
+        line = f"3:cpuset:{cgroup}" if hierarchy.endswith("cpuset") else f"0::{cgroup}"
+        put(self.root, f"proc/{pid}/cgroup", line)
+
+    def make_cgroup(self, rel: str) -> None:
+        path = self.path(rel)
+        if path.exists():
+            return
+        path.mkdir()
+        parent = rel.rsplit("/", 1)[0]
+        if parent.endswith("cpuset"):
+            files = V1_CPUSET_FILES
+        elif "cpuset" in self.read(f"{parent}/cgroup.subtree_control").split():
+            files = V2_CPUSET_FILES
+        else:
+            files = {"cgroup.procs": ""}
+        for name, value in files.items():
+            put(self.root, f"{rel}/{name}", value)
+
+    def _rmdir_cgroup(self, where: str) -> None:
+        path = self.path(where)
+        if not path.exists():
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        if self.read(f"{where}/cgroup.procs"):
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        for child in path.iterdir():
+            child.unlink()
+        path.rmdir()
+
+    def write(self, rel: str, value: str) -> None:
+        rel = rel.lstrip("/")
+        self.writes.append((rel, value))
+        folder, _, name = rel.rpartition("/")
+        if name == "cgroup.subtree_control":
+            words = set(self.read(rel).split())
+            words = words | {value[1:]} if value.startswith("+") else words - {value[1:]}
+            put(self.root, rel, " ".join(sorted(words)))
+        elif name == "cgroup.procs":
+            if not self.path(rel).exists():
+                raise KernelRefused(f"writing {value!r} to /{rel}", "No such file or directory")
+            hierarchy = (
+                "sys/fs/cgroup/cpuset"
+                if rel.startswith("sys/fs/cgroup/cpuset")
+                else "sys/fs/cgroup/unified"
+            )
+            for procs in self.path(hierarchy).rglob("cgroup.procs"):
+                procs.write_text("\n".join(p for p in procs.read_text().split() if p != value))
+            self.place(int(value), hierarchy, folder[len(hierarchy) :] or "/")
+        elif name == "cpuset.cpus.partition" and value == "isolated":
+            mine = self.read(f"{folder}/cpuset.cpus")
+            siblings = [p for p in self.path(folder).parent.glob("*/cpuset.cpus")
+                        if p.parent != self.path(folder)]  # fmt: skip
+            taken = any(
+                CpuSet.from_list(p.read_text().strip()) & CpuSet.from_list(mine) for p in siblings
+            )
+            put(self.root, rel, "isolated invalid (Cpu list in cpuset.cpus not exclusive)"
+                if taken or not mine else "isolated")  # fmt: skip
+        else:
+            super().write(rel, value)

@@ -1,0 +1,148 @@
+"""The shield's cpuset mechanisms through the engine, on a fake cgroupfs (CgroupLikeSystem):
+the cgroup v2 isolated partition cannot run on this VM (its v1 cpuset hierarchy is held
+busy, so cpuset never reaches v2), and both versions are checked here against what the
+kernel would show; tests/kernel/test_shield_cpuset.py runs v1 on the real kernel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from latencyd.plugins.shield import Cgroup, ShieldPlugin, TaskCgroup
+
+from latencyd.core.engine import Engine
+from latencyd.core.journal import Journal
+from latencyd.core.plugin import decode_target, target_kinds
+from latencyd.core.schema import Machine, validate
+from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, tree_values
+from tests.unit.taskrig import Machinery
+
+V1 = "sys/fs/cgroup/cpuset"
+V2 = "sys/fs/cgroup/unified"
+USER_TASKS = (1, 300, 400)  # systemd, sshd, myapp (Machinery)
+
+
+def rig(tmp_path: Path, v1: bool, v2: bool) -> tuple[Machinery, CgroupLikeSystem, Engine]:
+    m = Machinery(tmp_path, ShieldPlugin)
+    add_cgroups(m.root, "0-3", v1_cpuset=v1, v2_cpuset=v2)
+    system = CgroupLikeSystem(m.root, sched=m.sched)
+    for pid in USER_TASKS:
+        system.place(pid, V1 if v1 else V2)
+    m.system, m.plugin = system, ShieldPlugin(system)
+    return m, system, Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
+
+
+def switch(m: Machinery, engine: Engine, machine: Machine, section: dict[str, object]) -> None:
+    options = validate(m.plugin.schema, section, machine)
+    expansion = m.plugin.expand(options, {})
+    engine.switch({("shield", t): v for t, v in expansion.settings.items()}, "p")
+
+
+def cgroup(system: CgroupLikeSystem, pid: int) -> str | None:
+    return system.task_cgroup(pid)
+
+
+def test_v2_one_partition_write_and_only_the_application_moves(
+    tmp_path: Path, machine: Machine
+) -> None:
+    m, system, engine = rig(tmp_path, v1=False, v2=True)
+    before = tree_values(m.root)
+    switch(m, engine, machine, {"cpus": "1", "apps": ["myapp"]})
+    assert system.read(f"{V2}/cgroup.subtree_control") == "cpuset"
+    assert system.read(f"{V2}/latencyd-shield/cpuset.cpus") == "1"
+    assert system.read(f"{V2}/latencyd-shield/cpuset.cpus.partition") == "isolated"
+    assert [cgroup(system, p) for p in USER_TASKS] == ["/", "/", "/latencyd-shield"]
+    moves = [w for w in system.writes if w[0].endswith("cgroup.procs")]
+    assert moves == [(f"{V2}/latencyd-shield/cgroup.procs", "400")]  # no per-task chase
+    assert engine.verify() == []
+    assert engine.off() == []
+    assert tree_values(m.root) == before  # every file as found, the cgroup gone
+
+
+def test_v2_a_partition_the_kernel_refuses_is_not_applicable_with_its_reason(
+    tmp_path: Path, machine: Machine
+) -> None:
+    m, system, engine = rig(tmp_path, v1=False, v2=True)
+    system.write(f"{V2}/cgroup.subtree_control", "+cpuset")
+    system.make_cgroup(f"{V2}/theirs")
+    system.write(f"{V2}/theirs/cpuset.cpus", "1")  # another manager's claim on CPU 1
+    before = tree_values(m.root)
+    switch(m, engine, machine, {"cpus": "1"})
+    reasons = [r.reason for s, r in engine.not_applicable.items() if isinstance(s[1], Cgroup)]
+    assert reasons and "Cpu list in cpuset.cpus not exclusive" in reasons[0]
+    assert not (m.root / V2 / "latencyd-shield").exists()  # not left half-made
+    engine.off()
+    assert tree_values(m.root) == before
+
+
+def test_v2_allow_cannot_act_and_says_why(tmp_path: Path, machine: Machine) -> None:
+    m, _, _ = rig(tmp_path, v1=False, v2=True)
+    expansion = m.expand(machine, {"cpus": "1", "allow": ["sshd"]})
+    assert "takes its CPUs from every cgroup outside it" in expansion.refused["allow"]
+
+
+def test_v1_housekeeping_takes_the_root_tasks_and_off_gives_them_back(
+    tmp_path: Path, machine: Machine
+) -> None:
+    m, system, engine = rig(tmp_path, v1=True, v2=False)
+    before = tree_values(m.root)
+    switch(m, engine, machine, {"cpus": "1", "allow": ["sshd"], "apps": ["myapp"]})
+    assert [cgroup(system, p) for p in USER_TASKS] == [
+        "/latencyd-housekeeping",
+        "/",  # allowed: it keeps every CPU
+        "/latencyd-shield",
+    ]
+    assert system.read(f"{V1}/cpuset.sched_load_balance") == "0"
+    assert system.read(f"{V1}/latencyd-housekeeping/cpuset.cpus") == "0,2-3"
+    assert system.read(f"{V1}/latencyd-shield/cpuset.cpu_exclusive") == "1"
+    assert engine.off() == []
+    assert tree_values(m.root) == before
+
+
+def test_a_killed_run_is_adopted_and_put_back(tmp_path: Path, machine: Machine) -> None:
+    m, system, engine = rig(tmp_path, v1=True, v2=False)
+    before = tree_values(m.root)
+    switch(m, engine, machine, {"cpus": "1"})
+    add_task(m.root, 500, "born-later", start_time=2000)  # forked in housekeeping
+    system.place(500, V1, "/latencyd-housekeeping")
+    again = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))
+    assert again.adopt() is not None  # as after kill -9
+    assert again.off() == []
+    assert cgroup(system, 500) == "/"  # moved out with the cgroup it was born in
+    after = tree_values(m.root)
+    assert after.pop(f"{V1}/cgroup.procs") == "1\n300\n400\n500"
+    assert {k: v for k, v in after.items() if "proc/500/" not in k} == {
+        k: v for k, v in before.items() if k != f"{V1}/cgroup.procs"
+    }
+
+
+def test_tasks_in_another_managers_cgroup_stay_and_are_listed(
+    tmp_path: Path, machine: Machine
+) -> None:
+    m, system, _ = rig(tmp_path, v1=True, v2=False)
+    system.make_cgroup(f"{V1}/docker")
+    system.write(f"{V1}/docker/cgroup.procs", "300")
+    expansion = m.expand(machine, {"cpus": "1"})
+    assert TaskCgroup(V1, 300, 900) not in expansion.settings
+    others = m.plugin.others(expansion.rules)
+    assert [row[:3] for row in others.rows] == [(300, "sshd", "/docker")]
+    assert others.rows[0][3].startswith("docker")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"kind": "cgroup", "hierarchy": V1, "name": "docker"},
+        {"kind": "cgroup", "hierarchy": V1, "name": "latencyd-x/../../y"},
+        {"kind": "cgroup", "hierarchy": "etc", "name": "latencyd-shield"},
+        {"kind": "cgroup_root_file", "hierarchy": V1, "file": "release_agent"},
+        {"kind": "cgroup_controller", "hierarchy": V2, "name": "memory"},
+    ],
+)
+def test_a_journal_cannot_name_a_cgroup_latencyd_did_not_make(
+    tmp_path: Path, target: dict[str, object]
+) -> None:
+    plugin = ShieldPlugin(CgroupLikeSystem(tmp_path))
+    with pytest.raises(ValueError, match="not a"):
+        decode_target(target_kinds(plugin), json.loads(json.dumps(target)))
