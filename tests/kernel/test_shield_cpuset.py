@@ -1,0 +1,107 @@
+"""The cpuset shield on this machine's cgroup v1 cpuset hierarchy, through the engine: the
+root's user tasks go to housekeeping (their CPUs the kernel's to keep), a task its user
+confined to the shielded CPU goes inside, new tasks are born where their parent is, and
+off (also after a kill -9, from the journal) leaves every task, file and cgroup as found
+(kernel_guard compares every cpuset and every task's)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from latencyd.plugins.shield import ShieldPlugin
+
+from latencyd.core.engine import Engine
+from latencyd.core.journal import Journal
+from latencyd.core.schema import validate
+from latencyd.core.system import System
+from tests.harness import wait_for
+
+pytestmark = pytest.mark.usefixtures("kernel_guard")
+
+V1 = Path("/sys/fs/cgroup/cpuset")
+
+
+@pytest.fixture
+def system() -> System:
+    system = System()
+    if system.cgroup_facts().v1_cpuset != "sys/fs/cgroup/cpuset":
+        pytest.skip("needs the cpuset controller in a v1 hierarchy at /sys/fs/cgroup/cpuset")
+    if not {0, 1} <= os.sched_getaffinity(0) or any(p.is_dir() for p in V1.iterdir()):
+        pytest.skip("needs CPUs 0 and 1 and a cpuset hierarchy without child cpusets")
+    return system
+
+
+@pytest.fixture
+def tasks() -> Iterator[tuple[int, int]]:
+    """A task allowed everywhere, and one its user confined to CPU 1."""
+    free = subprocess.Popen(["sleep", "120"])
+    confined = subprocess.Popen(["taskset", "-c", "1", "sleep", "120"])
+    try:
+        wait_for(lambda: Path(f"/proc/{confined.pid}/comm").read_text() == "sleep\n", 5)
+        yield free.pid, confined.pid
+    finally:
+        for proc in (free, confined):
+            proc.kill()
+            proc.wait()
+
+
+def shield(system: System, engine: Engine) -> None:
+    plugin = engine.plugins["shield"]
+    options = validate(plugin.schema, {"cpus": "1", "mechanism": "cpuset"}, system.machine())
+    wanted = plugin.expand(options, {}).settings
+    engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
+
+
+def cpuset_of(pid: int) -> str | None:
+    return System().task_cgroup(pid)
+
+
+def test_the_kernel_keeps_the_shield_and_off_gives_everything_back(
+    system: System, tasks: tuple[int, int], tmp_path: Path
+) -> None:
+    free, confined = tasks
+    engine = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))
+    shield(system, engine)
+    try:
+        assert cpuset_of(free) == "/latencyd-housekeeping"
+        assert os.sched_getaffinity(free) == {0}
+        assert cpuset_of(confined) == "/latencyd-shield"
+        assert os.sched_getaffinity(confined) == {1}
+        assert cpuset_of(os.getpid()) == "/latencyd-housekeeping"  # this test, too
+        assert (V1 / "cpuset.sched_load_balance").read_text().strip() == "0"
+        with pytest.raises(OSError):  # not cooperative: the kernel refuses (EINVAL)
+            os.sched_setaffinity(free, {1})
+        born = subprocess.Popen(["sleep", "60"])  # no daemon, no event: the kernel places it
+        try:
+            assert cpuset_of(born.pid) == "/latencyd-housekeeping"
+            assert os.sched_getaffinity(born.pid) == {0}
+        finally:
+            born.kill()
+            born.wait()
+        assert engine.verify() == []
+    finally:
+        assert engine.off() == []
+    assert cpuset_of(free) == "/" and os.sched_getaffinity(free) == {0, 1}
+    assert cpuset_of(confined) == "/" and os.sched_getaffinity(confined) == {1}
+    assert not (V1 / "latencyd-housekeeping").exists() and not (V1 / "latencyd-shield").exists()
+
+
+def test_a_killed_run_is_adopted_from_the_journal_and_put_back(
+    system: System, tasks: tuple[int, int], tmp_path: Path
+) -> None:
+    free, _ = tasks
+    shield(system, Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state")))
+    born = subprocess.Popen(["sleep", "60"])  # born in housekeeping, never journaled
+    try:
+        again = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))
+        assert again.adopt() is not None  # what a restart after kill -9 does
+        assert again.off() == []
+        assert cpuset_of(free) == "/" and cpuset_of(born.pid) == "/"
+        assert os.sched_getaffinity(born.pid) == {0, 1}
+    finally:
+        born.kill()
+        born.wait()
