@@ -552,8 +552,8 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         """Under a cpuset, what an exec asks: the application moved into the shield (every
         thread goes along), and a rule's CPUs; nothing for any other task."""
         settings: Settings = {}
-        hierarchy = rules.choice.hierarchy
-        if hierarchy is not None and self.is_app(rules, task):
+        hierarchy, cgroup = rules.choice.hierarchy, self.system.task_cgroup(task.pid)
+        if hierarchy and cgroup is not None and owner(cgroup) is None and self.is_app(rules, task):
             settings[TaskCgroup(hierarchy, task.pid, task.start_time)] = f"/{SHIELD}"
         if (rule := self.user_rule(rules, task)) is not None:
             settings.update(self.user_rule_settings(rule, task, tids))

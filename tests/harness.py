@@ -237,3 +237,17 @@ def wait_for(cond: Callable[[], bool], timeout: float) -> float:
             raise AssertionError(f"timed out after {timeout} s")
         time.sleep(0.0005)
     return time.monotonic() - start
+
+
+def wait_for_child(parent: int, comm: str) -> int:
+    """The pid of `parent`'s child that has become `comm` (waited for, up to 5 s)."""
+    found: list[int] = []
+
+    def child() -> bool:
+        out = subprocess.run(["pgrep", "-P", str(parent), "-x", comm], capture_output=True,
+                             text=True).stdout.split()  # fmt: skip
+        found[:] = [int(p) for p in out]
+        return bool(found)
+
+    wait_for(child, timeout=5)
+    return found[0]

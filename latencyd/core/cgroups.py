@@ -224,11 +224,16 @@ def placement(
     mechanism: str, cgroup: str, affinity: CpuSet, shield: CpuSet, placed: bool, allowed: bool
 ) -> str | None:
     """Where the shield moves a user task now in `cgroup` (the cgroup's name), or None:
-    it stays. Only tasks in the root cgroup are moved; those in another manager's stay.
-    `placed`: the application (a hold's command, an app); `allowed`: named in allow."""
-    if cgroup != "/":
+    it stays. A task in another manager's cgroup always stays; the application (`placed`:
+    a hold's holder, an app) goes inside from the root or from housekeeping; of the rest
+    only tasks in the root are moved. `allowed`: named in allow."""
+    if owner(cgroup) is not None:
         return None
-    if placed or (affinity and affinity.issubset(shield)):
+    if placed:
+        return SHIELD
+    if cgroup != "/":
+        return None  # in one of latencyd's already
+    if affinity and affinity.issubset(shield):
         return SHIELD  # its user put it on the shield's CPUs: there it keeps them
     if mechanism == "cpuset-v1" and not allowed:
         return HOUSEKEEPING

@@ -1,7 +1,8 @@
-"""Shielding CPUs from user tasks, as tuna and RedHawk's `shield` do: a task also allowed
-on housekeeping CPUs is narrowed to them (and logged); a task confined to the isolated
-CPUs was put there on purpose and stays, whether it was started before the profile,
-after it with plain `taskset`, moved there later, or under `latencyctl hold`."""
+"""The affinity shield (the chase), as tuna and RedHawk's `shield` keep one: a task also
+allowed on housekeeping CPUs is narrowed to them (and logged); a task confined to the
+isolated CPUs was put there on purpose and stays, whether it was started before the
+profile, after it with plain `taskset`, moved there later, or under `latencyctl hold`.
+The cpuset shield is tests/e2e/test_shield_cpuset.py's."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from latencyd.core.cpuset import CpuSet
-from tests.harness import Latencyd, wait_for
+from tests.harness import Latencyd, wait_for, wait_for_child
 from tests.nobody import cli_as_nobody
 
 PROFILE = """
@@ -27,6 +28,7 @@ summary = "shield CPU 1 from user tasks"
 [shield]
 cpus = "1"
 allow = ["allowed-*"]
+mechanism = "affinity"
 """
 
 FORKS_THEN_WAITS = "(while :; do sleep 1; done) & echo $!; wait"
@@ -77,7 +79,7 @@ def _status(d: Latencyd) -> dict[str, Any]:
 
 def _shielded_pids(d: Latencyd) -> dict[int, str]:
     """pid -> why, from status's table of user tasks on the isolated CPUs."""
-    (table,) = _status(d)["plugins"]["shield"]["tables"]
+    _, table = _status(d)["plugins"]["shield"]["tables"]  # after the mechanism's
     return {row[0]: row[4] for row in table["rows"]}
 
 
@@ -206,19 +208,6 @@ def test_status_names_the_shields_tasks_and_the_holder_to_root_only(
     finally:
         app.kill()
         app.wait()
-
-
-def wait_for_child(parent: int, comm: str) -> int:
-    found: list[int] = []
-
-    def child() -> bool:
-        out = subprocess.run(["pgrep", "-P", str(parent), "-x", comm], capture_output=True,
-                             text=True).stdout.split()  # fmt: skip
-        found[:] = [int(p) for p in out]
-        return bool(found)
-
-    wait_for(child, timeout=5)
-    return found[0]
 
 
 SHELL_THAT_FORKS = """

@@ -119,7 +119,9 @@ def test_the_shield_moves_user_tasks_except_allowed(
 ) -> None:
     app = tmp_path / "latencyapp"
     shutil.copy("/bin/sleep", app)
-    (profiles / "shield.toml").write_text('[shield]\ncpus = "1"\nallow = ["latencyapp"]\n')
+    (profiles / "shield.toml").write_text(
+        '[shield]\ncpus = "1"\nallow = ["latencyapp"]\nmechanism = "affinity"\n'
+    )
     victim = subprocess.Popen(["sleep", "60"])
     allowed = subprocess.Popen([str(app), "60"])
     try:

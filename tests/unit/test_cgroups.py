@@ -121,5 +121,7 @@ def test_where_a_task_goes() -> None:
     assert placement("cpuset-v1", "/", shield, shield, False, False) == SHIELD  # taskset -c 1
     assert placement("cpuset-v1", "/", both, shield, True, False) == SHIELD  # the app
     assert placement("cpuset-v1", "/docker/1", both, shield, True, False) is None  # theirs
+    assert placement("cpuset-v1", f"/{HOUSEKEEPING}", both, shield, True, False) == SHIELD
+    assert placement("cpuset-v1", f"/{HOUSEKEEPING}", both, shield, False, False) is None
     assert placement("cpuset-v2", "/", both, shield, False, False) is None  # the kernel's job
     assert placement("cpuset-v2", "/", shield, shield, False, False) == SHIELD

@@ -1,0 +1,126 @@
+"""The cpuset shield through the daemon, on this machine's cgroup v1 cpuset hierarchy: the
+application placed by `latencyctl run`, `hold -- CMD` and `[shield] apps`, what status
+says of the mechanism, and a daemon killed with -9 whose restart puts everything back
+(the e2e guard compares every cpuset and every task's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from latencyd.core.system import System
+from tests.harness import Latencyd, wait_for, wait_for_child
+
+PROFILE = """
+[main]
+summary = "shield CPU 1 with a cpuset"
+
+[shield]
+cpus = "1"
+mechanism = "cpuset"
+"""
+V1 = Path("/sys/fs/cgroup/cpuset")
+
+
+@pytest.fixture(autouse=True)
+def v1_cpuset() -> None:
+    if System().cgroup_facts().v1_cpuset != "sys/fs/cgroup/cpuset":
+        pytest.skip("needs the cpuset controller in a v1 hierarchy at /sys/fs/cgroup/cpuset")
+    if not {0, 1} <= os.sched_getaffinity(0) or any(p.is_dir() for p in V1.iterdir()):
+        pytest.skip("needs CPUs 0 and 1 and a cpuset hierarchy without child cpusets")
+
+
+def cpuset_of(pid: int) -> str | None:
+    return System().task_cgroup(pid)
+
+
+def status(d: Latencyd) -> dict[str, Any]:
+    out = d.ctl("status", "--json")
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
+def test_run_starts_the_command_inside_the_shield_at_the_policy_asked(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    (profiles / "shield.toml").write_text(PROFILE)
+    d = start_daemon("shield")
+    assert cpuset_of(os.getpid()) == "/latencyd-housekeeping"
+    run = d.spawn_ctl("run", "--fifo", "5", "--", "sleep", "30")
+    try:
+        app = wait_for_child(run.pid, "sleep")
+        assert cpuset_of(app) == "/latencyd-shield" and os.sched_getaffinity(app) == {1}
+        assert os.sched_getscheduler(app) == os.SCHED_FIFO
+        assert os.sched_getparam(app).sched_priority == 5
+        # Only the command is RT: latencyctl gives its policy back once it has forked.
+        wait_for(lambda: os.sched_getscheduler(run.pid) == os.SCHED_OTHER, timeout=5)
+        shield = status(d)["plugins"]["shield"]
+        mechanism, inside, _ = shield["tables"]
+        assert mechanism["rows"][0] == ["cpuset-v1", "in use on /sys/fs/cgroup/cpuset"]
+        assert "latencyctl run" in mechanism["title"]  # what to use instead of taskset
+        assert app in [row[0] for row in inside["rows"]]
+    finally:
+        run.kill()
+        run.wait()
+
+
+def test_run_refuses_cpus_outside_the_shield_in_words(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    (profiles / "shield.toml").write_text(PROFILE)
+    d = start_daemon("shield")
+    out = d.ctl("run", "--cpus", "0", "--", "true")
+    assert out.returncode == 2
+    assert "--cpus 0: the kernel refused them" in out.stderr
+    assert "only its CPUs, 1, are allowed" in out.stderr
+
+
+def test_hold_places_its_command_and_apps_are_moved_in_as_they_start(
+    start_daemon: Callable[..., Latencyd], profiles: Path, tmp_path: Path
+) -> None:
+    app = tmp_path / "latencyapp"
+    shutil.copy("/bin/sleep", app)
+    (profiles / "shield.toml").write_text(PROFILE + 'apps = ["latencyapp"]\n')
+    d = start_daemon("shield")
+    held = d.spawn_ctl("hold", "shield", "--", "sleep", "30")
+    started = subprocess.Popen([str(app), "30"])  # from housekeeping, by name
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        assert cpuset_of(wait_for_child(held.pid, "sleep")) == "/latencyd-shield"
+        wait_for(lambda: cpuset_of(started.pid) == "/latencyd-shield", timeout=5)
+        assert os.sched_getaffinity(started.pid) == {1}
+        time.sleep(0.3)
+        assert cpuset_of(other.pid) == "/latencyd-housekeeping"
+    finally:
+        for proc in (held, started, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_daemon_killed_with_the_shield_up_restores_it_on_restart(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    (profiles / "shield.toml").write_text(PROFILE)
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        d = start_daemon("shield")
+        assert cpuset_of(victim.pid) == "/latencyd-housekeeping"
+        d.kill9()
+        assert (V1 / "latencyd-shield").is_dir()  # the kernel keeps it while none watches
+        d.profile = None
+        d.extra = ["--no-profile"]
+        d.start()
+        d.stop()
+        assert cpuset_of(victim.pid) == "/" and os.sched_getaffinity(victim.pid) == {0, 1}
+        assert not any(p.is_dir() for p in V1.iterdir())
+    finally:
+        victim.kill()
+        victim.wait()
