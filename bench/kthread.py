@@ -8,7 +8,8 @@ For each task-event source (perf, proc connector, none = periodic rescan only):
 - runs a fork storm (>= 2000 fork+exec of /bin/true) and reports the daemon's CPU time
   per fork+exec (utime+stime of the daemon process, from /proc/PID/stat).
 
-Then under a shield (`[shield] cpus` = the last CPU) with CPU hogs beside the daemon on
+Then under an affinity shield (`[shield] cpus` = the last CPU, the chase: bench shield
+compares it with the cpuset shield) with CPU hogs beside the daemon on
 the housekeeping CPUs (the bench and all it starts are narrowed there):
 - an exec storm the shield must narrow (`taskset -c ALL /bin/true`, each exec wide again):
   the daemon's CPU time per narrowed exec;
@@ -59,6 +60,7 @@ summary = "bench: CPU {isolated} shielded from user tasks"
 
 [shield]
 cpus = "{isolated}"
+mechanism = "affinity"
 """
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TARGET_P99_MS = 2.0

@@ -329,7 +329,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         """Whether the shield puts the task on the shielded CPUs: the application, by
         name or because it holds the profile (`latencyctl run`/`hold`, whose command is
         then born there)."""
-        return task.pid in self.exempt_pids or self.is_app(rules, task)
+        return task.pid in self.placed_pids or self.is_app(rules, task)
 
     # -- the cpuset mechanisms: the kernel keeps the shield ----------------------------------
     def cpuset_expand_steps(
@@ -366,7 +366,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             cgroup = self.system.task_cgroup(task.pid)
             if cgroup is None:
                 continue
-            allowed = any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow)
+            allowed = self.left_alone(rules, task) is not None  # by name, or under a hold
             try:
                 cpus = self.system.affinity(task.pid) if cgroup == "/" else CpuSet()
             except KernelRefused:

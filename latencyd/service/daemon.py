@@ -6,6 +6,7 @@ The process around it (arguments, main loop, watchers, signals) is latencyd.serv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -79,6 +80,7 @@ class Hold:
     owner: str  # the holder's unique bus name; its holds end when it leaves the bus
     since: float
     pid: int | None = None  # the holder's process: it and its children are never moved
+    placed: bool = False  # PlaceHolder: the holder is put on the shielded CPUs
 
 
 @dataclass
@@ -719,8 +721,23 @@ class Daemon:
 
     def _exempt(self) -> None:
         pids = frozenset(h.pid for h in self.holds.values() if h.pid)
+        placed = frozenset(h.pid for h in self.holds.values() if h.pid and h.placed)
         for plugin in self.plugins.values():
             plugin.exempt_pids = pids
+            plugin.placed_pids = placed
+
+    def place_steps(self, cookie: int, owner: str) -> Steps[StepReport | None]:
+        """Put a hold's holder on the shielded CPUs (`latencyctl run`, `hold -- CMD`), so
+        the command it starts next is born there; the profile in force is applied again
+        for it. Only the hold's own holder may ask."""
+        hold = self.holds.get(cookie)
+        if hold is None or hold.owner != owner:
+            raise NoSuchHold(f"no hold with cookie {cookie} is the caller's")
+        self.holds[cookie] = dataclasses.replace(hold, placed=True)
+        self._exempt()
+        if self.active is None or self.active_ref is None:
+            return None
+        return (yield from self._apply_steps(self.active, self.active_ref))
 
     def _before_apply(self, profile: Profile | None) -> None:
         for hook in self.before_apply:

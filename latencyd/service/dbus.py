@@ -360,6 +360,24 @@ class Service(dbus.service.Object):
         )
 
     @_change("u", "")
+    def PlaceHolder(
+        self,
+        cookie: int,
+        reply: Callable[[], None],
+        error: Callable[[Exception], None],
+        sender: str | None = None,
+    ) -> None:
+        """Put the caller, holder of hold `cookie`, on the shielded CPUs (inside the
+        shield's cpuset, or on its CPUs): what it starts next is born there."""
+        _answer(lambda: self._authorize(sender, "PlaceHolder"))
+        self._run(
+            f"placing hold {cookie}'s holder",
+            lambda: self.daemon.place_steps(int(cookie), sender or ""),
+            lambda _: reply(),
+            error,
+        )
+
+    @_change("u", "")
     def ReleaseProfile(
         self,
         cookie: int,

@@ -243,9 +243,10 @@ def _held_while(
 ) -> int:
     """Hold a profile while a command runs. The hold lives on this process's bus
     connection, so it ends even if latencyctl is killed. The daemon places the holder on
-    the shielded CPUs, and the command, started after, is born there. SIGTERM and SIGHUP
-    are passed to the command, and the hold lasts until it has exited: a command that
-    undoes its own changes when stopped does so while the profile is still held."""
+    the shielded CPUs (PlaceHolder), and the command, started after, is born there.
+    SIGTERM and SIGHUP are passed to the command, and the hold lasts until it has exited:
+    a command that undoes its own changes when stopped does so while the profile is still
+    held."""
     import os
     import signal
     import subprocess
@@ -255,6 +256,10 @@ def _held_while(
     if not args.json:
         _say(f"holding {profile} (cookie {cookie})")
     try:
+        if command:
+            import dbus
+
+            _call("PlaceHolder", dbus.UInt32(cookie))
         if not command:  # hold until interrupted
             stop = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop)

@@ -39,7 +39,7 @@ CONFIG = SYSTEMD / "latencyd.conf"
 NAME = "org.latencyd.Daemon1"
 OBJECT_PATH = "/org/latencyd/Daemon1"
 READ_ONLY = sorted(READ_METHODS)
-MUTATING = ["SwitchProfile", "Off", "Reload", "HoldProfile", "ReleaseProfile"]
+MUTATING = ["SwitchProfile", "Off", "Reload", "HoldProfile", "PlaceHolder", "ReleaseProfile"]
 TIMEOUT_S = 10
 UNITS_LOAD_STAMP = Path("/run/systemd/systemd-units-load")
 
@@ -266,6 +266,8 @@ class Fake(dbus.service.Object):
     def Reload(self): return "ok"
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
     def HoldProfile(self): return "ok"
+    @dbus.service.method(IFACE, in_signature="", out_signature="s")
+    def PlaceHolder(self): return "ok"
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
     def ReleaseProfile(self): return "ok"
 
