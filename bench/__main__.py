@@ -22,6 +22,7 @@ from collections.abc import Callable
 BENCHMARKS: dict[str, str] = {
     "daemon": "bench.daemon",
     "kthread": "bench.kthread",
+    "shield": "bench.shield",
     "drift": "bench.drift",
     "loader": "bench.loader",
     "nic": "bench.nic",

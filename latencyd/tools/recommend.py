@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from latencyd.core.boot import BootState, booted, compare
+from latencyd.core.cgroups import Chosen, choose
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import KernelRefused, LatencydError
 from latencyd.core.idle import RESPONSIVE_POLL_NS, IdleFacts, read_idle
@@ -41,6 +42,7 @@ class Facts:
     nics: tuple[Nic, ...]
     irqbalance: bool
     boot: BootState | None = None  # the isolation it booted with (None: not known)
+    shield: Chosen | None = None  # the shield's mechanism here (None: not known)
 
 
 @dataclass
@@ -98,7 +100,7 @@ def read_facts(system: System) -> Facts:
         boot = None
     return Facts(
         virtual, idle, online, tuple(cores.values()), tuple(nodes or [online]), tuple(nics),
-        irqbalance, boot,
+        irqbalance, boot, choose(system.cgroup_facts(), "auto"),
     )  # fmt: skip
 
 
@@ -256,9 +258,26 @@ def recommend(f: Facts, measured: Sequence[str] | None = None) -> Recommendation
     if f.irqbalance:
         why.append("irqbalance runs: cpu-partitioning bans the isolated CPUs in its config.")
     why += boot_reasons(isolated, f.boot)
-    why.append(f"Start the application on the isolated CPUs as you would anyway (`taskset -c "
-               f"{isolated} ./app`, a container's cpuset): a task confined to them stays there, "
-               "every task also allowed elsewhere is moved off them. `latencyctl hold "
-               "cpu-partitioning -- ./app` is optional: it holds the profile only while the "
-               "application runs.")  # fmt: skip
+    why.append(shield_reason(isolated, f.shield))
     return Recommendation("cpu-partitioning", isolated, why)
+
+
+def shield_reason(isolated: CpuSet, chosen: Chosen | None) -> str:
+    """How the shield will be kept here, why not the other ways, and so how to start the
+    application."""
+    start = (
+        "Start the application with `latencyctl run -- ./app` (or `hold cpu-partitioning "
+        "-- ./app`, or name it in [shield] apps)"
+    )
+    why_not = "; ".join(f"not {m}: {why}" for m, why in (chosen.why_not if chosen else {}).items())
+    if chosen is None or chosen.mechanism in (None, "affinity"):
+        return (
+            f"The shield narrows every task also allowed elsewhere off {isolated} (the "
+            f"affinity chase{': ' + why_not if why_not else ''}). {start}, or as you would "
+            f"anyway, `taskset -c {isolated} ./app`: a task confined to them stays."
+        )
+    return (
+        f"The kernel keeps the shield ({chosen.mechanism} on /{chosen.hierarchy}; {why_not}). "
+        f"{start}: inside a cpuset `taskset -c {isolated}` from a shell is refused (Invalid "
+        "argument)."
+    )

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from latencyd.core.boot import BootReadings, BootState, booted
+from latencyd.core.cgroups import Chosen
 from latencyd.core.cmdline import isolation, parse_cmdline
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.idle import IdleFacts, IdleState
 from latencyd.core.system import System
 from latencyd.service.config import shipped_profiles_dir
 from latencyd.tools.explain import explain
-from latencyd.tools.recommend import Facts, Nic, read_facts, recommend
+from latencyd.tools.recommend import Facts, Nic, read_facts, recommend, shield_reason
 from tests.unit.fakesys import add_nic, make_fake_root, put
 
 CPU = "sys/devices/system/cpu"
@@ -156,3 +157,12 @@ def test_read_facts_from_sysfs(tmp_path: Path) -> None:
     assert facts.nodes == cores("0-3")
     assert facts.nics == (Nic("eth0", "virtio_net", 2, -1),)
     assert facts.irqbalance
+
+
+def test_recommend_says_how_the_shield_is_kept_here_and_so_how_to_start_the_app() -> None:
+    v1 = Chosen("cpuset-v1", "sys/fs/cgroup/cpuset", {"cpuset-v2": "cpuset is held by v1"})
+    text = shield_reason(CpuSet({1}), v1)
+    assert "cpuset-v1 on /sys/fs/cgroup/cpuset; not cpuset-v2: cpuset is held by v1" in text
+    assert "`taskset -c 1` from a shell is refused" in text and "latencyctl run" in text
+    chase = shield_reason(CpuSet({1}), Chosen("affinity", None, {"cpuset-v1": "none"}))
+    assert "affinity chase: not cpuset-v1: none" in chase and "`taskset -c 1 ./app`" in chase
