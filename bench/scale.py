@@ -2,7 +2,9 @@
 threads (a JVM, a Kubernetes node), and TuneD's cpu-partitioning beside the same, as in
 issue 19's table.
 
-Per size (extra threads, all allowed on every CPU): `latencyctl switch cpu-partitioning`
+Per size (extra threads, all allowed on every CPU) and per profile (the shipped
+cpu-partitioning, whose shield is a cpuset where the machine has one, and the same with
+the affinity chase): `latencyctl switch PROFILE`
 (the call's round trip), the time until every thread is off the isolated CPU (from the
 start of the switch), the daemon's CPU while it holds the profile (nanosecond schedstat
 over `--hold` seconds, all its threads) and its RSS, `latencyctl verify`, and
@@ -31,7 +33,8 @@ pass over the IRQ table), and the bench's peak RSS. The fake /proc and /sys live
 tmpfs (/dev/shm) and the rig's own objects are frozen out of the garbage collector's
 sight, so the figures are the daemon's work, not the rig's.
 
-    python -m bench scale [--sizes 0,1000,5000,20000] [--hold 10] [--rounds 3] [--json] [--quick]
+    python -m bench scale [--sizes 0,1000,5000,20000] [--hold 10] [--rounds 3] [--profiles A,B]
+                          [--json] [--quick]
     python -m bench scale --fake [--multiples 1,4,16,64] [--json] [--quick]
 """
 
@@ -57,6 +60,16 @@ from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, REPO, Latencyd, idle_threads
 
 ISOLATED = 1
+# cpu-partitioning with the shield kept by the chase, beside the shipped one (auto: a
+# cpuset where the machine has one).
+AFFINITY = "cpu-partitioning-affinity"
+AFFINITY_PROFILE = """[main]
+summary = "cpu-partitioning with the affinity shield (the chase)"
+include = ["cpu-partitioning"]
+
+[shield]
+mechanism = "affinity"
+"""
 TARGETS = {  # at the largest size, as issue 19 asks for 20,000 threads
     "switch_s": 1.0,
     "all_narrowed_s": 1.5,
@@ -146,7 +159,9 @@ def status_while(switch: subprocess.Popen[str]) -> tuple[float | None, int]:
     return (None if longest is None else round(longest, 1)), during
 
 
-def latencyd_at(d: Latencyd, n: int, hold: float, every: set[int], rounds: int) -> dict[str, Any]:
+def latencyd_at(
+    d: Latencyd, profile: str, n: int, hold: float, every: set[int], rounds: int
+) -> dict[str, Any]:
     """The issue's table (a user's `latencyctl switch`, nobody else calling), `rounds`
     times (the median printed: this VM's host moves single runs by +-40 %; the CPU and
     RSS while holding are the first round's), then the same switch again with a client
@@ -156,7 +171,7 @@ def latencyd_at(d: Latencyd, n: int, hold: float, every: set[int], rounds: int) 
         each: list[dict[str, Any]] = []
         for r in range(rounds):
             t0 = time.monotonic()
-            switch = timed(d, "switch", "cpu-partitioning")
+            switch = timed(d, "switch", profile)
             narrowed = time.monotonic() - t0 if wait_until(lambda: all_off(app.pid), 120) else None
             one: dict[str, Any] = {"switch_s": switch, "all_narrowed_s": narrowed}
             if r == 0:
@@ -175,11 +190,11 @@ def latencyd_at(d: Latencyd, n: int, hold: float, every: set[int], rounds: int) 
         row["all_back"] = all(e["all_back"] for e in each)
         row["switch_s_each"] = [round(e["switch_s"], 3) for e in each]
         t0 = time.monotonic()
-        spawned = d.spawn_ctl("switch", "cpu-partitioning")
+        spawned = d.spawn_ctl("switch", profile)
         status_ms, answered = status_while(spawned)
         _, err = spawned.communicate()
         if spawned.returncode != 0:
-            raise RuntimeError(f"latencyctl switch cpu-partitioning: {err.strip()}")
+            raise RuntimeError(f"latencyctl switch {profile}: {err.strip()}")
         row["switch_polled_s"] = round(time.monotonic() - t0, 3)
         row["status_during_switch_ms"] = status_ms
         row["statuses_during_switch"] = answered
@@ -233,12 +248,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             etc.mkdir()
         (etc / "cpu-partitioning-variables.conf").write_text(f"isolated_cores={ISOLATED}\n")
         os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address  # TuneD's `latencyctl hold`
-        d = Latencyd(bus.address, Path(tmp), None, [REPO / "profiles"], extra=["--no-profile"])
+        mine = Path(tmp, "profiles")
+        mine.mkdir()
+        (mine / f"{AFFINITY}.toml").write_text(AFFINITY_PROFILE)
+        d = Latencyd(bus.address, Path(tmp), None, [mine, REPO / "profiles"],
+                     extra=["--no-profile"])  # fmt: skip
         d.start()
         try:
             for n in sizes:
-                print(f"bench scale: latencyd, {n} threads", file=sys.stderr)
-                result["latencyd"][n] = latencyd_at(d, n, args.hold, every, args.rounds)
+                for profile in args.profiles.split(","):
+                    print(f"bench scale: latencyd {profile}, {n} threads", file=sys.stderr)
+                    row = latencyd_at(d, profile, n, args.hold, every, args.rounds)
+                    result["latencyd"].setdefault(profile, {})[n] = row
                 if with_tuned:
                     print(f"bench scale: TuneD, {n} threads", file=sys.stderr)
                     result["tuned"][n] = tuned_at(d, n, args.hold, every, etc)
@@ -249,19 +270,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(r: dict[str, Any]) -> str:
-    lines = ["latencyd cpu-partitioning beside one process's idle threads (this machine; "
-             "medians of the rounds):",
-             f"  {'threads':>8} {'switch s':>9} {'narrowed s':>11} {'CPU holding %':>14} "
-             f"{'RSS MiB':>8} {'verify s':>9} {'status s':>9} {'off s':>7} all back  "
-             "switched again, Status polled: switch s, slowest Status ms (replies)"]  # fmt: skip
-    for n, row in r["latencyd"].items():
-        lines.append(
-            f"  {n:>8} {row['switch_s']:>9} {row['all_narrowed_s']!s:>11} "
-            f"{row['cpu_holding_pct']:>14} {row['rss_mib']:>8} {row['verify_s']:>9} "
-            f"{row['status_s']:>9} {row['off_s']:>7} {row['all_back']!s:<8}  "
-            f"{row['switch_polled_s']}, {row['status_during_switch_ms']!s} "
-            f"({row['statuses_during_switch']})"
-        )
+    lines = []
+    for profile, rows in r["latencyd"].items():
+        lines += [
+            f"latencyd {profile} beside one process's idle threads (this machine; "
+            "medians of the rounds):",
+            f"  {'threads':>8} {'switch s':>9} {'narrowed s':>11} {'CPU holding %':>14} "
+            f"{'RSS MiB':>8} {'verify s':>9} {'status s':>9} {'off s':>7} all back  "
+            "switched again, Status polled: switch s, slowest Status ms (replies)",
+        ]
+        for n, row in rows.items():
+            lines.append(
+                f"  {n:>8} {row['switch_s']:>9} {row['all_narrowed_s']!s:>11} "
+                f"{row['cpu_holding_pct']:>14} {row['rss_mib']:>8} {row['verify_s']:>9} "
+                f"{row['status_s']:>9} {row['off_s']:>7} {row['all_back']!s:<8}  "
+                f"{row['switch_polled_s']}, {row['status_during_switch_ms']!s} "
+                f"({row['statuses_during_switch']})"
+            )
     if r["tuned"]:
         lines += ["TuneD cpu-partitioning, same sizes:",
                   f"  {'threads':>8} {'active s':>9} {'narrowed s':>11} {'CPU holding %':>14} "
@@ -272,13 +297,14 @@ def report(r: dict[str, Any]) -> str:
                 f"{row['cpu_holding_pct']:>14} {row['rss_mib']:>8} {row['stop_s']:>7} "
                 f"{row['all_back']}"
             )
-    largest = r["latencyd"][r["largest"]]
-    lines.append(f"each round's switch at {r['largest']} threads (s): {largest['switch_s_each']}")
-    lines.append(f"targets at {r['largest']} threads (medians of the rounds):")
-    for key, target in TARGETS.items():
-        value = largest.get(key)
-        verdict = "PASS" if value is not None and value <= target else "MISS"
-        lines.append(f"  {key:<18} {value!s:>9}  (<= {target})  [{verdict}]")
+    for profile, rows in r["latencyd"].items():
+        largest = rows[r["largest"]]
+        lines.append(f"{profile}: each round's switch at {r['largest']} threads (s): "
+                     f"{largest['switch_s_each']}; targets (medians of the rounds):")  # fmt: skip
+        for key, target in TARGETS.items():
+            value = largest.get(key)
+            verdict = "PASS" if value is not None and value <= target else "MISS"
+            lines.append(f"  {key:<18} {value!s:>9}  (<= {target})  [{verdict}]")
     return "\n".join(lines)
 
 
@@ -340,6 +366,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sizes", default="0,1000,5000,20000", help="extra threads per run")
     parser.add_argument("--hold", type=float, default=10.0, help="seconds to hold (CPU)")
     parser.add_argument("--rounds", type=int, default=3, help="switch..off rounds per size")
+    parser.add_argument(
+        "--profiles",
+        default=f"cpu-partitioning,{AFFINITY}",
+        help="latencyd profiles to switch to (the shipped one's shield: a cpuset where the "
+        "machine has one; the second: the affinity chase)",
+    )
     parser.add_argument("--fake", action="store_true", help="the engine on a fake server")
     parser.add_argument("--multiples", default="1,4,16,64", help="fake server sizes")
     args = parser.parse_args(argv)
