@@ -10,9 +10,12 @@ may run (Cpus_allowed_list); counted: the starts that ended off the shielded CPU
 - cpuset (where the machine has one): `latencyctl run -- app`, and an application by
   name (`[shield] apps`, started from a housekeeping shell);
 - cpuset, plain starts of anything else (`/bin/true`): the daemon's per-start work, as
-  its CPU time and the journal bytes written meanwhile (the kernel places those tasks).
+  its CPU time and the journal bytes written meanwhile (the kernel places those tasks);
+- cpuset, crashes: kill -9 at a random point of `--crashes` switches into and out of the
+  shield, each followed by a restart: how many left every cgroup, flag, task's cpuset
+  and affinity as before.
 
-    python -m bench shield [--starts 2000] [--plain 2000]
+    python -m bench shield [--starts 2000] [--plain 2000] [--crashes 50]
     python -m bench shield --quick       # 16 starts each: that it runs, not figures
 
 Goal (issue 39): 0 starts off the shield for every mechanism; under a cpuset no per-start
@@ -24,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -117,7 +121,63 @@ def plain_starts(d: Latencyd, count: int) -> dict[str, Any]:
     }
 
 
-def run(bus: str, workdir: Path, count: int, plain: int) -> dict[str, Any]:
+def crashes(bus: str, workdir: Path, cpu: str, count: int, seed: int) -> dict[str, Any]:
+    """kill -9 at a random point of `count` switches into and out of the cpuset shield
+    (alternately), each followed by a restart with no profile, which restores what the
+    journal holds: how many left every task's cpuset and affinity, every cpuset file and
+    no cgroup of latencyd's as they were."""
+    rng = random.Random(seed)
+    profiles = workdir / "profiles"
+    profiles.mkdir(parents=True)
+    (profiles / "shield-bench.toml").write_text(PROFILE.format(cpu=cpu, mechanism="cpuset"))
+    sentinels = [subprocess.Popen(["sleep", "3600"]),
+                 subprocess.Popen(["taskset", "-c", cpu, "sleep", "3600"])]  # fmt: skip
+    time.sleep(0.2)
+    before = cpuset_state(sentinels)
+    restored, misses = 0, []
+    try:
+        for n in range(count):
+            state = Path(tempfile.mkdtemp(prefix="latencyd-shield-crash-", dir="/dev/shm"))
+            into = n % 2 == 0
+            d = Latencyd(bus, state, None if into else "shield-bench", [profiles],
+                         extra=["--no-profile"] if into else [], config="")  # fmt: skip
+            d.start()
+            step = d.spawn_ctl(*(["switch", "shield-bench"] if into else ["off"]))
+            time.sleep(rng.uniform(0.0, 0.06))  # somewhere in the step, or just after
+            d.kill9()
+            step.wait()
+            d.profile, d.extra = None, ["--no-profile"]
+            d.start()  # adopts the journal and, with no profile, restores it
+            d.stop()
+            shutil.rmtree(state, ignore_errors=True)
+            after = cpuset_state(sentinels)
+            if after == before:
+                restored += 1
+            else:
+                misses.append({"run": n, "into": into, "after": after})
+    finally:
+        for proc in sentinels:
+            proc.kill()
+            proc.wait()
+    return {"runs": count, "restored": restored, "misses": misses[:3]}
+
+
+def cpuset_state(sentinels: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+    """What a crash must not change: the cpuset hierarchy's child cgroups and root flag,
+    and the sentinels' cpusets and affinities."""
+    system = System()
+    facts = system.cgroup_facts()
+    root = Path("/", facts.v1_cpuset or facts.unified or "sys/fs/cgroup")
+    return {
+        "cgroups": sorted(p.name for p in root.iterdir() if p.is_dir()),
+        "balance": (root / "cpuset.sched_load_balance").read_text().strip()
+        if (root / "cpuset.sched_load_balance").exists() else None,
+        "tasks": [(system.task_cgroup(p.pid), sorted(os.sched_getaffinity(p.pid)))
+                  for p in sentinels],
+    }  # fmt: skip
+
+
+def run(bus: str, workdir: Path, count: int, plain: int, crash_runs: int) -> dict[str, Any]:
     usable = os.sched_getaffinity(0)
     every, cpu = CpuSet(usable).to_list(), str(max(usable))
     app = workdir / "latencyapp"
@@ -138,7 +198,7 @@ def run(bus: str, workdir: Path, count: int, plain: int) -> dict[str, Any]:
         results["cpuset: latencyctl run"] = starts(argv, cpu, count, env)
         results["cpuset: [shield] apps"] = starts([str(app), "-c", REPORT], cpu, count, env)
         results["cpuset: plain starts"] = plain_starts(d, plain)
-    return results
+    return results | {"crashes": crashes(bus, workdir / "crashes", cpu, crash_runs, 39)}
 
 
 def report(r: dict[str, Any]) -> None:
@@ -157,6 +217,14 @@ def report(r: dict[str, Any]) -> None:
                 f"{got['daemon_cpu_us_per_start']:.1f} µs per start, journal bytes written "
                 f"{got['journal_bytes']}  (goal: no per-start work)"
             )
+    if "crashes" in r:
+        c = r["crashes"]
+        print(
+            f"  kill -9 in {c['runs']} switches into and out of the cpuset shield: "
+            f"{c['restored']} of {c['runs']} restored by the restart  (goal all)"
+        )
+        for miss in c["misses"]:
+            print(f"    not restored: {miss}")
     if isinstance(r.get("cpuset"), str):
         print(f"  cpuset: not on this machine ({r['cpuset']})")
     elif "mechanism" in r:
@@ -167,16 +235,17 @@ def main(argv: list[str]) -> int:
     parser = arguments("shield", __doc__, quick="16 starts of each kind")
     parser.add_argument("--starts", type=int, default=2000, help="application starts per way")
     parser.add_argument("--plain", type=int, default=2000, help="plain starts under a cpuset")
+    parser.add_argument("--crashes", type=int, default=50, help="switches killed with -9")
     args = parser.parse_args(argv)
     if args.quick:
-        args.starts, args.plain = 16, 100
+        args.starts, args.plain, args.crashes = 16, 100, 4
     if not_root("shield", "cgroups, a tuning daemon"):
         return 2
     if len(os.sched_getaffinity(0)) < 2:
         print("bench shield: needs two CPUs", file=sys.stderr)
         return 2
     with PrivateBus(POLICY) as bus, tempfile.TemporaryDirectory(prefix="latencyd-sbench-") as tmp:
-        results = run(bus.address, Path(tmp), args.starts, args.plain)
+        results = run(bus.address, Path(tmp), args.starts, args.plain, args.crashes)
     if args.json:
         print(json.dumps({"benchmark": "shield", "results": results}))
     else:
