@@ -366,7 +366,8 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             cgroup = self.system.task_cgroup(task.pid)
             if cgroup is None:
                 continue
-            allowed = self.left_alone(rules, task) is not None  # by name, or under a hold
+            # By name or under a hold; asked only where it decides (a walk up the parents).
+            allowed = cgroup == "/" and self.left_alone(rules, task) is not None
             try:
                 cpus = self.system.affinity(task.pid) if cgroup == "/" else CpuSet()
             except KernelRefused:
