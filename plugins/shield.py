@@ -684,9 +684,9 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         if isinstance(target, Controller):
             enabled = system.read(f"{target.hierarchy}/cgroup.subtree_control").split()
             return target.name in enabled
-        self._task(target)
         cgroup = system.task_cgroup(target.pid)
-        if cgroup is None:
+        # Asked after the read: a task that began to exit before it already shows the root.
+        if cgroup is None or self._task(target, fresh=True).exiting:
             raise NotApplicable(f"pid {target.pid} has exited")
         return cgroup
 
@@ -774,12 +774,12 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         if not isinstance(target, TaskAffinity | TaskCgroup):
             return True  # a cgroup latencyd makes is there to make or to remove
         try:  # a thread's own directory says whether it is there
-            self._task(target)
+            task = self._task(target, fresh=isinstance(target, TaskCgroup))
         except NotApplicable:
             return False
-        return isinstance(target, TaskCgroup) or self.system.exists(
-            f"proc/{target.pid}/task/{target.tid}"
-        )
+        if isinstance(target, TaskCgroup):
+            return not task.exiting
+        return self.system.exists(f"proc/{target.pid}/task/{target.tid}")
 
     def describe(self, target: ShieldTarget, value: Value) -> str:
         if isinstance(target, Cgroup):

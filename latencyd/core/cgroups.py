@@ -56,6 +56,7 @@ class CgroupMount:
     path: str
     version: int
     controllers: frozenset[str] = frozenset()
+    read_only: bool = False  # mounted ro (a container's view of the host's hierarchies)
 
 
 def _unescape(text: str) -> str:
@@ -74,10 +75,11 @@ def parse_mountinfo(text: str) -> list[CgroupMount]:
             continue
         fstype, options = rest[0], rest[2].split(",")
         where = _unescape(fields[4]).strip("/")
+        read_only = "ro" in fields[5].split(",")
         if fstype == "cgroup2":
-            mounts.append(CgroupMount(where, 2))
+            mounts.append(CgroupMount(where, 2, read_only=read_only))
         elif fstype == "cgroup":
-            mounts.append(CgroupMount(where, 1, frozenset(options)))
+            mounts.append(CgroupMount(where, 1, frozenset(options), read_only))
     return mounts
 
 
@@ -137,6 +139,9 @@ class CgroupFacts:
     def unified(self) -> str | None:
         return next((m.path for m in self.mounts if m.version == 2), None)
 
+    def read_only(self, path: str) -> bool:
+        return any(m.path == path and m.read_only for m in self.mounts)
+
 
 @dataclass(frozen=True)
 class Chosen:
@@ -172,8 +177,12 @@ def _blockers(facts: CgroupFacts) -> dict[str, str]:
             "systemd owns the cgroup v2 tree here: a shield must be set through its "
             "D-Bus API (AllowedCPUs=), which latencyd does not do yet"
         )
+    elif facts.read_only(facts.unified):
+        why["cpuset-v2"] = f"/{facts.unified} is mounted read-only here (a container's view)"
     if facts.v1_cpuset is None:
         why["cpuset-v1"] = "no cgroup v1 hierarchy has the cpuset controller"
+    elif facts.read_only(facts.v1_cpuset):
+        why["cpuset-v1"] = f"/{facts.v1_cpuset} is mounted read-only here (a container's view)"
     return why
 
 

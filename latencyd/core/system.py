@@ -144,6 +144,7 @@ class PmQos:
         return int(struct.unpack("=i", data)[0]) if len(data) == 4 else None
 
 
+PF_EXITING = 0x00000004
 PF_KTHREAD = 0x00200000
 PF_NO_SETAFFINITY = 0x04000000
 POLICIES = {
@@ -173,6 +174,12 @@ class Task:
         """By the kernel's own flag: a usermode helper (modprobe, a hotplug script) is a
         child of kthreadd too, but a user process."""
         return bool(self.flags & PF_KTHREAD)
+
+    @property
+    def exiting(self) -> bool:
+        """Being torn down (PF_EXITING): what its /proc files say is no longer its own (a
+        dying task already shows the root cgroup)."""
+        return bool(self.flags & PF_EXITING)
 
     @property
     def pinnable(self) -> bool:

@@ -28,6 +28,8 @@ MOUNTINFO = """\
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 77 31 0:31 /docker/abc /mnt/in\\040ctr rw,relatime - cgroup cgroup rw,cpuset
 """
+# What a container (systemd-nspawn) sees of the host's hierarchies: mounted read-only.
+IN_CONTAINER = "34 31 0:31 / /sys/fs/cgroup/cpuset ro,nosuid - cgroup cgroup rw,cpuset\n"
 V1 = CgroupMount("sys/fs/cgroup/cpuset", 1, frozenset({"rw", "cpuset"}))
 UNIFIED = CgroupMount("sys/fs/cgroup/unified", 2)
 
@@ -99,6 +101,14 @@ def test_old_kernels_have_no_isolated_partition() -> None:
     old = CgroupFacts((UNIFIED,), frozenset({"cpuset"}), kernel_version("5.15.0-91-generic"), False)
     assert "Linux >= 6.1" in choose(old, "auto").why_not["cpuset-v2"]
     assert kernel_version("garbage") == (0, 0)
+
+
+def test_a_hierarchy_mounted_read_only_is_not_used() -> None:
+    (mount,) = parse_mountinfo(IN_CONTAINER)
+    assert mount.read_only
+    got = choose(CgroupFacts((mount,), frozenset(), (6, 18), False), "auto")
+    assert got.mechanism == "affinity"
+    assert "/sys/fs/cgroup/cpuset is mounted read-only here" in got.why_not["cpuset-v1"]
 
 
 def test_cpuset_asked_where_there_is_none_is_no_mechanism_with_the_reasons() -> None:

@@ -12,9 +12,11 @@ import pytest
 from latencyd.plugins.shield import Cgroup, ShieldPlugin, TaskCgroup
 
 from latencyd.core.engine import Engine
+from latencyd.core.errors import NotApplicable
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import decode_target, target_kinds
 from latencyd.core.schema import Machine, validate
+from latencyd.core.system import PF_EXITING
 from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, tree_values
 from tests.unit.taskrig import Machinery
 
@@ -146,3 +148,15 @@ def test_a_journal_cannot_name_a_cgroup_latencyd_did_not_make(
     plugin = ShieldPlugin(CgroupLikeSystem(tmp_path))
     with pytest.raises(ValueError, match="not a"):
         decode_target(target_kinds(plugin), json.loads(json.dumps(target)))
+
+
+def test_a_task_being_torn_down_is_gone_not_back_in_the_root(tmp_path: Path) -> None:
+    """A dying task already shows the root cgroup: read as its original, it would look
+    like a setting flipped back (a kill -9'd daemon's own process did)."""
+    m, _, _ = rig(tmp_path, v1=True, v2=False)
+    target = TaskCgroup(V1, 400, 1000)
+    assert m.plugin.read(target) == "/" and m.plugin.exists(target)
+    add_task(m.root, 400, "myapp", start_time=1000, flags=0x00400100 | PF_EXITING)
+    with pytest.raises(NotApplicable, match="pid 400 has exited"):
+        m.plugin.read(target)
+    assert not m.plugin.exists(target)
