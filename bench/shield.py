@@ -9,8 +9,9 @@ may run (Cpus_allowed_list); counted: the starts that ended off the shielded CPU
   application pins itself (the race the chase can lose);
 - cpuset (where the machine has one): `latencyctl run -- app`, and an application by
   name (`[shield] apps`, started from a housekeeping shell);
-- cpuset, plain starts of anything else (`/bin/true`): the daemon's per-start work, as
-  its CPU time and the journal bytes written meanwhile (the kernel places those tasks);
+- cpuset, plain starts of anything else (`/bin/true`, under the profile without `apps`,
+  whose exec events are then not asked for): the daemon's per-start work, as its CPU
+  time and the journal bytes written meanwhile (the kernel places those tasks);
 - cpuset, crashes: kill -9 at a random point of `--crashes` switches into and out of the
   shield, each followed by a restart: how many left every cgroup, flag, task's cpuset
   and affinity as before.
@@ -51,8 +52,9 @@ summary = "bench: CPU {cpu} shielded ({mechanism})"
 [shield]
 cpus = "{cpu}"
 mechanism = "{mechanism}"
-apps = ["latencyapp"]
+{apps}
 """
+APPS = 'apps = ["latencyapp"]'  # exec events are heard only for a profile naming apps
 LOAD = ["stress-ng", "--cpu", "2", "--io", "1", "--vm", "1", "--vm-bytes", "256M", "--quiet"]
 REPORT = "sleep 0.2; grep Cpus_allowed_list: /proc/$$/status"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -64,11 +66,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def shielded(bus: str, workdir: Path, cpu: str, mechanism: str) -> Iterator[Latencyd]:
+def shielded(
+    bus: str, workdir: Path, cpu: str, mechanism: str, apps: str = APPS
+) -> Iterator[Latencyd]:
     """A daemon shielding `cpu` by `mechanism`, and the load, started after the switch."""
     profiles = workdir / "profiles"
     profiles.mkdir(parents=True)
-    (profiles / "shield-bench.toml").write_text(PROFILE.format(cpu=cpu, mechanism=mechanism))
+    text = PROFILE.format(cpu=cpu, mechanism=mechanism, apps=apps)
+    (profiles / "shield-bench.toml").write_text(text)
     state = Path(tempfile.mkdtemp(prefix="latencyd-shield-bench-", dir="/dev/shm"))
     d = Latencyd(bus, state, "shield-bench", [profiles], config="")
     load = None
@@ -129,7 +134,9 @@ def crashes(bus: str, workdir: Path, cpu: str, count: int, seed: int) -> dict[st
     rng = random.Random(seed)
     profiles = workdir / "profiles"
     profiles.mkdir(parents=True)
-    (profiles / "shield-bench.toml").write_text(PROFILE.format(cpu=cpu, mechanism="cpuset"))
+    (profiles / "shield-bench.toml").write_text(
+        PROFILE.format(cpu=cpu, mechanism="cpuset", apps="")
+    )
     sentinels = [subprocess.Popen(["sleep", "3600"]),
                  subprocess.Popen(["taskset", "-c", cpu, "sleep", "3600"])]  # fmt: skip
     time.sleep(0.2)
@@ -193,10 +200,11 @@ def run(bus: str, workdir: Path, count: int, plain: int, crash_runs: int) -> dic
         results["cpuset"] = "; ".join(f"{m}: {why}" for m, why in chosen.why_not.items())
         return results
     results["mechanism"] = chosen.mechanism
-    with shielded(bus, workdir / "cpuset", cpu, "cpuset") as d:
+    with shielded(bus, workdir / "cpuset", cpu, "cpuset"):
         argv = [str(BIN / "latencyctl"), "run", "--", "sh", "-c", REPORT]
         results["cpuset: latencyctl run"] = starts(argv, cpu, count, env)
         results["cpuset: [shield] apps"] = starts([str(app), "-c", REPORT], cpu, count, env)
+    with shielded(bus, workdir / "plain", cpu, "cpuset", apps="") as d:
         results["cpuset: plain starts"] = plain_starts(d, plain)
     return results | {"crashes": crashes(bus, workdir / "crashes", cpu, crash_runs, 39)}
 
@@ -204,7 +212,7 @@ def run(bus: str, workdir: Path, count: int, plain: int, crash_runs: int) -> dic
 def report(r: dict[str, Any]) -> None:
     print(f"[shield] CPU {r['cpu']} shielded, under `{' '.join(LOAD[:-1])}`")
     for name, got in r.items():
-        if not isinstance(got, dict):
+        if not isinstance(got, dict) or name == "crashes":
             continue
         if "off_shield" in got:
             print(
