@@ -1,18 +1,23 @@
 """shield: keep user tasks off the CPUs the application runs on.
 
-`cpus` shields CPUs from user tasks the way tuna and RedHawk's `shield` do: a task also
-allowed on other CPUs is narrowed to those (and logged); a task whose affinity lies
-entirely inside the shielded CPUs was put there on purpose (`taskset`, a container
-runtime, `latencyctl hold`) and stays, also when someone moves a narrowed task back
-inside. Tasks named in `allow` and the processes holding a profile are left alone.
-`[[shield.rule]]` puts user processes matched by name on CPUs of their own, as TuneD's
-scheduler groups can; such a rule wins over the shield.
+How the shield is kept is its `mechanism` (latencyd.core.cgroups.choose): a cgroup v2
+isolated partition or v1 exclusive cpusets, which the kernel keeps (tasks are born where
+their parent is; each cgroup made, file written and task moved is a setting of its own,
+journaled), or the affinity chase. The application is placed inside by `latencyctl run`
+and `hold -- CMD` (PlaceHolder), or by name (`apps`) as it execs.
 
-How the shield is kept is its `mechanism`; the one built so far narrows each task's
-affinity (the affinity chase: new tasks arrive as task events, see
-latencyd.service.taskevents, and a periodic rescan is the safety net). These options
-were once [kthread]'s (isolate_tasks, allow, rule with user = true): profiles that say
-so still load (Schema.moved), and journals that hold them still restore (took_over).
+Under the chase, `cpus` shields CPUs from user tasks the way tuna and RedHawk's `shield`
+do: a task also allowed on other CPUs is narrowed to those (and logged); a task whose
+affinity lies entirely inside the shielded CPUs was put there on purpose (`taskset`, a
+container runtime, `latencyctl hold`) and stays, also when someone moves a narrowed task
+back inside. New tasks arrive as task events (latencyd.service.taskevents), and a
+periodic rescan is the safety net. Tasks named in `allow` and the processes holding a
+profile are left alone. `[[shield.rule]]` puts user processes matched by name on CPUs of
+their own, as TuneD's scheduler groups can; such a rule wins over the shield.
+
+These options were once [kthread]'s (isolate_tasks, allow, rule with user = true):
+profiles that say so still load (Schema.moved), and journals that hold them still
+restore (took_over).
 """
 
 from __future__ import annotations
@@ -242,8 +247,10 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
                 "mechanism",
                 Choice(MECHANISMS),
                 "How the shield is kept: cpuset has the kernel keep it (a cgroup v2 "
-                "isolated partition, else v1 exclusive cpusets); affinity narrows each "
-                "task's CPUs as it comes; auto takes cpuset where the machine has one",
+                "isolated partition, else v1 exclusive cpusets; inside one the kernel "
+                "refuses taskset to CPUs outside it: start the application with latencyctl "
+                "run, hold -- CMD or apps); affinity narrows each task's CPUs as it comes; "
+                "auto takes cpuset where the machine has one (status says which runs)",
                 default="auto",
             ),
         ),
