@@ -167,7 +167,8 @@ class TaskCgroup(Target):
         return _hierarchy_problem(self.hierarchy)
 
 
-ShieldTarget = TaskAffinity | Cgroup | RootFile | Controller | TaskCgroup
+CgroupTarget = Cgroup | RootFile | Controller | TaskCgroup
+ShieldTarget = TaskAffinity | CgroupTarget
 
 
 def _cgroup_of(value: Value) -> str:
@@ -301,6 +302,19 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
                 + "; ".join(f"{m}: {why}" for m, why in choice.why_not.items())
             )
         return choice
+
+    def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
+        """From cpusets to the chase: the tasks get their own CPUs back only once moved out
+        of latencyd's cpusets, so the chase must judge them (and read their originals)
+        after that, not before. (The other way round needs nothing: affinities given
+        back first, the kernel then intersects them with the cpuset.)"""
+        if not any(isinstance(t, CgroupTarget) for t in owned):
+            return False
+        try:
+            chosen = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
+        except NotApplicable:
+            return True
+        return chosen.mechanism == "affinity"
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]

@@ -337,7 +337,19 @@ class Engine:
         self, profile: Profile, only: Collection[str] | None = None
     ) -> Steps[StepReport]:
         """Make the kernel match `profile` (or re-expand only some of its sections), giving
-        control back every slice (see switch_steps)."""
+        control back every slice (see switch_steps). A section whose plugin must start
+        afresh (Plugin.starts_afresh) has what it owns given back in a step of its own
+        first, so its expansion reads the machine as that left it."""
+        afresh = [
+            name
+            for name, options in profile.sections.items()
+            if (only is None or name in only)
+            and name in self.plugins
+            and self.owned_count.get(name)
+            and self.plugins[name].starts_afresh(options, self.owned(name))
+        ]
+        if afresh:
+            yield from self.switch_steps({}, self.profile, scope=afresh)
         expansions = yield from self.expand_steps(profile, only)
         wanted = {(n, t): v for n, e in expansions.items() for t, v in e.settings.items()}
         current = {(n, t): v for n, e in expansions.items() for t, v in e.current.items()}

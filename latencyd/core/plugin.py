@@ -283,6 +283,12 @@ class Plugin(Generic[T]):
         Raise NotApplicable when the whole section cannot apply on this machine."""
         raise NotImplementedError
 
+    def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
+        """Whether what this plugin owns must be given back before the section is expanded
+        again: the restores would change what the expansion reads (tasks leaving a cpuset
+        get their CPUs back from the kernel only once moved). Default: no."""
+        return False
+
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
     ) -> Generator[None, None, Expansion]:

@@ -922,6 +922,22 @@ class CgroupLikeSystem(System):
     def __init__(self, root: Path | str = "/", **backends: Any) -> None:
         super().__init__(root, **backends)
         self.writes: list[tuple[str, str]] = []
+        # What each task's user asked with sched_setaffinity (the kernel's user_cpus_ptr),
+        # taken at its first move: a move sets its CPUs to this and the cgroup's together.
+        self.user_masks: dict[int, frozenset[int]] = {}
+
+    def _follow_cpus(self, pid: int, folder: str, hierarchy: str) -> None:
+        """A task's CPUs after a move, with a FakeSched: its user's, within the cgroup's."""
+        sched = self.sched
+        if not isinstance(sched, FakeSched) or pid not in sched.affinity:
+            return
+        user = self.user_masks.setdefault(pid, frozenset(sched.affinity[pid]))
+        inside = (
+            sched.all
+            if folder == hierarchy
+            else set(CpuSet.from_list(self.read(f"{folder}/cpuset.cpus")))
+        )
+        sched.affinity[pid] = frozenset(user & inside or inside)
 
     def place(self, pid: int, hierarchy: str, cgroup: str = "/") -> None:
         """Put a task in a cgroup as the kernel would show it."""
@@ -975,6 +991,7 @@ class CgroupLikeSystem(System):
             for procs in self.path(hierarchy).rglob("cgroup.procs"):
                 procs.write_text("\n".join(p for p in procs.read_text().split() if p != value))
             self.place(int(value), hierarchy, folder[len(hierarchy) :] or "/")
+            self._follow_cpus(int(value), folder, hierarchy)
         elif name == "cpuset.cpus.partition" and value == "isolated":
             mine = self.read(f"{folder}/cpuset.cpus")
             siblings = [p for p in self.path(folder).parent.glob("*/cpuset.cpus")

@@ -9,12 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
-from latencyd.plugins.shield import Cgroup, ShieldPlugin, TaskCgroup
+from latencyd.plugins.shield import Cgroup, ShieldPlugin, TaskAffinity, TaskCgroup
 
-from latencyd.core.engine import Engine
+from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.errors import NotApplicable
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import decode_target, target_kinds
+from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import Machine, validate
 from latencyd.core.system import PF_EXITING
 from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, tree_values
@@ -160,3 +161,27 @@ def test_a_task_being_torn_down_is_gone_not_back_in_the_root(tmp_path: Path) -> 
     with pytest.raises(NotApplicable, match="pid 400 has exited"):
         m.plugin.read(target)
     assert not m.plugin.exists(target)
+
+
+def test_from_a_cpuset_to_the_chase_the_tasks_are_judged_once_out_of_it(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """The kernel gives a task its own CPUs back only once it leaves the cpuset: judged
+    before (inside housekeeping, on CPU 0 only), the chase would leave it alone and find
+    it back on the shielded CPU after the move. So the cpusets are given back in a step
+    of their own first (Plugin.starts_afresh), and the chase reads what that left."""
+    m, system, engine = rig(tmp_path, v1=True, v2=False)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "cpuset.toml").write_text('[shield]\ncpus = "1"\nmechanism = "cpuset"\n')
+    (profiles / "chase.toml").write_text('[shield]\ncpus = "1"\nmechanism = "affinity"\n')
+    library = ProfileLibrary([profiles], section_schemas(engine.plugins), machine)
+    engine.apply(library.load("cpuset"))
+    assert cgroup(system, 1) == "/latencyd-housekeeping"
+    assert m.sched.affinity[1] == {0, 2, 3}  # the kernel's doing, inside housekeeping
+    engine.apply(library.load("chase"))
+    assert cgroup(system, 1) == "/"
+    assert m.sched.affinity[1] == {0, 2, 3}  # narrowed by the chase, judged in the root
+    assert engine.originals[("shield", TaskAffinity(1, 5, 1))] == "0-3"  # as in the root
+    assert not (m.root / V1 / "latencyd-shield").exists()
+    assert engine.off() == []
