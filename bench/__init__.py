@@ -30,3 +30,15 @@ def not_root(name: str, why: str) -> bool:
         return False
     print(f"bench {name}: needs root ({why})", file=sys.stderr)
     return True
+
+
+# cpu-partitioning with its shield kept by the affinity chase: benchmarks run it beside the
+# shipped profile (whose shield is a cpuset where the machine has one) to compare the two.
+CHASE = "cpu-partitioning-affinity"
+CHASE_PROFILE = """[main]
+summary = "cpu-partitioning with the affinity shield (the chase)"
+include = ["cpu-partitioning"]
+
+[shield]
+mechanism = "affinity"
+"""

@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import arguments, not_root
+from bench import CHASE, CHASE_PROFILE, arguments, not_root
 from scripts.private_bus import PrivateBus
 from tests.harness import BIN, POLICY, REPO, Latencyd
 
@@ -50,15 +50,6 @@ include = ["cpu-partitioning"]
 
 [variables]
 isolated_cores = "0"
-"""
-# The same profile with the shield kept by the chase, beside the cpuset one `auto` takes
-# where the machine has a cpuset: the two mechanisms side by side in one run.
-AFFINITY = """[main]
-summary = "cpu-partitioning with the affinity shield (the chase)"
-include = ["cpu-partitioning"]
-
-[shield]
-mechanism = "affinity"
 """
 TUNED_ETC = Path("/etc/tuned")
 BAD_ROUND = 3.0  # a round whose p99 is over this times the median round's is a bad one
@@ -91,12 +82,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.quick:
         idle.append("realtime-poll")
     loaded = ["untuned"] + (["tuned:cpu-partitioning"] if tuned else []) + ["cpu-partitioning"]
-    loaded += ["cpu-partitioning-affinity", "mistuned"]
+    loaded += [CHASE, "mistuned"]
     with PrivateBus(POLICY) as bus, tempfile.TemporaryDirectory(prefix="latencyd-lat-") as tmp:
         profiles = Path(tmp, "profiles")
         profiles.mkdir()
         (profiles / "mistuned.toml").write_text(MISTUNED)
-        (profiles / "cpu-partitioning-affinity.toml").write_text(AFFINITY)
+        (profiles / f"{CHASE}.toml").write_text(CHASE_PROFILE)
         d = Latencyd(bus.address, Path(tmp), None, [profiles, REPO / "profiles"],
                      extra=["--no-profile"])  # fmt: skip
         # The isolated CPU for TuneD's cpu-partitioning, as for latencyd's, in a copy of its
@@ -168,7 +159,7 @@ GOALS = (
      ("load", "sockperf", "tuned:cpu-partitioning", "p99.9"), 1.0),
     ("issue 39: cpu-partitioning (auto) sockperf p99 / the affinity chase's",
      ("load", "sockperf", "cpu-partitioning", "p99"),
-     ("load", "sockperf", "cpu-partitioning-affinity", "p99"), 1.0),
+     ("load", "sockperf", CHASE, "p99"), 1.0),
     # Issue 15: the application started by plain `taskset` after the profile stays shielded.
     ("issue 15: cpu-partitioning under load sockperf p99 / TuneD's",
      ("load", "sockperf", "cpu-partitioning", "p99"),

@@ -54,22 +54,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import arguments, not_root
+from bench import CHASE, CHASE_PROFILE, arguments, not_root
 from latencyd.tools.measure import Processes, TunedDaemon
 from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, REPO, Latencyd, idle_threads
 
 ISOLATED = 1
-# cpu-partitioning with the shield kept by the chase, beside the shipped one (auto: a
-# cpuset where the machine has one).
-AFFINITY = "cpu-partitioning-affinity"
-AFFINITY_PROFILE = """[main]
-summary = "cpu-partitioning with the affinity shield (the chase)"
-include = ["cpu-partitioning"]
-
-[shield]
-mechanism = "affinity"
-"""
 TARGETS = {  # at the largest size, as issue 19 asks for 20,000 threads
     "switch_s": 1.0,
     "all_narrowed_s": 1.5,
@@ -250,7 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address  # TuneD's `latencyctl hold`
         mine = Path(tmp, "profiles")
         mine.mkdir()
-        (mine / f"{AFFINITY}.toml").write_text(AFFINITY_PROFILE)
+        (mine / f"{CHASE}.toml").write_text(CHASE_PROFILE)
         d = Latencyd(bus.address, Path(tmp), None, [mine, REPO / "profiles"],
                      extra=["--no-profile"])  # fmt: skip
         d.start()
@@ -368,7 +358,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="switch..off rounds per size")
     parser.add_argument(
         "--profiles",
-        default=f"cpu-partitioning,{AFFINITY}",
+        default=f"cpu-partitioning,{CHASE}",
         help="latencyd profiles to switch to (the shipped one's shield: a cpuset where the "
         "machine has one; the second: the affinity chase)",
     )
