@@ -242,8 +242,13 @@ def placement(
         return SHIELD
     if cgroup != "/":
         return None  # in one of latencyd's already
+    if allowed:
+        # Left where it is, whatever its CPUs now: a holder such as `latencyctl measure`,
+        # pinned for a while to what happens to be the shielded CPU, moved inside would
+        # confine everything it starts after to the shield (its client could not run).
+        return None
     if affinity and affinity.issubset(shield):
         return SHIELD  # its user put it on the shield's CPUs: there it keeps them
-    if mechanism == "cpuset-v1" and not allowed:
+    if mechanism == "cpuset-v1":
         return HOUSEKEEPING
     return None  # v2: the partition takes its CPUs from the root without a move

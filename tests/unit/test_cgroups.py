@@ -128,6 +128,7 @@ def test_where_a_task_goes() -> None:
     shield, both = CpuSet({1}), CpuSet({0, 1})
     assert placement("cpuset-v1", "/", both, shield, False, False) == HOUSEKEEPING
     assert placement("cpuset-v1", "/", both, shield, False, True) is None  # allowed
+    assert placement("cpuset-v1", "/", shield, shield, False, True) is None  # wherever it runs
     assert placement("cpuset-v1", "/", shield, shield, False, False) == SHIELD  # taskset -c 1
     assert placement("cpuset-v1", "/", both, shield, True, False) == SHIELD  # the app
     assert placement("cpuset-v1", "/docker/1", both, shield, True, False) is None  # theirs
