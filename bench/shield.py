@@ -44,6 +44,7 @@ from latencyd.core.cpuset import CpuSet
 from latencyd.core.system import System
 from scripts.private_bus import PrivateBus
 from tests.harness import BIN, POLICY, Latencyd
+from tests.machine_state import cgroup_state
 
 PROFILE = """
 [main]
@@ -170,18 +171,12 @@ def crashes(bus: str, workdir: Path, cpu: str, count: int, seed: int) -> dict[st
 
 
 def cpuset_state(sentinels: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
-    """What a crash must not change: the cpuset hierarchy's child cgroups and root flag,
-    and the sentinels' cpusets and affinities."""
+    """What a crash must not change: the cgroup state the suite's machine snapshot
+    compares (cpusets, root flags, the controller's binding), and the sentinels'
+    cpusets and affinities."""
     system = System()
-    facts = system.cgroup_facts()
-    root = Path("/", facts.v1_cpuset or facts.unified or "sys/fs/cgroup")
-    return {
-        "cgroups": sorted(p.name for p in root.iterdir() if p.is_dir()),
-        "balance": (root / "cpuset.sched_load_balance").read_text().strip()
-        if (root / "cpuset.sched_load_balance").exists() else None,
-        "tasks": [(system.task_cgroup(p.pid), sorted(os.sched_getaffinity(p.pid)))
-                  for p in sentinels],
-    }  # fmt: skip
+    tasks = [(system.task_cgroup(p.pid), sorted(os.sched_getaffinity(p.pid))) for p in sentinels]
+    return {"cgroups": cgroup_state(), "tasks": tasks}
 
 
 def run(bus: str, workdir: Path, count: int, plain: int, crash_runs: int) -> dict[str, Any]:

@@ -114,7 +114,8 @@ def snapshot() -> dict[str, object]:
                 files[str(conf)] = _read(conf)
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    mounts = [line for line in _read(Path("/proc/mounts")).splitlines() if "latencyd" in line]
+    proc_mounts = (_read(Path("/proc/mounts")) or "").splitlines()
+    mounts = [line for line in proc_mounts if "latencyd" in line]
     mounts += tracefs_mounts()
     mounts += [f"trace instance {name}" for name in trace_instances()]
     # What systemd's tools leave on a host whose PID 1 is not systemd: nspawn's
@@ -196,7 +197,7 @@ def differences(before: dict[str, object], after: dict[str, object]) -> list[str
 
 def tracefs_mounts() -> list[str]:
     """/proc/mounts' tracefs lines, by type: one mounted by hand reads "nodev PATH tracefs"."""
-    return [line for line in _read(Path("/proc/mounts")).splitlines()
+    return [line for line in (_read(Path("/proc/mounts")) or "").splitlines()
             if line.split()[2:3] == ["tracefs"]]  # fmt: skip
 
 
