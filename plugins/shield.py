@@ -1,7 +1,8 @@
 """shield: keep user tasks off the CPUs the application runs on.
 
 How the shield is kept is its `mechanism` (latencyd.core.cgroups.choose): a cgroup v2
-isolated partition or v1 exclusive cpusets, which the kernel keeps (tasks are born where
+isolated partition, AllowedCPUs= set through systemd where systemd owns the v2 tree, or
+v1 exclusive cpusets, which the kernel keeps (tasks are born where
 their parent is; each cgroup made, file written and task moved is a setting of its own,
 journaled), or the affinity chase. The application is placed inside by `latencyctl run`
 and `hold -- CMD` (PlaceHolder), or by name (`apps`) as it execs.
@@ -33,15 +34,20 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from latencyd.core.cgroups import (
+    APP_SLICE,
     CGROUP_FILES,
     CGROUP_ROOT,
     PREFIX,
     SHIELD,
+    SYSTEMD_CONFINED,
     V1_ROOT_FILES,
     Chosen,
+    app_scope,
     choose,
     owner,
     placement,
+    systemd_placement,
+    unit_of,
     v1_groups,
     v2_groups,
 )
@@ -167,7 +173,38 @@ class TaskCgroup(Target):
         return _hierarchy_problem(self.hierarchy)
 
 
-CgroupTarget = Cgroup | RootFile | Controller | TaskCgroup
+@dataclass(frozen=True)
+class UnitCpus(Target):
+    """A systemd unit's AllowedCPUs= (a CPU list, "" when not set), set through systemd
+    for the running boot; latencyd's own slice is None while it is not there."""
+
+    kind: ClassVar[str] = "systemd_allowed_cpus"
+    refusal_means: ClassVar[str | None] = "systemd will not set this unit's CPUs"
+    unit: str
+
+    def problem(self) -> str | None:
+        if self.unit in (*SYSTEMD_CONFINED, APP_SLICE):
+            return None
+        return f"{self.unit!r} is not a unit the shield confines"
+
+
+@dataclass(frozen=True)
+class TaskUnit(Target):
+    """Where systemd runs a process (pid, start time): its v2 cgroup. The application is
+    moved by systemd into a scope of its own in latencyd's slice, and back into its unit
+    with what it started meanwhile."""
+
+    kind: ClassVar[str] = "systemd_task_cgroup"
+    refusal_means: ClassVar[str | None] = "systemd will not move this task"
+    hierarchy: str
+    pid: int
+    start: int
+
+    def problem(self) -> str | None:
+        return _hierarchy_problem(self.hierarchy)
+
+
+CgroupTarget = Cgroup | RootFile | Controller | TaskCgroup | UnitCpus | TaskUnit
 ShieldTarget = TaskAffinity | CgroupTarget
 
 
@@ -216,7 +253,7 @@ def _same_file(name: str, wanted: Value, actual: Value) -> bool:
 class ShieldPlugin(TaskMover[ShieldTarget]):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"
-    targets = (TaskAffinity, Cgroup, RootFile, Controller, TaskCgroup)
+    targets = (TaskAffinity, Cgroup, RootFile, Controller, TaskCgroup, UnitCpus, TaskUnit)
     # Journals of versions where [kthread] moved user tasks hold ("kthread", task_affinity).
     took_over: ClassVar[Mapping[str, str]] = {"task_affinity": "kthread"}
     example: ClassVar[dict[str, Any]] = {
@@ -248,7 +285,9 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
                 "mechanism",
                 Choice(MECHANISMS),
                 "How the shield is kept: cpuset has the kernel keep it (a cgroup v2 "
-                "isolated partition, else v1 exclusive cpusets; inside one the kernel "
+                "isolated partition; under systemd, AllowedCPUs= set through systemd on "
+                "init.scope, system.slice, user.slice and a latencyd.slice for the "
+                "application; else v1 exclusive cpusets; inside one the kernel "
                 "refuses taskset to CPUs outside it: start the application with latencyctl "
                 "run, hold -- CMD or apps); affinity narrows each task's CPUs as it comes; "
                 "auto takes cpuset where the machine has one (status says which runs)",
@@ -315,6 +354,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         v1 = facts.v1_cpuset
         firsts: list[Target] = [RootFile(v1, f) for f in V1_ROOT_FILES] if v1 else []
         firsts += [Controller(h, "cpuset") for h in (facts.unified,) if h]
+        firsts.append(UnitCpus(APP_SLICE))
         if not any(first in owned for first in firsts):
             return False
         try:
@@ -371,7 +411,18 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         assert mechanism is not None and hierarchy is not None
         settings: Settings = {}
         refused: dict[str, str] = {}
-        if mechanism == "cpuset-v2":
+        groups: dict[str, dict[str, str]] = {}
+        if mechanism == "cpuset-systemd":
+            # The application's slice first: its step is the one starts_afresh looks up.
+            settings[UnitCpus(APP_SLICE)] = rules.cpus.to_list()
+            housekeeping = (self.system.online_cpus() - rules.cpus).to_list()
+            settings.update({UnitCpus(unit): housekeeping for unit in SYSTEMD_CONFINED})
+            if rules.allow:
+                refused["allow"] = (
+                    f"AllowedCPUs= of {', '.join(SYSTEMD_CONFINED)} keeps every task in them "
+                    "off the shielded CPUs: none may stay (name the application in apps)"
+                )
+        elif mechanism == "cpuset-v2":
             settings[Controller(hierarchy, "cpuset")] = True
             groups = v2_groups(rules.cpus)
             if rules.allow:
@@ -390,29 +441,47 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
                 yield
             if task.is_kthread:
                 continue
-            target = TaskCgroup(hierarchy, task.pid, task.start_time)
             cgroup = self.system.task_cgroup(task.pid)
             if cgroup is None:
                 continue
-            # By name or under a hold; asked only where it decides (a walk up the parents).
-            allowed = cgroup == "/" and self.left_alone(rules, task) is not None
             try:
-                cpus = self.system.affinity(task.pid) if cgroup == "/" else CpuSet()
+                target, where, why = self.task_placement(rules, task, cgroup)
             except KernelRefused:
                 continue  # exited meanwhile
-            where = placement(
-                mechanism, cgroup, cpus, rules.cpus, self.placed(rules, task), allowed
-            )
             if where is not None:
-                settings[target] = f"/{where}"
+                settings[target] = where
             elif target in owned:
                 settings[target] = owned[target]
-            elif whose := owner(cgroup):
-                theirs.append((task.pid, task.comm, cgroup, whose))
+            elif why:
+                theirs.append((task.pid, task.comm, cgroup, why))
             if (rule := self.user_rule(rules, task)) is not None:  # after its move
                 settings.update(self.user_rule_settings(rule, task, [*self.thread_ids(task.pid)]))
         rules = dataclasses.replace(rules, theirs=tuple(theirs))
         return Expansion(settings, rules, refused=refused)
+
+    def task_placement(
+        self, rules: ShieldRules, task: Task, cgroup: str
+    ) -> tuple[TaskCgroup | TaskUnit, str | None, str | None]:
+        """A user task's setting under a cpuset mechanism, the cgroup it must move to (None:
+        it stays) and, when it stays for another manager's sake, why."""
+        mechanism, hierarchy = rules.choice.mechanism, rules.choice.hierarchy
+        assert mechanism is not None and hierarchy is not None
+        if mechanism == "cpuset-systemd":
+            unit_target = TaskUnit(hierarchy, task.pid, task.start_time)
+            confined = cgroup.lstrip("/").split("/")[0] in SYSTEMD_CONFINED
+            cpus = self.system.affinity(task.pid) if confined else CpuSet()
+            placed = self.placed(rules, task)
+            # By name or under a hold; asked only where it decides (a walk up the parents).
+            confined_there = bool(cpus) and cpus.issubset(rules.cpus)
+            allowed = confined_there and self.left_alone(rules, task) is not None
+            into, why = systemd_placement(cgroup, cpus, rules.cpus, placed, allowed)
+            where = f"/{APP_SLICE}/{app_scope(task.pid)}" if into else None
+            return unit_target, where, why
+        target = TaskCgroup(hierarchy, task.pid, task.start_time)
+        allowed = cgroup == "/" and self.left_alone(rules, task) is not None
+        cpus = self.system.affinity(task.pid) if cgroup == "/" else CpuSet()
+        into = placement(mechanism, cgroup, cpus, rules.cpus, self.placed(rules, task), allowed)
+        return target, (f"/{into}" if into else None), owner(cgroup)
 
     # -- the affinity mechanism: deciding what a task wants --------------------------------
     @staticmethod
@@ -581,9 +650,14 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         """Under a cpuset, what an exec asks: the application moved into the shield (every
         thread goes along), and a rule's CPUs; nothing for any other task."""
         settings: Settings = {}
-        hierarchy, cgroup = rules.choice.hierarchy, self.system.task_cgroup(task.pid)
-        if hierarchy and cgroup is not None and owner(cgroup) is None and self.is_app(rules, task):
-            settings[TaskCgroup(hierarchy, task.pid, task.start_time)] = f"/{SHIELD}"
+        cgroup = self.system.task_cgroup(task.pid)
+        if cgroup is not None and self.is_app(rules, task):
+            try:
+                target, where, _ = self.task_placement(rules, task, cgroup)
+            except KernelRefused:
+                return {}  # exited meanwhile
+            if where is not None:
+                settings[target] = where
         if (rule := self.user_rule(rules, task)) is not None:
             settings.update(self.user_rule_settings(rule, task, tids))
         return settings
@@ -675,7 +749,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         """A task born narrowed (born_narrowed) gets its parent's original back. A cgroup
         named latencyd-* is latencyd's, even one a killed run left without a journal:
         given back, it is removed."""
-        if isinstance(target, Cgroup):
+        if isinstance(target, Cgroup) or target == UnitCpus(APP_SLICE):
             return None
         if isinstance(target, TaskAffinity):
 
@@ -712,6 +786,9 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         if isinstance(target, Controller):
             enabled = system.read(f"{target.hierarchy}/cgroup.subtree_control").split()
             return target.name in enabled
+        if isinstance(target, UnitCpus):
+            cpus = system.systemd.allowed_cpus(target.unit)
+            return None if cpus is None else cpus.to_list()
         cgroup = system.task_cgroup(target.pid)
         # Asked after the read: a task that began to exit before it already shows the root.
         if cgroup is None or self._task(target, fresh=True).exiting:
@@ -740,6 +817,11 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         elif isinstance(target, Controller):
             sign = "+" if value else "-"
             system.write(f"{target.hierarchy}/cgroup.subtree_control", f"{sign}{target.name}")
+        elif isinstance(target, UnitCpus):
+            self._write_unit_cpus(target, value)
+        elif isinstance(target, TaskUnit):
+            self._task(target)
+            self._move_by_systemd(target, str(value))
         else:
             self._task(target)
             where = _cgroup_of(value).rstrip("/")
@@ -766,7 +848,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         for target, before, after in changes:
             if isinstance(target, TaskAffinity):
                 moves.setdefault((target.pid, str(before), str(after)), []).append(target.tid)
-            elif isinstance(target, TaskCgroup):
+            elif isinstance(target, TaskCgroup | TaskUnit):
                 into[(str(before), str(after))] = into.get((str(before), str(after)), 0) + 1
         for (pid, before, after), tids in moves.items():
             task = self.system.task(pid)
@@ -777,6 +859,49 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             )  # fmt: skip
         for (before, after), count in into.items():
             log.info("%d user tasks moved from cgroup %s to %s", count, before, after)
+
+    def _write_unit_cpus(self, target: UnitCpus, value: Value) -> None:
+        """AllowedCPUs= through systemd; latencyd's slice is started with it, and stopped
+        (None) once nothing runs in it: a unit its user gave Slice=latencyd.slice keeps it,
+        with AllowedCPUs= unset, and the refusal says so."""
+        systemd = self.system.systemd
+        if value is not None:
+            cpus = CpuSet.from_list(str(value))
+            if target.unit == APP_SLICE and systemd.allowed_cpus(APP_SLICE) is None:
+                systemd.start_slice(APP_SLICE, cpus, "latencyd: the shielded CPUs")
+            else:
+                systemd.set_allowed_cpus(target.unit, cpus)
+            return
+        unified = self.system.cgroup_facts().unified
+        running = self.system.cgroup_pids(f"{unified}/{APP_SLICE}") if unified else []
+        if not running:
+            systemd.stop(APP_SLICE)
+            return
+        systemd.set_allowed_cpus(APP_SLICE, CpuSet())
+        raise KernelRefused(
+            f"removing {APP_SLICE}",
+            f"{len(running)} processes run in it (units given Slice={APP_SLICE}): left "
+            "there, its AllowedCPUs= unset",
+        )
+
+    def _move_by_systemd(self, target: TaskUnit, where: str) -> None:
+        """Into the application's slice (a scope of its own), or back into the unit it
+        came from with everything it started in that scope since."""
+        systemd = self.system.systemd
+        top = where.lstrip("/").split("/")[0]
+        if where == f"/{APP_SLICE}/{app_scope(target.pid)}":
+            scope = app_scope(target.pid)
+            systemd.start_scope(scope, APP_SLICE, [target.pid], "latencyd: the application")
+            return
+        unit = unit_of(where)
+        if top not in SYSTEMD_CONFINED or unit is None:
+            raise KernelRefused(f"moving pid {target.pid} to {where}", "not a unit it came from")
+        now = self.system.task_cgroup(target.pid) or ""
+        pids = [target.pid]
+        if now.startswith(f"/{APP_SLICE}/"):
+            started = self.system.cgroup_pids(f"{target.hierarchy}{now}")
+            pids += [pid for pid in started if pid != target.pid]
+        systemd.attach(unit[0], unit[1], pids)
 
     def _write_cgroup_files(self, target: Cgroup, files: dict[str, str]) -> None:
         for name, wanted in files.items():
@@ -790,6 +915,8 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
     def same(self, target: ShieldTarget, wanted: Value, actual: Value) -> bool:
         if isinstance(target, TaskAffinity):
             return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+        if isinstance(target, UnitCpus) and wanted is not None and actual is not None:
+            return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
         if isinstance(target, Cgroup):
             if wanted is None or actual is None:
                 return wanted is actual
@@ -799,13 +926,13 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         return bool(wanted == actual)
 
     def exists(self, target: ShieldTarget) -> bool:
-        if not isinstance(target, TaskAffinity | TaskCgroup):
+        if not isinstance(target, TaskAffinity | TaskCgroup | TaskUnit):
             return True  # a cgroup latencyd makes is there to make or to remove
         try:  # a thread's own directory says whether it is there
-            task = self._task(target, fresh=isinstance(target, TaskCgroup))
+            task = self._task(target, fresh=not isinstance(target, TaskAffinity))
         except NotApplicable:
             return False
-        if isinstance(target, TaskCgroup):
+        if isinstance(target, TaskCgroup | TaskUnit):
             return not task.exiting
         return self.system.exists(f"proc/{target.pid}/task/{target.tid}")
 
@@ -820,20 +947,24 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         if isinstance(target, Controller):
             state = "enabled" if value else "disabled"
             return f"controller {target.name} {state} for /{target.hierarchy}'s children"
+        if isinstance(target, UnitCpus):
+            if value is None:
+                return f"systemd unit {target.unit} absent"
+            return f"systemd unit {target.unit}: AllowedCPUs={value or ' (not set)'}"
         task = self.system.task(target.pid)
         name = f"{task.comm} " if task else ""
-        if isinstance(target, TaskCgroup):
+        if isinstance(target, TaskCgroup | TaskUnit):
             return f"user task {name}(pid {target.pid}) in cgroup {value}"
         return f"user task {name}(pid {target.pid}, thread {target.tid}) CPUs = {value}"
 
     def group(self, target: ShieldTarget) -> Hashable | None:
         if isinstance(target, TaskAffinity):
             return ("task", target.pid, target.start)
-        return ("cgroup",) if isinstance(target, TaskCgroup) else None
+        return ("cgroup",) if isinstance(target, TaskCgroup | TaskUnit) else None
 
     def describe_group(self, targets: Sequence[ShieldTarget], value: Value) -> str:
         first = targets[0]
-        if isinstance(first, TaskCgroup):
+        if isinstance(first, TaskCgroup | TaskUnit):
             return f"{len(targets):,} user tasks in cgroup {value}"
         if not isinstance(first, TaskAffinity):
             return super().describe_group(targets, value)
@@ -875,14 +1006,13 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         """The tasks in the shield's cgroup: the application, and what its users put on
         the shielded CPUs."""
         rows = []
-        path = f"{rules.choice.hierarchy}/{SHIELD}/cgroup.procs"
-        text = self.system.read(path) if self.system.exists(path) else ""
-        for pid in map(int, text.split()):
+        inside = APP_SLICE if rules.choice.mechanism == "cpuset-systemd" else SHIELD
+        for pid in self.system.cgroup_pids(f"{rules.choice.hierarchy}/{inside}"):
             task = self.system.task(pid)
             if task is not None:
                 rows.append((pid, task.comm))
         return Table(
-            f"User tasks inside the shield (cgroup /{SHIELD}, CPUs {rules.cpus})",
+            f"User tasks inside the shield (cgroup /{inside}, CPUs {rules.cpus})",
             ("PID", "name"),
             tuple(rows),
             hide_tasks=lambda row: None,

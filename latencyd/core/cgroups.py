@@ -15,6 +15,11 @@ cpusets.rst; checked on Linux 6.18):
 - v1: a cpuset with `cpu_exclusive` and `sched_load_balance = 0`, beside a housekeeping
   cpuset holding every task that was in the root cpuset, does the same (what `cset
   shield` does); a task forked later is born in its parent's cpuset: no per-start work.
+- Under systemd the v2 tree is systemd's: the sanctioned shield (RHEL's) is AllowedCPUs=
+  set at run time, through its D-Bus API, on the slices and scope every process of the
+  machine lives in (init.scope, system.slice, user.slice), and a slice of latencyd's for
+  the application, whose processes systemd itself moves (a transient scope; back with
+  AttachProcessesToUnit). No cgroup file of systemd's is written behind its back.
 - Moving a task between cpusets sets its CPUs to the cpuset's, intersected with what its
   user asked with sched_setaffinity (Linux >= 6.2 keeps that mask): moved back, a task
   gets its own affinity back from the kernel. sched_setaffinity outside the task's
@@ -44,7 +49,12 @@ CGROUP_FILES = (
     "cpuset.cpus.partition",
 )
 
-MECHANISMS = ("cpuset-v2", "cpuset-v1", "affinity")
+# systemd's units every process of a systemd machine runs in (machine.slice and the like
+# belong to containers: left alone); latencyd's slice for the application beside them.
+SYSTEMD_CONFINED = ("init.scope", "system.slice", "user.slice")
+APP_SLICE = "latencyd.slice"
+
+MECHANISMS = ("cpuset-v2", "cpuset-systemd", "cpuset-v1", "affinity")
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
 
@@ -174,11 +184,15 @@ def _blockers(facts: CgroupFacts) -> dict[str, str]:
         why["cpuset-v2"] = "isolated cpuset partitions need Linux >= 6.1"
     elif facts.systemd:
         why["cpuset-v2"] = (
-            "systemd owns the cgroup v2 tree here: a shield must be set through its "
-            "D-Bus API (AllowedCPUs=), which latencyd does not do yet"
+            "systemd owns the cgroup v2 tree here: the shield is set through its D-Bus API "
+            "(cpuset-systemd)"
         )
     elif facts.read_only(facts.unified):
         why["cpuset-v2"] = f"/{facts.unified} is mounted read-only here (a container's view)"
+    if not facts.systemd:
+        why["cpuset-systemd"] = "systemd does not run this machine"
+    elif "cpuset-v2" in why and "cpuset" not in facts.v2_controllers:
+        why["cpuset-systemd"] = why["cpuset-v2"]  # AllowedCPUs= acts through v2's cpuset
     if facts.v1_cpuset is None:
         why["cpuset-v1"] = "no cgroup v1 hierarchy has the cpuset controller"
     elif facts.read_only(facts.v1_cpuset):
@@ -191,9 +205,13 @@ def choose(facts: CgroupFacts, asked: str) -> Chosen:
     it can run, else the v1 cpusets, else (auto only) the affinity chase."""
     why = _blockers(facts)
     if asked == "affinity":
-        why_not = {m: "the profile asks for the affinity mechanism" for m in MECHANISMS[:2]}
+        why_not = {m: "the profile asks for the affinity mechanism" for m in MECHANISMS[:-1]}
         return Chosen("affinity", None, why_not)
-    for mechanism, hierarchy in (("cpuset-v2", facts.unified), ("cpuset-v1", facts.v1_cpuset)):
+    for mechanism, hierarchy in (
+        ("cpuset-v2", facts.unified),
+        ("cpuset-systemd", facts.unified),
+        ("cpuset-v1", facts.v1_cpuset),
+    ):
         if mechanism not in why:
             others = dict(why)
             for later in MECHANISMS[MECHANISMS.index(mechanism) + 1 :]:
@@ -252,3 +270,49 @@ def placement(
     if mechanism == "cpuset-v1":
         return HOUSEKEEPING
     return None  # v2: the partition takes its CPUs from the root without a move
+
+
+# -- under systemd ---------------------------------------------------------------------
+def unit_of(path: str) -> tuple[str, str] | None:
+    """The systemd unit a v2 cgroup belongs to, and the sub-cgroup of it the path names
+    ("" for the unit's own): the innermost service or scope. None: a slice or the root."""
+    parts = [p for p in path.split("/") if p]
+    for at in range(len(parts) - 1, -1, -1):
+        if parts[at].endswith((".service", ".scope")):
+            return parts[at], "/".join(parts[at + 1 :])
+    return None
+
+
+def app_scope(pid: int) -> str:
+    """The transient scope latencyd places an application's process in."""
+    return f"{PREFIX}app-{pid}.scope"
+
+
+def systemd_placement(
+    cgroup: str, affinity: CpuSet, shield: CpuSet, placed: bool, allowed: bool
+) -> tuple[str | None, str | None]:
+    """Under systemd: where the shield moves a user task now in `cgroup` (APP_SLICE: a
+    scope of its own there, app_scope) or None, and why it is left alone when that
+    is worth saying. Only processes of systemd's own scopes (login sessions and the like)
+    are moved, by systemd; a service's process would leave its service's tracking, and a
+    container's cgroup is its runtime's."""
+    parts = [p for p in cgroup.split("/") if p]
+    if not parts or parts[0] == APP_SLICE:
+        return None, None  # the root (kernel threads), or inside already
+    whose = owner(cgroup)
+    if parts[0] not in SYSTEMD_CONFINED:
+        return None, whose  # machine.slice, kubepods.slice, …: AllowedCPUs= of their own
+    unit = unit_of(cgroup)
+    container = whose is not None and not whose.startswith("systemd (")
+    if container:
+        return None, f"{whose}: within {parts[0]}'s AllowedCPUs="
+    wants_in = placed or (not allowed and bool(affinity) and affinity.issubset(shield))
+    if not wants_in:
+        return None, None
+    if unit is None or not unit[0].endswith(".scope"):
+        service = unit[0] if unit else parts[-1]
+        return None, (
+            f"systemd ({service}): a service's process stays in its unit; give the unit "
+            f"Slice={APP_SLICE} to run it on the shield"
+        )
+    return APP_SLICE, None

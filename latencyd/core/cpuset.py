@@ -175,6 +175,13 @@ class CpuSet:
         return cls._of(_cpus_of(_hex_mask(text)))
 
     @classmethod
+    def from_bytes(cls, mask: bytes) -> CpuSet:
+        """A bit mask as bytes, lowest CPUs first (systemd's CPU sets on D-Bus)."""
+        if len(mask) * 8 > MAX_CPUS:
+            raise CpuSetError("CPU mask names CPUs beyond the largest Linux supports")
+        return cls._of(_cpus_of(int.from_bytes(mask, "little")))
+
+    @classmethod
     def parse(cls, expr: str, all_cpus: CpuSet) -> CpuSet:
         """Evaluate a profile CPU expression against the machine's online CPUs: in time
         linear in its length (sets as bit masks until the end), whatever CPUs it names."""
@@ -193,6 +200,11 @@ class CpuSet:
         words = [(value >> (32 * i)) & 0xFFFFFFFF for i in reversed(range(nwords))]
         first, *rest = words
         return ",".join([f"{first:x}"] + [f"{w:08x}" for w in rest])
+
+    def to_bytes(self) -> bytes:
+        """The bit mask as bytes, lowest CPUs first; none for no CPU (from_bytes)."""
+        value = _mask_of(self._cpus)
+        return value.to_bytes((value.bit_length() + 7) // 8, "little")
 
     def as_frozenset(self) -> frozenset[int]:
         """The CPUs unordered, as the kernel's sched_setaffinity takes them (iterating a

@@ -43,6 +43,7 @@ CGROUP_DRAIN_ROUNDS = 16  # rounds of moving a cgroup's tasks out before removin
 
 if TYPE_CHECKING:
     from latencyd.core.ethtool import Ethtool
+    from latencyd.core.systemd import SystemdManager
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,13 @@ class System:
 
             self._ethtool = NetlinkEthtool()
         return self._ethtool
+
+    @property
+    def systemd(self) -> SystemdManager:
+        """systemd as PID 1, over its private socket under this root."""
+        from latencyd.core.systemd import SystemdManager
+
+        return SystemdManager(self.fspath("run/systemd/private"))
 
     @property
     def is_real(self) -> bool:
@@ -414,6 +422,14 @@ class System:
             return os.path.basename(os.readlink(self.fspath(f"proc/{pid}/exe")))
         except OSError:
             return None
+
+    def cgroup_pids(self, rel: str) -> list[int]:
+        """The processes in a cgroup and in every cgroup below it; none if it is gone."""
+        pids = [int(p) for p in self._read_or_empty(f"{rel}/cgroup.procs").split()]
+        for name in self.listdir(rel):
+            if self.exists(f"{rel}/{name}/cgroup.procs"):
+                pids += self.cgroup_pids(f"{rel}/{name}")
+        return pids
 
     def make_cgroup(self, rel: str) -> None:
         """Create a cgroup (a directory of a mounted hierarchy under /sys/fs/cgroup)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from latencyd.core.cgroups import (
+    APP_SLICE,
     HOUSEKEEPING,
     SHIELD,
     CgroupFacts,
@@ -14,7 +15,9 @@ from latencyd.core.cgroups import (
     owner,
     parse_mountinfo,
     placement,
+    systemd_placement,
     task_cgroup,
+    unit_of,
     v1_groups,
 )
 from latencyd.core.cpuset import CpuSet
@@ -91,10 +94,44 @@ def test_auto_takes_v1_where_a_v1_hierarchy_holds_cpuset_and_says_why_not_v2() -
     assert "a v1 hierarchy holds it at /sys/fs/cgroup/cpuset" in got.why_not["cpuset-v2"]
 
 
-def test_under_systemd_v2_is_not_written_behind_its_back() -> None:
+def test_under_systemd_v2_goes_through_systemd_not_behind_its_back() -> None:
     got = choose(facts(frozenset({"cpuset"}), systemd=True, v1=False), "auto")
-    assert got.mechanism == "affinity"
+    assert (got.mechanism, got.hierarchy) == ("cpuset-systemd", "sys/fs/cgroup/unified")
     assert "systemd owns the cgroup v2 tree" in got.why_not["cpuset-v2"]
+    assert "cpuset-systemd runs here" in got.why_not["affinity"]
+    # Without systemd, the partition; with systemd but cpuset held by v1, v1 (systemd
+    # never manages v1's cpuset), and systemd's way says why not.
+    assert (
+        "systemd does not run"
+        in choose(facts(frozenset({"cpuset"})), "auto").why_not["cpuset-systemd"]
+    )
+    hybrid = choose(facts(systemd=True), "auto")
+    assert hybrid.mechanism == "cpuset-v1"
+    assert "not available in cgroup v2" in hybrid.why_not["cpuset-systemd"]
+
+
+def test_the_unit_a_cgroup_belongs_to() -> None:
+    assert unit_of("/user.slice/user-0.slice/session-3.scope") == ("session-3.scope", "")
+    assert unit_of("/system.slice/app.service/worker/a") == ("app.service", "worker/a")
+    assert unit_of("/system.slice") is None and unit_of("/") is None
+
+
+def test_where_a_task_goes_under_systemd() -> None:
+    shield, both = CpuSet({1}), CpuSet({0, 1})
+    session = "/user.slice/user-0.slice/session-3.scope"
+    assert systemd_placement(session, both, shield, True, False) == (APP_SLICE, None)
+    assert systemd_placement(session, shield, shield, False, False) == (APP_SLICE, None)
+    assert systemd_placement(session, shield, shield, False, True) == (None, None)  # allowed
+    assert systemd_placement(session, both, shield, False, False) == (None, None)
+    where, why = systemd_placement("/system.slice/app.service", both, shield, True, False)
+    assert where is None and why is not None and f"Slice={APP_SLICE}" in why
+    where, why = systemd_placement("/system.slice/docker-1.scope", shield, shield, True, False)
+    assert where is None and why is not None and why.startswith("docker")
+    assert "system.slice's AllowedCPUs" in why
+    where, why = systemd_placement("/machine.slice/machine-vm.scope", both, shield, True, False)
+    assert where is None and why is not None and why.startswith("systemd-machined")
+    assert systemd_placement(f"/{APP_SLICE}/x.scope", both, shield, True, False) == (None, None)
+    assert systemd_placement("/", both, shield, True, False) == (None, None)
 
 
 def test_old_kernels_have_no_isolated_partition() -> None:
@@ -113,7 +150,8 @@ def test_a_hierarchy_mounted_read_only_is_not_used() -> None:
 
 def test_cpuset_asked_where_there_is_none_is_no_mechanism_with_the_reasons() -> None:
     got = choose(facts(v1=False), "cpuset")
-    assert got.mechanism is None and set(got.why_not) == {"cpuset-v1", "cpuset-v2"}
+    assert got.mechanism is None
+    assert set(got.why_not) == {"cpuset-v1", "cpuset-v2", "cpuset-systemd"}
     assert choose(facts(), "affinity").mechanism == "affinity"
 
 

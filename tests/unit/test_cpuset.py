@@ -290,3 +290,15 @@ def test_sizes_are_checked_before_sets_are_built() -> None:
     with pytest.raises(CpuSetError, match=r"CPU 123456789012\.\.\. \(5000 digits\) is beyond"):
         CpuSet.from_list("1-12345678901" + "2" * 4989)  # int() would refuse 4,300 digits
     assert len(CpuSet.from_list(f"0-{MAX_CPUS - 1}")) == MAX_CPUS
+
+
+def test_bytes_as_systemd_puts_cpu_sets_on_the_bus() -> None:
+    # cpu_set_to_dbus: bit N of byte N/8 is CPU N; no bytes is no CPU (AllowedCPUs= unset)
+    assert CpuSet({0}).to_bytes() == b"\x01"
+    assert CpuSet({1, 8, 255}).to_bytes() == b"\x02\x01" + b"\x00" * 29 + b"\x80"
+    assert CpuSet().to_bytes() == b""
+    for cpus in (CpuSet(), CpuSet({3}), CpuSet(range(0, 256, 3))):
+        assert CpuSet.from_bytes(cpus.to_bytes()) == cpus
+    assert CpuSet.from_bytes(b"\x00\x00") == CpuSet()
+    with pytest.raises(CpuSetError):
+        CpuSet.from_bytes(b"\xff" * 1025)

@@ -1,0 +1,156 @@
+"""The shield under systemd through the engine: every change made by systemd's bus API
+(AllowedCPUs= on init.scope, system.slice and user.slice; latencyd.slice for the
+application; its process moved by a transient scope and back by AttachProcessesToUnit),
+no cgroup file written by latencyd itself. systemd with cpuset in cgroup v2 cannot run on
+this VM (tests/fakesystemd.py says why): its manager is faked on a real peer-to-peer
+D-Bus socket under the rig's root, keeping the rig's cgroupfs as systemd would.
+tests/e2e/test_boot.py runs the same client against the real systemd in a container."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from latencyd.plugins.shield import ShieldPlugin, TaskUnit, UnitCpus
+
+from latencyd.core.engine import Engine
+from latencyd.core.journal import Journal
+from latencyd.core.schema import Machine, validate
+from tests.harness import wait_for
+from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, put, tree_values
+from tests.unit.taskrig import Machinery
+
+V2 = "sys/fs/cgroup/unified"
+SESSION = "user.slice/user-0.slice/session-3.scope"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def systemd_rig(tmp_path: Path) -> Iterator[tuple[Machinery, CgroupLikeSystem]]:
+    m = Machinery(tmp_path, ShieldPlugin)
+    add_cgroups(m.root, "0-3", v1_cpuset=False, v2_cpuset=True)
+    put(m.root, f"{V2}/cgroup.subtree_control", "cpuset")  # systemd enables what it uses
+    system = CgroupLikeSystem(m.root, sched=m.sched)
+    for unit in ("init.scope", "system.slice/ssh.service", SESSION, "machine.slice/vm.scope"):
+        parts = unit.split("/")
+        for depth in range(1, len(parts) + 1):
+            system.make_cgroup(f"{V2}/{'/'.join(parts[:depth])}")
+            put(m.root, f"{V2}/{'/'.join(parts[:depth])}/cgroup.subtree_control", "cpuset")
+    for pid, unit in ((1, "init.scope"), (300, "system.slice/ssh.service"), (400, SESSION)):
+        system.place(pid, V2, f"/{unit}")
+    add_task(m.root, 600, "qemu", start_time=600)
+    system.place(600, V2, "/machine.slice/vm.scope")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakesystemd", str(m.root)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        wait_for(lambda: (m.root / "run/systemd/private").exists(), timeout=10)
+        m.system, m.plugin = system, ShieldPlugin(system)
+        yield m, system
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def calls(m: Machinery) -> list[list[object]]:
+    path = m.root / "run/systemd/calls"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wanted(m: Machinery, machine: Machine, section: dict[str, object]) -> dict[object, object]:
+    options = validate(m.plugin.schema, section, machine)
+    return {("shield", t): v for t, v in m.plugin.expand(options, {}).settings.items()}
+
+
+def files(m: Machinery) -> dict[str, str]:
+    return {k: v for k, v in tree_values(m.root).items() if not k.startswith("run/")}
+
+
+def test_the_shield_is_set_through_systemd_and_off_gives_every_unit_back(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    m, system = systemd_rig
+    before = files(m)
+    engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
+    options = validate(m.plugin.schema, {"cpus": "1", "apps": ["myapp"]}, machine)
+    assert m.plugin.mechanism(options).mechanism == "cpuset-systemd"
+    engine.switch(wanted(m, machine, {"cpus": "1", "apps": ["myapp"]}), "p")
+    assert [c[:2] for c in calls(m)][:4] == [
+        ["StartTransientUnit", "latencyd.slice"],
+        ["SetUnitProperties", "init.scope"],
+        ["SetUnitProperties", "system.slice"],
+        ["SetUnitProperties", "user.slice"],
+    ]
+    assert system.read(f"{V2}/system.slice/cpuset.cpus") == "0,2-3"
+    assert system.read(f"{V2}/latencyd.slice/cpuset.cpus") == "1"
+    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
+    assert system.task_cgroup(300) == "/system.slice/ssh.service"  # confined, not moved
+    assert [w for w in system.writes if w[0].startswith("sys/fs/cgroup")] == []
+    rules = m.plugin.expand(options, engine.owned("shield")).rules
+    others = m.plugin.others(rules)
+    assert [row[:3] for row in others.rows] == [(600, "qemu", "/machine.slice/vm.scope")]
+    inside = m.plugin.inside(rules)
+    assert [row[0] for row in inside.rows] == [400]
+    assert engine.verify() == []
+    # The application starts a helper in its scope: off takes it back along.
+    add_task(m.root, 401, "helper", start_time=401)
+    system.place(401, V2, "/latencyd.slice/latencyd-app-400.scope")
+    assert engine.off() == []
+    assert ["AttachProcessesToUnit", "session-3.scope", "", [400, 401]] in calls(m)
+    assert calls(m)[-1][:2] == ["StopUnit", "latencyd.slice"]
+    assert system.task_cgroup(401) == f"/{SESSION}"
+    after = files(m)
+    assert after.pop(f"{V2}/{SESSION}/cgroup.procs") == "400\n401"
+    before.pop(f"{V2}/{SESSION}/cgroup.procs")
+    assert {k: v for k, v in after.items() if not k.startswith("proc/401/")} == before
+
+
+def test_a_killed_run_is_adopted_and_put_back_through_systemd(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    m, system = systemd_rig
+    before = files(m)
+    engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
+    m.plugin.placed_pids = frozenset({400})  # a hold's holder asked to be placed
+    engine.switch(wanted(m, machine, {"cpus": "1-3"}), "p")
+    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
+    again = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))
+    assert again.adopt() is not None  # as after kill -9
+    assert again.off() == []
+    assert files(m) == before
+
+
+def test_a_unit_given_the_slice_keeps_it_and_the_refusal_says_so(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    m, system = systemd_rig
+    engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
+    engine.switch(wanted(m, machine, {"cpus": "1"}), "p")
+    put(m.root, f"{V2}/latencyd.slice/cgroup.subtree_control", "cpuset")
+    system.make_cgroup(f"{V2}/latencyd.slice/app.service")  # Slice=latencyd.slice
+    system.place(300, V2, "/latencyd.slice/app.service")
+    failed = engine.off()
+    assert failed and "1 processes run in it" in str(failed[0])
+    assert system.read(f"{V2}/latencyd.slice/cpuset.cpus") == ""  # AllowedCPUs= unset
+    assert system.read(f"{V2}/system.slice/cpuset.cpus") == ""
+    assert system.task_cgroup(300) == "/latencyd.slice/app.service"  # not killed
+
+
+def test_allow_cannot_act_under_systemd_and_a_service_is_not_moved(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine
+) -> None:
+    m, _ = systemd_rig
+    expansion = m.expand(machine, {"cpus": "1", "allow": ["sshd"], "apps": ["sshd"]})
+    assert "AllowedCPUs= of init.scope, system.slice, user.slice" in expansion.refused["allow"]
+    assert TaskUnit(V2, 300, 900) not in expansion.settings
+    others = m.plugin.others(expansion.rules)
+    assert [row[0] for row in others.rows] == [300, 600]
+    assert "Slice=latencyd.slice" in others.rows[0][3]
+    assert expansion.settings[UnitCpus("user.slice")] == "0,2-3"
