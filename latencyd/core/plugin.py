@@ -272,7 +272,7 @@ class Plugin(Generic[T]):
         # Processes the daemon protects: those holding a profile (`latencyctl hold PROFILE
         # -- app`) and what they start; a plugin that moves user tasks leaves them alone.
         self.exempt_pids: frozenset[int] = frozenset()
-        # Of those, the holders that asked to be placed on the shielded CPUs (PlaceHolder):
+        # Of those, the holders that asked to be placed on the shielded CPUs (HoldAndPlace):
         # a plugin that moves user tasks puts them there, so their command is born there.
         self.placed_pids: frozenset[int] = frozenset()
 

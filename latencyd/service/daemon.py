@@ -6,7 +6,6 @@ The process around it (arguments, main loop, watchers, signals) is latencyd.serv
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -80,7 +79,7 @@ class Hold:
     owner: str  # the holder's unique bus name; its holds end when it leaves the bus
     since: float
     pid: int | None = None  # the holder's process: it and its children are never moved
-    placed: bool = False  # PlaceHolder: the holder is put on the shielded CPUs
+    placed: bool = False  # HoldAndPlace: the holder is put on the shielded CPUs
 
 
 @dataclass
@@ -240,15 +239,23 @@ class Daemon:
             log.warning("%s: a restart will apply the default profile", exc)
 
     def hold_steps(
-        self, ref: str, reason: str, owner: str, caller: Caller = ROOT, pid: int | None = None
+        self,
+        ref: str,
+        reason: str,
+        owner: str,
+        caller: Caller = ROOT,
+        pid: int | None = None,
+        placed: bool = False,
     ) -> Steps[tuple[int, StepReport]]:
         """Apply a profile for as long as the hold lasts (ReleaseProfile, or the holder
         leaving the bus). Holds stack: the newest is in force. The holder's process and
-        what it starts (the application) are exempt from moving user tasks."""
+        what it starts (the application) are exempt from moving user tasks; `placed`
+        (HoldAndPlace: `latencyctl run`, `hold -- CMD`) also puts the holder on the
+        shielded CPUs in the same apply, so the command it starts next is born there."""
         profile = self.load(ref, caller)
         cookie = self._next_cookie
         self._next_cookie += 1
-        self.holds[cookie] = Hold(cookie, ref, reason, owner, time.time(), pid)
+        self.holds[cookie] = Hold(cookie, ref, reason, owner, time.time(), pid, placed)
         self._exempt()
         try:
             report = yield from self._apply_steps(profile, ref)
@@ -725,19 +732,6 @@ class Daemon:
         for plugin in self.plugins.values():
             plugin.exempt_pids = pids
             plugin.placed_pids = placed
-
-    def place_steps(self, cookie: int, owner: str) -> Steps[StepReport | None]:
-        """Put a hold's holder on the shielded CPUs (`latencyctl run`, `hold -- CMD`), so
-        the command it starts next is born there; the profile in force is applied again
-        for it. Only the hold's own holder may ask."""
-        hold = self.holds.get(cookie)
-        if hold is None or hold.owner != owner:
-            raise NoSuchHold(f"no hold with cookie {cookie} is the caller's")
-        self.holds[cookie] = dataclasses.replace(hold, placed=True)
-        self._exempt()
-        if self.active is None or self.active_ref is None:
-            return None
-        return (yield from self._apply_steps(self.active, self.active_ref))
 
     def _before_apply(self, profile: Profile | None) -> None:
         for hook in self.before_apply:

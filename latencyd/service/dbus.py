@@ -341,7 +341,32 @@ class Service(dbus.service.Object):
     ) -> None:
         """Apply a profile while the caller needs it; returns a cookie for ReleaseProfile.
         The hold also ends when the caller leaves the bus (exits or crashes)."""
-        caller = _answer(lambda: self._authorize(sender, "HoldProfile"))
+        self._hold(name, reason, reply, error, sender, "HoldProfile", placed=False)
+
+    @_change("ss", "u")
+    def HoldAndPlace(
+        self,
+        name: str,
+        reason: str,
+        reply: Callable[[int], None],
+        error: Callable[[Exception], None],
+        sender: str | None = None,
+    ) -> None:
+        """HoldProfile, and the caller put on the shielded CPUs in the same apply (inside
+        the shield's cpuset, or on its CPUs): what it starts next is born there."""
+        self._hold(name, reason, reply, error, sender, "HoldAndPlace", placed=True)
+
+    def _hold(
+        self,
+        name: str,
+        reason: str,
+        reply: Callable[[int], None],
+        error: Callable[[Exception], None],
+        sender: str | None,
+        method: str,
+        placed: bool,
+    ) -> None:
+        caller = _answer(lambda: self._authorize(sender, method))
         pid = self._pid(sender)
 
         def held(result: tuple[int, StepReport]) -> None:
@@ -354,26 +379,10 @@ class Service(dbus.service.Object):
 
         self._run(
             f"hold on {name}",
-            lambda: self.daemon.hold_steps(str(name), str(reason)[:256], sender or "", caller, pid),
+            lambda: self.daemon.hold_steps(
+                str(name), str(reason)[:256], sender or "", caller, pid, placed
+            ),
             held,
-            error,
-        )
-
-    @_change("u", "")
-    def PlaceHolder(
-        self,
-        cookie: int,
-        reply: Callable[[], None],
-        error: Callable[[Exception], None],
-        sender: str | None = None,
-    ) -> None:
-        """Put the caller, holder of hold `cookie`, on the shielded CPUs (inside the
-        shield's cpuset, or on its CPUs): what it starts next is born there."""
-        _answer(lambda: self._authorize(sender, "PlaceHolder"))
-        self._run(
-            f"placing hold {cookie}'s holder",
-            lambda: self.daemon.place_steps(int(cookie), sender or ""),
-            lambda _: reply(),
             error,
         )
 

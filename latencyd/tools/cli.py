@@ -243,7 +243,8 @@ def _held_while(
 ) -> int:
     """Hold a profile while a command runs. The hold lives on this process's bus
     connection, so it ends even if latencyctl is killed. The daemon places the holder on
-    the shielded CPUs (PlaceHolder), and the command, started after, is born there.
+    the shielded CPUs in the same apply (HoldAndPlace), and the command, started after,
+    is born there.
     SIGTERM and SIGHUP are passed to the command, and the hold lasts until it has exited:
     a command that undoes its own changes when stopped does so while the profile is still
     held."""
@@ -252,14 +253,11 @@ def _held_while(
     import subprocess
 
     reason = args.reason or (" ".join(command) if command else "latencyctl hold")
-    cookie = int(_call_showing_progress("HoldProfile", profile, reason))
+    method = "HoldAndPlace" if command else "HoldProfile"
+    cookie = int(_call_showing_progress(method, profile, reason))
     if not args.json:
         _say(f"holding {profile} (cookie {cookie})")
     try:
-        if command:
-            import dbus
-
-            _call("PlaceHolder", dbus.UInt32(cookie))
         if not command:  # hold until interrupted
             stop = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop)

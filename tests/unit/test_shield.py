@@ -16,7 +16,7 @@ from latencyd.plugins.shield import THREAD_CHUNK, ShieldPlugin, ShieldRules, Tas
 
 from latencyd.core import engine as engine_module
 from latencyd.core.engine import Engine, section_schemas
-from latencyd.core.errors import NoSuchHold, NotApplicable
+from latencyd.core.errors import NotApplicable
 from latencyd.core.journal import Journal, JournalState, key_of
 from latencyd.core.movable import MOVE_REFUSED
 from latencyd.core.noise import LastInterval, Tally, top_view
@@ -699,9 +699,9 @@ def test_a_journal_of_the_kthread_days_is_adopted_and_restored(
 def test_a_holder_is_placed_on_the_shielded_cpus_only_when_it_asks_itself(
     m: Machinery, tmp_path: Path
 ) -> None:
-    """PlaceHolder: the hold's own holder, and no other bus client, puts it on the
-    shielded CPUs (`latencyctl run`): its command is then born there. A hold that does
-    not ask (measure's) leaves its holder where it was, exempt as before."""
+    """HoldAndPlace: the holder puts itself on the shielded CPUs in the hold's own apply
+    (`latencyctl run`): its command is then born there. A hold that does not ask
+    (measure's) leaves its holder where it was, exempt as before."""
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "p.toml").write_text('[shield]\ncpus = "1"\nmechanism = "affinity"\n')
@@ -709,11 +709,10 @@ def test_a_holder_is_placed_on_the_shielded_cpus_only_when_it_asks_itself(
     machine = m.system.machine()
     library = ProfileLibrary([pdir], section_schemas(plugins), machine)
     daemon = Daemon(m.system, plugins, library, Engine(plugins, Journal(m.state_dir)))
-    cookie, _ = run_to_end(daemon.hold_steps("p", "app", ":1.42", pid=300))  # sshd holds
+    cookie, _ = run_to_end(daemon.hold_steps("p", "measure", ":1.42", pid=300))  # sshd holds
     assert m.sched.affinity[300] == {0, 1, 2, 3}  # exempt, not placed
-    with pytest.raises(NoSuchHold):
-        run_to_end(daemon.place_steps(cookie, ":1.99"))  # someone else's hold
-    run_to_end(daemon.place_steps(cookie, ":1.42"))
+    run_to_end(daemon.release_steps(cookie))
+    run_to_end(daemon.hold_steps("p", "app", ":1.42", pid=300, placed=True))
     assert m.sched.affinity[300] == {1}
     assert m.sched.affinity[1] == {0, 2, 3}  # the rest is shielded as before
     assert daemon.engine.off() == []

@@ -39,7 +39,7 @@ CONFIG = SYSTEMD / "latencyd.conf"
 NAME = "org.latencyd.Daemon1"
 OBJECT_PATH = "/org/latencyd/Daemon1"
 READ_ONLY = sorted(READ_METHODS)
-MUTATING = ["SwitchProfile", "Off", "Reload", "HoldProfile", "PlaceHolder", "ReleaseProfile"]
+MUTATING = ["SwitchProfile", "Off", "Reload", "HoldProfile", "HoldAndPlace", "ReleaseProfile"]
 TIMEOUT_S = 10
 UNITS_LOAD_STAMP = Path("/run/systemd/systemd-units-load")
 
@@ -267,7 +267,7 @@ class Fake(dbus.service.Object):
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
     def HoldProfile(self): return "ok"
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def PlaceHolder(self): return "ok"
+    def HoldAndPlace(self): return "ok"
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
     def ReleaseProfile(self): return "ok"
 
