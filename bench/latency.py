@@ -195,7 +195,7 @@ def value(r: dict[str, Any], where: tuple[str, str, str, str]) -> float:
 
 
 def report(r: dict[str, Any]) -> list[str]:
-    from latencyd.tools.cli import format_measure
+    from latencyd.tools.measure.report import format_measure
 
     lines = ["== idle ==", *format_measure(r["idle"])] if "idle" in r else []
     if "load" in r:

@@ -55,7 +55,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import CHASE, CHASE_PROFILE, arguments, not_root
-from latencyd.tools.measure import Processes, TunedDaemon
+from latencyd.core.system import System
+from latencyd.tools.measure.processes import Processes
+from latencyd.tools.measure.tuned import TunedDaemon
 from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, REPO, Latencyd, idle_threads
 
@@ -199,7 +201,7 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def tuned_at(d: Latencyd, n: int, hold: float, every: set[int], etc: Path) -> dict[str, Any]:
-    procs = Processes()
+    procs = Processes(System("/"))
     tuned = TunedDaemon(procs, etc, hold="untuned")
     with idle_threads(n) as app:
         try:

@@ -18,7 +18,7 @@ TuneD is configured for the run as a user of these profiles would: isolated_core
 its variables files, netdev_queue_count = eth0's own queue count (so realtime's
 `channels` is a no-op on eth0), and dynamic tuning off (realtime's [net] would otherwise
 change eth0's link speed on these VMs), in a copy of /etc/tuned; TuneD runs over private
-copies of /etc/tuned and /etc/modprobe.d (see latencyd.tools.measure.TunedDaemon), so the
+copies of /etc/tuned and /etc/modprobe.d (see latencyd.tools.measure.tuned.TunedDaemon), so the
 machine's files are never written.
 
     python -m bench tuned [--profiles a,b] [--json] [--quick]
@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
-from latencyd.tools.measure import Processes, TunedDaemon, workqueue_masks
+from latencyd.core.system import System
+from latencyd.tools.measure.processes import Processes
+from latencyd.tools.measure.tuned import TunedDaemon, workqueue_masks
 from scripts.private_bus import PrivateBus
 from tests.harness import BIN, POLICY, REPO, Latencyd
 
@@ -143,7 +145,7 @@ def kernel() -> Values:
     for path in sysfs:
         if path.is_file():
             values[str(path)] = " ".join((_read(path) or "").split())
-    values |= {str(path): mask for path, mask in workqueue_masks().items()}
+    values |= {str(path): mask for path, mask in workqueue_masks(System("/")).items()}
     values["PM QoS CPU latency limit (µs)"] = pm_qos_limit()
     return values | tasks() | eth0()
 
@@ -197,7 +199,7 @@ def compare(profile: str, bus: PrivateBus, work: Path, ignore: set[str]) -> dict
     etc = work / f"etc-tuned-{profile}"
     shutil.copytree(TUNED, etc, symlinks=True)
     configure_tuned(etc)
-    tuned = TunedDaemon(Processes(), etc)
+    tuned = TunedDaemon(Processes(System("/")), etc)
     base = kernel()
     try:
         tuned.start(profile)

@@ -58,7 +58,8 @@ def machine_left_as_found() -> Iterator[None]:
 
 
 def put_back_what_killed_runs_left() -> None:
-    from latencyd.tools.measure import remove_what_dead_runs_left
+    from latencyd.core.system import System
+    from latencyd.tools.measure.scratch import remove_what_dead_runs_left
     from scripts.private_bus import PrivateBus
     from tests.harness import POLICY, STARTED_DAEMONS, recover_killed_runs
 
@@ -67,7 +68,7 @@ def put_back_what_killed_runs_left() -> None:
             for state in recover_killed_runs(bus.address):
                 warnings.warn(f"restored what a killed run's daemon left applied ({state})",
                               stacklevel=1)  # fmt: skip
-    for name in remove_what_dead_runs_left():
+    for name in remove_what_dead_runs_left(System("/")):
         warnings.warn(f"removed what a killed measure run left: {name}", stacklevel=1)
 
 

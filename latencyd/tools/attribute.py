@@ -755,6 +755,22 @@ def keep(results: Sequence[GroupResult]) -> tuple[list[GroupResult], list[tuple[
     return kept, dropped
 
 
+def render_kept(results: Sequence[GroupResult], tools: Sequence[str], machine: str) -> list[str]:
+    """`recommend --measure`'s verdict: the tables (render), then each group kept or
+    dropped and why, and that the proposal is not confirmed where nothing is kept."""
+    kept, dropped = keep(results)
+    lines = [
+        *render(results, tools, machine),
+        "",
+        *(f"kept {r.name}: {quote(r)}" for r in kept),
+        *(f"dropped {r.name}: {why}" for r, why in dropped),
+    ]
+    if not kept:
+        lines.append("NOT confirmed: no group of the proposal measurably helped here; "
+                     "keep the default profile")  # fmt: skip
+    return lines
+
+
 def evidence_profile(at: Attribution, results: Sequence[GroupResult], machine: str) -> str:
     """`at`'s profile cut down to the groups that help, each section headed by a comment
     quoting what its groups measured, and what was dropped and why."""

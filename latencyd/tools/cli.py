@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # typing costs ~2 ms of every latencyctl call; annotations on
     from typing import Any
 
     from latencyd.core.cpuset import CpuSet
+    from latencyd.core.system import System
+    from latencyd.tools.attribute import Attribution, GroupResult
+    from latencyd.tools.measure.plan import Plan
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 from latencyd.core.text import printable
@@ -102,7 +105,7 @@ def _show_progress(ended: Any) -> None:
     """Polls Status on a connection of its own (the call waits on the other)."""
     import dbus
 
-    from latencyd.tools.measure import ProgressBar
+    from latencyd.tools.terminal import ProgressBar
 
     if ended.wait(PROGRESS_AFTER_S):
         return
@@ -431,10 +434,18 @@ def cmd_measure(args: argparse.Namespace) -> int:
     import dbus
 
     from latencyd.core.cpuset import CpuSet, CpuSetError
-    from latencyd.tools import measure
+    from latencyd.core.system import System
     from latencyd.tools.latency import plot
+    from latencyd.tools.measure import MeasureError
+    from latencyd.tools.measure.load import cpu_load
+    from latencyd.tools.measure.plan import Plan
+    from latencyd.tools.measure.report import format_measure
+    from latencyd.tools.measure.runner import run as measure
+    from latencyd.tools.measure.tools import TOOLS, missing_tools
+    from latencyd.tools.terminal import ProgressBar
 
-    online = CpuSet.from_list(Path("/sys/devices/system/cpu/online").read_text())
+    system = System("/")
+    online = system.online_cpus()
     try:
         app = CpuSet.parse(args.cpus, online) if args.cpus else CpuSet([max(online)])
     except CpuSetError as exc:
@@ -451,34 +462,26 @@ def cmd_measure(args: argparse.Namespace) -> int:
         raise CliError(USAGE, f"a scenario is named twice: {' '.join(scenarios)}")
     if args.tools:
         tools = args.tools.split(",")
-        unknown = [t for t in tools if t not in measure.TOOLS]
+        unknown = [t for t in tools if t not in TOOLS]
         if unknown:
-            raise CliError(USAGE, f"unknown tools {unknown} (known: {', '.join(measure.TOOLS)})")
+            raise CliError(USAGE, f"unknown tools {unknown} (known: {', '.join(TOOLS)})")
     elif args.attribute:
-        # Not oslat: its samples are loop iterations (~35 million a second here), so its
-        # p50 to p99.9 read 1 µs whatever the profile (a CPU hog sharing its CPU included);
-        # only its max moves, and max does not count. --tools adds it.
+        # Not oslat: its samples are loop iterations, millions a second, so its p50 to
+        # p99.9 read 1 µs whatever the profile (a CPU hog sharing its CPU included); only
+        # its max moves, and max does not count. --tools adds it.
         tools = ["sockperf", "cyclictest"]
     else:  # sockperf and cyclictest, and oslat where it is installed
-        tools = ["sockperf", "cyclictest"] + ([] if measure.missing_tools(["oslat"]) else ["oslat"])
+        tools = ["sockperf", "cyclictest"] + ([] if missing_tools(["oslat"]) else ["oslat"])
     load = None
     if args.load:
-        # Unpinned, as the machine's other work is: a load the tool pinned to housekeeping
-        # is a shield already (measured on a haltpoll guest: untuned sockperf p99 91 µs
-        # beside a pinned stress-ng, ~2 ms beside this one), and shows the shield buying
-        # nothing. CPU hogs only: stress-ng's --io/--vm workers spend long stretches in
-        # the kernel, which does not preempt them (PREEMPT_NONE), on the housekeeping CPU
-        # where the shield puts them and where measure's own client runs; on a haltpoll
-        # guest they made four rounds of cpu-partitioning read sockperf p99 46-2,000 µs
-        # (untuned 76-90), where CPU hogs alone read 18-58 µs (untuned 1,054-1,348).
-        load = ["stress-ng", "--cpu", str(len(online))]
+        load = cpu_load(len(online))
     elif args.load_cmd:
         load = ["sh", "-c", args.load_cmd]
     # Attribution defaults: 3 rounds (the verdicts' spread needs them, its many scenarios
     # need the time) and 1 s of idle cost per scenario (recommend drops what costs).
     rounds = args.rounds or (3 if args.attribute else 4)
     idle = args.idle_seconds if args.idle_seconds is not None else float(args.attribute)
-    plan = measure.Plan(
+    plan = Plan(
         scenarios,
         app,
         housekeeping,
@@ -503,11 +506,11 @@ def cmd_measure(args: argparse.Namespace) -> int:
         _call("ReleaseProfile", dbus.UInt32(cookie))
 
     if args.attribute:
-        return _attribute(args, plan, hold, release)
+        return _attribute(args, system, plan, hold, release)
     try:
-        result = measure.run(plan, hold, release, measure.ProgressBar(),
-                             lambda: json.loads(str(_call("Status"))))  # fmt: skip
-    except measure.MeasureError as exc:
+        result = measure(system, plan, hold, release, ProgressBar(),
+                         lambda: json.loads(str(_call("Status"))))  # fmt: skip
+    except MeasureError as exc:
         raise CliError(FAILED, str(exc)) from exc
     if args.plot:
         plot(result, args.plot)
@@ -523,131 +526,58 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return OK
 
 
-def _attribution_plan(
-    profile_name: str, app: CpuSet, specs: list[str], control: bool, profile_dirs: list[Path]
-) -> Any:
-    """P's settings in groups (--group first), the control group where asked for."""
-    from latencyd.core.errors import LatencydError
-    from latencyd.tools import attribute, measure
-    from latencyd.tools.explain import library
-
-    profiles = library(profile_dirs)
-    schemas = profiles.schemas
-    try:
-        profile = profiles.load(profile_name)
-        groups = attribute.groups_of(profile.written, schemas, specs)
-    except LatencydError as exc:
-        raise CliError(USAGE, str(exc)) from exc
-    hog = None
-    if control:  # the hog measure starts on housekeeping, moved onto the measured CPUs
-        rule = {"match": f"^{measure.CONTROL_HOG}$", "cpus": app.to_list()}
-        hog = {"shield": {"rule": [rule]}}
-        groups.append(attribute.Group(attribute.CONTROL, ()))
-    settings = attribute.settings_of(profile.written, schemas)
-    return attribute.Attribution(profile.name, profile.written, settings, groups, hog)
-
-
-def _run_attribution(
-    at: Any,
-    plan: Any,
+def _attribution(
+    system: System,
+    profile: str,
+    plan: Plan,
+    specs: list[str],
+    control: bool,
+    profile_dirs: list[Path],
     seconds: float | None,
     budget: str | None,
     quiet: bool,
     hold: Callable[[str], int],
     release: Callable[[int], None],
-) -> tuple[list[Any], dict[str, Any], str]:
-    """Each group of `at` left out of P and added to untuned, through the daemon: (the
-    groups judged, the measure result, the machine they hold on). Groups the daemon says
-    cannot act here are named with its reason, not measured."""
-    import dataclasses
-    import tempfile
-    import time
+) -> tuple[Attribution, list[GroupResult], dict[str, Any], str]:
+    """`profile`'s settings in groups (--group first, the control group where asked for)
+    attributed through the daemon (latencyd.tools.attribute_run): (the attribution, the
+    groups judged, the measure result, the machine they hold on)."""
+    from latencyd.core.errors import LatencydError
+    from latencyd.tools import attribute_run
+    from latencyd.tools.explain import library
+    from latencyd.tools.measure import MeasureError
 
-    from latencyd.core.system import System
-    from latencyd.tools import attribute, measure
-    from latencyd.tools.recommend import machine_kind, read_facts
-
-    begun = time.monotonic()
-    machine = machine_kind(read_facts(System("/")), os.uname().release)
-    scratch = measure.scratch_dir()
-    with tempfile.TemporaryDirectory(
-        prefix=f"latencyd-attribute-{os.getpid()}-", dir=scratch
-    ) as name:
-        tmp = Path(name)
-        tmp.chmod(0o755)  # the daemon reads them; root's, not writable by others
-        skipped, switches = [], []
-        for group in [g for g in at.groups if g.name != attribute.CONTROL]:
-            alone = tmp / "alone.toml"
-            alone.write_text(at.text(frozenset({group.name})))
-            started = time.monotonic()
-            cookie = hold(str(alone))
-            switches.append(time.monotonic() - started)
-            try:
-                reason = attribute.not_applicable(json.loads(str(_call("Status"))), group)
-            finally:
-                release(cookie)
-            if reason:
-                skipped.append(attribute.GroupResult(group.name, [s.id for s in group.settings],
-                                                     "not applicable", reason=reason))  # fmt: skip
-        gone = {r.name for r in skipped}
-        at = dataclasses.replace(at, groups=[g for g in at.groups if g.name not in gone])
-        if len(at.groups) == (at.control is not None):
-            raise CliError(FAILED, "no group of the profile can act here: "
-                           + "; ".join(f"{r.name}: {r.reason}" for r in skipped))  # fmt: skip
-        names = [s.name for s in at.scenarios]
-        budget_s = None  # with --seconds, none: the rounds are as long as asked
-        if seconds is None:  # the budget less the probing above; measure refits each round
-            budget_s = parse_duration(budget or "15m", "--budget") - (time.monotonic() - begun)
-            seconds = attribute.seconds_for(budget_s, plan.rounds, len(names), len(plan.tools),
-                                            plan.idle_seconds, at.transit_steps(),
-                                            max(switches))  # fmt: skip
-        holds: dict[str, str] = {}
-
-        def held(names: list[str]) -> list[str]:
-            """Each profile written before the daemon is asked to hold it."""
-            for name in names:
-                if name not in holds:
-                    (tmp / f"{name}.toml").write_text(at.text(at.groups_named(name)))
-                    holds[name] = str(tmp / f"{name}.toml")
-            return names
-
-        plan = dataclasses.replace(
-            plan,
-            scenarios=held(names),
-            seconds=seconds,
-            holds=holds,
-            route=lambda a, b: held(at.route(a, b)),
-            order=at.round_order,
-            control_hog=at.control is not None,
-            scratch=(*plan.scratch, tmp),
-            budget_s=budget_s,
-        )
-        if not quiet:
-            _say(
-                f"attributing {at.profile} on {machine}: {len(at.groups)} groups measured, "
-                f"{len(names)} scenarios, {plan.rounds} rounds x {len(plan.tools)} tools x "
-                f"{seconds:.1f} s, about {plan.estimate_s / 60:.0f} min"
-            )
-        try:
-            result = measure.run(plan, hold, release, measure.ProgressBar())
-        except measure.MeasureError as exc:
-            raise CliError(FAILED, str(exc)) from exc
-    return attribute.judge(result, at.groups, at.comparisons) + skipped, result, machine
+    profiles = library(profile_dirs, system)
+    try:
+        at = attribute_run.attribution_plan(profiles, profile, plan.app_cpus, specs, control)
+    except LatencydError as exc:
+        raise CliError(USAGE, str(exc)) from exc
+    # With --seconds the rounds are as long as asked, and --budget is not read.
+    budget_s = parse_duration(budget or "15m", "--budget") if seconds is None else 0.0
+    try:
+        groups, result, machine = attribute_run.run(
+            system, at, plan, seconds, budget_s, hold, release,
+            lambda: json.loads(str(_call("Status"))), None if quiet else _say,
+        )  # fmt: skip
+    except MeasureError as exc:
+        raise CliError(FAILED, str(exc)) from exc
+    return at, groups, result, machine
 
 
 def _attribute(
     args: argparse.Namespace,
-    plan: Any,
+    system: System,
+    plan: Plan,
     hold: Callable[[str], int],
     release: Callable[[int], None],
 ) -> int:
     """measure --attribute: each group of P's settings, left out of P and added to untuned."""
     from latencyd.tools import attribute
 
-    at = _attribution_plan(args.profile, plan.app_cpus, args.group, args.control,
-                           args.profile_dir)  # fmt: skip
-    groups, result, machine = _run_attribution(at, plan, args.seconds_given, args.budget,
-                                               args.json, hold, release)  # fmt: skip
+    at, groups, result, machine = _attribution(
+        system, args.profile, plan, args.group, args.control, args.profile_dir,
+        args.seconds_given, args.budget, args.json, hold, release,
+    )  # fmt: skip
     data = {
         "profile": at.profile,
         "machine": machine,
@@ -691,7 +621,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from latencyd.core.system import System
     from latencyd.tools.recommend import read_facts, recommend
 
-    facts = read_facts(System("/"))
+    system = System("/")
+    facts = read_facts(system)
     rec = recommend(facts)
     data: dict[str, Any] = {}
     verdict: list[str] = []
@@ -701,7 +632,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
         app = rec.isolated or CpuSet([max(facts.online)])
         at, groups, result, machine = _attribute_recommendation(profile_file, app, facts.online,
-                                                                args)  # fmt: skip
+                                                                args, system)  # fmt: skip
         kept, dropped = attribute.keep(groups)
         rec = recommend(facts, measured=[f"{r.name}: {attribute.quote(r)}" for r in kept])
         profile_file = attribute.evidence_profile(at, groups, machine) if kept else ""
@@ -713,16 +644,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             "confirmed": bool(kept),
             "measured": result,
         }
-        verdict = [
-            "",
-            *attribute.render(groups, result["plan"]["tools"], machine),
-            "",
-            *(f"kept {r.name}: {attribute.quote(r)}" for r in kept),
-            *(f"dropped {r.name}: {why}" for r, why in dropped),
-        ]
-        if not kept:
-            verdict.append("NOT confirmed: no group of the proposal measurably helped here; "
-                           "keep the default profile")  # fmt: skip
+        verdict = ["", *attribute.render_kept(groups, result["plan"]["tools"], machine)]
     data = {
         "profile": rec.profile,
         "isolated_cores": rec.isolated.to_list(),
@@ -740,101 +662,42 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def _attribute_recommendation(
-    profile_text: str, app: CpuSet, online: CpuSet, args: argparse.Namespace
-) -> tuple[Any, list[Any], dict[str, Any], str]:
+    profile_text: str, app: CpuSet, online: CpuSet, args: argparse.Namespace, system: System
+) -> tuple[Attribution, list[GroupResult], dict[str, Any], str]:
     """`measure --attribute` of the proposal (held from files) on this machine."""
     import tempfile
 
     import dbus
 
-    from latencyd.tools import measure
+    from latencyd.tools.measure.plan import Plan
+    from latencyd.tools.measure.scratch import scratch_dir
 
     tools = ["sockperf", "cyclictest"]  # as measure --attribute's (oslat: see cmd_measure)
-    scratch = measure.scratch_dir()
     with tempfile.TemporaryDirectory(
-        prefix=f"latencyd-recommend-{os.getpid()}-", dir=scratch
+        prefix=f"latencyd-recommend-{os.getpid()}-", dir=scratch_dir()
     ) as tmp:
         Path(tmp).chmod(0o755)  # the daemon reads it; root's, not writable by others
         proposal = Path(tmp) / "recommended.toml"
         proposal.write_text(profile_text)
-        at = _attribution_plan(str(proposal), app, [], False, [])
-        plan = measure.Plan([], app, online - app, args.seconds or 10.0, args.rounds, tools,
-                            idle_seconds=1.0, scratch=(Path(tmp),))  # fmt: skip
-        groups, result, machine = _run_attribution(
-            at,
-            plan,
-            args.seconds,
-            args.budget,
-            args.json,
+        plan = Plan([], app, online - app, args.seconds or 10.0, args.rounds, tools,
+                    idle_seconds=1.0, scratch=(Path(tmp),))  # fmt: skip
+        return _attribution(
+            system, str(proposal), plan, [], False, [], args.seconds, args.budget, args.json,
             lambda name: int(_call("HoldProfile", name, "latencyctl recommend --measure")),
             lambda cookie: _call("ReleaseProfile", dbus.UInt32(cookie)),
-        )
-    return at, groups, result, machine
-
-
-def format_measure(result: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
-    from latencyd.tools.latency import Ratio, render_ratios, render_table
-    from latencyd.tools.ticks import format_ticks
-
-    out = []
-    baseline = result["baseline"]
-    for tool, data in result["tools"].items():
-        out += render_table(tool, data["unit"], data["stats"], baseline)
-        table = {s: {k: Ratio(**v) for k, v in per.items()} for s, per in data["ratios"].items()}
-        out += render_ratios(tool, table, baseline)
-        if old is not None and tool in old.get("tools", {}):
-            out += _compare(tool, data["stats"], old["tools"][tool]["stats"])
-        out.append("")
-    if result.get("idle_busy_pct"):
-        busy = ", ".join(f"{s} {v:.2f} %" for s, v in result["idle_busy_pct"].items())
-        out += [f"measured CPUs awake with no traffic (running or polling): {busy}", ""]
-    for scenario, blame in result["attribution"].items():
-        top = ", ".join(f"{k} {v}" for k, v in list(blame["interrupts"].items())[:4]) or "none"
-        soft = ", ".join(f"{k} {v}" for k, v in list(blame["softirqs"].items())[:4]) or "none"
-        tasks = ", ".join(f"{t['comm']} {t['ran_ms']:.1f} ms" for t in blame["tasks_that_ran"][:4])
-        out.append(f"on CPUs {result['plan']['app_cpus']} during {scenario}:")
-        out.append(f"  interrupts: {top}")
-        out.append(f"  softirqs: {soft}")
-        out.append(f"  schedule() calls: {blame['schedule_calls']}; other tasks: {tasks or 'none'}")
-    if result.get("tick"):
-        out += ["", *format_ticks(result["tick"])]
-    if result.get("saved"):
-        out += ["", f"saved: {result['saved']}"]
-    if result.get("plot"):
-        out.append(f"plot: {result['plot']}")
-    return _trimmed(out)
-
-
-def _compare(tool: str, new: dict[str, Any], old: dict[str, Any]) -> list[str]:
-    from latencyd.tools.latency import fmt, fmt_ratio, ratio
-
-    lines = [f"{tool}: this run beside the old one (new / old)"]
-    for scenario in [s for s in new if s in old]:
-        cells = "  ".join(
-            f"{q} {fmt(old[scenario][q])}->{fmt(new[scenario][q])} "
-            f"({fmt_ratio(ratio(new[scenario][q], old[scenario][q]))})"
-            for q in ("p50", "p99", "p99.9")
-        )
-        lines.append(f"  {scenario}: {cells}")
-    return lines
+        )  # fmt: skip
 
 
 # -- rendering -------------------------------------------------------------------------
-def _trimmed(lines: list[str]) -> list[str]:
-    """`lines` without the blank ones at the end (a block ends with one, the last too)."""
-    end = len(lines)
-    while end and not lines[end - 1].strip():
-        end -= 1
-    return lines[:end]
-
-
 def format_plugins(docs: dict[str, Any]) -> list[str]:
     out = []
     for name, info in docs.items():
         out.append(f"[{name}]  {info['summary']}")
         out.extend(_format_options(info["options"], "  "))
         out.append("")
-    return _trimmed(out)
+    from latencyd.tools.terminal import trimmed
+
+    return trimmed(out)
 
 
 def _format_options(options: list[dict[str, Any]], indent: str) -> list[str]:

@@ -25,10 +25,9 @@ def plain(value: Any) -> Any:
     return value
 
 
-def library(profile_dirs: list[Path], root: str = "/") -> ProfileLibrary:
+def library(profile_dirs: list[Path], system: System) -> ProfileLibrary:
     """Profiles as the CLI reads them without the daemon: the config's search path, this
     machine's plugins (explain, measure --attribute)."""
-    system = System(root)
     config = load_config(CONFIG_FILE)
     schemas, machine = section_schemas(load_plugins(system)), system.machine()
     return ProfileLibrary(
@@ -40,7 +39,7 @@ def library(profile_dirs: list[Path], root: str = "/") -> ProfileLibrary:
 
 
 def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dict[str, Any]:
-    profile = library(profile_dirs, root).load(name_or_path)
+    profile = library(profile_dirs, System(root)).load(name_or_path)
     sections = {
         section: [
             {

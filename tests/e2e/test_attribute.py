@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from latencyd.tools import measure
+from latencyd.tools.measure.scratch import scratch_dir
 from tests.e2e.test_measure import netns_of_measure, running
 from tests.harness import BIN, Latencyd, wait_for
 
-# Where measure keeps its temporary directories (/run for root: see measure.scratch_dir).
-SCRATCH = Path(measure.scratch_dir() or tempfile.gettempdir())
+# Where measure keeps its temporary directories (/run for root: see latencyd.tools.measure.scratch).
+SCRATCH = Path(scratch_dir() or tempfile.gettempdir())
 
 VERDICTS = {"helps", "hurts", "no measurable effect"}
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from latencyd.tools.measure import DirtyLimits
+from latencyd.core.system import System
+from latencyd.tools.measure.tuned import DirtyLimits
 from tests.harness import REPO, Latencyd, free_port, wait_for
 from tests.harness import sysctl as host_sysctl
 from tests.machine_state import differences, snapshot
@@ -304,7 +305,7 @@ def test_starting_it_stops_tuned_and_they_never_fight(booted: Booted) -> None:
     # TuneD's rollback writes back the vm.dirty_*ratio it read: 0 on a host whose limits
     # are in bytes, which zeroes the bytes too. What it cannot restore is put back at the
     # end (as `latencyctl measure` does); latencyd, started after it, keeps what it found.
-    limits = DirtyLimits()
+    limits = DirtyLimits(System("/"))
     before = limits.read()
     try:
         assert booted.systemctl("enable", "--now", "tuned").returncode == 0

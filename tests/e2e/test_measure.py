@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from latencyd.core.boot import NO_NOHZ_FULL
-from latencyd.tools import measure
+from latencyd.tools.measure.scratch import scratch_dir
 from tests.harness import BIN, Latencyd, wait_for
 
-# Where measure keeps its temporary directories (/run for root: see measure.scratch_dir).
-SCRATCH = Path(measure.scratch_dir() or tempfile.gettempdir())
+# Where measure keeps its temporary directories (/run for root: see latencyd.tools.measure.scratch).
+SCRATCH = Path(scratch_dir() or tempfile.gettempdir())
 
 ORDER = ("min", "p50", "p90", "p99", "p99.9")
 

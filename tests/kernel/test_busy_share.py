@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from latencyd.core.cpuset import CpuSet
-from latencyd.tools.measure import busy_share
+from latencyd.core.system import System
+from latencyd.tools.measure.idle_cost import busy_share
 
 
 @pytest.mark.machine_kind
@@ -21,14 +22,14 @@ def test_a_hog_is_busy_and_an_idle_cpu_is_not() -> None:
     cpu1 = CpuSet.from_list("1")
     hog = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
     try:
-        busy = busy_share(1.0, cpu1)
+        busy = busy_share(System("/"), 1.0, cpu1)
     finally:
         hog.kill()
         hog.wait()
     ours = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {0})  # this test's own process waits elsewhere
     try:
-        idle = busy_share(1.0, cpu1)
+        idle = busy_share(System("/"), 1.0, cpu1)
     finally:
         os.sched_setaffinity(0, ours)
     assert busy > 0.9, busy
@@ -48,7 +49,7 @@ def test_a_quiet_cpu_reads_as_idle_in_every_short_window() -> None:
     ours = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {0})
     try:
-        shares = [busy_share(0.1, cpu1) for _ in range(50)]
+        shares = [busy_share(System("/"), 0.1, cpu1) for _ in range(50)]
         assert os.sched_getaffinity(0) == {0}  # waking CPU 1 moved this process back
     finally:
         os.sched_setaffinity(0, ours)

@@ -116,7 +116,7 @@ def test_multi_field_sysctl_compares_field_by_field(engine: Engine) -> None:
 def test_measure_puts_back_limits_in_bytes_that_tuneds_rollback_zeroes() -> None:
     """TuneD's rollback writes back the vm.dirty_*ratio it read: 0 on a machine whose limits
     are in bytes, which zeroes the bytes too. `measure` puts the limits back."""
-    from latencyd.tools.measure import DirtyLimits
+    from latencyd.tools.measure.tuned import DirtyLimits
 
     plugin = WritebackPlugin(System("/"))
     background = DirtyLimit("dirty_background")
@@ -124,7 +124,7 @@ def test_measure_puts_back_limits_in_bytes_that_tuneds_rollback_zeroes() -> None
     try:
         plugin.write(DIRTY, {"bytes": 48 << 20})
         plugin.write(background, {"bytes": 24 << 20})
-        limits = DirtyLimits()
+        limits = DirtyLimits(System("/"))
         before = limits.read()
         for name, tuned in (("dirty_ratio", "10"), ("dirty_background_ratio", "3")):
             (VM / name).write_text(tuned)  # TuneD applies its ratios...

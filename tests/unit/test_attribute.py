@@ -20,7 +20,7 @@ from latencyd.core.schema import Machine, Schema
 from latencyd.core.system import System
 from latencyd.service.config import shipped_profiles_dir
 from latencyd.tools import attribute as A
-from latencyd.tools import measure
+from latencyd.tools.measure.plan import refit_seconds
 from tests.unit.fakesys import make_fake_root
 
 MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)
@@ -247,12 +247,12 @@ def test_seconds_fit_the_budget_and_never_drop_below_one() -> None:
 def test_later_rounds_are_refitted_to_what_the_first_cost() -> None:
     """The estimate missed (a round cost 50 s besides its 200 s of tools, 300 s in all): the
     three rounds left share what is left of the budget, their own 100 s besides each."""
-    s = measure.refit_seconds(900, 300, 1, 4, 200, 20)
+    s = refit_seconds(900, 300, 1, 4, 200, 20)
     assert 3 * (100 + 20 * s) == pytest.approx(900 - 300)
     assert s < 200 / 20  # shorter than the first round's 10 s
     # A cheaper machine than estimated gets longer rounds; no budget left, 1 s each.
-    assert measure.refit_seconds(900, 210, 1, 4, 200, 20) > 10
-    assert measure.refit_seconds(900, 890, 3, 4, 600, 20) == 1.0
+    assert refit_seconds(900, 210, 1, 4, 200, 20) > 10
+    assert refit_seconds(900, 890, 3, 4, 600, 20) == 1.0
 
 
 RECORDED = sorted((Path(__file__).parent.parent / "data" / "attribution").glob("*.json"))

@@ -418,7 +418,7 @@ def test_latencyctl_recommend_quotes_the_gain_only_with_measure(
         A.GroupResult("sysctl", ["sysctl.vm.swappiness"], "no measurable effect", {}, 0.0),
     ]
 
-    def attributed(profile: str, app: Any, online: Any, args: Any) -> Any:
+    def attributed(profile: str, app: Any, online: Any, args: Any, system: Any) -> Any:
         assert profile == plain["profile_file"]  # what it measures is what it proposes
         return at, judged, {"plan": {"tools": ["sockperf"]}}, "a fake machine"
 

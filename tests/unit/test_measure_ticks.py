@@ -11,7 +11,7 @@ from typing import Any
 from latencyd.core.boot import NO_NOHZ_FULL, BootReadings, booted, compare
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.noise import TICK, Tally, TickCount
-from latencyd.tools.cli import format_measure
+from latencyd.tools.measure.report import format_measure
 from latencyd.tools.ticks import (
     ELSEWHERE,
     NO_INTERVAL,

@@ -16,7 +16,7 @@ from latencyd.core.cpuset import CpuSet
 from latencyd.core.noise import TickCount, WatchPlan
 from latencyd.core.system import System
 from latencyd.service.noisewatch import CounterWatch, NoiseWatch, ShieldWatch
-from latencyd.tools import measure
+from latencyd.tools.measure.counters import counters as measure_counters
 from plugins.monitor import MonitorPlugin
 from tests.unit.fakesys import make_fake_root, put, stat_line
 
@@ -98,7 +98,7 @@ def test_an_irq_is_named_alike_by_the_watches_and_measure(tmp_path: Path) -> Non
     assert set(counters.poll().cpus[1]) == IRQ_NAMES
     traced = NoiseWatch(System(root), CpuSet({1}))._irq_names()
     assert {f"irq {n} {name}" for n, name in traced.items()} == IRQ_NAMES
-    measured = measure.counters(CpuSet({1}), System(root)).irqs
+    measured = measure_counters(CpuSet({1}), System(root)).irqs
     assert {f"irq {row_and_name}" for row_and_name in measured} == IRQ_NAMES
 
 
@@ -119,7 +119,7 @@ def test_measure_times_every_thread_even_beside_one_that_exits(tmp_path: Path) -
     thread(root, 4242, 4242, "app", cpu=1, ran_ns=5_000)
     (root / "proc/4242/task/4243").mkdir()  # exited: its files gone
     thread(root, 4242, 4244, "app (worker)", cpu=3, ran_ns=7_000)
-    c = measure.counters(CpuSet({1}), System(root))
+    c = measure_counters(CpuSet({1}), System(root))
     assert c.tasks == {(4242, "app"): 5_000, (4244, "app (worker)"): 7_000}
     assert c.last_cpu == {(4242, "app"): 1, (4244, "app (worker)"): 3}
 
@@ -127,7 +127,7 @@ def test_measure_times_every_thread_even_beside_one_that_exits(tmp_path: Path) -
 def test_measure_counts_schedule_calls_on_the_measured_cpus_only(tmp_path: Path) -> None:
     root = make_fake_root(tmp_path, cpus="0-2")
     proc(root, virtio=0, loc=0, timer=0, busy_ticks=0)
-    assert measure.counters(CpuSet({1}), System(root)).schedule_calls == 0  # no SCHEDSTATS
+    assert measure_counters(CpuSet({1}), System(root)).schedule_calls == 0  # no SCHEDSTATS
     put(
         root,
         "proc/schedstat",
@@ -135,7 +135,7 @@ def test_measure_counts_schedule_calls_on_the_measured_cpus_only(tmp_path: Path)
         "cpu0 0 0 100 40 60 50 900 300 70\ndomain0 MC 3 0 0 0\n"
         "cpu1 0 0 7 3 4 2 800 200 9\ncpu2 0 0 11 5 6 3 700 100 8\n",
     )
-    assert measure.counters(CpuSet({1, 2}), System(root)).schedule_calls == 18
+    assert measure_counters(CpuSet({1, 2}), System(root)).schedule_calls == 18
 
 
 def test_proc_stat_is_read_by_column_and_busy_is_user_nice_system() -> None:
