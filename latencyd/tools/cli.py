@@ -829,14 +829,37 @@ def format_explain(data: dict[str, Any]) -> list[str]:
     return out
 
 
+# Each subcommand's handler, by the name cliparser gives it (its `handler` default).
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "list": cmd_list,
+    "active": cmd_active,
+    "switch": cmd_switch,
+    "hold": cmd_hold,
+    "run": cmd_run,
+    "release": cmd_release,
+    "off": cmd_off,
+    "reload": cmd_reload,
+    "verify": cmd_verify,
+    "status": cmd_status,
+    "top": cmd_top,
+    "explain": cmd_explain,
+    "plugins": cmd_plugins,
+    "import-tuned": cmd_import_tuned,
+    "measure": cmd_measure,
+    "recommend": cmd_recommend,
+    "man": cmd_man,
+    "completion": cmd_completion,
+    "__complete": cmd_complete,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     try:
         args = p.parse_args(argv)
     except SystemExit as exc:
         return USAGE if exc.code not in (0, None) else OK
-    # cliparser names each subcommand's handler: cmd_NAME here (see its docstring).
-    handler = globals()["cmd_" + args.handler.strip("_").replace("-", "_")]
+    handler = HANDLERS[args.handler]
     try:
         code: int = handler(args)
         return code

@@ -2,8 +2,8 @@
 
 It stands alone so that what reads it (latencyd.tools.cli runs it; latencyd.tools.manpages
 renders it as latencyctl(8) and the shell completions) depends on it, never the other way:
-each subcommand NAME names its handler, `cmd_NAME` in latencyd.tools.cli (dashes and
-leading underscores aside), by `handler` in its defaults.
+each subcommand names its handler by `handler` in its defaults, the key of its entry in
+latencyd.tools.cli.HANDLERS.
 """
 
 from __future__ import annotations
