@@ -35,11 +35,11 @@ from bench import arguments
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import section_schemas
 from latencyd.core.errors import ProfileError
+from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import Machine
 from latencyd.core.system import System
-from latencyd.service.config import shipped_profiles_dir
 from tests.fuzzprofiles import mutate
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import sys
-import sysconfig
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -12,13 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from latencyd.core.errors import ConfigError, Location
+from latencyd.core.paths import CONFIG_FILE, ETC_PROFILES, shipped_profiles_dir
 from latencyd.core.profile import Fixed
 from latencyd.core.schema import Machine, Schema
 from latencyd.core.tomlpos import key_lines, nearest_line
 
-CONFIG_FILE = Path("/etc/latencyd/latencyd.conf")
-ETC_PROFILES = Path("/etc/latencyd/profiles")
-DEFAULT_STATE_DIR = Path("/run/latencyd")
 FALLBACK_PROFILE = "latency-performance"
 
 
@@ -209,18 +205,6 @@ def _choice(
     if value not in allowed:
         raise ConfigError(f"{at(key)}: {key} must be one of {', '.join(allowed)} (got {value!r})")
     return value
-
-
-def shipped_profiles_dir() -> Path:
-    """Profiles that come with latencyd: next to the source tree, or installed under share/."""
-    candidates = [
-        Path(__file__).resolve().parents[2] / "profiles",
-        # pip's data directory: sys.prefix in a venv, /usr/local for Debian's python3
-        Path(sysconfig.get_path("data")) / "share" / "latencyd" / "profiles",
-        Path(sys.prefix) / "share" / "latencyd" / "profiles",
-        Path("/usr/share/latencyd/profiles"),
-    ]
-    return next((c for c in candidates if c.is_dir()), candidates[-1])
 
 
 def search_path(cli_dirs: list[Path], config: Config) -> list[Path]:

@@ -15,12 +15,11 @@ from typing import Any
 from latencyd.core.engine import Engine, SettingId, section_schemas
 from latencyd.core.errors import ConfigError, LatencydError
 from latencyd.core.journal import Journal
+from latencyd.core.paths import CONFIG_FILE, DEFAULT_STATE_DIR
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.core.system import System
 from latencyd.service.config import (
-    CONFIG_FILE,
-    DEFAULT_STATE_DIR,
     Config,
     fixed_options,
     load_config,

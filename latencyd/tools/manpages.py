@@ -120,7 +120,7 @@ def _manpage(parser: argparse.ArgumentParser, sections: dict[str, list[str]]) ->
 
 
 def latencyctl_page() -> str:
-    from latencyd.service.config import CONFIG_FILE
+    from latencyd.core.paths import CONFIG_FILE
 
     parser = cliparser.parser()
     about = f"{parser.description} It drives latencyd over D-Bus, and explains profiles without it."
@@ -137,8 +137,9 @@ def latencyctl_page() -> str:
 
 def latencyd_page() -> str:
     from latencyd.core.journal import JOURNAL_FILE
+    from latencyd.core.paths import CONFIG_FILE, DEFAULT_STATE_DIR, ETC_PROFILES
     from latencyd.core.plugin import discover
-    from latencyd.service.config import CONFIG_FILE, DEFAULT_STATE_DIR, DOCS, ETC_PROFILES, Config
+    from latencyd.service.config import DOCS, Config
     from latencyd.service.main import arg_parser
     from latencyd.service.metrics import HELP, NAMES
 
@@ -187,8 +188,8 @@ def profile_page() -> str:
     """latencyd.profile(5): the search path, the rules of every profile, every plugin's
     options and the shipped profiles (read from their files)."""
     from latencyd.core import cpuset
+    from latencyd.core.paths import ETC_PROFILES, shipped_profiles_dir
     from latencyd.core.profile import SUFFIX, profile_files, read_source
-    from latencyd.service.config import ETC_PROFILES, shipped_profiles_dir
 
     dirs = ("\\fIDIR\\fR", esc(str(ETC_PROFILES)), "\\fISHIPPED\\fR")
     synopsis = [".nf", *(f"{d}/\\fINAME\\fR{esc(SUFFIX)}" for d in dirs), ".fi", ".PP"]

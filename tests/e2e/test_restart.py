@@ -18,10 +18,10 @@ import pytest
 
 from latencyd.core.errors import LatencydError
 from latencyd.core.journal import Journal
+from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import Plugin, Target, decode_target, load_plugins, target_kinds
 from latencyd.core.procstat import parse_interrupts
 from latencyd.core.system import System
-from latencyd.service.config import shipped_profiles_dir
 from latencyd.service.noisewatch import INSTANCE
 from tests.fdstore import FdStoreStandIn
 from tests.harness import Latencyd, idle_threads, wait_for

@@ -8,14 +8,8 @@ import pytest
 
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import ConfigError, ProfileError
-from latencyd.service.config import (
-    ETC_PROFILES,
-    FALLBACK_PROFILE,
-    Config,
-    load_config,
-    search_path,
-    shipped_profiles_dir,
-)
+from latencyd.core.paths import ETC_PROFILES, shipped_profiles_dir
+from latencyd.service.config import FALLBACK_PROFILE, Config, load_config, search_path
 from latencyd.tools.explain import explain, plain
 from tests.unit.fakesys import make_fake_root
 

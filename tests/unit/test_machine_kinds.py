@@ -21,11 +21,11 @@ from latencyd.plugins.cstate import (
 from latencyd.core.engine import Engine, plugin_options, section_schemas
 from latencyd.core.idle import NO_DRIVER, IdleFacts, read_driver, read_idle
 from latencyd.core.journal import Journal
+from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import Expansion, Table, load_plugins
 from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.core.schema import validate
 from latencyd.core.system import System
-from latencyd.service.config import shipped_profiles_dir
 from latencyd.tools import attribute as A
 from latencyd.tools.recommend import read_facts, recommend
 from tests.unit.fakesys import (

@@ -9,8 +9,8 @@ from latencyd.core.cgroups import Chosen
 from latencyd.core.cmdline import isolation, parse_cmdline
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.idle import IdleFacts, IdleState
+from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.system import System
-from latencyd.service.config import shipped_profiles_dir
 from latencyd.tools.explain import explain
 from latencyd.tools.recommend import Facts, Nic, read_facts, recommend, shield_reason
 from tests.unit.fakesys import add_nic, make_fake_root, put

@@ -333,7 +333,7 @@ def import_tuned(
     chain = load_chain(target, search, host)
     files = convert_chain(chain, host)
     result = ImportResult([(out_dir / f"{f.name}.toml", f) for f in files], COMPLETE)
-    from latencyd.service.config import shipped_profiles_dir
+    from latencyd.core.paths import shipped_profiles_dir
 
     shipped = {p.stem for p in shipped_profiles_dir().glob("*.toml")}
     result.shadows = [f.name for f in files if f.name in shipped]

@@ -1,0 +1,25 @@
+"""Where latencyd's files are: the daemon's configuration, the profiles the machine's
+admin writes and those that come with latencyd, and the daemon's state. One place for the
+daemon and its tools (the config's contents are latencyd.service.config's)."""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+from pathlib import Path
+
+CONFIG_FILE = Path("/etc/latencyd/latencyd.conf")
+ETC_PROFILES = Path("/etc/latencyd/profiles")
+DEFAULT_STATE_DIR = Path("/run/latencyd")
+
+
+def shipped_profiles_dir() -> Path:
+    """Profiles that come with latencyd: next to the source tree, or installed under share/."""
+    candidates = [
+        Path(__file__).resolve().parents[2] / "profiles",
+        # pip's data directory: sys.prefix in a venv, /usr/local for Debian's python3
+        Path(sysconfig.get_path("data")) / "share" / "latencyd" / "profiles",
+        Path(sys.prefix) / "share" / "latencyd" / "profiles",
+        Path("/usr/share/latencyd/profiles"),
+    ]
+    return next((c for c in candidates if c.is_dir()), candidates[-1])
