@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import os
 import shutil
 import socket
 import struct
@@ -800,7 +801,8 @@ def test_irqbalance_is_told_through_its_socket_instead_of_a_restart(
         assert "restart irqbalance to apply" not in facts["irqbalance"]
         assert engine.off() == []
         wait_for(lambda: len(irqbalance.commands) == 2, timeout=5)
-        assert irqbalance.commands == [("settings cpus 1", 0), ("settings cpus NULL", 0)]
+        uid = os.getuid()  # sent with the daemon's credentials: root's, where it runs as root
+        assert irqbalance.commands == [("settings cpus 1", uid), ("settings cpus NULL", uid)]
     finally:
         irqbalance.close()
 

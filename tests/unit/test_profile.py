@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -337,7 +338,7 @@ def test_the_listing_loads_again_only_what_changed(lib: ProfileLibrary, pdir: Pa
     changed, and only then (an answer not loaded again is the very same object)."""
     base = write(pdir, "base", '[main]\nsummary = "base"\n')
     write(pdir, "top", '[main]\ninclude = ["base"]\n')
-    alone = write(pdir, "alone", '[main]\nsummary = "alone"\n')
+    write(pdir, "alone", '[main]\nsummary = "alone"\n')
     first = {i.name: i for i in lib.all()}
     assert {n: i.summary for n, i in first.items()} == {
         "alone": "alone",
@@ -351,11 +352,6 @@ def test_the_listing_loads_again_only_what_changed(lib: ProfileLibrary, pdir: Pa
     edited = {i.name: i for i in lib.all()}
     assert edited["top"].summary == edited["base"].summary == "base, edited"
     assert edited["alone"] is first["alone"]
-    # A chmod changes no content, but whether root may trust the file.
-    trusted = ProfileLibrary([pdir], lib.schemas, MACHINE, trusted_only=True)
-    assert [i.error for i in trusted.all()] == [None, None, None]
-    alone.chmod(0o666)
-    assert [bool(i.error) for i in trusted.all()] == [True, False, False]
     # A profile added: every one is loaded again (an include by name may find another).
     write(pdir, "zzz", "")
     added = {i.name: i for i in lib.all()}
@@ -364,6 +360,20 @@ def test_the_listing_loads_again_only_what_changed(lib: ProfileLibrary, pdir: Pa
     # The machine changed (CPUs went offline): loaded again ("all" is another set).
     lib.machine = Machine(CpuSet.from_list("0-1"), 8 << 30)
     assert not any(i is added[i.name] for i in lib.all())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="trusted profiles are root's: only root makes them")
+def test_the_listing_loads_again_a_profile_whose_trust_changed(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    """A chmod changes no content, but whether root may trust the file."""
+    write(pdir, "base", '[main]\nsummary = "base"\n')
+    write(pdir, "top", '[main]\ninclude = ["base"]\n')
+    alone = write(pdir, "alone", '[main]\nsummary = "alone"\n')
+    trusted = ProfileLibrary([pdir], lib.schemas, MACHINE, trusted_only=True)
+    assert [i.error for i in trusted.all()] == [None, None, None]
+    alone.chmod(0o666)
+    assert [bool(i.error) for i in trusted.all()] == [True, False, False]
 
 
 def test_shipped_profiles_load(fake_root: Path) -> None:

