@@ -10,7 +10,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 CPUIDLE_DRIVER := /sys/devices/system/cpu/cpuidle/current_driver
 
-.PHONY: setup run test lint bench clean install install-system
+.PHONY: setup run test check lint bench clean install install-system
 
 setup:
 	@bash scripts/setup.sh
@@ -39,6 +39,18 @@ test: setup
 
 lint: setup
 	@$(MAKE) --no-print-directory lint-only
+
+# The unit tests and lint, as any user: no root, no daemon, nothing of the kernel written
+# (the unit tests run on fake roots; --confcutdir leaves out tests/conftest.py, which
+# snapshots the machine for the kernel and e2e tests). The two run side by side. It runs
+# the .venv as it is: `make setup` installs Debian packages, which needs root.
+check:
+	@test -x $(PYTHON) || { echo "make check: no $(VENV) yet: run make setup (as root) first" >&2; exit 1; }
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-only lint-only
+
+.PHONY: unit-only
+unit-only:
+	@$(call pytest,$(PYTHON) -m pytest -q -p no:cacheprovider --confcutdir=tests/unit tests/unit)
 
 .PHONY: lint-only
 lint-only:
