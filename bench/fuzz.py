@@ -37,6 +37,7 @@ from latencyd.core.journal import JOURNAL_FILE, Journal
 from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import discover
 from latencyd.core.profile import ProfileLibrary
+from latencyd.core.system import System
 from latencyd.tools import tuned_import as ti
 from tests.fuzzjournal import applied_journal, plugins_on
 from tests.fuzzprofiles import mutate
@@ -145,7 +146,7 @@ def tuned_texts() -> dict[str, str]:
 
 def fuzz_importer(cases: int, seconds: float, rng: random.Random, tmp: Path) -> Tally:
     texts = tuned_texts()
-    host = ti.read_host()
+    host = ti.read_host(System("/"))
     tally = Tally()
     for i in range(cases):
         tuned = tmp / "tuned" / str(i)

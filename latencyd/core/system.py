@@ -255,6 +255,13 @@ class System:
         """Where a symlink (a device's sysfs link) leads, as an absolute path."""
         return os.path.realpath(self.path(rel))
 
+    def glob(self, pattern: str) -> list[str]:
+        """The paths that match `pattern` (glob syntax, relative to the root), sorted and
+        relative to the root."""
+        import glob
+
+        return sorted(p[len(self._prefix) :] for p in glob.glob(self.fspath(pattern)))
+
     def listdir(self, rel: str) -> list[str]:
         """Entries of a directory; none if it is missing or not a directory."""
         try:
@@ -391,17 +398,18 @@ class System:
     def cgroup_facts(self) -> CgroupFacts:
         """The cgroup hierarchies mounted, what the unified one offers, the kernel's
         version and whether systemd runs the machine (latencyd.core.cgroups.choose)."""
-        mounts = parse_mountinfo(self._read_or_empty("proc/self/mountinfo"))
+        mounts = parse_mountinfo(self.read_or_empty("proc/self/mountinfo"))
         unified = next((m.path for m in mounts if m.version == 2), None)
-        offered = self._read_or_empty(f"{unified}/cgroup.controllers") if unified else ""
+        offered = self.read_or_empty(f"{unified}/cgroup.controllers") if unified else ""
         return CgroupFacts(
             tuple(mounts),
             frozenset(offered.split()),
-            kernel_version(self._read_or_empty("proc/sys/kernel/osrelease")),
+            kernel_version(self.read_or_empty("proc/sys/kernel/osrelease")),
             self.exists("run/systemd/system"),
         )
 
-    def _read_or_empty(self, rel: str) -> str:
+    def read_or_empty(self, rel: str) -> str:
+        """A file's whole text as it is (unstripped), or "" where it cannot be read."""
         try:
             return _read_text(self.fspath(rel))
         except OSError:
@@ -425,7 +433,7 @@ class System:
 
     def cgroup_pids(self, rel: str) -> list[int]:
         """The processes in a cgroup and in every cgroup below it; none if it is gone."""
-        pids = [int(p) for p in self._read_or_empty(f"{rel}/cgroup.procs").split()]
+        pids = [int(p) for p in self.read_or_empty(f"{rel}/cgroup.procs").split()]
         for name in self.listdir(rel):
             if self.exists(f"{rel}/{name}/cgroup.procs"):
                 pids += self.cgroup_pids(f"{rel}/{name}")
@@ -456,7 +464,7 @@ class System:
             except OSError as exc:
                 if exc.errno != errno.EBUSY:
                     raise KernelRefused(f"removing cgroup {where}", describe_oserror(exc)) from exc
-            for pid in self._read_or_empty(f"{where}/cgroup.procs").split():
+            for pid in self.read_or_empty(f"{where}/cgroup.procs").split():
                 with contextlib.suppress(KernelRefused):  # exited meanwhile
                     self.write(f"{parent}/cgroup.procs", pid)
         raise KernelRefused(f"removing cgroup {where}", "its tasks kept coming back")

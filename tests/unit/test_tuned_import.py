@@ -1005,7 +1005,7 @@ def installed() -> tuple[dict[str, Schema], Machine, ti.Host]:
     from latencyd.core.system import System
 
     system = System("/")
-    return section_schemas(load_plugins(system)), system.machine(), ti.read_host()
+    return section_schemas(load_plugins(system)), system.machine(), ti.read_host(system)
 
 
 @pytest.mark.skipif(not TUNED.is_dir(), reason="/usr/lib/tuned is absent: apt-get install tuned")
@@ -1068,3 +1068,26 @@ def permissive_only(sections: set[str]) -> dict[str, Schema]:
 def _unknown_section(message: str) -> str | None:
     m = re.match(r"unknown plugin section \[(\w+)\]", message)
     return m.group(1) if m else None
+
+
+def test_the_host_is_read_through_the_system_it_is_given(tmp_path: Path) -> None:
+    from latencyd.core.system import System
+    from tests.unit.fakesys import make_fake_root, put
+
+    root = make_fake_root(tmp_path, cpus="0-1", sysctls={"kernel/sched_rt_runtime_us": "950000"})
+    cpu = "sys/devices/system/cpu"
+    put(root, f"{cpu}/present", "0-1")
+    for n in (0, 1):
+        put(root, f"{cpu}/cpu{n}/topology/physical_package_id", "0")
+    put(root, f"{cpu}/cpu0/cpuidle/state0/name", "POLL")
+    put(root, f"{cpu}/cpu0/cpuidle/state0/latency", "0")
+    put(root, f"{cpu}/cpu0/cpuidle/state1/name", "C1")
+    put(root, f"{cpu}/cpu0/cpuidle/state1/latency", "2")
+    (root / "proc/cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu hypervisor\n")
+    host = ti.read_host(System(root))
+    assert (host.online, host.present, dict(host.packages)) == ((0, 1), (0, 1), {0: "0", 1: "0"})
+    assert host.idle_states == (ti.IdleState(0, "POLL", 0), ti.IdleState(1, "C1", 2))
+    assert host.virtualized == "the CPU flag 'hypervisor' is set"
+    assert host.cpuinfo.endswith("hypervisor\n")  # as the file has it
+    assert host.has_sysctl("kernel.sched_rt_runtime_us") and not host.has_sysctl("vm.nothing")
+    assert host.exists("/proc/sys/kernel/sched_rt_*") and not host.exists("/proc/sys/nothing/*")

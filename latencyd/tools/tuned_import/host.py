@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from latencyd.core.system import System
 from latencyd.tools.tuned_import.cpulists import cpulist_unpack
 
 
@@ -42,31 +43,24 @@ class Host:
         return self.exists(f"/proc/sys/{rel}")
 
 
-def read_host(root: str = "/") -> Host:
-    """This machine's facts (the I/O edge of `Host`)."""
-
-    def read(rel: str) -> str:
-        try:
-            with open(os.path.join(root, rel)) as f:
-                return f.read()
-        except OSError:
-            return ""
+def read_host(system: System) -> Host:
+    """This machine's facts, read through `system` (the I/O edge of `Host`)."""
+    read = system.read_or_empty
 
     def exists(path: str) -> bool:
         if "\0" in path:  # no file has such a name (and glob raises on it)
             return False
-        full = os.path.join(root, path.lstrip("/"))
-        return bool(glob.glob(full)) if glob.has_magic(path) else os.path.exists(full)
+        return bool(system.glob(path)) if glob.has_magic(path) else system.exists(path)
 
     cpu_dir = "sys/devices/system/cpu"
     packages: dict[int, str] = {}
-    for entry in sorted(glob.glob(os.path.join(root, cpu_dir, "cpu[0-9]*"))):
+    for entry in system.glob(f"{cpu_dir}/cpu[0-9]*"):
         cpu = os.path.basename(entry)[3:]
         if cpu.isdecimal():
             packages[int(cpu)] = read(f"{cpu_dir}/cpu{cpu}/topology/physical_package_id").strip()
     states = []
     idle = f"{cpu_dir}/cpu0/cpuidle"
-    for entry in sorted(glob.glob(os.path.join(root, idle, "state[0-9]*"))):
+    for entry in system.glob(f"{idle}/state[0-9]*"):
         index = os.path.basename(entry)[5:]
         latency = read(f"{idle}/state{index}/latency").strip()
         if index.isdecimal() and latency.isdecimal():

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from latencyd.core.system import System
 from latencyd.core.tomlwrite import toml_line, toml_table
 from latencyd.tools.tuned_import.convert import convert_merged
 from latencyd.tools.tuned_import.host import Host, read_host
@@ -328,7 +329,7 @@ def import_tuned(
     write: bool = True,
 ) -> ImportResult:
     """Convert `target` (NAME, DIR or FILE) and its include chain into `out_dir`."""
-    host = host if host is not None else read_host()
+    host = host if host is not None else read_host(System("/"))
     search = [*dirs, *reversed([Path(d) for d in extra_dirs])]  # extra dirs searched first
     chain = load_chain(target, search, host)
     files = convert_chain(chain, host)
