@@ -42,15 +42,17 @@ lint: setup
 
 # The unit tests and lint, as any user: no root, no daemon, nothing of the kernel written
 # (the unit tests run on fake roots; --confcutdir leaves out tests/conftest.py, which
-# snapshots the machine for the kernel and e2e tests). The two run side by side. It runs
-# the .venv as it is: `make setup` installs Debian packages, which needs root.
+# snapshots the machine for the kernel and e2e tests). The tests run in two shards beside
+# lint: many of them wait on a shell or a child. It runs the .venv as it is: `make setup`
+# installs Debian packages, which needs root.
 check:
 	@test -x $(PYTHON) || { echo "make check: no $(VENV) yet: run make setup (as root) first" >&2; exit 1; }
-	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-only lint-only
+	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-shard-0 unit-shard-1 lint-only
 
-.PHONY: unit-only
-unit-only:
-	@$(call pytest,$(PYTHON) -m pytest -q -p no:cacheprovider --confcutdir=tests/unit tests/unit)
+UNIT_SHARDS := unit-shard-0 unit-shard-1
+.PHONY: $(UNIT_SHARDS)
+$(UNIT_SHARDS): unit-shard-%:
+	@$(call pytest,$(PYTHON) -m pytest -q -p no:cacheprovider --confcutdir=tests/unit --shard=$*/2 tests/unit)
 
 .PHONY: lint-only
 lint-only:
