@@ -80,7 +80,7 @@ class BootRules:
     remove: tuple[str, ...]
 
 
-class BootloaderPlugin(Plugin[BootArguments]):
+class BootloaderPlugin(Plugin[BootArguments, BootRules]):
     name = "bootloader"
     summary = "Kernel arguments for the next boot, through the machine's own bootloader tools"
     targets = (BootArguments,)
@@ -117,7 +117,7 @@ class BootloaderPlugin(Plugin[BootArguments]):
             self._loader = detect(self.system)
         return self._loader
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[BootRules]:
         refused: dict[str, str] = {}
         unsupported = self._unsupported()
         added = []

@@ -256,7 +256,7 @@ class _Found:
         else:
             self.refused[what] = reason
 
-    def expansion(self) -> Expansion:
+    def expansion(self) -> Expansion[None]:
         refused = dict(self.refused)
         for (what, reason), cpus in self.refused_cpus.items():
             refused[f"{what} on {_cpus(cpus)}"] = reason
@@ -348,7 +348,7 @@ SCHEMA = Schema(
 )
 
 
-class CpuPlugin(Plugin[CpuTarget]):
+class CpuPlugin(Plugin[CpuTarget, None]):
     name = "cpu"
     summary = "CPU frequency: governor, EPP/EPB, frequency limits, intel_pstate and boost"
     targets = (Governor, EnergyPreference, FreqLimit, PolicyBoost, Boost, EnergyPerfBias, PerfPct,
@@ -402,7 +402,7 @@ class CpuPlugin(Plugin[CpuTarget]):
         return sorted(out, key=lambda p: p.number)
 
     # -- what a section wants ---------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
         wanted = per_cpu_options(options, self.system.online_cpus())
         policies = self.policies()
         if not policies and not any(
@@ -664,7 +664,7 @@ class CpuPlugin(Plugin[CpuTarget]):
         return f"intel_pstate turbo {'off' if str(value) == '1' else 'on'} (no_turbo = {value})"
 
     # -- monitoring ---------------------------------------------------------------------------
-    def monitor(self, rules: Any) -> Monitor:
+    def monitor(self, rules: None) -> Monitor:
         rows = []
         for p in self.policies():
             base = f"{CPUFREQ}/policy{p.number}"

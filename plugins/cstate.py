@@ -140,7 +140,7 @@ HALTPOLL_KEYS: dict[str, tuple[str, Kind]] = {  # key in profiles -> (file suffi
 }
 
 
-class CstatePlugin(Plugin[CstateTarget]):
+class CstatePlugin(Plugin[CstateTarget, CstateRules]):
     name = "cstate"
     summary = "C-states: PM QoS latency request, per-CPU resume latency, cpuidle state disables"
     targets = (PmQosRequest, ResumeLatency, StateDisable, IdleGovernor, HaltpollParam)
@@ -245,7 +245,7 @@ class CstatePlugin(Plugin[CstateTarget]):
         )
 
     # -- plugin verbs -----------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[CstateRules]:
         facts = read_idle(self.system, [min(self.system.online_cpus())])
         if facts.halts_regardless:
             return self._nothing_acts(options)
@@ -299,7 +299,7 @@ class CstatePlugin(Plugin[CstateTarget]):
         return Expansion(settings, rules, notes, refused)
 
     @staticmethod
-    def _nothing_acts(options: Options) -> Expansion:
+    def _nothing_acts(options: Options) -> Expansion[CstateRules]:
         """Without a cpuidle driver the idle loop halts whatever PM QoS, resume latency
         limits, state disables, governors or halt-polling say: every option the section
         gives is not applicable, with the reason, instead of "applied" for nothing."""
@@ -447,7 +447,7 @@ class CstatePlugin(Plugin[CstateTarget]):
             for cpu, cpu_states in states.items()
         }
 
-    def on_applied(self, rules: Any) -> None:
+    def on_applied(self, rules: CstateRules | None) -> None:
         try:
             self.baseline = self.counters()
         except KernelRefused:  # no cpuidle counters here: monitor() says so
@@ -481,17 +481,17 @@ class CstatePlugin(Plugin[CstateTarget]):
             tuple(rows),
         )
 
-    def monitor(self, rules: Any) -> Monitor:
+    def monitor(self, rules: CstateRules | None) -> Monitor:
         facts: dict[str, Any] = {}
         held = self.system.pmqos.held()
         if held is not None:
             facts["pm_qos_requested_us"] = held
-            if isinstance(rules, CstateRules) and rules.resolved_from:
+            if rules is not None and rules.resolved_from:
                 facts["pm_qos_resolved_from"] = rules.resolved_from
         effective = self.system.pmqos.effective()
         if effective is not None:
             facts["pm_qos_effective_us"] = effective
-        if isinstance(rules, CstateRules) and rules.idle:
+        if rules is not None and rules.idle:
             facts["idle"] = rules.idle
         idle = read_idle(self.system)
         facts["cpuidle_driver"] = idle.driver or "none"

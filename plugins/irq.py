@@ -76,7 +76,7 @@ class IrqRules:
     coordinate: bool = False  # ban `isolate` in an irqbalance that starts later
 
 
-class IrqPlugin(Plugin[IrqTarget]):
+class IrqPlugin(Plugin[IrqTarget, IrqRules]):
     name = "irq"
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"
     targets = (IrqAffinity, DefaultAffinity, IrqbalanceBan)
@@ -190,7 +190,7 @@ class IrqPlugin(Plugin[IrqTarget]):
         return any(fnmatch.fnmatchcase(a, value) for a in irq.actions)
 
     # -- plugin verbs --------------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[IrqRules]:
         online = self.system.online_cpus()
         isolate: CpuSet = options.get("isolate", CpuSet())
         housekeeping = online - isolate
@@ -217,11 +217,13 @@ class IrqPlugin(Plugin[IrqTarget]):
     def follows_user_tasks(self, options: Options) -> bool:
         return bool(options.get("isolate")) and bool(options.get("coordinate_irqbalance", True))
 
-    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+    def on_task(
+        self, rules: IrqRules | None, event: TaskEvent, owned: Mapping[Target, Value]
+    ) -> Settings:
         """irqbalance started after the profile: banned from the isolated CPUs now, not
         at the next switch (until then it and the drift repair would rewrite the same IRQ
         masks back and forth). Only an exec of root's irqbalance counts."""
-        if event.kind != "comm" or not isinstance(rules, IrqRules) or not rules.coordinate:
+        if event.kind != "comm" or rules is None or not rules.coordinate:
             return {}
         if not self.system.is_root_process(event.pid, "irqbalance"):
             return {}
@@ -240,12 +242,12 @@ class IrqPlugin(Plugin[IrqTarget]):
         return settings
 
     def on_device(
-        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+        self, rules: IrqRules | None, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
         """A device came, went or was (un)bound: just the IRQs that appeared get their
         affinity, those that vanished are dropped, and the device's own are read back;
         the rest is left alone."""
-        if not isinstance(rules, IrqRules) or event.subsystem == "cpu":
+        if rules is None or event.subsystem == "cpu":
             return None
         _, irqs = self.inventory()
         now = {i.number for i in irqs}
@@ -315,9 +317,9 @@ class IrqPlugin(Plugin[IrqTarget]):
         # The mask can be written in either form.
         return (self._path(target), f"proc/irq/{target.irq}/smp_affinity")
 
-    def changed(self, rules: Any) -> bool:
+    def changed(self, rules: IrqRules | None) -> bool:
         """New or vanished IRQs since the section was expanded (same filter as inventory)."""
-        if not isinstance(rules, IrqRules):  # the section was refused: nothing to follow
+        if rules is None:  # the section was refused: nothing to follow
             return False
         return {i.number for i in self.inventory()[1]} != rules.known_irqs
 
@@ -372,7 +374,7 @@ class IrqPlugin(Plugin[IrqTarget]):
         return self.system.restart_service("irqbalance.service")
 
     # -- monitoring -------------------------------------------------------------------------
-    def on_applied(self, rules: Any) -> None:
+    def on_applied(self, rules: IrqRules | None) -> None:
         self.columns, irqs = self.inventory(with_counts=True)
         self.baseline = {i.number: i.counts for i in irqs}
         self.baseline_at = time.monotonic()
@@ -405,8 +407,8 @@ class IrqPlugin(Plugin[IrqTarget]):
         self.system.close_counters(self.counters.values())
         self.counters = {}
 
-    def monitor(self, rules: Any) -> Monitor:
-        isolated = rules.isolate if isinstance(rules, IrqRules) else CpuSet()
+    def monitor(self, rules: IrqRules | None) -> Monitor:
+        isolated = rules.isolate if rules is not None else CpuSet()
         self.columns, irqs = self.inventory(with_counts=True)
         rows: list[tuple[Any, ...]] = []
         per_cpu = [0] * len(self.columns)

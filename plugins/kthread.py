@@ -128,7 +128,7 @@ def _rule_is_whole(rule: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-class KthreadPlugin(TaskMover[KthreadTarget]):
+class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules]):
     name = "kthread"
     summary = "Kernel-thread affinity and policy by name, following threads as they come and go"
     targets = (Workqueue, ThreadAffinity, ThreadPolicy)
@@ -208,7 +208,7 @@ class KthreadPlugin(TaskMover[KthreadTarget]):
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[KthreadRules]]:
         """Yields after each task: a rescan looks at every one of 50,000."""
         rules = KthreadRules(rules_from(options), time.monotonic())
         settings: Settings = {}
@@ -221,12 +221,14 @@ class KthreadPlugin(TaskMover[KthreadTarget]):
             yield
         return Expansion(settings, rules)
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[KthreadRules]:
         return run_to_end(self.expand_steps(options, owned))
 
-    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+    def on_task(
+        self, rules: KthreadRules | None, event: TaskEvent, owned: Mapping[Target, Value]
+    ) -> Settings:
         """Settings a just-created or renamed task needs; filters early so forks stay cheap."""
-        if not isinstance(rules, KthreadRules):
+        if rules is None:
             return {}
         if event.kind == "fork":
             if event.ppid != 2:  # user tasks are the shield's
@@ -304,8 +306,8 @@ class KthreadPlugin(TaskMover[KthreadTarget]):
             return f"{name} policy = {value[0]} priority {value[1]}"
         return f"{name} CPUs = {value}"
 
-    def monitor(self, rules: Any) -> Monitor:
-        if not isinstance(rules, KthreadRules):
+    def monitor(self, rules: KthreadRules | None) -> Monitor:
+        if rules is None:
             return Monitor()
         facts = {"rules": len(rules.rules), "rescan_every_s": self.rescan_interval_s}
         return Monitor(facts=facts)

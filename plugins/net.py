@@ -195,7 +195,7 @@ NIC_SCHEMA = Schema(
 )
 
 
-class NetPlugin(Plugin[NetTarget]):
+class NetPlugin(Plugin[NetTarget, NetRules]):
     name = "net"
     summary = "NIC coalescing, rings, channels, pause, features, RPS/XPS and NAPI knobs"
     targets = (NicSetting, NicFile)
@@ -343,14 +343,14 @@ class NetPlugin(Plugin[NetTarget]):
                 settings[NicFile(nic.identity, option)] = str(o[option])
         return settings
 
-    def changed(self, rules: Any) -> bool:
+    def changed(self, rules: NetRules | None) -> bool:
         """NICs or queues other than when expanded: the safety net behind udev events."""
-        return isinstance(rules, NetRules) and rules.queues != self._queues()
+        return rules is not None and rules.queues != self._queues()
 
     def _queues(self) -> frozenset[tuple[str, str]]:
         return frozenset((n.identity, q) for n in self.nics() for q in n.rx_queues + n.tx_queues)
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[NetRules]:
         entries = tuple(NicRule(i, r) for i, r in enumerate(options.get("nic", []), 1))
         rules = NetRules(entries, self._queues())
         settings: Settings = {}
@@ -361,12 +361,12 @@ class NetPlugin(Plugin[NetTarget]):
         return Expansion(settings, rules)
 
     def on_device(
-        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+        self, rules: NetRules | None, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
         """Just the NIC the event is about: tuned as it appears or is renamed, or as its
         queues come and go (a channel change, and every new NIC); its settings dropped when
         it goes (or stops matching after a rename)."""
-        if not isinstance(rules, NetRules):
+        if rules is None:
             return None
         name = event.name
         if event.subsystem == "queues":  # DEVPATH .../net/NIC/queues/rx-N: that NIC again
@@ -494,8 +494,8 @@ class NetPlugin(Plugin[NetTarget]):
                 continue
         return out
 
-    def monitor(self, rules: Any) -> Monitor:
-        if not isinstance(rules, NetRules):
+    def monitor(self, rules: NetRules | None) -> Monitor:
+        if rules is None:
             return Monitor()
         nic_rows = []
         setting_rows = []

@@ -250,7 +250,7 @@ def _same_file(name: str, wanted: Value, actual: Value) -> bool:
     return str(wanted) == str(actual)
 
 
-class ShieldPlugin(TaskMover[ShieldTarget]):
+class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"
     targets = (TaskAffinity, Cgroup, RootFile, Controller, TaskCgroup, UnitCpus, TaskUnit)
@@ -365,7 +365,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[ShieldRules]]:
         """The section's settings, by the mechanism that keeps the shield here."""
         choice = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
         rules = ShieldRules(
@@ -380,7 +380,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             return (yield from self.affinity_expand_steps(rules, owned))
         return (yield from self.cpuset_expand_steps(rules, owned))
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[ShieldRules]:
         return run_to_end(self.expand_steps(options, owned))
 
     def is_app(self, rules: ShieldRules, task: Task) -> bool:
@@ -402,7 +402,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
     # -- the cpuset mechanisms: the kernel keeps the shield ----------------------------------
     def cpuset_expand_steps(
         self, rules: ShieldRules, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[ShieldRules]]:
         """The cpusets, then every user task of the root cgroup that must move (v1: all but
         those allowed, to housekeeping; both: the application and tasks their users
         confined to the shielded CPUs, into the shield). What runs in another manager's
@@ -575,8 +575,10 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         """The process's threads, as the kernel lists them (lazily: 20,000 take a while)."""
         return (int(t) for t in self.system.entries(f"proc/{pid}/task") if t.isdigit())
 
-    def handed_over(self, rules: Any, target: ShieldTarget, actual: Value) -> str | None:
-        if not isinstance(target, TaskAffinity) or not isinstance(rules, ShieldRules):
+    def handed_over(
+        self, rules: ShieldRules | None, target: ShieldTarget, actual: Value
+    ) -> str | None:
+        if not isinstance(target, TaskAffinity) or rules is None:
             return None
         cpus = CpuSet.from_list(str(actual))
         if cpus and rules.cpus and cpus.issubset(rules.cpus):
@@ -585,7 +587,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
 
     def affinity_expand_steps(
         self, rules: ShieldRules, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[ShieldRules]]:
         """Yields after each task and each THREAD_CHUNK threads of one (a JVM's 20,000)."""
         settings: Settings = {}
         current: dict[Target, Value] = {}
@@ -625,10 +627,12 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         except NotApplicable:
             return False
 
-    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+    def on_task(
+        self, rules: ShieldRules | None, event: TaskEvent, owned: Mapping[Target, Value]
+    ) -> Settings:
         """Settings a just-renamed (exec'd) user task needs; user forks inherit their
         parent's affinity (born_narrowed), so they are not asked and stay cheap."""
-        if not isinstance(rules, ShieldRules):
+        if rules is None:
             return {}
         if event.kind == "applied":
             return self.started_before_narrowed(rules, owned)
@@ -972,8 +976,8 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         name = f"{task.comm} " if task else ""
         return f"user task {name}(pid {first.pid}, {len(targets):,} threads) CPUs = {value}"
 
-    def monitor(self, rules: Any) -> Monitor:
-        if not isinstance(rules, ShieldRules):
+    def monitor(self, rules: ShieldRules | None) -> Monitor:
+        if rules is None:
             return Monitor()
         choice = rules.choice
         facts = {

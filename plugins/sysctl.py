@@ -93,7 +93,7 @@ class Sysctl(Target):
         return root_only_reason(self.key)
 
 
-class SysctlPlugin(Plugin[Sysctl]):
+class SysctlPlugin(Plugin[Sysctl, None]):
     name = "sysctl"
     summary = "Any kernel sysctl under /proc/sys"
     targets = (Sysctl,)
@@ -129,7 +129,7 @@ class SysctlPlugin(Plugin[Sysctl]):
         busy_poll = ("busy_poll", ("net.core.busy_read", "net.core.busy_poll"))
         return Schema(free_keys=check_key, free_kind=OneOf((Int(), Str())), groups=(busy_poll,))
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
         wanted: dict[Target, Value] = {}
         refused: dict[str, str] = {}
         for given, value in options.items():

@@ -109,7 +109,7 @@ class SysfsRules:
     found: frozenset[tuple[str, str]]  # (key, real path under root) pairs
 
 
-class SysfsPlugin(Plugin[SysfsFile]):
+class SysfsPlugin(Plugin[SysfsFile, SysfsRules]):
     name = "sysfs"
     summary = "Any file under /sys, by absolute path or glob"
     targets = (SysfsFile,)
@@ -149,7 +149,7 @@ class SysfsPlugin(Plugin[SysfsFile]):
         return None
 
     # -- what a section wants ---------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[SysfsRules]:
         settings: Settings = {}
         notes: dict[Target, str] = {}
         refused: dict[str, str] = {}
@@ -184,14 +184,14 @@ class SysfsPlugin(Plugin[SysfsFile]):
         return ROOT_ONLY if any(k.startswith("/") for k in options) else None
 
     def on_device(
-        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+        self, rules: SysfsRules | None, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
         """Globs may match the device's files now (or no longer): expand the section again."""
         return None
 
-    def changed(self, rules: Any) -> bool:
+    def changed(self, rules: SysfsRules | None) -> bool:
         """Files the section's keys match now differ from those matched when expanded."""
-        if not isinstance(rules, SysfsRules):  # the section was refused: nothing to follow
+        if rules is None:  # the section was refused: nothing to follow
             return False
         now = frozenset((key, rel) for key in rules.keys for rel in self.matches(key))
         return now != rules.found

@@ -45,7 +45,7 @@ class VmKnob(Target):
         return None if plain_path(self.name, 1) else f"no vm knob is called {self.name!r}"
 
 
-class WritebackPlugin(Plugin[DirtyLimit | VmKnob]):
+class WritebackPlugin(Plugin[DirtyLimit | VmKnob, None]):
     name = "writeback"
     summary = "Dirty-page writeback thresholds and timing (vm.dirty_*)"
     targets = (DirtyLimit, VmKnob)
@@ -93,7 +93,7 @@ class WritebackPlugin(Plugin[DirtyLimit | VmKnob]):
         exclusive=tuple(PAIRS.values()),
     )
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
         settings: Settings = {}
         for pair, (ratio, size) in PAIRS.items():
             if ratio in options:

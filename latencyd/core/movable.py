@@ -9,7 +9,7 @@ thread, is what keeps a process of 20,000 threads cheap.
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from latencyd.core.errors import NotApplicable
 from latencyd.core.plugin import Plugin, Target
@@ -18,6 +18,16 @@ from latencyd.core.system import System, Task
 MOVE_REFUSED = "the kernel will not move this thread"
 
 T = TypeVar("T", bound=Target)
+
+
+class Rescanned(Protocol):
+    """The rules of a plugin that moves tasks: when its section was last expanded."""
+
+    @property
+    def scanned_at(self) -> float: ...  # monotonic time: the next rescan is due from here
+
+
+S = TypeVar("S", bound=Rescanned)
 
 
 class NamesATask(Protocol):
@@ -38,17 +48,17 @@ def require_movable(task: Task) -> None:
         )
 
 
-class TaskMover(Plugin[T]):
+class TaskMover(Plugin[T, S]):
     """A plugin whose targets name tasks: it keeps who each pid is for the step."""
 
     def __init__(self, system: System) -> None:
         super().__init__(system)
         self.identities: dict[int, Task | None] | None = None  # pid -> task, within a step
 
-    def changed(self, rules: Any) -> bool:
+    def changed(self, rules: S | None) -> bool:
         """A periodic rescan: the safety net behind task events (the rules a section
-        expanded to say when, as scanned_at)."""
-        scanned = float(getattr(rules, "scanned_at", 0.0))
+        expanded to say when, as scanned_at; a section refused whole is tried again)."""
+        scanned = rules.scanned_at if rules is not None else 0.0
         return time.monotonic() - scanned >= self.rescan_interval_s
 
     def begin_step(self) -> None:

@@ -89,6 +89,7 @@ def plain_path(text: str, parts: int | None = None) -> bool:
 
 Settings = dict[Target, Value]
 T = TypeVar("T", bound=Target)
+R = TypeVar("R")  # a plugin's rules: what its expansion keeps for later (Expansion.rules)
 
 
 class OwnedSettings(Mapping[Target, Value]):
@@ -161,12 +162,13 @@ def decode_target(kinds: Mapping[str, type[Target]], data: Any) -> Target:
 
 
 @dataclass(frozen=True)
-class Expansion:
+class Expansion(Generic[R]):
     """What a profile section wants on this machine, computed without changing anything.
 
-    `rules` is whatever the plugin needs later to tune targets that appear after the
-    profile was applied (new threads, hot-plugged NICs); the engine keeps it with the
-    applied profile, so a rejected switch leaves no trace. `notes` explain a setting in
+    `rules` (of the plugin's own type: its Plugin's R) is whatever the plugin needs later
+    to tune targets that appear after the profile was applied (new threads, hot-plugged
+    NICs); the engine keeps it with the applied profile, so a rejected switch leaves no
+    trace, and hands it to the plugin's hooks. `notes` explain a setting in
     `status` ("resolved from 'poll'"). `refused` lists parts of the section that cannot
     apply on this machine, with the reason; the rest of the profile still applies.
     `current` holds values expand had to read anyway (a thread's CPUs): the engine takes
@@ -174,7 +176,7 @@ class Expansion:
     """
 
     settings: Settings = field(default_factory=dict)
-    rules: Any = None
+    rules: R | None = None
     notes: dict[Target, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     current: dict[Target, Value] = field(default_factory=dict)
@@ -246,10 +248,15 @@ class Monitor:
     facts: Mapping[str, Any] = field(default_factory=dict)
 
 
-class Plugin(Generic[T]):
-    """Base of every plugin, generic in its target type(s). Required: `name`, `summary`,
-    `schema`, `targets`, `example`, `expand`, `read`, `write` and `describe`; the rest has
-    defaults."""
+class Plugin(Generic[T, R]):
+    """Base of every plugin, generic in its target type(s) T and its rules R (what its
+    expansions keep, Expansion.rules: None for a plugin that keeps none). Required: `name`,
+    `summary`, `schema`, `targets`, `example`, `expand`, `read`, `write` and `describe`;
+    the rest has defaults.
+
+    The hooks that take `rules` get the applied section's (the Expansion.rules of its last
+    expansion), or None where there are none: the section was refused whole
+    (NotApplicable), or its plugin keeps none."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -277,7 +284,7 @@ class Plugin(Generic[T]):
         self.placed_pids: frozenset[int] = frozenset()
 
     # -- what a section wants (pure: reads the machine, changes nothing, stores nothing) --
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[R]:
         """The section's wanted settings. `owned` are this plugin's settings currently
         applied by the engine (a plugin that moves tasks must keep owning what it moved).
         Raise NotApplicable when the whole section cannot apply on this machine."""
@@ -291,7 +298,7 @@ class Plugin(Generic[T]):
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[R]]:
         """`expand`, for a plugin whose expansion can take long (tens of thousands of
         threads): a generator that yields between pieces of its work, so the daemon keeps
         answering meanwhile, and returns the Expansion. Such a plugin defines `expand` as
@@ -355,7 +362,7 @@ class Plugin(Generic[T]):
         a plugin that moves 20,000 threads can say so in a few lines. Default: nothing
         (status lists every setting)."""
 
-    def handed_over(self, rules: Any, target: T, actual: Value) -> str | None:
+    def handed_over(self, rules: R | None, target: T, actual: Value) -> str | None:
         """Why a change someone else made to an owned target is theirs to keep (the engine
         then stops owning it, without restoring or re-applying), or None: it is drift.
         `rules` are the applied section's. By default every such change is drift.
@@ -397,7 +404,7 @@ class Plugin(Generic[T]):
         could hand out root, e.g. sysctl kernel.core_pattern), or None."""
         return None
 
-    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+    def on_task(self, rules: R | None, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
         """Settings a just-created or renamed task needs (plugins following threads). Once
         the settings returned for a batch of events are written, the daemon asks again
         with an "applied" event (and again while that returns settings, a few rounds):
@@ -405,13 +412,13 @@ class Plugin(Generic[T]):
         return {}
 
     def on_device(
-        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+        self, rules: R | None, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
         """A device event: (settings for the device, owned targets the event may have
         reset or that belong to the device), or None to re-expand the whole section."""
         return None
 
-    def changed(self, rules: Any) -> bool:
+    def changed(self, rules: R | None) -> bool:
         """Cheap check on the monitor tick: must the section be expanded again (new
         IRQs, a rescan due)? The event sources do the real work; this is the safety net."""
         return False
@@ -421,17 +428,17 @@ class Plugin(Generic[T]):
         return False
 
     # -- monitoring -------------------------------------------------------------------------
-    def on_applied(self, rules: Any) -> None:
+    def on_applied(self, rules: R | None) -> None:
         """The section was just applied: reset monitoring baselines ("since applied")."""
 
-    def monitor(self, rules: Any) -> Monitor:
+    def monitor(self, rules: R | None) -> Monitor:
         return Monitor()
 
     def close(self) -> None:
         """Release held resources (perf counters); called when the daemon stops."""
 
 
-def target_kinds(plugin: Plugin[Any]) -> dict[str, type[Target]]:
+def target_kinds(plugin: Plugin[Any, Any]) -> dict[str, type[Target]]:
     return {cls.kind: cls for cls in plugin.targets}
 
 
@@ -466,9 +473,9 @@ def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, st
     return found
 
 
-def discover() -> dict[str, type[Plugin[Any]]]:
+def discover() -> dict[str, type[Plugin[Any, Any]]]:
     """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too)."""
-    found: dict[str, type[Plugin[Any]]] = {}
+    found: dict[str, type[Plugin[Any, Any]]] = {}
     for name, spec in entry_point_specs(ENTRY_POINT_GROUP).items():
         module, _, attr = spec.partition(":")
         try:
@@ -483,11 +490,11 @@ def discover() -> dict[str, type[Plugin[Any]]]:
     return found
 
 
-R = TypeVar("R")
+Result = TypeVar("Result")
 P = ParamSpec("P")
 
 
-def run_to_end(steps: Generator[Any, None, R]) -> R:
+def run_to_end(steps: Generator[Any, None, Result]) -> Result:
     """Drives a stepwise operation (expand_steps, the engine's steps) to its end in one go;
     its result."""
     while True:
@@ -497,19 +504,19 @@ def run_to_end(steps: Generator[Any, None, R]) -> R:
             return end.value  # type: ignore[no-any-return]
 
 
-def in_one_go(steps: Callable[P, Generator[Any, None, R]]) -> Callable[P, R]:
+def in_one_go(steps: Callable[P, Generator[Any, None, Result]]) -> Callable[P, Result]:
     """The one-go form of a stepwise function: `expand = in_one_go(expand_steps)`."""
 
     @functools.wraps(steps)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+    def run(*args: P.args, **kwargs: P.kwargs) -> Result:
         return run_to_end(steps(*args, **kwargs))
 
     return run
 
 
-def load_plugins(system: System) -> dict[str, Plugin[Any]]:
+def load_plugins(system: System) -> dict[str, Plugin[Any, Any]]:
     """One instance of every registered plugin, bound to `system`."""
-    plugins: dict[str, Plugin[Any]] = {}
+    plugins: dict[str, Plugin[Any, Any]] = {}
     for name, cls in discover().items():
         try:
             plugins[name] = cls(system)

@@ -704,7 +704,7 @@ class DirtyLimits:
     )
 
     def __init__(self) -> None:
-        self.plugin: Plugin[Any] = discover()["writeback"](System("/"))
+        self.plugin: Plugin[Any, Any] = discover()["writeback"](System("/"))
         kinds = {t.kind: t for t in self.plugin.targets}
         self.targets = [decode_target(kinds, pair) for pair in self.PAIRS]
 
