@@ -2,7 +2,8 @@
 
 A plugin is one file: its option schema, the typed targets it tunes, a pure
 `expand` from its profile section to wanted settings, and how to read and write
-one target. The engine owns everything else — journal, diffing, rollback, drift
+one target — which most target kinds know themselves (a FileTarget is one file under
+the System's root). The engine owns everything else — journal, diffing, rollback, drift
 policy (`on_drift`), turning refusals into "not applicable, with the reason",
 hot-plug dispatch and the status tables — so every plugin gets it for free.
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
 
+from latencyd.core.cpuset import CpuSet
 from latencyd.core.schema import Schema
 from latencyd.core.system import System
 
@@ -59,10 +61,44 @@ class Target:
 
     A target with a `pid` field is a task's (names_a_task): Status shows it to root and
     the admin group only, as hidepid would.
+
+    A kind that can reach its setting through the System alone says how, with the verbs
+    below (FileTarget: one file, as most settings are): the plugin's verbs of the same
+    names ask the target (Plugin.read is target.read(self.system)), so a plugin whose
+    kinds all do has none of its own. A kind that needs what only its plugin knows (which
+    task a pid is within a step, a NIC's name now, the boot loader found) leaves them to
+    its plugin, which overrides its verbs for that kind.
     """
 
     kind: ClassVar[str] = ""
     refusal_means: ClassVar[str | None] = None
+
+    # -- the setting, for a kind that reaches it through the System ------------------------
+    def read(self, system: System) -> Value:
+        """The setting's current value (to save the original, and to verify)."""
+        raise NotImplementedError(f"{type(self).__name__} targets are read by their plugin")
+
+    def write(self, system: System, value: Value) -> None:
+        """Set it; raise KernelRefused (or NotApplicable) when the kernel says no."""
+        raise NotImplementedError(f"{type(self).__name__} targets are written by their plugin")
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        """Whether the kernel's value is what was wanted: equal, unless the kind says what
+        else is alike (a CPU list however spelt, words however spaced)."""
+        return bool(wanted == actual)
+
+    def exists(self, system: System) -> bool:
+        """Whether the setting is still there; vanished ones are dropped without error."""
+        return True
+
+    def watch_files(self) -> tuple[str, ...]:
+        """Files (under the System root) whose modification can change the setting: a
+        write to any of them makes the engine check it at once. None: polled instead."""
+        return ()
+
+    def describe(self, value: Value) -> str:
+        """The setting at `value`, in words (status, logs, errors)."""
+        raise NotImplementedError(f"{type(self).__name__} targets are described by their plugin")
 
     def problem(self) -> str | None:
         """Why this target, decoded from outside (a journal), names something its plugin
@@ -75,6 +111,70 @@ class Target:
         indexes what a plugin owns: a device event then finds the device's settings
         without a scan of every other device's. None: no one device's."""
         return None
+
+
+@dataclass(frozen=True)
+class FileTarget(Target):
+    """A setting that is one file under the System's root (a sysctl, a sysfs file, a CPU's
+    or an IRQ's), and reads, writes, compares and watches itself through the System. A
+    kind names its file (`rel`) and declares what its text means: `parse` makes a value of
+    what is read (by default the text itself), `text` the text written for a value (by
+    default str(value)), and `same` says which values are alike where that is not
+    equality. A write to the file by anyone is seen at once (watch_files)."""
+
+    # The file comes and goes with what it belongs to (a CPU, an IRQ, a disk): missing, the
+    # setting is gone and dropped without error. Otherwise a missing file is for `read` to
+    # explain (an error, or not applicable with the reason).
+    transient: ClassVar[bool] = False
+
+    @property
+    def rel(self) -> str:
+        """The file, relative to the System's root ("proc/sys/vm/swappiness")."""
+        raise NotImplementedError
+
+    def parse(self, text: str) -> Value:
+        """The value the file's text (as System.read gives it) stands for."""
+        return text
+
+    def text(self, system: System, value: Value) -> str:
+        """What is written to the file to set `value`."""
+        return str(value)
+
+    def read(self, system: System) -> Value:
+        return self.parse(system.read(self.rel))
+
+    def write(self, system: System, value: Value) -> None:
+        system.write(self.rel, self.text(system, value))
+
+    def exists(self, system: System) -> bool:
+        return not self.transient or system.exists(self.rel)
+
+    def watch_files(self) -> tuple[str, ...]:
+        return (self.rel,)
+
+
+@dataclass(frozen=True)
+class CpuListFile(FileTarget):
+    """A file holding a CPU list ("0-3,8"); its value is a CPU list, alike to every other
+    spelling of the same CPUs."""
+
+    def parse(self, text: str) -> Value:
+        return CpuSet.from_list(text).to_list()
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+
+
+@dataclass(frozen=True)
+class CpuMaskFile(CpuListFile):
+    """A file holding a CPU mask ("f" or "00000000,0000000f"); its value is a CPU list,
+    written as a mask as wide as the online CPUs need."""
+
+    def parse(self, text: str) -> Value:
+        return CpuSet.from_mask(text).to_list()
+
+    def text(self, system: System, value: Value) -> str:
+        return CpuSet.from_list(str(value)).to_mask(max(system.online_cpus()) + 1)
 
 
 def plain_path(text: str, parts: int | None = None) -> bool:
@@ -251,8 +351,9 @@ class Monitor:
 class Plugin(Generic[T, R]):
     """Base of every plugin, generic in its target type(s) T and its rules R (what its
     expansions keep, Expansion.rules: None for a plugin that keeps none). Required: `name`,
-    `summary`, `schema`, `targets`, `example`, `expand`, `read`, `write` and `describe`;
-    the rest has defaults.
+    `summary`, `schema`, `targets`, `example` and `expand`; `read`, `write` and `describe`
+    too unless the target kinds do them (Target.read, ...: every FileTarget does); the rest
+    has defaults.
 
     The hooks that take `rules` get the applied section's (the Expansion.rules of its last
     expansion), or None where there are none: the section was refused whole
@@ -306,14 +407,14 @@ class Plugin(Generic[T, R]):
         return self.expand(options, owned)
         yield  # a generator function
 
-    # -- one target ------------------------------------------------------------------
+    # -- one target: by default the target's own (Target.read, ..., FileTarget) -----------
     def read(self, target: T) -> Value:
         """The target's current value (to save the original, and to verify)."""
-        raise NotImplementedError
+        return target.read(self.system)
 
     def write(self, target: T, value: Value) -> None:
         """Set one target; raise KernelRefused (or NotApplicable) when the kernel says no."""
-        raise NotImplementedError
+        target.write(self.system, value)
 
     def write_unless_changed(self, target: T, value: Value, judged: Value) -> Value | None:
         """Write `value` only if the target still holds `judged` (what it held when the
@@ -344,8 +445,8 @@ class Plugin(Generic[T, R]):
         self.write(target, original)
 
     def same(self, target: T, wanted: Value, actual: Value) -> bool:
-        """Whether the kernel's value is what was wanted (override to normalise)."""
-        return bool(wanted == actual)
+        """Whether the kernel's value is what was wanted (as its kind compares them)."""
+        return target.same(self.system, wanted, actual)
 
     def begin_step(self) -> None:
         """A step (an apply, a verify, an off) begins: until end_step, a plugin may keep
@@ -374,7 +475,7 @@ class Plugin(Generic[T, R]):
 
     def exists(self, target: T) -> bool:
         """Whether the target is still there; vanished ones are dropped without error."""
-        return True
+        return target.exists(self.system)
 
     def pending(self, target: T, value: Value) -> str | None:
         """Why an applied setting is not in effect yet (a kernel argument: until the next
@@ -382,7 +483,8 @@ class Plugin(Generic[T, R]):
         return None
 
     def describe(self, target: T, value: Value) -> str:
-        raise NotImplementedError
+        """The setting in words (status, logs, errors)."""
+        return target.describe(value)
 
     def group(self, target: T) -> Hashable | None:
         """Key of targets `status` shows as one row when they also share value and
@@ -396,7 +498,7 @@ class Plugin(Generic[T, R]):
     def watch_files(self, target: T) -> tuple[str, ...]:
         """Files (under the System root) whose modification can change this target: a
         write to any of them makes the engine check it at once. None: polled instead."""
-        return ()
+        return target.watch_files()
 
     # -- targets that appear later ---------------------------------------------------------
     def root_only(self, options: Options) -> str | None:
