@@ -67,7 +67,7 @@ class DirtyLimit(Target):
         ratio, size = PAIRS[self.pair]
         return f"vm.{ratio} = {number}" if mode == "ratio" else f"vm.{size} = {number}"
 
-    def watch_files(self) -> tuple[str, ...]:
+    def watch_files(self, system: System) -> tuple[str, ...]:
         # Writing either file of the pair changes it (the kernel zeroes the other).
         return tuple(f"{VM}/{name}" for name in PAIRS[self.pair])
 

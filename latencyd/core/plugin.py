@@ -91,7 +91,7 @@ class Target:
         """Whether the setting is still there; vanished ones are dropped without error."""
         return True
 
-    def watch_files(self) -> tuple[str, ...]:
+    def watch_files(self, system: System) -> tuple[str, ...]:
         """Files (under the System root) whose modification can change the setting: a
         write to any of them makes the engine check it at once. None: polled instead."""
         return ()
@@ -149,7 +149,7 @@ class FileTarget(Target):
     def exists(self, system: System) -> bool:
         return not self.transient or system.exists(self.rel)
 
-    def watch_files(self) -> tuple[str, ...]:
+    def watch_files(self, system: System) -> tuple[str, ...]:
         return (self.rel,)
 
 
@@ -498,7 +498,7 @@ class Plugin(Generic[T, R]):
     def watch_files(self, target: T) -> tuple[str, ...]:
         """Files (under the System root) whose modification can change this target: a
         write to any of them makes the engine check it at once. None: polled instead."""
-        return target.watch_files()
+        return target.watch_files(self.system)
 
     # -- targets that appear later ---------------------------------------------------------
     def root_only(self, options: Options) -> str | None:
