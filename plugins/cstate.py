@@ -156,20 +156,14 @@ class IdleGovernor(FileTarget):
     def rel(self) -> str:
         return f"{CPUIDLE}/current_governor"
 
-    def _require(self, system: System) -> None:
-        if not system.exists(self.rel):
-            raise NotApplicable("this kernel cannot switch cpuidle governors")
+    def lacking(self, system: System) -> str | None:
+        return None if system.exists(self.rel) else "this kernel cannot switch cpuidle governors"
 
-    def read(self, system: System) -> Value:
-        self._require(system)
-        return super().read(system)
-
-    def write(self, system: System, value: Value) -> None:
-        self._require(system)
+    def text(self, system: System, value: Value) -> str:
         available = available_governors(system)
         if value is not None and value not in available:
             raise NotApplicable(f"no cpuidle governor {value!r} (available: {' '.join(available)})")
-        super().write(system, value)
+        return str(value)
 
     def describe(self, value: Value) -> str:
         return f"cpuidle governor = {value}"
@@ -191,20 +185,13 @@ class HaltpollParam(FileTarget):
     def rel(self) -> str:
         return f"{HALTPOLL}/guest_halt_poll_{self.name}"
 
-    def _require(self, system: System) -> None:
-        if not system.exists(self.rel):
-            raise NotApplicable(
-                "no haltpoll cpuidle governor here (it exists in KVM guests with "
-                f"cpuidle-haltpoll; cpuidle driver: {read_driver(system) or 'none'})"
-            )
-
-    def read(self, system: System) -> Value:
-        self._require(system)
-        return super().read(system)
-
-    def write(self, system: System, value: Value) -> None:
-        self._require(system)
-        super().write(system, value)
+    def lacking(self, system: System) -> str | None:
+        if system.exists(self.rel):
+            return None
+        return (
+            "no haltpoll cpuidle governor here (it exists in KVM guests with "
+            f"cpuidle-haltpoll; cpuidle driver: {read_driver(system) or 'none'})"
+        )
 
     def describe(self, value: Value) -> str:
         return f"guest_halt_poll_{self.name} = {value}"

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import NotApplicable
 from latencyd.core.movable import MOVE_REFUSED, TaskMover, Tasks, TaskTarget
 from latencyd.core.movable import require_movable as _require_movable
 from latencyd.core.plugin import (
@@ -76,20 +75,13 @@ class Workqueue(CpuMaskFile):
     def rel(self) -> str:
         return WORKQUEUES[self.name]
 
-    def _require(self, system: System) -> None:
-        if not system.exists(self.rel):
-            raise NotApplicable(
-                f"this kernel has no /{self.rel} (before Linux 3.10, writeback runs in flush-* "
-                "threads: match them with a rule)"
-            )
-
-    def read(self, system: System) -> Value:
-        self._require(system)
-        return super().read(system)
-
-    def write(self, system: System, value: Value) -> None:
-        self._require(system)
-        super().write(system, value)
+    def lacking(self, system: System) -> str | None:
+        if system.exists(self.rel):
+            return None
+        return (
+            f"this kernel has no /{self.rel} (before Linux 3.10, writeback runs in flush-* "
+            "threads: match them with a rule)"
+        )
 
     def describe(self, value: Value) -> str:
         return f"workqueue {self.name} cpumask = {value}"

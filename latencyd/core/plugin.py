@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
 
 from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import NotApplicable
 from latencyd.core.schema import Schema
 from latencyd.core.system import System
 
@@ -120,7 +121,9 @@ class FileTarget(Target):
     kind names its file (`rel`) and declares what its text means: `parse` makes a value of
     what is read (by default the text itself), `text` the text written for a value (by
     default str(value)), and `same` says which values are alike where that is not
-    equality. A write to the file by anyone is seen at once (watch_files)."""
+    equality. `lacking` says why a machine without the file cannot have the setting (not
+    applicable, before the file is touched). A write to the file by anyone is seen at
+    once (watch_files)."""
 
     # The file comes and goes with what it belongs to (a CPU, an IRQ, a disk): missing, the
     # setting is gone and dropped without error. Otherwise a missing file is for `read` to
@@ -137,13 +140,27 @@ class FileTarget(Target):
         return text
 
     def text(self, system: System, value: Value) -> str:
-        """What is written to the file to set `value`."""
+        """What is written to the file to set `value` (NotApplicable: this machine cannot
+        take it)."""
         return str(value)
 
+    def lacking(self, system: System) -> str | None:
+        """Why this machine cannot have the setting at all (a kernel without the facility),
+        asked before the file is read or written; None: go ahead (and a missing file is
+        the kernel's to refuse, or gone if transient)."""
+        return None
+
+    def _available(self, system: System) -> None:
+        why = self.lacking(system)
+        if why is not None:
+            raise NotApplicable(why)
+
     def read(self, system: System) -> Value:
+        self._available(system)
         return self.parse(system.read(self.rel))
 
     def write(self, system: System, value: Value) -> None:
+        self._available(system)
         system.write(self.rel, self.text(system, value))
 
     def exists(self, system: System) -> bool:
