@@ -39,6 +39,7 @@ from latencyd.core.plugin import (
     Value,
     plain_path,
     run_to_end,
+    same_cpus,
 )
 from latencyd.core.schema import (
     ArrayOfTables,
@@ -119,7 +120,7 @@ class ThreadAffinity(KernelThread):
         tasks.system.set_affinity(self.pid, CpuSet.from_list(value))
 
     def same(self, system: System, wanted: Value, actual: Value) -> bool:
-        return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+        return same_cpus(wanted, actual)
 
     def describe_task(self, tasks: Tasks, value: Value) -> str:
         return f"{self.who(tasks)} CPUs = {value}"

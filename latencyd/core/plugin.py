@@ -170,6 +170,11 @@ class FileTarget(Target):
         return (self.rel,)
 
 
+def same_cpus(wanted: Value, actual: Value) -> bool:
+    """Whether two CPU lists name the same CPUs, however spelt ("0-2" and "0,1,2")."""
+    return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+
+
 @dataclass(frozen=True)
 class CpuListFile(FileTarget):
     """A file holding a CPU list ("0-3,8"); its value is a CPU list, alike to every other
@@ -179,7 +184,7 @@ class CpuListFile(FileTarget):
         return CpuSet.from_list(text).to_list()
 
     def same(self, system: System, wanted: Value, actual: Value) -> bool:
-        return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+        return same_cpus(wanted, actual)
 
 
 @dataclass(frozen=True)
