@@ -63,9 +63,11 @@ class MonitorPlugin(Plugin[Target, WatchPlan]):
         watches_only=True,
     )
 
+    provides_noise_watch = True
+
     def __init__(self, system: System) -> None:
         super().__init__(system)
-        self.last = LastInterval()
+        self.last = LastInterval()  # what the daemon's noise watch saw last (noise_seen)
 
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[WatchPlan]:
         plan = WatchPlan(
@@ -78,6 +80,12 @@ class MonitorPlugin(Plugin[Target, WatchPlan]):
 
     def describe(self, target: Target, value: Value) -> str:
         return f"{target} = {value}"  # no targets: the section sets nothing
+
+    def noise_watch(self, rules: WatchPlan | None) -> WatchPlan | None:
+        return rules
+
+    def noise_seen(self, last: LastInterval) -> None:
+        self.last = last
 
     def monitor(self, rules: WatchPlan | None) -> Monitor:
         if rules is None:  # not expanded: nothing watched

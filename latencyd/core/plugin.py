@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
 
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import NotApplicable
+from latencyd.core.noise import LastInterval, WatchPlan
 from latencyd.core.schema import Schema
 from latencyd.core.system import System
 
@@ -557,6 +558,22 @@ class Plugin(Generic[T, R]):
 
     def monitor(self, rules: R | None) -> Monitor:
         return Monitor()
+
+    # -- the daemon's noise watch, for a section that asks for it ([monitor]) ---------------
+    # A plugin whose section has the daemon watch CPUs for noise (tracing every interruption,
+    # latencyd.service.noisewatch) declares it here. The daemon finds that plugin by this,
+    # never by its name, and deals with it only through noise_watch and noise_seen.
+    provides_noise_watch: ClassVar[bool] = False
+
+    def noise_watch(self, rules: R | None) -> WatchPlan | None:
+        """What the noise watch is to watch while the section, expanded to `rules`, is in
+        force (asked after every step); None: nothing."""
+        return None
+
+    def noise_seen(self, last: LastInterval) -> None:
+        """What the noise watch saw in its last interval and the tick since it began, or
+        why it does not run: the daemon tells the plugin after each interval, for
+        `monitor` to show."""
 
     def close(self) -> None:
         """Release held resources (perf counters); called when the daemon stops."""
