@@ -62,12 +62,12 @@ from latencyd.core.plugin import (
     Follows,
     Monitor,
     Options,
-    OwnedSettings,
     Settings,
     Table,
     Target,
     TaskEvent,
     Value,
+    original_of,
     plain_path,
     run_to_end,
     same_cpus,
@@ -698,7 +698,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             # what we made of it: a switch that shields other CPUs starts from there, and
             # one that no longer touches them gives it back. If someone confines it to the
             # isolated CPUs meanwhile, `handed_over` lets it go.
-            given = owned.original(target) if isinstance(owned, OwnedSettings) else None
+            given = original_of(owned, target)
             if given is None and target in owned:  # owned, original unknown: keep it so
                 settings[target] = owned[target]
                 continue
@@ -731,7 +731,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
     def _narrowed_as(parent: TaskAffinity, isolate: CpuSet, owned: Mapping[Target, Value]) -> Value:
         """What a task born of the narrowed `parent` is set to: the parent's original less
         the isolated CPUs (its applied value, if the original is not known)."""
-        given = owned.original(parent) if isinstance(owned, OwnedSettings) else None
+        given = original_of(owned, parent)
         if given is None:
             return owned[parent]
         narrowed = CpuSet.from_list(str(given)) - isolate

@@ -236,6 +236,12 @@ def of_device(owned: Mapping[Target, Value], device: str) -> set[Target]:
     return {t for t in owned if t.device() == device}
 
 
+def original_of(owned: Mapping[Target, Value], target: Target) -> Value | None:
+    """The original of one of `owned`'s settings (OwnedSettings.original), or None: not
+    owned, or a plain mapping (a unit test's) that keeps none."""
+    return owned.original(target) if isinstance(owned, OwnedSettings) else None
+
+
 def encode_target(target: Target) -> dict[str, Any]:
     """{"kind": ..., field: value, ...}: the journal's and the D-Bus API's form of a target."""
     encoded = {"kind": type(target).kind}
