@@ -22,13 +22,15 @@ import sys
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 
 from latencyd.core.cpuset import CpuSet
 from latencyd.core.errors import NotApplicable
-from latencyd.core.noise import LastInterval, WatchPlan
 from latencyd.core.schema import Schema
 from latencyd.core.system import System
+
+if TYPE_CHECKING:  # only the noise watch's hooks name them
+    from latencyd.core.noise import LastInterval, WatchPlan
 
 
 # What a plugin following tasks (Follows.threads) is told: the daemon reads these from the
