@@ -346,7 +346,9 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         """From cpusets to the chase: the tasks get their own CPUs back only once moved out
         of latencyd's cpusets, so the chase must judge them (and read their originals)
         after that, not before. (The other way round needs nothing: affinities given
-        back first, the kernel then intersects them with the cpuset.)"""
+        back first, the kernel then intersects them with the cpuset.) And a shield on
+        other CPUs: v1's exclusive cpusets cannot trade CPUs in place (whichever is
+        written first overlaps its exclusive sibling: EINVAL), so they are made anew."""
         # Looked up, not scanned: beside 20,000 narrowed threads this is asked at every
         # apply. Each cpuset mechanism's first setting (the root's) is journaled with the
         # rest of its step before anything is written: owned whenever any of it is.
@@ -361,7 +363,13 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             chosen = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
         except NotApplicable:
             return True
-        return chosen.mechanism == "affinity"
+        if chosen.mechanism == "affinity":
+            return True
+        given = owned.get(Cgroup(chosen.hierarchy or "", SHIELD))
+        wanted: CpuSet = options["cpus"]
+        if isinstance(given, Mapping) and "cpuset.cpus" in given:
+            return CpuSet.from_list(str(given["cpuset.cpus"])) != wanted
+        return False
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
@@ -901,7 +909,17 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         if now.startswith(f"/{APP_SLICE}/"):
             started = self.system.cgroup_pids(f"{target.hierarchy}{now}")
             pids += [pid for pid in started if pid != target.pid]
-        systemd.attach(unit[0], unit[1], pids)
+        try:
+            systemd.attach(unit[0], unit[1], pids)
+        except KernelRefused as exc:
+            # systemd moves processes only into units delegated to their manager
+            # (Delegate=yes: user@.service, containers); a login session's scope is not.
+            # Its cgroup.procs is systemd's to write: the process stays where it is.
+            raise KernelRefused(
+                f"moving pid {target.pid} back to {unit[0]}",
+                f"{exc.reason}; it stays in {now or 'its scope'} until it exits, its "
+                f"CPUs no longer limited once {APP_SLICE} is left",
+            ) from exc
 
     def _write_cgroup_files(self, target: Cgroup, files: dict[str, str]) -> None:
         for name, wanted in files.items():
