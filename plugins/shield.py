@@ -453,7 +453,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             if cgroup is None:
                 continue
             try:
-                target, where, why = self.task_placement(rules, task, cgroup)
+                target, where, why = self.task_placement(rules, task, cgroup, owned)
             except KernelRefused:
                 continue  # exited meanwhile
             if where is not None:
@@ -468,7 +468,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         return Expansion(settings, rules, refused=refused)
 
     def task_placement(
-        self, rules: ShieldRules, task: Task, cgroup: str
+        self, rules: ShieldRules, task: Task, cgroup: str, owned: Mapping[Target, Value]
     ) -> tuple[TaskCgroup | TaskUnit, str | None, str | None]:
         """A user task's setting under a cpuset mechanism, the cgroup it must move to (None:
         it stays) and, when it stays for another manager's sake, why."""
@@ -477,7 +477,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         if mechanism == "cpuset-systemd":
             unit_target = TaskUnit(hierarchy, task.pid, task.start_time)
             confined = cgroup.lstrip("/").split("/")[0] in SYSTEMD_CONFINED
-            cpus = self.system.affinity(task.pid) if confined else CpuSet()
+            cpus = self._users_cpus(task, owned) if confined else CpuSet()
             placed = self.placed(rules, task)
             # By name or under a hold; asked only where it decides (a walk up the parents).
             confined_there = bool(cpus) and cpus.issubset(rules.cpus)
@@ -487,9 +487,19 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             return unit_target, where, why
         target = TaskCgroup(hierarchy, task.pid, task.start_time)
         allowed = cgroup == "/" and self.left_alone(rules, task) is not None
-        cpus = self.system.affinity(task.pid) if cgroup == "/" else CpuSet()
+        cpus = self._users_cpus(task, owned) if cgroup == "/" else CpuSet()
         into = placement(mechanism, cgroup, cpus, rules.cpus, self.placed(rules, task), allowed)
         return target, (f"/{into}" if into else None), owner(cgroup)
+
+    def _users_cpus(self, task: Task, owned: Mapping[Target, Value]) -> CpuSet:
+        """The CPUs the task's user gave it: what the chase narrowed is judged by its
+        original (from the chase to a cpuset, a task narrowed to the housekeeping CPUs,
+        read as it is, would look confined there by its user and be moved inside)."""
+        if isinstance(owned, OwnedSettings):
+            given = owned.original(TaskAffinity(task.pid, task.start_time, task.pid))
+            if given is not None:
+                return CpuSet.from_list(str(given))
+        return self.system.affinity(task.pid)
 
     # -- the affinity mechanism: deciding what a task wants --------------------------------
     @staticmethod
@@ -645,7 +655,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             if task is None or task.is_kthread:
                 return {}
             if rules.choice.mechanism != "affinity":  # the kernel keeps the rest
-                return self.cpuset_task_settings(rules, task, [event.tid])
+                return self.cpuset_task_settings(rules, task, [event.tid], owned)
             if (rule := self.rule_for(rules, task)) is not None:
                 return self.user_rule_settings(rule, task, [event.tid])
             settings = self.user_task_settings(rules, task, [event.tid], owned)
@@ -654,14 +664,16 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             return settings
         return {}
 
-    def cpuset_task_settings(self, rules: ShieldRules, task: Task, tids: list[int]) -> Settings:
+    def cpuset_task_settings(
+        self, rules: ShieldRules, task: Task, tids: list[int], owned: Mapping[Target, Value]
+    ) -> Settings:
         """Under a cpuset, what an exec asks: the application moved into the shield (every
         thread goes along), and a rule's CPUs; nothing for any other task."""
         settings: Settings = {}
         cgroup = self.system.task_cgroup(task.pid)
         if cgroup is not None and self.is_app(rules, task):
             try:
-                target, where, _ = self.task_placement(rules, task, cgroup)
+                target, where, _ = self.task_placement(rules, task, cgroup, owned)
             except KernelRefused:
                 return {}  # exited meanwhile
             if where is not None:
