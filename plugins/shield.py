@@ -207,7 +207,17 @@ class TaskUnit(ProcessCgroup):
         if now.startswith(f"/{APP_SLICE}/"):
             started = system.cgroup_pids(f"{self.hierarchy}{now}")
             pids += [pid for pid in started if pid != self.pid]
-        system.systemd.attach(unit[0], unit[1], pids)
+        try:
+            system.systemd.attach(unit[0], unit[1], pids)
+        except KernelRefused as exc:
+            # systemd moves processes only into units delegated to their manager
+            # (Delegate=yes: user@.service, containers); a login session's scope is not.
+            # Its cgroup.procs is systemd's to write: the process stays where it is.
+            raise KernelRefused(
+                f"moving pid {self.pid} back to {unit[0]}",
+                f"{exc.reason}; it stays in {now or 'its scope'} until it exits, its "
+                f"CPUs no longer limited once {APP_SLICE} is left",
+            ) from exc
 
 
 # -- the cpusets and units latencyd makes: reached through the System ---------------------
@@ -528,7 +538,9 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         """From cpusets to the chase: the tasks get their own CPUs back only once moved out
         of latencyd's cpusets, so the chase must judge them (and read their originals)
         after that, not before. (The other way round needs nothing: affinities given
-        back first, the kernel then intersects them with the cpuset.)"""
+        back first, the kernel then intersects them with the cpuset.) And a shield on
+        other CPUs: v1's exclusive cpusets cannot trade CPUs in place (whichever is
+        written first overlaps its exclusive sibling: EINVAL), so they are made anew."""
         # Looked up, not scanned: beside 20,000 narrowed threads this is asked at every
         # apply. Each cpuset mechanism's first setting (the root's) is journaled with the
         # rest of its step before anything is written: owned whenever any of it is.
@@ -543,7 +555,13 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             chosen = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
         except NotApplicable:
             return True
-        return chosen.mechanism == "affinity"
+        if chosen.mechanism == "affinity":
+            return True
+        given = owned.get(Cgroup(chosen.hierarchy or "", SHIELD))
+        wanted: CpuSet = options["cpus"]
+        if isinstance(given, Mapping) and "cpuset.cpus" in given:
+            return CpuSet.from_list(str(given["cpuset.cpus"])) != wanted
+        return False
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
@@ -627,7 +645,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             if cgroup is None:
                 continue
             try:
-                target, where, why = self.task_placement(rules, task, cgroup)
+                target, where, why = self.task_placement(rules, task, cgroup, owned)
             except KernelRefused:
                 continue  # exited meanwhile
             if where is not None:
@@ -642,7 +660,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         return Expansion(settings, rules, refused=refused)
 
     def task_placement(
-        self, rules: ShieldRules, task: Task, cgroup: str
+        self, rules: ShieldRules, task: Task, cgroup: str, owned: Mapping[Target, Value]
     ) -> tuple[TaskCgroup | TaskUnit, str | None, str | None]:
         """A user task's setting under a cpuset mechanism, the cgroup it must move to (None:
         it stays) and, when it stays for another manager's sake, why."""
@@ -651,7 +669,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         if mechanism == "cpuset-systemd":
             unit_target = TaskUnit(hierarchy, task.pid, task.start_time)
             confined = cgroup.lstrip("/").split("/")[0] in SYSTEMD_CONFINED
-            cpus = self.system.affinity(task.pid) if confined else CpuSet()
+            cpus = self._users_cpus(task, owned) if confined else CpuSet()
             placed = self.placed(rules, task)
             # By name or under a hold; asked only where it decides (a walk up the parents).
             confined_there = bool(cpus) and cpus.issubset(rules.cpus)
@@ -661,9 +679,18 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             return unit_target, where, why
         target = TaskCgroup(hierarchy, task.pid, task.start_time)
         allowed = cgroup == "/" and self.left_alone(rules, task) is not None
-        cpus = self.system.affinity(task.pid) if cgroup == "/" else CpuSet()
+        cpus = self._users_cpus(task, owned) if cgroup == "/" else CpuSet()
         into = placement(mechanism, cgroup, cpus, rules.cpus, self.placed(rules, task), allowed)
         return target, (f"/{into}" if into else None), owner(cgroup)
+
+    def _users_cpus(self, task: Task, owned: Mapping[Target, Value]) -> CpuSet:
+        """The CPUs the task's user gave it: what the chase narrowed is judged by its
+        original (from the chase to a cpuset, a task narrowed to the housekeeping CPUs,
+        read as it is, would look confined there by its user and be moved inside)."""
+        given = original_of(owned, TaskAffinity(task.pid, task.start_time, task.pid))
+        if given is not None:
+            return CpuSet.from_list(str(given))
+        return self.system.affinity(task.pid)
 
     # -- the affinity mechanism: deciding what a task wants --------------------------------
     @staticmethod
@@ -823,7 +850,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             if task is None or task.is_kthread:
                 return {}
             if rules.choice.mechanism != "affinity":  # the kernel keeps the rest
-                return self.cpuset_task_settings(rules, task, [event.tid])
+                return self.cpuset_task_settings(rules, task, [event.tid], owned)
             if (rule := self.rule_for(rules, task)) is not None:
                 return self.user_rule_settings(rule, task, [event.tid])
             settings = self.user_task_settings(rules, task, [event.tid], owned)
@@ -832,14 +859,16 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             return settings
         return {}
 
-    def cpuset_task_settings(self, rules: ShieldRules, task: Task, tids: list[int]) -> Settings:
+    def cpuset_task_settings(
+        self, rules: ShieldRules, task: Task, tids: list[int], owned: Mapping[Target, Value]
+    ) -> Settings:
         """Under a cpuset, what an exec asks: the application moved into the shield (every
         thread goes along), and a rule's CPUs; nothing for any other task."""
         settings: Settings = {}
         cgroup = self.system.task_cgroup(task.pid)
         if cgroup is not None and self.is_app(rules, task):
             try:
-                target, where, _ = self.task_placement(rules, task, cgroup)
+                target, where, _ = self.task_placement(rules, task, cgroup, owned)
             except KernelRefused:
                 return {}  # exited meanwhile
             if where is not None:

@@ -19,7 +19,7 @@ from latencyd.core.system import System
 
 # Sysctls that hand out root: each names a program the kernel runs as root, or
 # switches off a protection against privilege escalation. A profile setting one is
-# applied only for root callers (not for members of admin_group). See README.
+# applied only for root callers (not for members of admin_group). See docs/guarantees.md.
 ROOT_ONLY_SYSCTLS = (
     # programs the kernel executes as root
     "kernel.core_pattern",  # "|/path" pipes core dumps to a program
