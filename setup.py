@@ -61,6 +61,8 @@ setup(
     cmdclass={"build_py": BuildPyAndDocs},
     data_files=[(os.path.dirname(f"share/{path}"), [f"{GENERATED}/{path}"]) for path in SHARE]
     + [(os.path.dirname(README), ["README.md"])]
+    # Beside it, the pages its links lead to (docs/…), so they resolve where it is installed.
+    + [(f"{os.path.dirname(README)}/docs", sorted(glob.glob("docs/*.md")))]
     # The shipped profiles, where latencyd.service.config.shipped_profiles_dir looks for them.
     + [("share/latencyd/profiles", sorted(glob.glob("profiles/*.toml")))],
 )

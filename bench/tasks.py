@@ -14,7 +14,7 @@ same tasks, one process holding N idle threads beside the machine's own:
     python -m bench tasks --quick        # 500 threads: that it runs, not figures
 
 Issue 20 asks for the faster at 20,000 threads; the figures decide whether psutil is used
-(README, "Dependencies"). psutil is installed by the dev extra for this comparison only.
+(docs/design-decisions.md). psutil is installed by the dev extra for this comparison only.
 """
 
 from __future__ import annotations

@@ -73,6 +73,19 @@ class BootArguments(Target):
     kind: ClassVar[str] = "boot_arguments"
     refusal_means: ClassVar[str | None] = "the boot configuration could not be changed"
 
+    def read(self, system: System) -> Value:
+        """latencyd's change as its record keeps it, in the profile's form (the parameters
+        asked to be removed by name, whether or not they were there). Written by the
+        plugin, through the boot loader it found."""
+        change, asked = read_record(system)
+        return Change(change.added, asked).as_text()
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        return Change.from_text(str(wanted)) == Change.from_text(str(actual))
+
+    def describe(self, value: Value) -> str:
+        return f"next boot's kernel arguments: {value or 'none of latencyd'}"
+
 
 @dataclass(frozen=True)
 class BootRules:
@@ -80,7 +93,7 @@ class BootRules:
     remove: tuple[str, ...]
 
 
-class BootloaderPlugin(Plugin[BootArguments]):
+class BootloaderPlugin(Plugin[BootArguments, BootRules]):
     name = "bootloader"
     summary = "Kernel arguments for the next boot, through the machine's own bootloader tools"
     targets = (BootArguments,)
@@ -117,7 +130,7 @@ class BootloaderPlugin(Plugin[BootArguments]):
             self._loader = detect(self.system)
         return self._loader
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[BootRules]:
         refused: dict[str, str] = {}
         unsupported = self._unsupported()
         added = []
@@ -142,20 +155,11 @@ class BootloaderPlugin(Plugin[BootArguments]):
         except LatencydError:
             return {}
 
-    # -- the one target ------------------------------------------------------------------
-    def read(self, target: BootArguments) -> Value:
-        """latencyd's change as its record keeps it, in the profile's form (the parameters
-        asked to be removed by name, whether or not they were there)."""
-        change, asked = read_record(self.system)
-        return Change(change.added, asked).as_text()
-
+    # -- the one target: written through the boot loader found ------------------------------
     def write(self, target: BootArguments, value: Value) -> None:
         wanted = Change.from_text(str(value))
         change = self.loader.apply(read_record(self.system)[0], wanted.added, wanted.removed)
         write_record(self.system, change, wanted.removed)
-
-    def same(self, target: BootArguments, wanted: Value, actual: Value) -> bool:
-        return Change.from_text(str(wanted)) == Change.from_text(str(actual))
 
     def pending(self, target: BootArguments, value: Value) -> str | None:
         """Written, not booted: which arguments the running kernel lacks."""
@@ -167,6 +171,3 @@ class BootloaderPlugin(Plugin[BootArguments]):
         if not lacking:
             return None
         return f"the next boot brings {' '.join(lacking)} ({self.loader.name})"
-
-    def describe(self, target: BootArguments, value: Value) -> str:
-        return f"next boot's kernel arguments: {value or 'none of latencyd'}"

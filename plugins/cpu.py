@@ -38,6 +38,7 @@ from latencyd.core.errors import KernelRefused, Location, NotApplicable, Profile
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
+    FileTarget,
     Follows,
     Monitor,
     Options,
@@ -58,6 +59,7 @@ from latencyd.core.schema import (
     Pattern,
     Schema,
 )
+from latencyd.core.system import System
 
 CPU = "sys/devices/system/cpu"
 CPUFREQ = f"{CPU}/cpufreq"
@@ -87,81 +89,140 @@ POLICY_OPTIONS = ("governor", "energy_performance_preference", "min_freq_khz", "
 
 
 @dataclass(frozen=True)
-class Governor(Target):
+class CpufreqFile(FileTarget):
+    """A CPU frequency file. The text written is the value's (see FreqLimit for "min" and
+    "max"), and the kernel's text is the same when it reads back as written; the file
+    comes and goes with its CPU (or policy): missing, the setting is gone."""
+
+    transient: ClassVar[bool] = True
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        try:
+            return self.text(system, wanted) == str(actual).strip()
+        except KernelRefused:
+            return False
+
+
+@dataclass(frozen=True)
+class PolicyFile(CpufreqFile):
+    """A file of one cpufreq policy: there while the policy governs a CPU (one whose CPUs
+    are all offline is inactive: nothing to tune)."""
+
+    policy: int
+
+    def file(self, name: str) -> str:
+        return f"{CPUFREQ}/policy{self.policy}/{name}"
+
+    def exists(self, system: System) -> bool:
+        if not super().exists(system):
+            return False
+        try:
+            return bool(system.read(self.file("affected_cpus")))
+        except KernelRefused:
+            return False
+
+
+@dataclass(frozen=True)
+class Governor(PolicyFile):
     """One policy's scaling_governor. Only a governor the policy lists in
     scaling_available_governors is ever written; if the kernel then refuses it (the
     governor fails to start, the policy is being torn down) the kernel is in a state
     nobody asked for, not short of a capability: the profile fails and is rolled back."""
 
     kind: ClassVar[str] = "cpufreq_governor"
-    policy: int
 
     @property
-    def path(self) -> str:
-        return f"{CPUFREQ}/policy{self.policy}/scaling_governor"
+    def rel(self) -> str:
+        return self.file("scaling_governor")
+
+    def describe(self, value: Value) -> str:
+        return f"cpufreq policy{self.policy} governor = {value}"
 
 
 @dataclass(frozen=True)
-class EnergyPreference(Target):
+class EnergyPreference(PolicyFile):
     """One policy's energy_performance_preference. Values are checked against
     energy_performance_available_preferences, and the one refusal a listed value meets on a
     healthy machine (anything but "performance" under the performance governor: EBUSY) is
     refused when the section is expanded; any other refusal fails the profile."""
 
     kind: ClassVar[str] = "cpufreq_epp"
-    policy: int
 
     @property
-    def path(self) -> str:
-        return f"{CPUFREQ}/policy{self.policy}/energy_performance_preference"
+    def rel(self) -> str:
+        return self.file("energy_performance_preference")
+
+    def describe(self, value: Value) -> str:
+        return f"cpufreq policy{self.policy} energy_performance_preference = {value}"
 
 
 @dataclass(frozen=True)
-class FreqLimit(Target):
+class FreqLimit(PolicyFile):
     """scaling_min_freq or scaling_max_freq of one policy ("min" or "max" bound). The file
     shows the effective limit, which the kernel aggregates from every request (firmware
-    _PPC, thermal, other tools): one that reads back otherwise lost to another limit."""
+    _PPC, thermal, other tools): one that reads back otherwise lost to another limit.
+    A value of "min" or "max" is written as this moment's cpuinfo_min/max_freq."""
 
     kind: ClassVar[str] = "cpufreq_limit"
     refusal_means: ClassVar[str | None] = (
         "another limit on this CPU's frequency (firmware, thermal or another request) wins"
     )
-    policy: int
     bound: str
 
     @property
-    def path(self) -> str:
-        return f"{CPUFREQ}/policy{self.policy}/scaling_{self.bound}_freq"
+    def rel(self) -> str:
+        return self.file(f"scaling_{self.bound}_freq")
+
+    def text(self, system: System, value: Value) -> str:
+        text = str(value)
+        if text in SYMBOLIC_FREQS:
+            return system.read(self.file(f"cpuinfo_{text}_freq"))
+        return text
+
+    def describe(self, value: Value) -> str:
+        shown = (
+            f"{value} (cpuinfo_{value}_freq)" if str(value) in SYMBOLIC_FREQS else f"{value} kHz"
+        )
+        return f"cpufreq policy{self.policy} scaling_{self.bound}_freq = {shown}"
 
 
 BOOST_REFUSED = "this CPU or its firmware does not let the OS switch boost"
 
 
+def _on(value: Value) -> str:
+    return "on" if str(value) == "1" else "off"
+
+
 @dataclass(frozen=True)
-class PolicyBoost(Target):
+class PolicyBoost(PolicyFile):
     kind: ClassVar[str] = "cpufreq_policy_boost"
     refusal_means: ClassVar[str | None] = BOOST_REFUSED
-    policy: int
 
     @property
-    def path(self) -> str:
-        return f"{CPUFREQ}/policy{self.policy}/boost"
+    def rel(self) -> str:
+        return self.file("boost")
+
+    def describe(self, value: Value) -> str:
+        return f"cpufreq policy{self.policy} boost {_on(value)}"
 
 
 @dataclass(frozen=True)
-class Boost(Target):
+class Boost(CpufreqFile):
     """The machine-wide boost switch (acpi-cpufreq, amd-pstate)."""
 
     kind: ClassVar[str] = "cpufreq_boost"
     refusal_means: ClassVar[str | None] = BOOST_REFUSED
 
     @property
-    def path(self) -> str:
+    def rel(self) -> str:
         return GLOBAL_BOOST
+
+    def describe(self, value: Value) -> str:
+        return f"CPU frequency boost {_on(value)}"
 
 
 @dataclass(frozen=True)
-class EnergyPerfBias(Target):
+class EnergyPerfBias(CpufreqFile):
     """cpuN/power/energy_perf_bias. Hypervisors that trap the MSR answer EIO."""
 
     kind: ClassVar[str] = "energy_perf_bias"
@@ -169,12 +230,17 @@ class EnergyPerfBias(Target):
     cpu: int
 
     @property
-    def path(self) -> str:
+    def rel(self) -> str:
         return f"{CPU}/cpu{self.cpu}/power/energy_perf_bias"
+
+    def describe(self, value: Value) -> str:
+        names = {str(v): k for k, v in EPB_NAMES.items()}
+        name = f" ({names[str(value)]})" if str(value) in names else ""
+        return f"cpu{self.cpu} energy_perf_bias = {value}{name}"
 
 
 @dataclass(frozen=True)
-class PerfPct(Target):
+class PerfPct(CpufreqFile):
     """intel_pstate's min_perf_pct or max_perf_pct ("min" or "max" bound); the driver clamps
     them to the CPU's range of P-states."""
 
@@ -183,20 +249,26 @@ class PerfPct(Target):
     bound: str
 
     @property
-    def path(self) -> str:
+    def rel(self) -> str:
         return f"{PSTATE}/{self.bound}_perf_pct"
+
+    def describe(self, value: Value) -> str:
+        return f"intel_pstate {self.bound}_perf_pct = {value} %"
 
 
 @dataclass(frozen=True)
-class NoTurbo(Target):
+class NoTurbo(CpufreqFile):
     """intel_pstate's no_turbo; "0" is EPERM where the firmware disabled turbo."""
 
     kind: ClassVar[str] = "intel_pstate_no_turbo"
     refusal_means: ClassVar[str | None] = "turbo is disabled by the firmware or absent on this CPU"
 
     @property
-    def path(self) -> str:
+    def rel(self) -> str:
         return f"{PSTATE}/no_turbo"
+
+    def describe(self, value: Value) -> str:
+        return f"intel_pstate turbo {'off' if str(value) == '1' else 'on'} (no_turbo = {value})"
 
 
 CpuTarget = (
@@ -209,7 +281,6 @@ CpuTarget = (
     | PerfPct
     | NoTurbo
 )
-POLICY_TARGETS = (Governor, EnergyPreference, FreqLimit, PolicyBoost)
 
 
 # -- the machine -------------------------------------------------------------------------------
@@ -256,7 +327,7 @@ class _Found:
         else:
             self.refused[what] = reason
 
-    def expansion(self) -> Expansion:
+    def expansion(self) -> Expansion[None]:
         refused = dict(self.refused)
         for (what, reason), cpus in self.refused_cpus.items():
             refused[f"{what} on {_cpus(cpus)}"] = reason
@@ -348,7 +419,7 @@ SCHEMA = Schema(
 )
 
 
-class CpuPlugin(Plugin[CpuTarget]):
+class CpuPlugin(Plugin[CpuTarget, None]):
     name = "cpu"
     summary = "CPU frequency: governor, EPP/EPB, frequency limits, intel_pstate and boost"
     targets = (Governor, EnergyPreference, FreqLimit, PolicyBoost, Boost, EnergyPerfBias, PerfPct,
@@ -402,11 +473,11 @@ class CpuPlugin(Plugin[CpuTarget]):
         return sorted(out, key=lambda p: p.number)
 
     # -- what a section wants ---------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
         wanted = per_cpu_options(options, self.system.online_cpus())
         policies = self.policies()
         if not policies and not any(
-            "energy_perf_bias" in w and self.system.exists(EnergyPerfBias(cpu).path)
+            "energy_perf_bias" in w and self.system.exists(EnergyPerfBias(cpu).rel)
             for cpu, w in wanted.items()
         ):  # only EPB works without cpufreq, and it is not asked for (or absent) here
             raise NotApplicable(NO_CPUFREQ)
@@ -459,19 +530,19 @@ class CpuPlugin(Plugin[CpuTarget]):
                 f"{policies[0].driver} (no /{PSTATE}/{option})"
                 + ("; use boost" if option == "no_turbo" and self._has_boost(policies) else ""),
             )
-        if "no_turbo" in options and self.system.exists(NoTurbo().path):
+        if "no_turbo" in options and self.system.exists(NoTurbo().rel):
             found.set(NoTurbo(), "1" if options["no_turbo"] else "0")
         pct = {
             bound: int(options[f"{bound}_perf_pct"])
             for bound in ("min", "max")
-            if f"{bound}_perf_pct" in options and self.system.exists(PerfPct(bound).path)
+            if f"{bound}_perf_pct" in options and self.system.exists(PerfPct(bound).rel)
         }
         if len(pct) == 2 and pct["min"] > pct["max"]:
             raise ProfileError(
                 Location(None), f"min_perf_pct = {pct['min']} is above max_perf_pct = {pct['max']}"
             )
         # intel_pstate clamps max_perf_pct to at least the current min_perf_pct.
-        max_first = "max" in pct and pct["max"] >= int(self.system.read(PerfPct("min").path))
+        max_first = "max" in pct and pct["max"] >= int(self.system.read(PerfPct("min").rel))
         for bound in ("max", "min") if max_first else ("min", "max"):
             if bound in pct:
                 found.set(PerfPct(bound), str(pct[bound]))
@@ -594,7 +665,7 @@ class CpuPlugin(Plugin[CpuTarget]):
             if raw is None:
                 continue
             target = EnergyPerfBias(cpu)
-            if not self.system.exists(target.path):
+            if not self.system.exists(target.rel):
                 found.refuse(
                     "energy_perf_bias",
                     "no energy/performance bias on this CPU (an Intel feature: no "
@@ -605,66 +676,8 @@ class CpuPlugin(Plugin[CpuTarget]):
             value = EPB_NAMES[raw] if isinstance(raw, str) else raw
             found.set(target, str(value), f"resolved from {raw!r}" if isinstance(raw, str) else "")
 
-    # -- one target -------------------------------------------------------------------------
-    def _wanted_text(self, target: CpuTarget, value: Value) -> str:
-        """What to write: "min"/"max" limits are this moment's cpuinfo_min/max_freq."""
-        text = str(value)
-        if isinstance(target, FreqLimit) and text in SYMBOLIC_FREQS:
-            return self.system.read(f"{CPUFREQ}/policy{target.policy}/cpuinfo_{text}_freq")
-        return text
-
-    def read(self, target: CpuTarget) -> Value:
-        return self.system.read(target.path)
-
-    def write(self, target: CpuTarget, value: Value) -> None:
-        self.system.write(target.path, self._wanted_text(target, value))
-
-    def same(self, target: CpuTarget, wanted: Value, actual: Value) -> bool:
-        try:
-            return self._wanted_text(target, wanted) == str(actual).strip()
-        except KernelRefused:
-            return False
-
-    def exists(self, target: CpuTarget) -> bool:
-        if not self.system.exists(target.path):
-            return False
-        if not isinstance(target, POLICY_TARGETS):
-            return True
-        try:  # a policy whose CPUs are all offline is inactive: nothing to tune
-            return bool(self.system.read(f"{CPUFREQ}/policy{target.policy}/affected_cpus"))
-        except KernelRefused:
-            return False
-
-    def watch_files(self, target: CpuTarget) -> tuple[str, ...]:
-        return (target.path,)
-
-    def describe(self, target: CpuTarget, value: Value) -> str:
-        on = "on" if str(value) == "1" else "off"
-        if isinstance(target, Governor):
-            return f"cpufreq policy{target.policy} governor = {value}"
-        if isinstance(target, EnergyPreference):
-            return f"cpufreq policy{target.policy} energy_performance_preference = {value}"
-        if isinstance(target, FreqLimit):
-            shown = (
-                f"{value} (cpuinfo_{value}_freq)"
-                if str(value) in SYMBOLIC_FREQS
-                else f"{value} kHz"
-            )
-            return f"cpufreq policy{target.policy} scaling_{target.bound}_freq = {shown}"
-        if isinstance(target, PolicyBoost):
-            return f"cpufreq policy{target.policy} boost {on}"
-        if isinstance(target, Boost):
-            return f"CPU frequency boost {on}"
-        if isinstance(target, EnergyPerfBias):
-            names = {str(v): k for k, v in EPB_NAMES.items()}
-            name = f" ({names[str(value)]})" if str(value) in names else ""
-            return f"cpu{target.cpu} energy_perf_bias = {value}{name}"
-        if isinstance(target, PerfPct):
-            return f"intel_pstate {target.bound}_perf_pct = {value} %"
-        return f"intel_pstate turbo {'off' if str(value) == '1' else 'on'} (no_turbo = {value})"
-
     # -- monitoring ---------------------------------------------------------------------------
-    def monitor(self, rules: Any) -> Monitor:
+    def monitor(self, rules: None) -> Monitor:
         rows = []
         for p in self.policies():
             base = f"{CPUFREQ}/policy{p.number}"

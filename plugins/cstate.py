@@ -30,6 +30,7 @@ from latencyd.core.idle import (
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
+    FileTarget,
     Follows,
     Monitor,
     Options,
@@ -80,44 +81,120 @@ def state_matches(state: IdleState, selector: str) -> bool:
     return name == sel or fnmatch.fnmatchcase(name, sel) or name.split()[0] == sel
 
 
+CPUIDLE = f"{CPU}/cpuidle"
+HALTPOLL = "sys/module/haltpoll/parameters"
+
+
+def available_governors(system: System) -> list[str]:
+    try:
+        return system.read(f"{CPUIDLE}/available_governors").split()
+    except KernelRefused:
+        return []
+
+
 @dataclass(frozen=True)
 class PmQosRequest(Target):
     """The machine-wide CPU latency request, held on an open /dev/cpu_dma_latency fd;
-    its value is µs, or None for no request."""
+    its value is µs, or None for no request (closing the fd is the restore)."""
 
     kind: ClassVar[str] = "pm_qos"
 
+    def read(self, system: System) -> Value:
+        return system.pmqos.held()
+
+    def write(self, system: System, value: Value) -> None:
+        if value is None:
+            system.pmqos.release()
+        else:
+            system.pmqos.hold(int(value))
+
+    def describe(self, value: Value) -> str:
+        if value is None:
+            return "no PM QoS request held"
+        return f"PM QoS CPU latency request held at {value} µs"
+
 
 @dataclass(frozen=True)
-class ResumeLatency(Target):
+class ResumeLatency(FileTarget):
     kind: ClassVar[str] = "resume_latency"
+    transient: ClassVar[bool] = True
     cpu: int
 
+    @property
+    def rel(self) -> str:
+        return f"{CPU}/cpu{self.cpu}/power/pm_qos_resume_latency_us"
+
+    def describe(self, value: Value) -> str:
+        meaning = {ZERO_TOLERANCE: "0 µs: polling only", NO_CONSTRAINT: "no limit"}
+        return f"cpu{self.cpu} resume latency = {meaning.get(str(value), f'{value} µs')}"
+
 
 @dataclass(frozen=True)
-class StateDisable(Target):
+class StateDisable(FileTarget):
     kind: ClassVar[str] = "state_disable"
+    transient: ClassVar[bool] = True
     cpu: int
     state: int
 
+    @property
+    def rel(self) -> str:
+        return f"{CPU}/cpu{self.cpu}/cpuidle/state{self.state}/disable"
+
+    def describe(self, value: Value) -> str:
+        return f"cpu{self.cpu} state{self.state}/disable = {value}"
+
 
 @dataclass(frozen=True)
-class IdleGovernor(Target):
-    """The cpuidle governor (/sys/devices/system/cpu/cpuidle/current_governor)."""
+class IdleGovernor(FileTarget):
+    """The cpuidle governor (/sys/devices/system/cpu/cpuidle/current_governor). Machine-wide:
+    missing means not applicable, and a governor the kernel lacks is not applicable either;
+    both are said before the file is touched."""
 
     kind: ClassVar[str] = "idle_governor"
 
+    @property
+    def rel(self) -> str:
+        return f"{CPUIDLE}/current_governor"
+
+    def lacking(self, system: System) -> str | None:
+        return None if system.exists(self.rel) else "this kernel cannot switch cpuidle governors"
+
+    def text(self, system: System, value: Value) -> str:
+        available = available_governors(system)
+        if value is not None and value not in available:
+            raise NotApplicable(f"no cpuidle governor {value!r} (available: {' '.join(available)})")
+        return str(value)
+
+    def describe(self, value: Value) -> str:
+        return f"cpuidle governor = {value}"
+
 
 @dataclass(frozen=True)
-class HaltpollParam(Target):
+class HaltpollParam(FileTarget):
     """A guest halt-polling parameter of the haltpoll cpuidle governor (KVM guests):
-    /sys/module/haltpoll/parameters/guest_halt_poll_<name>."""
+    /sys/module/haltpoll/parameters/guest_halt_poll_<name>. Missing (no haltpoll here) is
+    not applicable, said before the file is touched."""
 
     kind: ClassVar[str] = "haltpoll"
     name: str
 
     def problem(self) -> str | None:
         return None if plain_path(self.name, 1) else f"no haltpoll parameter {self.name!r}"
+
+    @property
+    def rel(self) -> str:
+        return f"{HALTPOLL}/guest_halt_poll_{self.name}"
+
+    def lacking(self, system: System) -> str | None:
+        if system.exists(self.rel):
+            return None
+        return (
+            "no haltpoll cpuidle governor here (it exists in KVM guests with "
+            f"cpuidle-haltpoll; cpuidle driver: {read_driver(system) or 'none'})"
+        )
+
+    def describe(self, value: Value) -> str:
+        return f"guest_halt_poll_{self.name} = {value}"
 
 
 CstateTarget = PmQosRequest | ResumeLatency | StateDisable | IdleGovernor | HaltpollParam
@@ -129,8 +206,6 @@ class CstateRules:
     idle: str = ""  # what `idle` resolved to on this machine, and why
 
 
-CPUIDLE = f"{CPU}/cpuidle"
-HALTPOLL = "sys/module/haltpoll/parameters"
 HALTPOLL_KEYS: dict[str, tuple[str, Kind]] = {  # key in profiles -> (file suffix, kind)
     "poll_ns": ("ns", Int(0, 2**32 - 1)),
     "grow": ("grow", Int(0, 2**32 - 1)),
@@ -140,7 +215,7 @@ HALTPOLL_KEYS: dict[str, tuple[str, Kind]] = {  # key in profiles -> (file suffi
 }
 
 
-class CstatePlugin(Plugin[CstateTarget]):
+class CstatePlugin(Plugin[CstateTarget, CstateRules]):
     name = "cstate"
     summary = "C-states: PM QoS latency request, per-CPU resume latency, cpuidle state disables"
     targets = (PmQosRequest, ResumeLatency, StateDisable, IdleGovernor, HaltpollParam)
@@ -245,7 +320,7 @@ class CstatePlugin(Plugin[CstateTarget]):
         )
 
     # -- plugin verbs -----------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[CstateRules]:
         facts = read_idle(self.system, [min(self.system.online_cpus())])
         if facts.halts_regardless:
             return self._nothing_acts(options)
@@ -273,11 +348,11 @@ class CstatePlugin(Plugin[CstateTarget]):
                     settings[ResumeLatency(cpu)] = value
                 if "disable_states" not in entry:
                     continue
+                states = self.states(cpu)
                 # Later entries win: this entry's list replaces an earlier one's for this CPU.
-                for target in [t for t in settings if isinstance(t, StateDisable)]:
-                    if target.cpu == cpu:
-                        del settings[target]
-                for state in self.states(cpu):
+                for state in states:
+                    settings.pop(StateDisable(cpu, state.index), None)
+                for state in states:
                     if any(state_matches(state, sel) for sel in entry["disable_states"]):
                         settings[StateDisable(cpu, state.index)] = "1"
         idle = self._idle(options, facts.driver, settings, notes, refused)
@@ -299,7 +374,7 @@ class CstatePlugin(Plugin[CstateTarget]):
         return Expansion(settings, rules, notes, refused)
 
     @staticmethod
-    def _nothing_acts(options: Options) -> Expansion:
+    def _nothing_acts(options: Options) -> Expansion[CstateRules]:
         """Without a cpuidle driver the idle loop halts whatever PM QoS, resume latency
         limits, state disables, governors or halt-polling say: every option the section
         gives is not applicable, with the reason, instead of "applied" for nothing."""
@@ -334,7 +409,7 @@ class CstatePlugin(Plugin[CstateTarget]):
             why = "idle = 'poll': every idle CPU polls (PM QoS 0 µs), at 100 % of each"
         elif driver == "haltpoll":
             settings[HaltpollParam("ns")] = str(RESPONSIVE_POLL_NS)
-            if "haltpoll" in self.available_governors():
+            if "haltpoll" in available_governors(self.system):
                 settings[IdleGovernor()] = "haltpoll"
             why = (
                 f"idle = 'responsive' on cpuidle driver haltpoll (a KVM guest): idle CPUs "
@@ -360,80 +435,6 @@ class CstatePlugin(Plugin[CstateTarget]):
         notes[PmQosRequest()] = f"from idle = {wanted!r}"
         return why
 
-    def idle_driver(self) -> str:
-        return read_driver(self.system)
-
-    def available_governors(self) -> list[str]:
-        try:
-            return self.system.read(f"{CPUIDLE}/available_governors").split()
-        except KernelRefused:
-            return []
-
-    @staticmethod
-    def _path(target: ResumeLatency | StateDisable | IdleGovernor | HaltpollParam) -> str:
-        if isinstance(target, ResumeLatency):
-            return f"{CPU}/cpu{target.cpu}/power/pm_qos_resume_latency_us"
-        if isinstance(target, IdleGovernor):
-            return f"{CPUIDLE}/current_governor"
-        if isinstance(target, HaltpollParam):
-            return f"{HALTPOLL}/guest_halt_poll_{target.name}"
-        return f"{CPU}/cpu{target.cpu}/cpuidle/state{target.state}/disable"
-
-    def _require(self, target: IdleGovernor | HaltpollParam, value: Value | None = None) -> None:
-        """Say why a governor or haltpoll setting cannot apply here, before touching it."""
-        if isinstance(target, HaltpollParam):
-            if not self.system.exists(self._path(target)):
-                raise NotApplicable(
-                    "no haltpoll cpuidle governor here (it exists in KVM guests with "
-                    f"cpuidle-haltpoll; cpuidle driver: {self.idle_driver() or 'none'})"
-                )
-        elif not self.system.exists(self._path(target)):
-            raise NotApplicable("this kernel cannot switch cpuidle governors")
-        elif value is not None and value not in self.available_governors():
-            raise NotApplicable(
-                f"no cpuidle governor {value!r} (available: {' '.join(self.available_governors())})"
-            )
-
-    def read(self, target: CstateTarget) -> Value:
-        if isinstance(target, PmQosRequest):
-            return self.system.pmqos.held()
-        if isinstance(target, IdleGovernor | HaltpollParam):
-            self._require(target)
-        return self.system.read(self._path(target))
-
-    def write(self, target: CstateTarget, value: Value) -> None:
-        if isinstance(target, PmQosRequest):
-            if value is None:
-                self.system.pmqos.release()
-            else:
-                self.system.pmqos.hold(int(value))
-            return
-        if isinstance(target, IdleGovernor | HaltpollParam):
-            self._require(target, value if isinstance(target, IdleGovernor) else None)
-        self.system.write(self._path(target), str(value))
-
-    def exists(self, target: CstateTarget) -> bool:
-        if isinstance(target, PmQosRequest | IdleGovernor | HaltpollParam):
-            return True  # machine-wide: missing means not applicable (read says why)
-        return self.system.exists(self._path(target))
-
-    def watch_files(self, target: CstateTarget) -> tuple[str, ...]:
-        return () if isinstance(target, PmQosRequest) else (self._path(target),)
-
-    def describe(self, target: CstateTarget, value: Value) -> str:
-        if isinstance(target, PmQosRequest):
-            if value is None:
-                return "no PM QoS request held"
-            return f"PM QoS CPU latency request held at {value} µs"
-        if isinstance(target, ResumeLatency):
-            meaning = {ZERO_TOLERANCE: "0 µs: polling only", NO_CONSTRAINT: "no limit"}
-            return f"cpu{target.cpu} resume latency = {meaning.get(str(value), f'{value} µs')}"
-        if isinstance(target, IdleGovernor):
-            return f"cpuidle governor = {value}"
-        if isinstance(target, HaltpollParam):
-            return f"guest_halt_poll_{target.name} = {value}"
-        return f"cpu{target.cpu} state{target.state}/disable = {value}"
-
     # -- monitoring ---------------------------------------------------------------------
     def counters(
         self, states: Mapping[int, Sequence[IdleState]] | None = None
@@ -447,7 +448,7 @@ class CstatePlugin(Plugin[CstateTarget]):
             for cpu, cpu_states in states.items()
         }
 
-    def on_applied(self, rules: Any) -> None:
+    def on_applied(self, rules: CstateRules | None) -> None:
         try:
             self.baseline = self.counters()
         except KernelRefused:  # no cpuidle counters here: monitor() says so
@@ -481,17 +482,17 @@ class CstatePlugin(Plugin[CstateTarget]):
             tuple(rows),
         )
 
-    def monitor(self, rules: Any) -> Monitor:
+    def monitor(self, rules: CstateRules | None) -> Monitor:
         facts: dict[str, Any] = {}
         held = self.system.pmqos.held()
         if held is not None:
             facts["pm_qos_requested_us"] = held
-            if isinstance(rules, CstateRules) and rules.resolved_from:
+            if rules is not None and rules.resolved_from:
                 facts["pm_qos_resolved_from"] = rules.resolved_from
         effective = self.system.pmqos.effective()
         if effective is not None:
             facts["pm_qos_effective_us"] = effective
-        if isinstance(rules, CstateRules) and rules.idle:
+        if rules is not None and rules.idle:
             facts["idle"] = rules.idle
         idle = read_idle(self.system)
         facts["cpuidle_driver"] = idle.driver or "none"

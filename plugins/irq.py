@@ -20,6 +20,8 @@ from latencyd.core.errors import KernelRefused, NotApplicable
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     DEVICE_ACTIONS,
+    CpuListFile,
+    CpuMaskFile,
     DeviceEvent,
     Expansion,
     Follows,
@@ -41,26 +43,71 @@ BANNED_VAR = "IRQBALANCE_BANNED_CPULIST"
 
 
 @dataclass(frozen=True)
-class IrqAffinity(Target):
+class IrqAffinity(CpuListFile):
     """One IRQ's CPUs. Kernel-managed and per-queue IRQs refuse: not applicable."""
 
     kind: ClassVar[str] = "irq"
     refusal_means: ClassVar[str | None] = (
         "the kernel will not move this IRQ (kernel-managed or per-queue interrupt)"
     )
+    transient: ClassVar[bool] = True
     irq: int
+
+    @property
+    def rel(self) -> str:
+        return f"proc/irq/{self.irq}/smp_affinity_list"
+
+    def watch_files(self, system: System) -> tuple[str, ...]:
+        # The mask can be written in either form.
+        return (self.rel, f"proc/irq/{self.irq}/smp_affinity")
+
+    def describe(self, value: Value) -> str:
+        return f"IRQ {self.irq} affinity = {value}"
 
 
 @dataclass(frozen=True)
-class DefaultAffinity(Target):
+class DefaultAffinity(CpuMaskFile):
     kind: ClassVar[str] = "default_affinity"
+
+    @property
+    def rel(self) -> str:
+        return "proc/irq/default_smp_affinity"
+
+    def describe(self, value: Value) -> str:
+        return f"default IRQ affinity = {value}"
+
+
+def irqbalance_file(system: System) -> str:
+    return next((f for f in IRQBALANCE_FILES if system.exists(f)), IRQBALANCE_FILES[0])
+
+
+def read_banned(system: System) -> str | None:
+    path = irqbalance_file(system)
+    if not system.exists(path):
+        return None
+    for line in system.read(path).splitlines():
+        # A trailing comment is allowed (the line write_banned writes has one).
+        m = re.fullmatch(rf"\s*{BANNED_VAR}\s*=\s*\"?([^\"#]*?)\"?\s*(#.*)?", line)
+        if m:
+            return m.group(1)
+    return None
 
 
 @dataclass(frozen=True)
 class IrqbalanceBan(Target):
-    """IRQBALANCE_BANNED_CPULIST in irqbalance's config (None: the line is absent)."""
+    """IRQBALANCE_BANNED_CPULIST in irqbalance's config (None: the line is absent). Written
+    by the plugin (IrqPlugin.write_banned), which tells the running irqbalance."""
 
     kind: ClassVar[str] = "irqbalance_banned"
+
+    def read(self, system: System) -> Value:
+        return read_banned(system)
+
+    def watch_files(self, system: System) -> tuple[str, ...]:
+        return (irqbalance_file(system),)
+
+    def describe(self, value: Value) -> str:
+        return f"irqbalance banned CPUs = {value}"
 
 
 IrqTarget = IrqAffinity | DefaultAffinity | IrqbalanceBan
@@ -76,7 +123,7 @@ class IrqRules:
     coordinate: bool = False  # ban `isolate` in an irqbalance that starts later
 
 
-class IrqPlugin(Plugin[IrqTarget]):
+class IrqPlugin(Plugin[IrqTarget, IrqRules]):
     name = "irq"
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"
     targets = (IrqAffinity, DefaultAffinity, IrqbalanceBan)
@@ -190,7 +237,7 @@ class IrqPlugin(Plugin[IrqTarget]):
         return any(fnmatch.fnmatchcase(a, value) for a in irq.actions)
 
     # -- plugin verbs --------------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[IrqRules]:
         online = self.system.online_cpus()
         isolate: CpuSet = options.get("isolate", CpuSet())
         housekeeping = online - isolate
@@ -217,11 +264,13 @@ class IrqPlugin(Plugin[IrqTarget]):
     def follows_user_tasks(self, options: Options) -> bool:
         return bool(options.get("isolate")) and bool(options.get("coordinate_irqbalance", True))
 
-    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+    def on_task(
+        self, rules: IrqRules | None, event: TaskEvent, owned: Mapping[Target, Value]
+    ) -> Settings:
         """irqbalance started after the profile: banned from the isolated CPUs now, not
         at the next switch (until then it and the drift repair would rewrite the same IRQ
         masks back and forth). Only an exec of root's irqbalance counts."""
-        if event.kind != "comm" or not isinstance(rules, IrqRules) or not rules.coordinate:
+        if event.kind != "comm" or rules is None or not rules.coordinate:
             return {}
         if not self.system.is_root_process(event.pid, "irqbalance"):
             return {}
@@ -240,12 +289,12 @@ class IrqPlugin(Plugin[IrqTarget]):
         return settings
 
     def on_device(
-        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+        self, rules: IrqRules | None, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
         """A device came, went or was (un)bound: just the IRQs that appeared get their
         affinity, those that vanished are dropped, and the device's own are read back;
         the rest is left alone."""
-        if not isinstance(rules, IrqRules) or event.subsystem == "cpu":
+        if rules is None or event.subsystem == "cpu":
             return None
         _, irqs = self.inventory()
         now = {i.number for i in irqs}
@@ -262,21 +311,6 @@ class IrqPlugin(Plugin[IrqTarget]):
         settings = self.irq_settings(rules, [*appeared, *own])
         return settings, {t for t in vanished if t in owned} | set(settings)
 
-    @staticmethod
-    def _path(target: IrqAffinity | DefaultAffinity) -> str:
-        if isinstance(target, DefaultAffinity):
-            return "proc/irq/default_smp_affinity"
-        return f"proc/irq/{target.irq}/smp_affinity_list"
-
-    def read(self, target: IrqTarget) -> Value:
-        if isinstance(target, IrqbalanceBan):
-            return self.read_banned()
-        raw = self.system.read(self._path(target))
-        cpus = (
-            CpuSet.from_mask(raw) if isinstance(target, DefaultAffinity) else CpuSet.from_list(raw)
-        )
-        return cpus.to_list()
-
     def original(
         self,
         target: IrqTarget,
@@ -291,60 +325,28 @@ class IrqPlugin(Plugin[IrqTarget]):
         return current
 
     def write(self, target: IrqTarget, value: Value) -> None:
+        """The irqbalance ban is the plugin's to write: whether the running irqbalance
+        could be told is what its status shows."""
         if isinstance(target, IrqbalanceBan):
             self.write_banned(value)
-        elif isinstance(target, DefaultAffinity):
-            nr = max(self.system.online_cpus()) + 1
-            self.system.write(self._path(target), CpuSet.from_list(value).to_mask(nr))
         else:
-            self.system.write(self._path(target), value)
+            super().write(target, value)
 
-    def same(self, target: IrqTarget, wanted: Value, actual: Value) -> bool:
-        if isinstance(target, IrqbalanceBan):
-            return bool(wanted == actual)
-        return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
-
-    def exists(self, target: IrqTarget) -> bool:
-        return not isinstance(target, IrqAffinity) or self.system.exists(self._path(target))
-
-    def watch_files(self, target: IrqTarget) -> tuple[str, ...]:
-        if isinstance(target, IrqbalanceBan):
-            return (self.irqbalance_file(),)
-        if isinstance(target, DefaultAffinity):
-            return (self._path(target),)
-        # The mask can be written in either form.
-        return (self._path(target), f"proc/irq/{target.irq}/smp_affinity")
-
-    def changed(self, rules: Any) -> bool:
+    def changed(self, rules: IrqRules | None) -> bool:
         """New or vanished IRQs since the section was expanded (same filter as inventory)."""
-        if not isinstance(rules, IrqRules):  # the section was refused: nothing to follow
+        if rules is None:  # the section was refused: nothing to follow
             return False
         return {i.number for i in self.inventory()[1]} != rules.known_irqs
-
-    def describe(self, target: IrqTarget, value: Value) -> str:
-        if isinstance(target, DefaultAffinity):
-            return f"default IRQ affinity = {value}"
-        if isinstance(target, IrqbalanceBan):
-            return f"irqbalance banned CPUs = {value}"
-        return f"IRQ {target.irq} affinity = {value}"
 
     # -- irqbalance coordination ----------------------------------------------------------
     def irqbalance_pid(self) -> int | None:
         return self.system.root_process("irqbalance")
 
     def irqbalance_file(self) -> str:
-        return next((f for f in IRQBALANCE_FILES if self.system.exists(f)), IRQBALANCE_FILES[0])
+        return irqbalance_file(self.system)
 
     def read_banned(self) -> str | None:
-        path = self.irqbalance_file()
-        if not self.system.exists(path):
-            return None
-        for line in self.system.read(path).splitlines():
-            # A trailing comment is allowed (the line write_banned writes has one).
-            m = re.fullmatch(rf"\s*{BANNED_VAR}\s*=\s*\"?([^\"#]*?)\"?\s*(#.*)?", line)
-            if m:
-                return m.group(1)
-        return None
+        return read_banned(self.system)
 
     def write_banned(self, value: str | None) -> None:
         path = self.irqbalance_file()
@@ -372,7 +374,7 @@ class IrqPlugin(Plugin[IrqTarget]):
         return self.system.restart_service("irqbalance.service")
 
     # -- monitoring -------------------------------------------------------------------------
-    def on_applied(self, rules: Any) -> None:
+    def on_applied(self, rules: IrqRules | None) -> None:
         self.columns, irqs = self.inventory(with_counts=True)
         self.baseline = {i.number: i.counts for i in irqs}
         self.baseline_at = time.monotonic()
@@ -405,8 +407,8 @@ class IrqPlugin(Plugin[IrqTarget]):
         self.system.close_counters(self.counters.values())
         self.counters = {}
 
-    def monitor(self, rules: Any) -> Monitor:
-        isolated = rules.isolate if isinstance(rules, IrqRules) else CpuSet()
+    def monitor(self, rules: IrqRules | None) -> Monitor:
+        isolated = rules.isolate if rules is not None else CpuSet()
         self.columns, irqs = self.inventory(with_counts=True)
         rows: list[tuple[Any, ...]] = []
         per_cpu = [0] * len(self.columns)

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import NotApplicable
-from latencyd.core.movable import MOVE_REFUSED, TaskMover
+from latencyd.core.movable import MOVE_REFUSED, TaskMover, Tasks, TaskTarget
 from latencyd.core.movable import require_movable as _require_movable
 from latencyd.core.plugin import (
     CPU_ACTIONS,
+    CpuMaskFile,
     Expansion,
     Follows,
     Monitor,
@@ -39,6 +39,7 @@ from latencyd.core.plugin import (
     Value,
     plain_path,
     run_to_end,
+    same_cpus,
 )
 from latencyd.core.schema import (
     ArrayOfTables,
@@ -61,8 +62,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Workqueue(Target):
-    """An unbound workqueue's cpumask ("writeback", or "unbound" for all of them)."""
+class Workqueue(CpuMaskFile):
+    """An unbound workqueue's cpumask ("writeback", or "unbound" for all of them). A kernel
+    facility: missing means not supported, said before the file is touched."""
 
     kind: ClassVar[str] = "workqueue"
     name: str
@@ -70,25 +72,81 @@ class Workqueue(Target):
     def problem(self) -> str | None:
         return None if plain_path(self.name, 1) else f"no workqueue is called {self.name!r}"
 
+    @property
+    def rel(self) -> str:
+        return WORKQUEUES[self.name]
+
+    def lacking(self, system: System) -> str | None:
+        if system.exists(self.rel):
+            return None
+        return (
+            f"this kernel has no /{self.rel} (before Linux 3.10, writeback runs in flush-* "
+            "threads: match them with a rule)"
+        )
+
+    def describe(self, value: Value) -> str:
+        return f"workqueue {self.name} cpumask = {value}"
+
 
 @dataclass(frozen=True)
-class ThreadAffinity(Target):
-    """A kernel thread's CPUs; pid and start time tell a recycled pid from the thread."""
+class KernelThread(TaskTarget):
+    """A setting of a kernel thread; pid and start time tell a recycled pid from the thread."""
 
-    kind: ClassVar[str] = "thread_affinity"
-    refusal_means: ClassVar[str | None] = MOVE_REFUSED
     pid: int
     start: int
 
+    def task_exists(self, tasks: Tasks) -> bool:
+        tasks.task(self, fresh=True)  # a kthread's stat says whether it is there
+        return True
+
+    def who(self, tasks: Tasks) -> str:
+        task = tasks.system.task(self.pid)
+        return f"{task.comm} (pid {self.pid})" if task else f"pid {self.pid}"
+
 
 @dataclass(frozen=True)
-class ThreadPolicy(Target):
+class ThreadAffinity(KernelThread):
+    """A kernel thread's CPUs."""
+
+    kind: ClassVar[str] = "thread_affinity"
+    refusal_means: ClassVar[str | None] = MOVE_REFUSED
+
+    def read_task(self, tasks: Tasks) -> Value:
+        _require_movable(tasks.task(self))
+        return tasks.system.affinity(self.pid).to_list()
+
+    def write_task(self, tasks: Tasks, value: Value) -> None:
+        _require_movable(tasks.task(self))
+        tasks.system.set_affinity(self.pid, CpuSet.from_list(value))
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        return same_cpus(wanted, actual)
+
+    def describe_task(self, tasks: Tasks, value: Value) -> str:
+        return f"{self.who(tasks)} CPUs = {value}"
+
+
+@dataclass(frozen=True)
+class ThreadPolicy(KernelThread):
     """A kernel thread's scheduling policy and priority, as [policy, priority]."""
 
     kind: ClassVar[str] = "thread_policy"
     refusal_means: ClassVar[str | None] = "the kernel will not change this thread's policy"
-    pid: int
-    start: int
+
+    def read_task(self, tasks: Tasks) -> Value:
+        tasks.task(self)
+        return list(tasks.system.scheduler(self.pid))
+
+    def write_task(self, tasks: Tasks, value: Value) -> None:
+        tasks.task(self)
+        policy, priority = value
+        tasks.system.set_scheduler(self.pid, policy, int(priority))
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        return list(wanted) == list(actual)
+
+    def describe_task(self, tasks: Tasks, value: Value) -> str:
+        return f"{self.who(tasks)} policy = {value[0]} priority {value[1]}"
 
 
 KthreadTarget = Workqueue | ThreadAffinity | ThreadPolicy
@@ -128,7 +186,7 @@ def _rule_is_whole(rule: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-class KthreadPlugin(TaskMover[KthreadTarget]):
+class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules]):
     name = "kthread"
     summary = "Kernel-thread affinity and policy by name, following threads as they come and go"
     targets = (Workqueue, ThreadAffinity, ThreadPolicy)
@@ -208,7 +266,7 @@ class KthreadPlugin(TaskMover[KthreadTarget]):
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[KthreadRules]]:
         """Yields after each task: a rescan looks at every one of 50,000."""
         rules = KthreadRules(rules_from(options), time.monotonic())
         settings: Settings = {}
@@ -221,12 +279,14 @@ class KthreadPlugin(TaskMover[KthreadTarget]):
             yield
         return Expansion(settings, rules)
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[KthreadRules]:
         return run_to_end(self.expand_steps(options, owned))
 
-    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+    def on_task(
+        self, rules: KthreadRules | None, event: TaskEvent, owned: Mapping[Target, Value]
+    ) -> Settings:
         """Settings a just-created or renamed task needs; filters early so forks stay cheap."""
-        if not isinstance(rules, KthreadRules):
+        if rules is None:
             return {}
         if event.kind == "fork":
             if event.ppid != 2:  # user tasks are the shield's
@@ -245,67 +305,8 @@ class KthreadPlugin(TaskMover[KthreadTarget]):
             return self.kthread_settings(rules, task) if task is not None else {}
         return {}
 
-    # -- plugin verbs ------------------------------------------------------------------
-    def _require_workqueue(self, target: Workqueue) -> str:
-        path = WORKQUEUES[target.name]
-        if not self.system.exists(path):
-            raise NotApplicable(
-                f"this kernel has no /{path} (before Linux 3.10, writeback runs in flush-* "
-                "threads: match them with a rule)"
-            )
-        return path
-
-    def read(self, target: KthreadTarget) -> Value:
-        if isinstance(target, Workqueue):
-            return CpuSet.from_mask(self.system.read(self._require_workqueue(target))).to_list()
-        task = self._task(target)
-        if isinstance(target, ThreadPolicy):
-            return list(self.system.scheduler(target.pid))
-        _require_movable(task)
-        return self.system.affinity(target.pid).to_list()
-
-    def write(self, target: KthreadTarget, value: Value) -> None:
-        if isinstance(target, Workqueue):
-            nr = max(self.system.online_cpus()) + 1
-            path = self._require_workqueue(target)
-            self.system.write(path, CpuSet.from_list(value).to_mask(nr))
-            return
-        task = self._task(target)
-        if isinstance(target, ThreadPolicy):
-            policy, priority = value
-            self.system.set_scheduler(target.pid, policy, int(priority))
-            return
-        _require_movable(task)
-        self.system.set_affinity(target.pid, CpuSet.from_list(value))
-
-    def same(self, target: KthreadTarget, wanted: Value, actual: Value) -> bool:
-        if isinstance(target, ThreadPolicy):
-            return list(wanted) == list(actual)
-        return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
-
-    def exists(self, target: KthreadTarget) -> bool:
-        if isinstance(target, Workqueue):
-            return True  # a kernel facility: missing means not supported (read says so)
-        try:  # a kthread's stat says whether it is there
-            self._task(target, fresh=True)
-        except NotApplicable:
-            return False
-        return True
-
-    def watch_files(self, target: KthreadTarget) -> tuple[str, ...]:
-        return (WORKQUEUES[target.name],) if isinstance(target, Workqueue) else ()
-
-    def describe(self, target: KthreadTarget, value: Value) -> str:
-        if isinstance(target, Workqueue):
-            return f"workqueue {target.name} cpumask = {value}"
-        task = self.system.task(target.pid)
-        name = f"{task.comm} (pid {target.pid})" if task else f"pid {target.pid}"
-        if isinstance(target, ThreadPolicy):
-            return f"{name} policy = {value[0]} priority {value[1]}"
-        return f"{name} CPUs = {value}"
-
-    def monitor(self, rules: Any) -> Monitor:
-        if not isinstance(rules, KthreadRules):
+    def monitor(self, rules: KthreadRules | None) -> Monitor:
+        if rules is None:
             return Monitor()
         facts = {"rules": len(rules.rules), "rescan_every_s": self.rescan_interval_s}
         return Monitor(facts=facts)

@@ -29,7 +29,7 @@ from latencyd.core.schema import Cpus, Int, Option, Schema
 from latencyd.core.system import System
 
 
-class MonitorPlugin(Plugin[Target]):
+class MonitorPlugin(Plugin[Target, WatchPlan]):
     name = "monitor"
     summary = "Watch the shielded CPUs: every interruption by source, against a noise budget"
     example: ClassVar[dict[str, Any]] = {"cpus": "1", "interval_ms": 1000, "budget_us": 2000}
@@ -63,11 +63,13 @@ class MonitorPlugin(Plugin[Target]):
         watches_only=True,
     )
 
+    provides_noise_watch = True
+
     def __init__(self, system: System) -> None:
         super().__init__(system)
-        self.last = LastInterval()
+        self.last = LastInterval()  # what the daemon's noise watch saw last (noise_seen)
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[WatchPlan]:
         plan = WatchPlan(
             options["cpus"],
             options.get("interval_ms") or DEFAULT_INTERVAL_MS,
@@ -79,8 +81,16 @@ class MonitorPlugin(Plugin[Target]):
     def describe(self, target: Target, value: Value) -> str:
         return f"{target} = {value}"  # no targets: the section sets nothing
 
-    def monitor(self, rules: Any) -> Monitor:
-        plan: WatchPlan = rules
+    def noise_watch(self, rules: WatchPlan | None) -> WatchPlan | None:
+        return rules
+
+    def noise_seen(self, last: LastInterval) -> None:
+        self.last = last
+
+    def monitor(self, rules: WatchPlan | None) -> Monitor:
+        if rules is None:  # not expanded: nothing watched
+            return Monitor()
+        plan = rules
         facts: dict[str, Any] = {
             "cpus": plan.cpus.to_list(),
             "interval_ms": plan.interval_ms,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
@@ -39,6 +39,7 @@ from latencyd.core.plugin import (
     Value,
     of_device,
     plain_path,
+    same_cpus,
 )
 from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Fields, Int, ListOf, Option, Schema, Str
 from latencyd.core.system import System
@@ -51,13 +52,48 @@ FEATURE_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
 @dataclass(frozen=True)
-class NicSetting(Target):
+class NicTarget(Target):
+    """A setting of one NIC, known by its stable identity (see NetPlugin.nic_identity).
+    It is reached through the NIC's current name, which only the plugin knows (a NIC can
+    be renamed), so its kind's verbs are given that name."""
+
+    nic: str  # stable identity, see nic_identity
+
+    def device(self) -> str:
+        return self.nic
+
+    @property
+    def setting(self) -> str:
+        """What the setting is called on its NIC ("coalesce rx-usecs", "queues/rx-0/rps_cpus")."""
+        raise NotImplementedError
+
+    def read_nic(self, system: System, name: str) -> Value:
+        raise NotImplementedError
+
+    def write_nic(self, system: System, name: str, value: Value) -> None:
+        raise NotImplementedError
+
+    def nic_exists(self, system: System, name: str) -> bool:
+        """Whether the setting is there on the NIC (which is)."""
+        return True
+
+    def nic_files(self, ifname: Callable[[str], str | None]) -> tuple[str, ...]:
+        """Files whose modification can change the setting; `ifname` gives the NIC's
+        name now (None: gone), asked only by a kind that has files."""
+        return ()
+
+    def describe_nic(self, name: str, value: Value) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class NicSetting(NicTarget):
     """An ethtool setting of one NIC: group "coalesce", "ring", "channels", "pause" or
-    "feature", and its key (ethtool's name; for features the kernel's name)."""
+    "feature", and its key (ethtool's name; for features the kernel's name). Over
+    netlink (latencyd.core.ethtool), never a file."""
 
     kind: ClassVar[str] = "nic"
     refusal_means: ClassVar[str | None] = "the NIC's driver refused it"
-    nic: str  # stable identity, see nic_identity
     group: str
     key: str
 
@@ -65,27 +101,82 @@ class NicSetting(Target):
         known = (*GROUPS, "feature")
         return None if self.group in known else f"no ethtool group {self.group!r} ({known})"
 
-    def device(self) -> str:
-        return self.nic
+    @property
+    def setting(self) -> str:
+        return f"{self.group} {self.key}"
+
+    def read_nic(self, system: System, name: str) -> Value:
+        if self.group == "feature":
+            features = system.ethtool.features(name)
+            if self.key not in features.known:
+                raise NotApplicable(f"this kernel has no NIC feature {self.key!r}")
+            return self.key in features.active
+        values = system.ethtool.read(name, self.group)
+        if self.key not in values:
+            raise NotApplicable(f"{name}'s driver does not report {self.group} {self.key}")
+        return values[self.key]
+
+    def write_nic(self, system: System, name: str, value: Value) -> None:
+        if self.group == "feature":
+            if self.key not in system.ethtool.features(name).changeable:
+                raise NotApplicable(f"{name}: feature {self.key} is fixed by its driver")
+            system.ethtool.set_feature(name, self.key, bool(value))
+        else:
+            system.ethtool.write(name, self.group, self.key, value)
+
+    def describe_nic(self, name: str, value: Value) -> str:
+        if self.group == "feature":
+            return f"{name} feature {self.key} {'on' if value else 'off'}"
+        shown = ("on" if value else "off") if isinstance(value, bool) else value
+        return f"{name} {self.group} {self.key} = {shown}"
 
 
 @dataclass(frozen=True)
-class NicFile(Target):
-    """A sysfs file of one NIC, relative to /sys/class/net/IF/ (queues/rx-0/rps_cpus)."""
+class NicFile(NicTarget):
+    """A sysfs file of one NIC, relative to /sys/class/net/IF/ (queues/rx-0/rps_cpus); a
+    queue's RPS/XPS CPUs are a mask in the file, a CPU list as a value. A queue's file
+    goes with its queue (channels can remove it); a NIC-wide file the kernel lacks is not
+    applicable, with the reason, not gone."""
 
     kind: ClassVar[str] = "nic_file"
     refusal_means: ClassVar[str | None] = "the kernel refused it for this NIC"
-    nic: str
     path: str
 
     def problem(self) -> str | None:
         return None if plain_path(self.path) else f"NIC file {self.path!r} is not below the NIC"
 
-    def device(self) -> str:
-        return self.nic
+    @property
+    def setting(self) -> str:
+        return self.path
 
+    @property
+    def cpus(self) -> bool:
+        """Whether the file holds CPUs (rps_cpus, xps_cpus)."""
+        return self.path.rsplit("/", 1)[-1] in CPU_FILES
 
-NetTarget = NicSetting | NicFile
+    def read_nic(self, system: System, name: str) -> Value:
+        text = system.read(f"{NET}/{name}/{self.path}")
+        return CpuSet.from_mask(text).to_list() if self.cpus else text
+
+    def write_nic(self, system: System, name: str, value: Value) -> None:
+        text = str(value)
+        if self.cpus:
+            nr = max(system.online_cpus()) + 1
+            text = CpuSet.from_list(text).to_mask(nr)
+        system.write(f"{NET}/{name}/{self.path}", text)
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        return same_cpus(wanted, actual) if self.cpus else bool(wanted == actual)
+
+    def nic_exists(self, system: System, name: str) -> bool:
+        return not self.path.startswith("queues/") or system.exists(f"{NET}/{name}/{self.path}")
+
+    def nic_files(self, ifname: Callable[[str], str | None]) -> tuple[str, ...]:
+        name = ifname(self.nic)
+        return (f"{NET}/{name}/{self.path}",) if name else ()
+
+    def describe_nic(self, name: str, value: Value) -> str:
+        return f"{name} {self.path} = {value}"
 
 
 @dataclass(frozen=True)
@@ -195,7 +286,7 @@ NIC_SCHEMA = Schema(
 )
 
 
-class NetPlugin(Plugin[NetTarget]):
+class NetPlugin(Plugin[NicTarget, NetRules]):
     name = "net"
     summary = "NIC coalescing, rings, channels, pause, features, RPS/XPS and NAPI knobs"
     targets = (NicSetting, NicFile)
@@ -315,7 +406,7 @@ class NetPlugin(Plugin[NetTarget]):
             return None
         return identity
 
-    def _name(self, target: NetTarget) -> str:
+    def _name(self, target: NicTarget) -> str:
         name = self.ifname(target.nic)
         if name is None:
             raise NotApplicable(f"NIC {target.nic} is gone")
@@ -343,14 +434,14 @@ class NetPlugin(Plugin[NetTarget]):
                 settings[NicFile(nic.identity, option)] = str(o[option])
         return settings
 
-    def changed(self, rules: Any) -> bool:
+    def changed(self, rules: NetRules | None) -> bool:
         """NICs or queues other than when expanded: the safety net behind udev events."""
-        return isinstance(rules, NetRules) and rules.queues != self._queues()
+        return rules is not None and rules.queues != self._queues()
 
     def _queues(self) -> frozenset[tuple[str, str]]:
         return frozenset((n.identity, q) for n in self.nics() for q in n.rx_queues + n.tx_queues)
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[NetRules]:
         entries = tuple(NicRule(i, r) for i, r in enumerate(options.get("nic", []), 1))
         rules = NetRules(entries, self._queues())
         settings: Settings = {}
@@ -361,12 +452,12 @@ class NetPlugin(Plugin[NetTarget]):
         return Expansion(settings, rules)
 
     def on_device(
-        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+        self, rules: NetRules | None, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
         """Just the NIC the event is about: tuned as it appears or is renamed, or as its
         queues come and go (a channel change, and every new NIC); its settings dropped when
         it goes (or stops matching after a rename)."""
-        if not isinstance(rules, NetRules):
+        if rules is None:
             return None
         name = event.name
         if event.subsystem == "queues":  # DEVPATH .../net/NIC/queues/rx-N: that NIC again
@@ -389,7 +480,7 @@ class NetPlugin(Plugin[NetTarget]):
         known = [i for i, (name, _) in self._names.items() if name == ifname]
         if known:
             return {t for i in known if not self._still_there(i) for t in of_device(owned, i)}
-        return {t for t in owned if isinstance(t, NicSetting | NicFile) and not self.exists(t)}
+        return {t for t in owned if isinstance(t, NicTarget) and not self.exists(t)}
 
     def _still_there(self, identity: str) -> bool:
         """Whether the NIC remembered under `identity` is there, under whatever name: a
@@ -402,66 +493,23 @@ class NetPlugin(Plugin[NetTarget]):
         self._names[identity] = (now, ifindex)
         return True
 
-    # -- one target --------------------------------------------------------------------------
-    def read(self, target: NetTarget) -> Value:
-        name = self._name(target)
-        if isinstance(target, NicFile):
-            text = self.system.read(f"{NET}/{name}/{target.path}")
-            return CpuSet.from_mask(text).to_list() if _is_cpu_file(target) else text
-        if target.group == "feature":
-            features = self.system.ethtool.features(name)
-            if target.key not in features.known:
-                raise NotApplicable(f"this kernel has no NIC feature {target.key!r}")
-            return target.key in features.active
-        values = self.system.ethtool.read(name, target.group)
-        if target.key not in values:
-            raise NotApplicable(f"{name}'s driver does not report {target.group} {target.key}")
-        return values[target.key]
+    # -- one target: the kind's, on the NIC's name now ----------------------------------------
+    def read(self, target: NicTarget) -> Value:
+        return target.read_nic(self.system, self._name(target))
 
-    def write(self, target: NetTarget, value: Value) -> None:
-        name = self._name(target)
-        if isinstance(target, NicFile):
-            text = str(value)
-            if _is_cpu_file(target):
-                nr = max(self.system.online_cpus()) + 1
-                text = CpuSet.from_list(text).to_mask(nr)
-            self.system.write(f"{NET}/{name}/{target.path}", text)
-        elif target.group == "feature":
-            if target.key not in self.system.ethtool.features(name).changeable:
-                raise NotApplicable(f"{name}: feature {target.key} is fixed by its driver")
-            self.system.ethtool.set_feature(name, target.key, bool(value))
-        else:
-            self.system.ethtool.write(name, target.group, target.key, value)
+    def write(self, target: NicTarget, value: Value) -> None:
+        target.write_nic(self.system, self._name(target), value)
 
-    def same(self, target: NetTarget, wanted: Value, actual: Value) -> bool:
-        if isinstance(target, NicFile) and _is_cpu_file(target):
-            return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
-        return bool(wanted == actual)
-
-    def exists(self, target: NetTarget) -> bool:
-        """The NIC is there, and for a queue's file the queue (channels can remove it); a
-        NIC-wide file the kernel lacks is not applicable, with the reason, not gone."""
+    def exists(self, target: NicTarget) -> bool:
+        """The NIC is there, and the setting on it (a queue's file: the queue)."""
         name = self.ifname(target.nic)
-        if name is None:
-            return False
-        if isinstance(target, NicFile) and target.path.startswith("queues/"):
-            return self.system.exists(f"{NET}/{name}/{target.path}")
-        return True
+        return name is not None and target.nic_exists(self.system, name)
 
-    def watch_files(self, target: NetTarget) -> tuple[str, ...]:
-        if isinstance(target, NicSetting):
-            return ()
-        name = self.ifname(target.nic)
-        return (f"{NET}/{name}/{target.path}",) if name else ()
+    def watch_files(self, target: NicTarget) -> tuple[str, ...]:
+        return target.nic_files(self.ifname)
 
-    def describe(self, target: NetTarget, value: Value) -> str:
-        name = self.ifname(target.nic) or target.nic
-        if isinstance(target, NicFile):
-            return f"{name} {target.path} = {value}"
-        if target.group == "feature":
-            return f"{name} feature {target.key} {'on' if value else 'off'}"
-        shown = ("on" if value else "off") if isinstance(value, bool) else value
-        return f"{name} {target.group} {target.key} = {shown}"
+    def describe(self, target: NicTarget, value: Value) -> str:
+        return target.describe_nic(self.ifname(target.nic) or target.nic, value)
 
     # -- monitoring --------------------------------------------------------------------------
     def queue_irqs(self, nic: Nic) -> list[tuple[int, str]]:
@@ -494,8 +542,8 @@ class NetPlugin(Plugin[NetTarget]):
                 continue
         return out
 
-    def monitor(self, rules: Any) -> Monitor:
-        if not isinstance(rules, NetRules):
+    def monitor(self, rules: NetRules | None) -> Monitor:
+        if rules is None:
             return Monitor()
         nic_rows = []
         setting_rows = []
@@ -508,15 +556,12 @@ class NetPlugin(Plugin[NetTarget]):
             if rule is None:
                 continue
             for target, wanted in self.nic_settings(rule, nic).items():
-                assert isinstance(target, NicSetting | NicFile)
+                assert isinstance(target, NicTarget)
                 try:
                     actual: Any = self.read(target)
                 except (KernelRefused, NotApplicable) as exc:
                     actual = f"n/a: {exc}"
-                what = (
-                    target.path if isinstance(target, NicFile) else (f"{target.group} {target.key}")
-                )
-                setting_rows.append((nic.name, what, wanted, actual))
+                setting_rows.append((nic.name, target.setting, wanted, actual))
         return Monitor(
             (
                 Table(
@@ -531,7 +576,3 @@ class NetPlugin(Plugin[NetTarget]):
                 ),
             )
         )
-
-
-def _is_cpu_file(target: NicFile) -> bool:
-    return target.path.rsplit("/", 1)[-1] in CPU_FILES

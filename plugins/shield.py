@@ -53,22 +53,24 @@ from latencyd.core.cgroups import (
 )
 from latencyd.core.cpuset import CpuSet, CpuSetError
 from latencyd.core.errors import KernelRefused, NotApplicable
-from latencyd.core.movable import MOVE_REFUSED, TaskMover
+from latencyd.core.movable import MOVE_REFUSED, TaskMover, Tasks, TaskTarget
 from latencyd.core.movable import require_movable as _require_movable
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
+    FileTarget,
     Follows,
     Monitor,
     Options,
-    OwnedSettings,
     Settings,
     Table,
     Target,
     TaskEvent,
     Value,
+    original_of,
     plain_path,
     run_to_end,
+    same_cpus,
 )
 from latencyd.core.schema import (
     ArrayOfTables,
@@ -92,8 +94,23 @@ PLACED = re.compile("")  # the rule the application is placed by (ShieldPlugin.r
 log = logging.getLogger(__name__)
 
 
+def _hierarchy_problem(hierarchy: str) -> str | None:
+    if hierarchy.startswith(f"{CGROUP_ROOT}/") and plain_path(hierarchy):
+        return None
+    return f"{hierarchy!r} is not a cgroup hierarchy under /{CGROUP_ROOT}"
+
+
+def _name_of(system: System, pid: int) -> str:
+    """A user task's name as its settings are described: "comm " ("" once it is gone)."""
+    task = system.task(pid)
+    return f"{task.comm} " if task else ""
+
+
+# -- a user task's settings: reached through which task its pid is (Tasks) ----------------
+
+
 @dataclass(frozen=True)
-class TaskAffinity(Target):
+class TaskAffinity(TaskTarget):
     """One thread (tid) of a user process (pid, start) moved off isolated CPUs."""
 
     kind: ClassVar[str] = "task_affinity"
@@ -102,17 +119,115 @@ class TaskAffinity(Target):
     start: int
     tid: int
 
+    def read_task(self, tasks: Tasks) -> Value:
+        _require_movable(tasks.task(self))
+        return tasks.system.affinity(self.tid).to_list()
 
-def _hierarchy_problem(hierarchy: str) -> str | None:
-    if hierarchy.startswith(f"{CGROUP_ROOT}/") and plain_path(hierarchy):
-        return None
-    return f"{hierarchy!r} is not a cgroup hierarchy under /{CGROUP_ROOT}"
+    def write_task(self, tasks: Tasks, value: Value) -> None:
+        _require_movable(tasks.task(self))
+        tasks.system.set_affinity(self.tid, CpuSet.from_list(value))
+
+    def task_exists(self, tasks: Tasks) -> bool:
+        tasks.task(self)  # then a thread's own directory says whether it is there
+        return tasks.system.exists(f"proc/{self.pid}/task/{self.tid}")
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        return same_cpus(wanted, actual)
+
+    def describe_task(self, tasks: Tasks, value: Value) -> str:
+        name = _name_of(tasks.system, self.pid)
+        return f"user task {name}(pid {self.pid}, thread {self.tid}) CPUs = {value}"
+
+
+@dataclass(frozen=True)
+class ProcessCgroup(TaskTarget):
+    """Where a process (pid, start time) runs in a cgroup hierarchy: its cgroup ("/", or
+    one of latencyd's). A move takes every thread; its children born later are born there."""
+
+    hierarchy: str
+    pid: int
+    start: int
+
+    def problem(self) -> str | None:
+        return _hierarchy_problem(self.hierarchy)
+
+    def read_task(self, tasks: Tasks) -> Value:
+        cgroup = tasks.system.task_cgroup(self.pid)
+        # Asked after the read: a task that began to exit before it already shows the root.
+        if cgroup is None or tasks.task(self, fresh=True).exiting:
+            raise NotApplicable(f"pid {self.pid} has exited")
+        return cgroup
+
+    def task_exists(self, tasks: Tasks) -> bool:
+        return not tasks.task(self, fresh=True).exiting
+
+    def describe_task(self, tasks: Tasks, value: Value) -> str:
+        return f"user task {_name_of(tasks.system, self.pid)}(pid {self.pid}) in cgroup {value}"
+
+
+@dataclass(frozen=True)
+class TaskCgroup(ProcessCgroup):
+    """The cpuset cgroup of a process, moved by writing its pid to the cgroup's procs."""
+
+    kind: ClassVar[str] = "task_cgroup"
+    refusal_means: ClassVar[str | None] = "the kernel will not move this task"
+
+    def write_task(self, tasks: Tasks, value: Value) -> None:
+        tasks.task(self)
+        where = _cgroup_of(value).rstrip("/")
+        tasks.system.write(f"{self.hierarchy}{where}/cgroup.procs", str(self.pid))
+
+
+@dataclass(frozen=True)
+class TaskUnit(ProcessCgroup):
+    """Where systemd runs a process: its v2 cgroup. The application is moved by systemd
+    into a scope of its own in latencyd's slice, and back into its unit with what it
+    started meanwhile."""
+
+    kind: ClassVar[str] = "systemd_task_cgroup"
+    refusal_means: ClassVar[str | None] = "systemd will not move this task"
+
+    def write_task(self, tasks: Tasks, value: Value) -> None:
+        tasks.task(self)
+        self._move(tasks.system, str(value))
+
+    def _move(self, system: System, where: str) -> None:
+        """Into the application's slice (a scope of its own), or back into the unit it
+        came from with everything it started in that scope since."""
+        top = where.lstrip("/").split("/")[0]
+        if where == f"/{APP_SLICE}/{app_scope(self.pid)}":
+            scope = app_scope(self.pid)
+            system.systemd.start_scope(scope, APP_SLICE, [self.pid], "latencyd: the application")
+            return
+        unit = unit_of(where)
+        if top not in SYSTEMD_CONFINED or unit is None:
+            raise KernelRefused(f"moving pid {self.pid} to {where}", "not a unit it came from")
+        now = system.task_cgroup(self.pid) or ""
+        pids = [self.pid]
+        if now.startswith(f"/{APP_SLICE}/"):
+            started = system.cgroup_pids(f"{self.hierarchy}{now}")
+            pids += [pid for pid in started if pid != self.pid]
+        try:
+            system.systemd.attach(unit[0], unit[1], pids)
+        except KernelRefused as exc:
+            # systemd moves processes only into units delegated to their manager
+            # (Delegate=yes: user@.service, containers); a login session's scope is not.
+            # Its cgroup.procs is systemd's to write: the process stays where it is.
+            raise KernelRefused(
+                f"moving pid {self.pid} back to {unit[0]}",
+                f"{exc.reason}; it stays in {now or 'its scope'} until it exits, its "
+                f"CPUs no longer limited once {APP_SLICE} is left",
+            ) from exc
+
+
+# -- the cpusets and units latencyd makes: reached through the System ---------------------
 
 
 @dataclass(frozen=True)
 class Cgroup(Target):
     """A cgroup the shield makes (named latencyd-*): {file: value}, written in that order
-    once it is made, or None: not there (removed, what runs in it moved to its parent)."""
+    once it is made, or None: not there (removed, what runs in it moved to its parent).
+    Made all or nothing: a cpuset the kernel would not finish goes."""
 
     kind: ClassVar[str] = "cgroup"
     refusal_means: ClassVar[str | None] = "the kernel will not make this cpuset"
@@ -128,9 +243,53 @@ class Cgroup(Target):
     def path(self) -> str:
         return f"{self.hierarchy}/{self.name}"
 
+    def read(self, system: System) -> Value:
+        if not system.exists(self.path):
+            return None
+        return {
+            name: system.read(f"{self.path}/{name}")
+            for name in CGROUP_FILES
+            if system.exists(f"{self.path}/{name}")
+        }
+
+    def write(self, system: System, value: Value) -> None:
+        if value is None:
+            system.remove_cgroup(self.path)
+            return
+        made = not system.exists(self.path)
+        system.make_cgroup(self.path)
+        try:
+            self._write_files(system, dict(value))
+        except KernelRefused:
+            if made:
+                system.remove_cgroup(self.path)
+            raise
+
+    def _write_files(self, system: System, files: dict[str, str]) -> None:
+        for name, wanted in files.items():
+            system.write(f"{self.path}/{name}", str(wanted))
+        partition = files.get("cpuset.cpus.partition")
+        got = system.read(f"{self.path}/cpuset.cpus.partition") if partition else ""
+        if partition and got != partition:
+            # "isolated invalid (Cpu list in cpuset.cpus not exclusive)": the kernel's why
+            raise KernelRefused(f"making /{self.path} an isolated partition", got)
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        if wanted is None or actual is None:
+            return wanted is actual
+        return all(
+            _same_file(name, value, actual.get(name)) for name, value in dict(wanted).items()
+        )
+
+    def describe(self, value: Value) -> str:
+        if value is None:
+            return f"cgroup /{self.path} absent"
+        files = ", ".join(f"{name} = {v}" for name, v in dict(value).items())
+        return f"cgroup /{self.path}: {files}"
+
 
 @dataclass(frozen=True)
-class RootFile(Target):
+class RootFile(FileTarget):
     """A file of a hierarchy's root cgroup (v1: the root stops balancing every CPU)."""
 
     kind: ClassVar[str] = "cgroup_root_file"
@@ -142,9 +301,19 @@ class RootFile(Target):
             return f"{self.file!r} is not a root cgroup file the shield sets"
         return _hierarchy_problem(self.hierarchy)
 
+    @property
+    def rel(self) -> str:
+        return f"{self.hierarchy}/{self.file}"
+
+    def watch_files(self, system: System) -> tuple[str, ...]:
+        return ()  # polled, as every cgroup setting of the shield's
+
+    def describe(self, value: Value) -> str:
+        return f"/{self.rel} = {value}"
+
 
 @dataclass(frozen=True)
-class Controller(Target):
+class Controller(FileTarget):
     """Whether a hierarchy's root hands a controller to its children (v2's
     cgroup.subtree_control): true or false."""
 
@@ -157,20 +326,22 @@ class Controller(Target):
             return f"{self.name!r} is not a controller the shield enables"
         return _hierarchy_problem(self.hierarchy)
 
+    @property
+    def rel(self) -> str:
+        return f"{self.hierarchy}/cgroup.subtree_control"
 
-@dataclass(frozen=True)
-class TaskCgroup(Target):
-    """The cpuset cgroup of a process (pid, start time): "/" or one of latencyd's. A move
-    takes every thread; its children born later are born there."""
+    def parse(self, text: str) -> Value:
+        return self.name in text.split()
 
-    kind: ClassVar[str] = "task_cgroup"
-    refusal_means: ClassVar[str | None] = "the kernel will not move this task"
-    hierarchy: str
-    pid: int
-    start: int
+    def text(self, system: System, value: Value) -> str:
+        return f"{'+' if value else '-'}{self.name}"
 
-    def problem(self) -> str | None:
-        return _hierarchy_problem(self.hierarchy)
+    def watch_files(self, system: System) -> tuple[str, ...]:
+        return ()  # polled, as every cgroup setting of the shield's
+
+    def describe(self, value: Value) -> str:
+        state = "enabled" if value else "disabled"
+        return f"controller {self.name} {state} for /{self.hierarchy}'s children"
 
 
 @dataclass(frozen=True)
@@ -187,25 +358,46 @@ class UnitCpus(Target):
             return None
         return f"{self.unit!r} is not a unit the shield confines"
 
+    def read(self, system: System) -> Value:
+        cpus = system.systemd.allowed_cpus(self.unit)
+        return None if cpus is None else cpus.to_list()
 
-@dataclass(frozen=True)
-class TaskUnit(Target):
-    """Where systemd runs a process (pid, start time): its v2 cgroup. The application is
-    moved by systemd into a scope of its own in latencyd's slice, and back into its unit
-    with what it started meanwhile."""
+    def write(self, system: System, value: Value) -> None:
+        """AllowedCPUs= through systemd; latencyd's slice is started with it, and stopped
+        (None) once nothing runs in it: a unit its user gave Slice=latencyd.slice keeps it,
+        with AllowedCPUs= unset, and the refusal says so."""
+        systemd = system.systemd
+        if value is not None:
+            cpus = CpuSet.from_list(str(value))
+            if self.unit == APP_SLICE and systemd.allowed_cpus(APP_SLICE) is None:
+                systemd.start_slice(APP_SLICE, cpus, "latencyd: the shielded CPUs")
+            else:
+                systemd.set_allowed_cpus(self.unit, cpus)
+            return
+        unified = system.cgroup_facts().unified
+        running = system.cgroup_pids(f"{unified}/{APP_SLICE}") if unified else []
+        if not running:
+            systemd.stop(APP_SLICE)
+            return
+        systemd.set_allowed_cpus(APP_SLICE, CpuSet())
+        raise KernelRefused(
+            f"removing {APP_SLICE}",
+            f"{len(running)} processes run in it (units given Slice={APP_SLICE}): left "
+            "there, its AllowedCPUs= unset",
+        )
 
-    kind: ClassVar[str] = "systemd_task_cgroup"
-    refusal_means: ClassVar[str | None] = "systemd will not move this task"
-    hierarchy: str
-    pid: int
-    start: int
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        if wanted is not None and actual is not None:
+            return same_cpus(wanted, actual)
+        return bool(wanted == actual)
 
-    def problem(self) -> str | None:
-        return _hierarchy_problem(self.hierarchy)
+    def describe(self, value: Value) -> str:
+        if value is None:
+            return f"systemd unit {self.unit} absent"
+        return f"systemd unit {self.unit}: AllowedCPUs={value or ' (not set)'}"
 
 
-CgroupTarget = Cgroup | RootFile | Controller | TaskCgroup | UnitCpus | TaskUnit
-ShieldTarget = TaskAffinity | CgroupTarget
+ShieldTarget = TaskAffinity | Cgroup | RootFile | Controller | TaskCgroup | UnitCpus | TaskUnit
 
 
 def _cgroup_of(value: Value) -> str:
@@ -214,6 +406,14 @@ def _cgroup_of(value: Value) -> str:
     if text == "/" or (text.startswith(f"/{PREFIX}") and plain_path(text[1:], 1)):
         return text
     raise KernelRefused(f"moving a task to cgroup {text!r}", "not a cgroup the shield uses")
+
+
+def _same_file(name: str, wanted: Value, actual: Value) -> bool:
+    if actual is None:
+        return False
+    if name == "cpuset.cpus":
+        return same_cpus(wanted, actual)
+    return str(wanted) == str(actual)
 
 
 @dataclass(frozen=True)
@@ -242,15 +442,7 @@ def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
 
 
-def _same_file(name: str, wanted: Value, actual: Value) -> bool:
-    if actual is None:
-        return False
-    if name == "cpuset.cpus":
-        return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
-    return str(wanted) == str(actual)
-
-
-class ShieldPlugin(TaskMover[ShieldTarget]):
+class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"
     targets = (TaskAffinity, Cgroup, RootFile, Controller, TaskCgroup, UnitCpus, TaskUnit)
@@ -346,7 +538,9 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         """From cpusets to the chase: the tasks get their own CPUs back only once moved out
         of latencyd's cpusets, so the chase must judge them (and read their originals)
         after that, not before. (The other way round needs nothing: affinities given
-        back first, the kernel then intersects them with the cpuset.)"""
+        back first, the kernel then intersects them with the cpuset.) And a shield on
+        other CPUs: v1's exclusive cpusets cannot trade CPUs in place (whichever is
+        written first overlaps its exclusive sibling: EINVAL), so they are made anew."""
         # Looked up, not scanned: beside 20,000 narrowed threads this is asked at every
         # apply. Each cpuset mechanism's first setting (the root's) is journaled with the
         # rest of its step before anything is written: owned whenever any of it is.
@@ -361,11 +555,17 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             chosen = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
         except NotApplicable:
             return True
-        return chosen.mechanism == "affinity"
+        if chosen.mechanism == "affinity":
+            return True
+        given = owned.get(Cgroup(chosen.hierarchy or "", SHIELD))
+        wanted: CpuSet = options["cpus"]
+        if isinstance(given, Mapping) and "cpuset.cpus" in given:
+            return CpuSet.from_list(str(given["cpuset.cpus"])) != wanted
+        return False
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[ShieldRules]]:
         """The section's settings, by the mechanism that keeps the shield here."""
         choice = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
         rules = ShieldRules(
@@ -380,7 +580,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             return (yield from self.affinity_expand_steps(rules, owned))
         return (yield from self.cpuset_expand_steps(rules, owned))
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[ShieldRules]:
         return run_to_end(self.expand_steps(options, owned))
 
     def is_app(self, rules: ShieldRules, task: Task) -> bool:
@@ -402,7 +602,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
     # -- the cpuset mechanisms: the kernel keeps the shield ----------------------------------
     def cpuset_expand_steps(
         self, rules: ShieldRules, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[ShieldRules]]:
         """The cpusets, then every user task of the root cgroup that must move (v1: all but
         those allowed, to housekeeping; both: the application and tasks their users
         confined to the shielded CPUs, into the shield). What runs in another manager's
@@ -445,7 +645,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             if cgroup is None:
                 continue
             try:
-                target, where, why = self.task_placement(rules, task, cgroup)
+                target, where, why = self.task_placement(rules, task, cgroup, owned)
             except KernelRefused:
                 continue  # exited meanwhile
             if where is not None:
@@ -460,7 +660,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         return Expansion(settings, rules, refused=refused)
 
     def task_placement(
-        self, rules: ShieldRules, task: Task, cgroup: str
+        self, rules: ShieldRules, task: Task, cgroup: str, owned: Mapping[Target, Value]
     ) -> tuple[TaskCgroup | TaskUnit, str | None, str | None]:
         """A user task's setting under a cpuset mechanism, the cgroup it must move to (None:
         it stays) and, when it stays for another manager's sake, why."""
@@ -469,7 +669,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         if mechanism == "cpuset-systemd":
             unit_target = TaskUnit(hierarchy, task.pid, task.start_time)
             confined = cgroup.lstrip("/").split("/")[0] in SYSTEMD_CONFINED
-            cpus = self.system.affinity(task.pid) if confined else CpuSet()
+            cpus = self._users_cpus(task, owned) if confined else CpuSet()
             placed = self.placed(rules, task)
             # By name or under a hold; asked only where it decides (a walk up the parents).
             confined_there = bool(cpus) and cpus.issubset(rules.cpus)
@@ -479,9 +679,18 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             return unit_target, where, why
         target = TaskCgroup(hierarchy, task.pid, task.start_time)
         allowed = cgroup == "/" and self.left_alone(rules, task) is not None
-        cpus = self.system.affinity(task.pid) if cgroup == "/" else CpuSet()
+        cpus = self._users_cpus(task, owned) if cgroup == "/" else CpuSet()
         into = placement(mechanism, cgroup, cpus, rules.cpus, self.placed(rules, task), allowed)
         return target, (f"/{into}" if into else None), owner(cgroup)
+
+    def _users_cpus(self, task: Task, owned: Mapping[Target, Value]) -> CpuSet:
+        """The CPUs the task's user gave it: what the chase narrowed is judged by its
+        original (from the chase to a cpuset, a task narrowed to the housekeeping CPUs,
+        read as it is, would look confined there by its user and be moved inside)."""
+        given = original_of(owned, TaskAffinity(task.pid, task.start_time, task.pid))
+        if given is not None:
+            return CpuSet.from_list(str(given))
+        return self.system.affinity(task.pid)
 
     # -- the affinity mechanism: deciding what a task wants --------------------------------
     @staticmethod
@@ -516,7 +725,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             # what we made of it: a switch that shields other CPUs starts from there, and
             # one that no longer touches them gives it back. If someone confines it to the
             # isolated CPUs meanwhile, `handed_over` lets it go.
-            given = owned.original(target) if isinstance(owned, OwnedSettings) else None
+            given = original_of(owned, target)
             if given is None and target in owned:  # owned, original unknown: keep it so
                 settings[target] = owned[target]
                 continue
@@ -549,7 +758,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
     def _narrowed_as(parent: TaskAffinity, isolate: CpuSet, owned: Mapping[Target, Value]) -> Value:
         """What a task born of the narrowed `parent` is set to: the parent's original less
         the isolated CPUs (its applied value, if the original is not known)."""
-        given = owned.original(parent) if isinstance(owned, OwnedSettings) else None
+        given = original_of(owned, parent)
         if given is None:
             return owned[parent]
         narrowed = CpuSet.from_list(str(given)) - isolate
@@ -575,8 +784,10 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         """The process's threads, as the kernel lists them (lazily: 20,000 take a while)."""
         return (int(t) for t in self.system.entries(f"proc/{pid}/task") if t.isdigit())
 
-    def handed_over(self, rules: Any, target: ShieldTarget, actual: Value) -> str | None:
-        if not isinstance(target, TaskAffinity) or not isinstance(rules, ShieldRules):
+    def handed_over(
+        self, rules: ShieldRules | None, target: ShieldTarget, actual: Value
+    ) -> str | None:
+        if not isinstance(target, TaskAffinity) or rules is None:
             return None
         cpus = CpuSet.from_list(str(actual))
         if cpus and rules.cpus and cpus.issubset(rules.cpus):
@@ -585,7 +796,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
 
     def affinity_expand_steps(
         self, rules: ShieldRules, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[ShieldRules]]:
         """Yields after each task and each THREAD_CHUNK threads of one (a JVM's 20,000)."""
         settings: Settings = {}
         current: dict[Target, Value] = {}
@@ -625,10 +836,12 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         except NotApplicable:
             return False
 
-    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+    def on_task(
+        self, rules: ShieldRules | None, event: TaskEvent, owned: Mapping[Target, Value]
+    ) -> Settings:
         """Settings a just-renamed (exec'd) user task needs; user forks inherit their
         parent's affinity (born_narrowed), so they are not asked and stay cheap."""
-        if not isinstance(rules, ShieldRules):
+        if rules is None:
             return {}
         if event.kind == "applied":
             return self.started_before_narrowed(rules, owned)
@@ -637,7 +850,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             if task is None or task.is_kthread:
                 return {}
             if rules.choice.mechanism != "affinity":  # the kernel keeps the rest
-                return self.cpuset_task_settings(rules, task, [event.tid])
+                return self.cpuset_task_settings(rules, task, [event.tid], owned)
             if (rule := self.rule_for(rules, task)) is not None:
                 return self.user_rule_settings(rule, task, [event.tid])
             settings = self.user_task_settings(rules, task, [event.tid], owned)
@@ -646,14 +859,16 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
             return settings
         return {}
 
-    def cpuset_task_settings(self, rules: ShieldRules, task: Task, tids: list[int]) -> Settings:
+    def cpuset_task_settings(
+        self, rules: ShieldRules, task: Task, tids: list[int], owned: Mapping[Target, Value]
+    ) -> Settings:
         """Under a cpuset, what an exec asks: the application moved into the shield (every
         thread goes along), and a rule's CPUs; nothing for any other task."""
         settings: Settings = {}
         cgroup = self.system.task_cgroup(task.pid)
         if cgroup is not None and self.is_app(rules, task):
             try:
-                target, where, _ = self.task_placement(rules, task, cgroup)
+                target, where, _ = self.task_placement(rules, task, cgroup, owned)
             except KernelRefused:
                 return {}  # exited meanwhile
             if where is not None:
@@ -768,65 +983,6 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         super().end_step()
         self.every_cpu = None
 
-    def read(self, target: ShieldTarget) -> Value:
-        system = self.system
-        if isinstance(target, TaskAffinity):
-            _require_movable(self._task(target))
-            return system.affinity(target.tid).to_list()
-        if isinstance(target, Cgroup):
-            if not system.exists(target.path):
-                return None
-            return {
-                name: system.read(f"{target.path}/{name}")
-                for name in CGROUP_FILES
-                if system.exists(f"{target.path}/{name}")
-            }
-        if isinstance(target, RootFile):
-            return system.read(f"{target.hierarchy}/{target.file}")
-        if isinstance(target, Controller):
-            enabled = system.read(f"{target.hierarchy}/cgroup.subtree_control").split()
-            return target.name in enabled
-        if isinstance(target, UnitCpus):
-            cpus = system.systemd.allowed_cpus(target.unit)
-            return None if cpus is None else cpus.to_list()
-        cgroup = system.task_cgroup(target.pid)
-        # Asked after the read: a task that began to exit before it already shows the root.
-        if cgroup is None or self._task(target, fresh=True).exiting:
-            raise NotApplicable(f"pid {target.pid} has exited")
-        return cgroup
-
-    def write(self, target: ShieldTarget, value: Value) -> None:
-        system = self.system
-        if isinstance(target, TaskAffinity):
-            _require_movable(self._task(target))
-            system.set_affinity(target.tid, CpuSet.from_list(value))
-        elif isinstance(target, Cgroup):
-            if value is None:
-                system.remove_cgroup(target.path)
-                return
-            made = not system.exists(target.path)
-            system.make_cgroup(target.path)
-            try:
-                self._write_cgroup_files(target, dict(value))
-            except KernelRefused:
-                if made:  # all or nothing: a cpuset the kernel would not finish goes
-                    system.remove_cgroup(target.path)
-                raise
-        elif isinstance(target, RootFile):
-            system.write(f"{target.hierarchy}/{target.file}", str(value))
-        elif isinstance(target, Controller):
-            sign = "+" if value else "-"
-            system.write(f"{target.hierarchy}/cgroup.subtree_control", f"{sign}{target.name}")
-        elif isinstance(target, UnitCpus):
-            self._write_unit_cpus(target, value)
-        elif isinstance(target, TaskUnit):
-            self._task(target)
-            self._move_by_systemd(target, str(value))
-        else:
-            self._task(target)
-            where = _cgroup_of(value).rstrip("/")
-            system.write(f"{target.hierarchy}{where}/cgroup.procs", str(target.pid))
-
     def write_unless_changed(
         self, target: ShieldTarget, value: Value, judged: Value
     ) -> Value | None:
@@ -848,7 +1004,7 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         for target, before, after in changes:
             if isinstance(target, TaskAffinity):
                 moves.setdefault((target.pid, str(before), str(after)), []).append(target.tid)
-            elif isinstance(target, TaskCgroup | TaskUnit):
+            elif isinstance(target, ProcessCgroup):
                 into[(str(before), str(after))] = into.get((str(before), str(after)), 0) + 1
         for (pid, before, after), tids in moves.items():
             task = self.system.task(pid)
@@ -860,120 +1016,22 @@ class ShieldPlugin(TaskMover[ShieldTarget]):
         for (before, after), count in into.items():
             log.info("%d user tasks moved from cgroup %s to %s", count, before, after)
 
-    def _write_unit_cpus(self, target: UnitCpus, value: Value) -> None:
-        """AllowedCPUs= through systemd; latencyd's slice is started with it, and stopped
-        (None) once nothing runs in it: a unit its user gave Slice=latencyd.slice keeps it,
-        with AllowedCPUs= unset, and the refusal says so."""
-        systemd = self.system.systemd
-        if value is not None:
-            cpus = CpuSet.from_list(str(value))
-            if target.unit == APP_SLICE and systemd.allowed_cpus(APP_SLICE) is None:
-                systemd.start_slice(APP_SLICE, cpus, "latencyd: the shielded CPUs")
-            else:
-                systemd.set_allowed_cpus(target.unit, cpus)
-            return
-        unified = self.system.cgroup_facts().unified
-        running = self.system.cgroup_pids(f"{unified}/{APP_SLICE}") if unified else []
-        if not running:
-            systemd.stop(APP_SLICE)
-            return
-        systemd.set_allowed_cpus(APP_SLICE, CpuSet())
-        raise KernelRefused(
-            f"removing {APP_SLICE}",
-            f"{len(running)} processes run in it (units given Slice={APP_SLICE}): left "
-            "there, its AllowedCPUs= unset",
-        )
-
-    def _move_by_systemd(self, target: TaskUnit, where: str) -> None:
-        """Into the application's slice (a scope of its own), or back into the unit it
-        came from with everything it started in that scope since."""
-        systemd = self.system.systemd
-        top = where.lstrip("/").split("/")[0]
-        if where == f"/{APP_SLICE}/{app_scope(target.pid)}":
-            scope = app_scope(target.pid)
-            systemd.start_scope(scope, APP_SLICE, [target.pid], "latencyd: the application")
-            return
-        unit = unit_of(where)
-        if top not in SYSTEMD_CONFINED or unit is None:
-            raise KernelRefused(f"moving pid {target.pid} to {where}", "not a unit it came from")
-        now = self.system.task_cgroup(target.pid) or ""
-        pids = [target.pid]
-        if now.startswith(f"/{APP_SLICE}/"):
-            started = self.system.cgroup_pids(f"{target.hierarchy}{now}")
-            pids += [pid for pid in started if pid != target.pid]
-        systemd.attach(unit[0], unit[1], pids)
-
-    def _write_cgroup_files(self, target: Cgroup, files: dict[str, str]) -> None:
-        for name, wanted in files.items():
-            self.system.write(f"{target.path}/{name}", str(wanted))
-        partition = files.get("cpuset.cpus.partition")
-        got = self.system.read(f"{target.path}/cpuset.cpus.partition") if partition else ""
-        if partition and got != partition:
-            # "isolated invalid (Cpu list in cpuset.cpus not exclusive)": the kernel's why
-            raise KernelRefused(f"making /{target.path} an isolated partition", got)
-
-    def same(self, target: ShieldTarget, wanted: Value, actual: Value) -> bool:
-        if isinstance(target, TaskAffinity):
-            return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
-        if isinstance(target, UnitCpus) and wanted is not None and actual is not None:
-            return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
-        if isinstance(target, Cgroup):
-            if wanted is None or actual is None:
-                return wanted is actual
-            return all(
-                _same_file(name, value, actual.get(name)) for name, value in dict(wanted).items()
-            )
-        return bool(wanted == actual)
-
-    def exists(self, target: ShieldTarget) -> bool:
-        if not isinstance(target, TaskAffinity | TaskCgroup | TaskUnit):
-            return True  # a cgroup latencyd makes is there to make or to remove
-        try:  # a thread's own directory says whether it is there
-            task = self._task(target, fresh=not isinstance(target, TaskAffinity))
-        except NotApplicable:
-            return False
-        if isinstance(target, TaskCgroup | TaskUnit):
-            return not task.exiting
-        return self.system.exists(f"proc/{target.pid}/task/{target.tid}")
-
-    def describe(self, target: ShieldTarget, value: Value) -> str:
-        if isinstance(target, Cgroup):
-            if value is None:
-                return f"cgroup /{target.path} absent"
-            files = ", ".join(f"{name} = {v}" for name, v in dict(value).items())
-            return f"cgroup /{target.path}: {files}"
-        if isinstance(target, RootFile):
-            return f"/{target.hierarchy}/{target.file} = {value}"
-        if isinstance(target, Controller):
-            state = "enabled" if value else "disabled"
-            return f"controller {target.name} {state} for /{target.hierarchy}'s children"
-        if isinstance(target, UnitCpus):
-            if value is None:
-                return f"systemd unit {target.unit} absent"
-            return f"systemd unit {target.unit}: AllowedCPUs={value or ' (not set)'}"
-        task = self.system.task(target.pid)
-        name = f"{task.comm} " if task else ""
-        if isinstance(target, TaskCgroup | TaskUnit):
-            return f"user task {name}(pid {target.pid}) in cgroup {value}"
-        return f"user task {name}(pid {target.pid}, thread {target.tid}) CPUs = {value}"
-
     def group(self, target: ShieldTarget) -> Hashable | None:
         if isinstance(target, TaskAffinity):
             return ("task", target.pid, target.start)
-        return ("cgroup",) if isinstance(target, TaskCgroup | TaskUnit) else None
+        return ("cgroup",) if isinstance(target, ProcessCgroup) else None
 
     def describe_group(self, targets: Sequence[ShieldTarget], value: Value) -> str:
         first = targets[0]
-        if isinstance(first, TaskCgroup | TaskUnit):
+        if isinstance(first, ProcessCgroup):
             return f"{len(targets):,} user tasks in cgroup {value}"
         if not isinstance(first, TaskAffinity):
             return super().describe_group(targets, value)
-        task = self.system.task(first.pid)
-        name = f"{task.comm} " if task else ""
+        name = _name_of(self.system, first.pid)
         return f"user task {name}(pid {first.pid}, {len(targets):,} threads) CPUs = {value}"
 
-    def monitor(self, rules: Any) -> Monitor:
-        if not isinstance(rules, ShieldRules):
+    def monitor(self, rules: ShieldRules | None) -> Monitor:
+        if rules is None:
             return Monitor()
         choice = rules.choice
         facts = {

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
+from latencyd.core.plugin import Expansion, FileTarget, Options, Plugin, Target, Value
 from latencyd.core.schema import Int, OneOf, Schema, Str
 from latencyd.core.system import System
 
 # Sysctls that hand out root: each names a program the kernel runs as root, or
 # switches off a protection against privilege escalation. A profile setting one is
-# applied only for root callers (not for members of admin_group). See README.
+# applied only for root callers (not for members of admin_group). See docs/guarantees.md.
 ROOT_ONLY_SYSCTLS = (
     # programs the kernel executes as root
     "kernel.core_pattern",  # "|/path" pipes core dumps to a program
@@ -85,15 +85,30 @@ def normalize(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class Sysctl(Target):
+class Sysctl(FileTarget):
+    """One /proc/sys file; multi-field values compare field by field."""
+
     kind: ClassVar[str] = "sysctl"
     key: str
 
     def problem(self) -> str | None:
         return root_only_reason(self.key)
 
+    @property
+    def rel(self) -> str:
+        return sysctl_path(self.key)
 
-class SysctlPlugin(Plugin[Sysctl]):
+    def parse(self, text: str) -> Value:
+        return normalize(text)
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        return normalize(wanted) == normalize(actual)
+
+    def describe(self, value: Value) -> str:
+        return f"sysctl {self.key} = {value}"
+
+
+class SysctlPlugin(Plugin[Sysctl, None]):
     name = "sysctl"
     summary = "Any kernel sysctl under /proc/sys"
     targets = (Sysctl,)
@@ -129,7 +144,7 @@ class SysctlPlugin(Plugin[Sysctl]):
         busy_poll = ("busy_poll", ("net.core.busy_read", "net.core.busy_poll"))
         return Schema(free_keys=check_key, free_kind=OneOf((Int(), Str())), groups=(busy_poll,))
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
         wanted: dict[Target, Value] = {}
         refused: dict[str, str] = {}
         for given, value in options.items():
@@ -143,18 +158,3 @@ class SysctlPlugin(Plugin[Sysctl]):
     def root_only(self, options: Options) -> str | None:
         keys = (key.removeprefix(OPTIONAL) for key in options)
         return next(filter(None, map(root_only_reason, keys)), None)
-
-    def read(self, target: Sysctl) -> Value:
-        return normalize(self.system.read(sysctl_path(target.key)))
-
-    def write(self, target: Sysctl, value: Value) -> None:
-        self.system.write(sysctl_path(target.key), str(value))
-
-    def same(self, target: Sysctl, wanted: Value, actual: Value) -> bool:
-        return normalize(wanted) == normalize(actual)
-
-    def describe(self, target: Sysctl, value: Value) -> str:
-        return f"sysctl {target.key} = {value}"
-
-    def watch_files(self, target: Sysctl) -> tuple[str, ...]:
-        return (sysctl_path(target.key),)

@@ -31,6 +31,7 @@ from latencyd.core.plugin import (
     CPU_ACTIONS,
     DeviceEvent,
     Expansion,
+    FileTarget,
     Follows,
     Options,
     Plugin,
@@ -39,6 +40,7 @@ from latencyd.core.plugin import (
     Value,
 )
 from latencyd.core.schema import Int, OneOf, Schema, Str
+from latencyd.core.system import System
 
 # Subsystems whose devices carry the files profiles set by glob: block queues, NICs, PCI
 # and USB power control, SCSI hosts' link power management, NVMe; CPUs too (a CPU that
@@ -84,13 +86,17 @@ def check_key(key: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class SysfsFile(Target):
+class SysfsFile(FileTarget):
     """One file, by its real path ("/sys/devices/..."). A refusal fails the profile: the
     profile named this file and value, and a file that cannot take it is a mistake to fix,
     not a capability to report. (Globs over devices that may lack a choice get that
-    checked when the section is expanded: such a file is refused there, with its choices.)"""
+    checked when the section is expanded: such a file is refused there, with its choices.)
+    Its value is the text as the file shows it (so a restore writes back exactly that), or
+    the chosen word of a bracketed-choice file; values compare word by word. A device's
+    file goes with its device."""
 
     kind: ClassVar[str] = "sysfs_file"
+    transient: ClassVar[bool] = True
     path: str
 
     def problem(self) -> str | None:
@@ -99,6 +105,16 @@ class SysfsFile(Target):
     @property
     def rel(self) -> str:
         return self.path.lstrip("/")
+
+    def parse(self, text: str) -> Value:
+        choices = bracketed(text)
+        return choices[1] if choices is not None else text
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        return normalize(wanted) == normalize(actual)
+
+    def describe(self, value: Value) -> str:
+        return f"{self.path} = {value}"
 
 
 @dataclass(frozen=True)
@@ -109,7 +125,7 @@ class SysfsRules:
     found: frozenset[tuple[str, str]]  # (key, real path under root) pairs
 
 
-class SysfsPlugin(Plugin[SysfsFile]):
+class SysfsPlugin(Plugin[SysfsFile, SysfsRules]):
     name = "sysfs"
     summary = "Any file under /sys, by absolute path or glob"
     targets = (SysfsFile,)
@@ -149,7 +165,7 @@ class SysfsPlugin(Plugin[SysfsFile]):
         return None
 
     # -- what a section wants ---------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[SysfsRules]:
         settings: Settings = {}
         notes: dict[Target, str] = {}
         refused: dict[str, str] = {}
@@ -184,37 +200,14 @@ class SysfsPlugin(Plugin[SysfsFile]):
         return ROOT_ONLY if any(k.startswith("/") for k in options) else None
 
     def on_device(
-        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+        self, rules: SysfsRules | None, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
         """Globs may match the device's files now (or no longer): expand the section again."""
         return None
 
-    def changed(self, rules: Any) -> bool:
+    def changed(self, rules: SysfsRules | None) -> bool:
         """Files the section's keys match now differ from those matched when expanded."""
-        if not isinstance(rules, SysfsRules):  # the section was refused: nothing to follow
+        if rules is None:  # the section was refused: nothing to follow
             return False
         now = frozenset((key, rel) for key in rules.keys for rel in self.matches(key))
         return now != rules.found
-
-    # -- one target -------------------------------------------------------------------------
-    def read(self, target: SysfsFile) -> Value:
-        """The text as the file shows it (so a restore writes back exactly that), or the
-        chosen word of a bracketed-choice file."""
-        text = self.system.read(target.rel)
-        choices = bracketed(text)
-        return choices[1] if choices is not None else text
-
-    def write(self, target: SysfsFile, value: Value) -> None:
-        self.system.write(target.rel, str(value))
-
-    def same(self, target: SysfsFile, wanted: Value, actual: Value) -> bool:
-        return normalize(wanted) == normalize(actual)
-
-    def exists(self, target: SysfsFile) -> bool:
-        return self.system.exists(target.rel)
-
-    def watch_files(self, target: SysfsFile) -> tuple[str, ...]:
-        return (target.rel,)
-
-    def describe(self, target: SysfsFile, value: Value) -> str:
-        return f"{target.path} = {value}"

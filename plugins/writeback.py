@@ -12,8 +12,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.plugin import Expansion, Options, Plugin, Settings, Target, Value, plain_path
+from latencyd.core.plugin import (
+    Expansion,
+    FileTarget,
+    Options,
+    Plugin,
+    Settings,
+    Target,
+    Value,
+    plain_path,
+)
 from latencyd.core.schema import Int, Option, Schema, Size
+from latencyd.core.system import System
 
 VM = "proc/sys/vm"
 PAIRS = {
@@ -26,7 +36,7 @@ PLAIN = ("dirty_expire_centisecs", "dirty_writeback_centisecs")
 @dataclass(frozen=True)
 class DirtyLimit(Target):
     """One ratio/bytes pair ("dirty" or "dirty_background"): one setting whose value names
-    its mode ({"ratio": 20} or {"bytes": 67108864})."""
+    its mode ({"ratio": 20} or {"bytes": 67108864}), kept in two files."""
 
     kind: ClassVar[str] = "dirty_limit"
     pair: str
@@ -35,17 +45,55 @@ class DirtyLimit(Target):
         pairs = ("dirty", "dirty_background")
         return None if self.pair in pairs else f"no dirty limit {self.pair!r} ({pairs})"
 
+    def read(self, system: System) -> Value:
+        ratio, size = PAIRS[self.pair]
+        nbytes = int(system.read(f"{VM}/{size}"))
+        if nbytes:
+            return {"bytes": nbytes}
+        return {"ratio": int(system.read(f"{VM}/{ratio}"))}
+
+    def write(self, system: System, value: Value) -> None:
+        ratio, size = PAIRS[self.pair]
+        ((mode, number),) = value.items()
+        if mode == "ratio" and number == 0 and int(system.read(f"{VM}/{size}")):
+            # The kernel zeroes the bytes only when the ratio changes, and in bytes mode
+            # the ratio reads 0 already: a ratio of 1 first (what a machine left with
+            # no limit at all shows, and so what restoring it writes).
+            system.write(f"{VM}/{ratio}", "1")
+        system.write(f"{VM}/{ratio if mode == 'ratio' else size}", str(number))
+
+    def describe(self, value: Value) -> str:
+        ((mode, number),) = value.items()
+        ratio, size = PAIRS[self.pair]
+        return f"vm.{ratio} = {number}" if mode == "ratio" else f"vm.{size} = {number}"
+
+    def watch_files(self, system: System) -> tuple[str, ...]:
+        # Writing either file of the pair changes it (the kernel zeroes the other).
+        return tuple(f"{VM}/{name}" for name in PAIRS[self.pair])
+
 
 @dataclass(frozen=True)
-class VmKnob(Target):
+class VmKnob(FileTarget):
+    """A plain number in /proc/sys/vm."""
+
     kind: ClassVar[str] = "vm"
     name: str
 
     def problem(self) -> str | None:
         return None if plain_path(self.name, 1) else f"no vm knob is called {self.name!r}"
 
+    @property
+    def rel(self) -> str:
+        return f"{VM}/{self.name}"
 
-class WritebackPlugin(Plugin[DirtyLimit | VmKnob]):
+    def parse(self, text: str) -> Value:
+        return int(text)
+
+    def describe(self, value: Value) -> str:
+        return f"vm.{self.name} = {value}"
+
+
+class WritebackPlugin(Plugin[DirtyLimit | VmKnob, None]):
     name = "writeback"
     summary = "Dirty-page writeback thresholds and timing (vm.dirty_*)"
     targets = (DirtyLimit, VmKnob)
@@ -93,7 +141,7 @@ class WritebackPlugin(Plugin[DirtyLimit | VmKnob]):
         exclusive=tuple(PAIRS.values()),
     )
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
         settings: Settings = {}
         for pair, (ratio, size) in PAIRS.items():
             if ratio in options:
@@ -104,37 +152,3 @@ class WritebackPlugin(Plugin[DirtyLimit | VmKnob]):
             if name in options:
                 settings[VmKnob(name)] = options[name]
         return Expansion(settings)
-
-    def read(self, target: DirtyLimit | VmKnob) -> Value:
-        if isinstance(target, DirtyLimit):
-            ratio, size = PAIRS[target.pair]
-            nbytes = int(self.system.read(f"{VM}/{size}"))
-            if nbytes:
-                return {"bytes": nbytes}
-            return {"ratio": int(self.system.read(f"{VM}/{ratio}"))}
-        return int(self.system.read(f"{VM}/{target.name}"))
-
-    def write(self, target: DirtyLimit | VmKnob, value: Value) -> None:
-        if isinstance(target, DirtyLimit):
-            ratio, size = PAIRS[target.pair]
-            ((mode, number),) = value.items()
-            if mode == "ratio" and number == 0 and int(self.system.read(f"{VM}/{size}")):
-                # The kernel zeroes the bytes only when the ratio changes, and in bytes mode
-                # the ratio reads 0 already: a ratio of 1 first (what a machine left with
-                # no limit at all shows, and so what restoring it writes).
-                self.system.write(f"{VM}/{ratio}", "1")
-            self.system.write(f"{VM}/{ratio if mode == 'ratio' else size}", str(number))
-        else:
-            self.system.write(f"{VM}/{target.name}", str(value))
-
-    def describe(self, target: DirtyLimit | VmKnob, value: Value) -> str:
-        if isinstance(target, DirtyLimit):
-            ((mode, number),) = value.items()
-            ratio, size = PAIRS[target.pair]
-            return f"vm.{ratio} = {number}" if mode == "ratio" else f"vm.{size} = {number}"
-        return f"vm.{target.name} = {value}"
-
-    def watch_files(self, target: DirtyLimit | VmKnob) -> tuple[str, ...]:
-        # Writing either file of a pair changes the pair (the kernel zeroes the other).
-        names = PAIRS[target.pair] if isinstance(target, DirtyLimit) else (target.name,)
-        return tuple(f"{VM}/{name}" for name in names)

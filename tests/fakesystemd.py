@@ -196,6 +196,11 @@ class Manager(dbus.service.Object):
         self._loaded(name)
         if not name.endswith((".scope", ".service")):
             raise Error("org.freedesktop.DBus.Error.NotSupported", f"{name} holds no process")
+        if not self.units[name].get("delegate"):  # as systemd 252 answers
+            raise Error(
+                "org.freedesktop.DBus.Error.InvalidArgs",
+                "Process migration not available on non-delegated units.",
+            )
         for pid in pids:
             self.rig.move(int(pid), self.rig.cgroup(name) / sub.strip("/"))
 
@@ -204,8 +209,11 @@ def serve(root: Path) -> None:
     dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
     rig = Rig(root)
     units = {u: {"active": "active", "cpus": ""} for u in PERPETUAL}
-    for existing in (root / UNIFIED).rglob("*.scope"):
-        units.setdefault(existing.name, {"active": "active", "cpus": ""})
+    for existing in (root / UNIFIED).rglob("*"):
+        if not existing.name.endswith((".scope", ".service")):
+            continue
+        delegated = (existing / "cgroup.delegated").exists()  # the rig's mark of Delegate=yes
+        units.setdefault(existing.name, {"active": "active", "cpus": "", "delegate": delegated})
     socket = root / "run/systemd/private"
     socket.parent.mkdir(parents=True, exist_ok=True)
     keep: list[Manager] = []

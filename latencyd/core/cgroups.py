@@ -274,12 +274,13 @@ def placement(
 
 # -- under systemd ---------------------------------------------------------------------
 def unit_of(path: str) -> tuple[str, str] | None:
-    """The systemd unit a v2 cgroup belongs to, and the sub-cgroup of it the path names
-    ("" for the unit's own): the innermost service or scope. None: a slice or the root."""
+    """The system manager's unit a v2 cgroup belongs to, and the sub-cgroup of it the
+    path names ("" for the unit's own): the outermost service or scope (below it is
+    delegated: user@UID.service's own units, a container's). None: a slice or the root."""
     parts = [p for p in path.split("/") if p]
-    for at in range(len(parts) - 1, -1, -1):
-        if parts[at].endswith((".service", ".scope")):
-            return parts[at], "/".join(parts[at + 1 :])
+    for at, part in enumerate(parts):
+        if part.endswith((".service", ".scope")):
+            return part, "/".join(parts[at + 1 :])
     return None
 
 

@@ -105,7 +105,7 @@ class Slices:
         return Progress(self.done, self.total)
 
 
-def section_schemas(plugins: Mapping[str, Plugin[Any]]) -> dict[str, Schema]:
+def section_schemas(plugins: Mapping[str, Plugin[Any, Any]]) -> dict[str, Schema]:
     """Each plugin's schema with the engine's own options added: what a section may hold."""
     return {name: p.schema.extended(ENGINE_OPTIONS) for name, p in plugins.items()}
 
@@ -230,7 +230,7 @@ class Section:
     targets that appear later."""
 
     options: Options
-    expansion: Expansion = field(default_factory=Expansion)
+    expansion: Expansion[Any] = field(default_factory=Expansion)
 
 
 @dataclass(frozen=True)
@@ -258,7 +258,7 @@ class StepReport:
 
 
 class Engine:
-    def __init__(self, plugins: Mapping[str, Plugin[Any]], journal: Journal) -> None:
+    def __init__(self, plugins: Mapping[str, Plugin[Any, Any]], journal: Journal) -> None:
         self.plugins = plugins
         self.journal = journal
         self.applied: dict[SettingId, Value] = {}
@@ -307,13 +307,13 @@ class Engine:
 
     def expand_steps(
         self, profile: Profile, only: Iterable[str] | None = None
-    ) -> Steps[dict[str, Expansion]]:
+    ) -> Steps[dict[str, Expansion[Any]]]:
         """Each section's expansion (reads the machine, changes nothing), giving control
         back every slice (Plugin.expand_steps); its Progress counts no settings yet."""
         names = (
             list(profile.sections) if only is None else [n for n in only if n in profile.sections]
         )
-        out: dict[str, Expansion] = {}
+        out: dict[str, Expansion[Any]] = {}
         slices = Slices(0)
         for name in names:
             try:
@@ -921,7 +921,7 @@ class Engine:
         self.journal.record(updates, drops, self.profile)
 
 
-def _what(plugin: Plugin[Any], target: Target, value: Value) -> str:
+def _what(plugin: Plugin[Any, Any], target: Target, value: Value) -> str:
     """A setting in words for an error message, even when its value makes no sense."""
     try:
         return plugin.describe(target, value)
@@ -929,7 +929,7 @@ def _what(plugin: Plugin[Any], target: Target, value: Value) -> str:
         return f"{target}"
 
 
-def _check_value(plugin: Plugin[Any], target: Target, value: Value) -> None:
+def _check_value(plugin: Plugin[Any, Any], target: Target, value: Value) -> None:
     """ValueError unless the plugin can compare and describe `value` for `target`: a journal
     value of the wrong kind (another version, a hand edit) is stranded at adoption instead
     of failing every later step."""
@@ -954,7 +954,7 @@ def _is_json_value(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _give_back(plugin: Plugin[Any], target: Target, original: Value) -> bool:
+def _give_back(plugin: Plugin[Any, Any], target: Target, original: Value) -> bool:
     """Restore an original, unless the kernel already holds it: a restore then writes
     nothing (a setting found as wanted was never written, and a NIC or sysctl that is
     already right is left alone). Whether it wrote."""
@@ -973,7 +973,7 @@ def _key(target: Target) -> str:
     return key_of(encode_target(target))
 
 
-def _hands_over(plugin: Plugin[Any]) -> bool:
+def _hands_over(plugin: Plugin[Any, Any]) -> bool:
     """Whether the plugin can say a target's value is someone else's (it overrides
     `handed_over`): only its new targets cost a read more."""
     return type(plugin).handed_over is not Plugin.handed_over
@@ -998,7 +998,7 @@ def _quietly(action: Callable[[], object]) -> None:
         log.debug("ignored while backing out a refused setting: %s", exc)
 
 
-def _quietly_read(plugin: Plugin[Any], target: Target) -> Value:
+def _quietly_read(plugin: Plugin[Any, Any], target: Target) -> Value:
     try:
         return plugin.read(target)
     except LatencydError:

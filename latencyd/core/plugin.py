@@ -2,7 +2,8 @@
 
 A plugin is one file: its option schema, the typed targets it tunes, a pure
 `expand` from its profile section to wanted settings, and how to read and write
-one target. The engine owns everything else — journal, diffing, rollback, drift
+one target — which most target kinds know themselves (a FileTarget is one file under
+the System's root). The engine owns everything else — journal, diffing, rollback, drift
 policy (`on_drift`), turning refusals into "not applicable, with the reason",
 hot-plug dispatch and the status tables — so every plugin gets it for free.
 
@@ -21,10 +22,15 @@ import sys
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.errors import NotApplicable
 from latencyd.core.schema import Schema
 from latencyd.core.system import System
+
+if TYPE_CHECKING:  # only the noise watch's hooks name them
+    from latencyd.core.noise import LastInterval, WatchPlan
 
 
 # What a plugin following tasks (Follows.threads) is told: the daemon reads these from the
@@ -59,10 +65,44 @@ class Target:
 
     A target with a `pid` field is a task's (names_a_task): Status shows it to root and
     the admin group only, as hidepid would.
+
+    A kind that can reach its setting through the System alone says how, with the verbs
+    below (FileTarget: one file, as most settings are): the plugin's verbs of the same
+    names ask the target (Plugin.read is target.read(self.system)), so a plugin whose
+    kinds all do has none of its own. A kind that needs what only its plugin knows (which
+    task a pid is within a step, a NIC's name now, the boot loader found) leaves them to
+    its plugin, which overrides its verbs for that kind.
     """
 
     kind: ClassVar[str] = ""
     refusal_means: ClassVar[str | None] = None
+
+    # -- the setting, for a kind that reaches it through the System ------------------------
+    def read(self, system: System) -> Value:
+        """The setting's current value (to save the original, and to verify)."""
+        raise NotImplementedError(f"{type(self).__name__} targets are read by their plugin")
+
+    def write(self, system: System, value: Value) -> None:
+        """Set it; raise KernelRefused (or NotApplicable) when the kernel says no."""
+        raise NotImplementedError(f"{type(self).__name__} targets are written by their plugin")
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        """Whether the kernel's value is what was wanted: equal, unless the kind says what
+        else is alike (a CPU list however spelt, words however spaced)."""
+        return bool(wanted == actual)
+
+    def exists(self, system: System) -> bool:
+        """Whether the setting is still there; vanished ones are dropped without error."""
+        return True
+
+    def watch_files(self, system: System) -> tuple[str, ...]:
+        """Files (under the System root) whose modification can change the setting: a
+        write to any of them makes the engine check it at once. None: polled instead."""
+        return ()
+
+    def describe(self, value: Value) -> str:
+        """The setting at `value`, in words (status, logs, errors)."""
+        raise NotImplementedError(f"{type(self).__name__} targets are described by their plugin")
 
     def problem(self) -> str | None:
         """Why this target, decoded from outside (a journal), names something its plugin
@@ -77,6 +117,91 @@ class Target:
         return None
 
 
+@dataclass(frozen=True)
+class FileTarget(Target):
+    """A setting that is one file under the System's root (a sysctl, a sysfs file, a CPU's
+    or an IRQ's), and reads, writes, compares and watches itself through the System. A
+    kind names its file (`rel`) and declares what its text means: `parse` makes a value of
+    what is read (by default the text itself), `text` the text written for a value (by
+    default str(value)), and `same` says which values are alike where that is not
+    equality. `lacking` says why a machine without the file cannot have the setting (not
+    applicable, before the file is touched). A write to the file by anyone is seen at
+    once (watch_files)."""
+
+    # The file comes and goes with what it belongs to (a CPU, an IRQ, a disk): missing, the
+    # setting is gone and dropped without error. Otherwise a missing file is for `read` to
+    # explain (an error, or not applicable with the reason).
+    transient: ClassVar[bool] = False
+
+    @property
+    def rel(self) -> str:
+        """The file, relative to the System's root ("proc/sys/vm/swappiness")."""
+        raise NotImplementedError
+
+    def parse(self, text: str) -> Value:
+        """The value the file's text (as System.read gives it) stands for."""
+        return text
+
+    def text(self, system: System, value: Value) -> str:
+        """What is written to the file to set `value` (NotApplicable: this machine cannot
+        take it)."""
+        return str(value)
+
+    def lacking(self, system: System) -> str | None:
+        """Why this machine cannot have the setting at all (a kernel without the facility),
+        asked before the file is read or written; None: go ahead (and a missing file is
+        the kernel's to refuse, or gone if transient)."""
+        return None
+
+    def _available(self, system: System) -> None:
+        why = self.lacking(system)
+        if why is not None:
+            raise NotApplicable(why)
+
+    def read(self, system: System) -> Value:
+        self._available(system)
+        return self.parse(system.read(self.rel))
+
+    def write(self, system: System, value: Value) -> None:
+        self._available(system)
+        system.write(self.rel, self.text(system, value))
+
+    def exists(self, system: System) -> bool:
+        return not self.transient or system.exists(self.rel)
+
+    def watch_files(self, system: System) -> tuple[str, ...]:
+        return (self.rel,)
+
+
+def same_cpus(wanted: Value, actual: Value) -> bool:
+    """Whether two CPU lists name the same CPUs, however spelt ("0-2" and "0,1,2")."""
+    return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
+
+
+@dataclass(frozen=True)
+class CpuListFile(FileTarget):
+    """A file holding a CPU list ("0-3,8"); its value is a CPU list, alike to every other
+    spelling of the same CPUs."""
+
+    def parse(self, text: str) -> Value:
+        return CpuSet.from_list(text).to_list()
+
+    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        return same_cpus(wanted, actual)
+
+
+@dataclass(frozen=True)
+class CpuMaskFile(CpuListFile):
+    """A file holding a CPU mask ("f" or "00000000,0000000f"); its value is a CPU list,
+    written as a mask as wide as the online CPUs need."""
+
+    def parse(self, text: str) -> Value:
+        return CpuSet.from_mask(text).to_list()
+
+    def text(self, system: System, value: Value) -> str:
+        return CpuSet.from_list(str(value)).to_mask(max(system.online_cpus()) + 1)
+
+
 def plain_path(text: str, parts: int | None = None) -> bool:
     """Whether `text` is a relative path of plain components (none empty, "." or "..",
     no NUL), and of `parts` components when given: what a target may name below its
@@ -89,6 +214,7 @@ def plain_path(text: str, parts: int | None = None) -> bool:
 
 Settings = dict[Target, Value]
 T = TypeVar("T", bound=Target)
+R = TypeVar("R")  # a plugin's rules: what its expansion keeps for later (Expansion.rules)
 
 
 class OwnedSettings(Mapping[Target, Value]):
@@ -110,6 +236,12 @@ def of_device(owned: Mapping[Target, Value], device: str) -> set[Target]:
     if isinstance(owned, OwnedSettings):
         return owned.of_device(device)
     return {t for t in owned if t.device() == device}
+
+
+def original_of(owned: Mapping[Target, Value], target: Target) -> Value | None:
+    """The original of one of `owned`'s settings (OwnedSettings.original), or None: not
+    owned, or a plain mapping (a unit test's) that keeps none."""
+    return owned.original(target) if isinstance(owned, OwnedSettings) else None
 
 
 def encode_target(target: Target) -> dict[str, Any]:
@@ -161,12 +293,13 @@ def decode_target(kinds: Mapping[str, type[Target]], data: Any) -> Target:
 
 
 @dataclass(frozen=True)
-class Expansion:
+class Expansion(Generic[R]):
     """What a profile section wants on this machine, computed without changing anything.
 
-    `rules` is whatever the plugin needs later to tune targets that appear after the
-    profile was applied (new threads, hot-plugged NICs); the engine keeps it with the
-    applied profile, so a rejected switch leaves no trace. `notes` explain a setting in
+    `rules` (of the plugin's own type: its Plugin's R) is whatever the plugin needs later
+    to tune targets that appear after the profile was applied (new threads, hot-plugged
+    NICs); the engine keeps it with the applied profile, so a rejected switch leaves no
+    trace, and hands it to the plugin's hooks. `notes` explain a setting in
     `status` ("resolved from 'poll'"). `refused` lists parts of the section that cannot
     apply on this machine, with the reason; the rest of the profile still applies.
     `current` holds values expand had to read anyway (a thread's CPUs): the engine takes
@@ -174,7 +307,7 @@ class Expansion:
     """
 
     settings: Settings = field(default_factory=dict)
-    rules: Any = None
+    rules: R | None = None
     notes: dict[Target, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     current: dict[Target, Value] = field(default_factory=dict)
@@ -246,10 +379,16 @@ class Monitor:
     facts: Mapping[str, Any] = field(default_factory=dict)
 
 
-class Plugin(Generic[T]):
-    """Base of every plugin, generic in its target type(s). Required: `name`, `summary`,
-    `schema`, `targets`, `example`, `expand`, `read`, `write` and `describe`; the rest has
-    defaults."""
+class Plugin(Generic[T, R]):
+    """Base of every plugin, generic in its target type(s) T and its rules R (what its
+    expansions keep, Expansion.rules: None for a plugin that keeps none). Required: `name`,
+    `summary`, `schema`, `targets`, `example` and `expand`; `read`, `write` and `describe`
+    too unless the target kinds do them (Target.read, ...: every FileTarget does); the rest
+    has defaults.
+
+    The hooks that take `rules` get the applied section's (the Expansion.rules of its last
+    expansion), or None where there are none: the section was refused whole
+    (NotApplicable), or its plugin keeps none."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -277,7 +416,7 @@ class Plugin(Generic[T]):
         self.placed_pids: frozenset[int] = frozenset()
 
     # -- what a section wants (pure: reads the machine, changes nothing, stores nothing) --
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[R]:
         """The section's wanted settings. `owned` are this plugin's settings currently
         applied by the engine (a plugin that moves tasks must keep owning what it moved).
         Raise NotApplicable when the whole section cannot apply on this machine."""
@@ -291,7 +430,7 @@ class Plugin(Generic[T]):
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
-    ) -> Generator[None, None, Expansion]:
+    ) -> Generator[None, None, Expansion[R]]:
         """`expand`, for a plugin whose expansion can take long (tens of thousands of
         threads): a generator that yields between pieces of its work, so the daemon keeps
         answering meanwhile, and returns the Expansion. Such a plugin defines `expand` as
@@ -299,14 +438,14 @@ class Plugin(Generic[T]):
         return self.expand(options, owned)
         yield  # a generator function
 
-    # -- one target ------------------------------------------------------------------
+    # -- one target: by default the target's own (Target.read, ..., FileTarget) -----------
     def read(self, target: T) -> Value:
         """The target's current value (to save the original, and to verify)."""
-        raise NotImplementedError
+        return target.read(self.system)
 
     def write(self, target: T, value: Value) -> None:
         """Set one target; raise KernelRefused (or NotApplicable) when the kernel says no."""
-        raise NotImplementedError
+        target.write(self.system, value)
 
     def write_unless_changed(self, target: T, value: Value, judged: Value) -> Value | None:
         """Write `value` only if the target still holds `judged` (what it held when the
@@ -337,8 +476,8 @@ class Plugin(Generic[T]):
         self.write(target, original)
 
     def same(self, target: T, wanted: Value, actual: Value) -> bool:
-        """Whether the kernel's value is what was wanted (override to normalise)."""
-        return bool(wanted == actual)
+        """Whether the kernel's value is what was wanted (as its kind compares them)."""
+        return target.same(self.system, wanted, actual)
 
     def begin_step(self) -> None:
         """A step (an apply, a verify, an off) begins: until end_step, a plugin may keep
@@ -355,7 +494,7 @@ class Plugin(Generic[T]):
         a plugin that moves 20,000 threads can say so in a few lines. Default: nothing
         (status lists every setting)."""
 
-    def handed_over(self, rules: Any, target: T, actual: Value) -> str | None:
+    def handed_over(self, rules: R | None, target: T, actual: Value) -> str | None:
         """Why a change someone else made to an owned target is theirs to keep (the engine
         then stops owning it, without restoring or re-applying), or None: it is drift.
         `rules` are the applied section's. By default every such change is drift.
@@ -367,7 +506,7 @@ class Plugin(Generic[T]):
 
     def exists(self, target: T) -> bool:
         """Whether the target is still there; vanished ones are dropped without error."""
-        return True
+        return target.exists(self.system)
 
     def pending(self, target: T, value: Value) -> str | None:
         """Why an applied setting is not in effect yet (a kernel argument: until the next
@@ -375,7 +514,8 @@ class Plugin(Generic[T]):
         return None
 
     def describe(self, target: T, value: Value) -> str:
-        raise NotImplementedError
+        """The setting in words (status, logs, errors)."""
+        return target.describe(value)
 
     def group(self, target: T) -> Hashable | None:
         """Key of targets `status` shows as one row when they also share value and
@@ -389,7 +529,7 @@ class Plugin(Generic[T]):
     def watch_files(self, target: T) -> tuple[str, ...]:
         """Files (under the System root) whose modification can change this target: a
         write to any of them makes the engine check it at once. None: polled instead."""
-        return ()
+        return target.watch_files(self.system)
 
     # -- targets that appear later ---------------------------------------------------------
     def root_only(self, options: Options) -> str | None:
@@ -397,7 +537,7 @@ class Plugin(Generic[T]):
         could hand out root, e.g. sysctl kernel.core_pattern), or None."""
         return None
 
-    def on_task(self, rules: Any, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
+    def on_task(self, rules: R | None, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
         """Settings a just-created or renamed task needs (plugins following threads). Once
         the settings returned for a batch of events are written, the daemon asks again
         with an "applied" event (and again while that returns settings, a few rounds):
@@ -405,13 +545,13 @@ class Plugin(Generic[T]):
         return {}
 
     def on_device(
-        self, rules: Any, event: DeviceEvent, owned: Mapping[Target, Value]
+        self, rules: R | None, event: DeviceEvent, owned: Mapping[Target, Value]
     ) -> tuple[Settings, set[Target]] | None:
         """A device event: (settings for the device, owned targets the event may have
         reset or that belong to the device), or None to re-expand the whole section."""
         return None
 
-    def changed(self, rules: Any) -> bool:
+    def changed(self, rules: R | None) -> bool:
         """Cheap check on the monitor tick: must the section be expanded again (new
         IRQs, a rescan due)? The event sources do the real work; this is the safety net."""
         return False
@@ -421,17 +561,33 @@ class Plugin(Generic[T]):
         return False
 
     # -- monitoring -------------------------------------------------------------------------
-    def on_applied(self, rules: Any) -> None:
+    def on_applied(self, rules: R | None) -> None:
         """The section was just applied: reset monitoring baselines ("since applied")."""
 
-    def monitor(self, rules: Any) -> Monitor:
+    def monitor(self, rules: R | None) -> Monitor:
         return Monitor()
+
+    # -- the daemon's noise watch, for a section that asks for it ([monitor]) ---------------
+    # A plugin whose section has the daemon watch CPUs for noise (tracing every interruption,
+    # latencyd.service.noisewatch) declares it here. The daemon finds that plugin by this,
+    # never by its name, and deals with it only through noise_watch and noise_seen.
+    provides_noise_watch: ClassVar[bool] = False
+
+    def noise_watch(self, rules: R | None) -> WatchPlan | None:
+        """What the noise watch is to watch while the section, expanded to `rules`, is in
+        force (asked after every step); None: nothing."""
+        return None
+
+    def noise_seen(self, last: LastInterval) -> None:
+        """What the noise watch saw in its last interval and the tick since it began, or
+        why it does not run: the daemon tells the plugin after each interval, for
+        `monitor` to show."""
 
     def close(self) -> None:
         """Release held resources (perf counters); called when the daemon stops."""
 
 
-def target_kinds(plugin: Plugin[Any]) -> dict[str, type[Target]]:
+def target_kinds(plugin: Plugin[Any, Any]) -> dict[str, type[Target]]:
     return {cls.kind: cls for cls in plugin.targets}
 
 
@@ -466,9 +622,9 @@ def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, st
     return found
 
 
-def discover() -> dict[str, type[Plugin[Any]]]:
+def discover() -> dict[str, type[Plugin[Any, Any]]]:
     """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too)."""
-    found: dict[str, type[Plugin[Any]]] = {}
+    found: dict[str, type[Plugin[Any, Any]]] = {}
     for name, spec in entry_point_specs(ENTRY_POINT_GROUP).items():
         module, _, attr = spec.partition(":")
         try:
@@ -483,11 +639,11 @@ def discover() -> dict[str, type[Plugin[Any]]]:
     return found
 
 
-R = TypeVar("R")
+Result = TypeVar("Result")
 P = ParamSpec("P")
 
 
-def run_to_end(steps: Generator[Any, None, R]) -> R:
+def run_to_end(steps: Generator[Any, None, Result]) -> Result:
     """Drives a stepwise operation (expand_steps, the engine's steps) to its end in one go;
     its result."""
     while True:
@@ -497,19 +653,19 @@ def run_to_end(steps: Generator[Any, None, R]) -> R:
             return end.value  # type: ignore[no-any-return]
 
 
-def in_one_go(steps: Callable[P, Generator[Any, None, R]]) -> Callable[P, R]:
+def in_one_go(steps: Callable[P, Generator[Any, None, Result]]) -> Callable[P, Result]:
     """The one-go form of a stepwise function: `expand = in_one_go(expand_steps)`."""
 
     @functools.wraps(steps)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+    def run(*args: P.args, **kwargs: P.kwargs) -> Result:
         return run_to_end(steps(*args, **kwargs))
 
     return run
 
 
-def load_plugins(system: System) -> dict[str, Plugin[Any]]:
+def load_plugins(system: System) -> dict[str, Plugin[Any, Any]]:
     """One instance of every registered plugin, bound to `system`."""
-    plugins: dict[str, Plugin[Any]] = {}
+    plugins: dict[str, Plugin[Any, Any]] = {}
     for name, cls in discover().items():
         try:
             plugins[name] = cls(system)

@@ -106,7 +106,7 @@ class Daemon:
     def __init__(
         self,
         system: System,
-        plugins: dict[str, Plugin[Any]],
+        plugins: dict[str, Plugin[Any, Any]],
         library: ProfileLibrary,
         engine: Engine,
     ) -> None:
@@ -448,7 +448,7 @@ class Daemon:
                 delays.add(time.monotonic_ns() - started)
 
     def _device_step(
-        self, name: str, plugin: Plugin[Any], events: list[DeviceEvent]
+        self, name: str, plugin: Plugin[Any, Any], events: list[DeviceEvent]
     ) -> StepReport | None:
         """The settings the events' devices need, in one step; the whole section is
         expanded again if the plugin cannot handle an event in place."""
@@ -571,7 +571,7 @@ class Daemon:
     def _applied_rows(
         self,
         name: str,
-        plugin: Plugin[Any],
+        plugin: Plugin[Any, Any],
         owned: list[tuple[Target, Value]],
         notes: Mapping[Target, str],
     ) -> list[dict[str, Any]]:

@@ -224,7 +224,7 @@ class DriftWatch:
         return True
 
     def readback(self) -> dict[str, Any]:
-        """How settings without a file are read back: for status and the README."""
+        """How settings without a file are read back: for status and docs/guarantees.md."""
         polls = -(-len(self.unwatched) // self.POLL_SLICE)  # ceil
         return {
             "settings_without_a_file": len(self.unwatched),

@@ -211,7 +211,7 @@ class Metrics:
 
 
 # Each metric as a scrape shows it (counters get _total), and its help text: also
-# latencyd(8)'s METRICS section, and the README's table.
+# latencyd(8)'s METRICS section, and docs/operations.md's table.
 NAMES = {
     "profile_info": "latencyd_profile_info{profile}",
     "settings": "latencyd_settings{state}",

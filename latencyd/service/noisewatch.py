@@ -31,6 +31,7 @@ from latencyd.core.noise import (
     WatchPlan,
     over_budget,
 )
+from latencyd.core.plugin import Plugin
 from latencyd.core.system import System, Tracefs
 
 if TYPE_CHECKING:
@@ -233,12 +234,13 @@ def remove_left_instance(system: System) -> bool:
         tracefs.release()
 
 
-# -- the daemon's side: follow the active profile's [monitor] section ---------------------
+# -- the daemon's side: follow the section that asks for the watch ([monitor]) ------------
 
 
 class ShieldWatch:
-    """Runs a NoiseWatch while the profile in force has a [monitor] section: polls it each
-    interval, keeps the last interval for `status` (the monitor plugin shows it), and says
+    """Runs a NoiseWatch while the profile in force has a section whose plugin provides the
+    watch (Plugin.provides_noise_watch: [monitor]) and asks for one (noise_watch): polls it
+    each interval, tells the plugin the last interval for `status` (noise_seen), and says
     when a CPU breaks its budget: a log line and `notify(breach, interval_s)` (the D-Bus
     signal). The application's threads (a hold's process and what it started) are
     expected on the watched CPUs, not noise."""
@@ -266,22 +268,29 @@ class ShieldWatch:
         except LatencydError as exc:
             log.error("the tracefs instance a killed run left stays: %s", exc)
 
+    def _provider(self) -> tuple[str, Plugin[Any, Any]] | None:
+        """The plugin whose section asks for the watch (Plugin.provides_noise_watch), and
+        the name its section goes by."""
+        found = ((n, p) for n, p in self.daemon.plugins.items() if p.provides_noise_watch)
+        return next(found, None)
+
     @property
-    def plugin(self) -> Any:
-        """The monitor plugin (it shows `last` in status), found by name: the daemon knows
-        plugins only through their entry points."""
-        plugin = self.daemon.plugins.get("monitor")
-        return plugin if isinstance(getattr(plugin, "last", None), LastInterval) else None
+    def plugin(self) -> Plugin[Any, Any] | None:
+        """The plugin that provides the watch: it is told what the watch saw (noise_seen)."""
+        found = self._provider()
+        return found[1] if found else None
 
     def sync(self) -> None:
-        section = self.daemon.engine.sections.get("monitor")
-        plan = section.expansion.rules if section else None
+        found = self._provider()
+        section = self.daemon.engine.sections.get(found[0]) if found else None
+        plan = found[1].noise_watch(section.expansion.rules) if found and section else None
         if plan == self.plan:
             return
         self.close()
         self.plan = plan
-        if plan is None or self.plugin is None:
+        if plan is None or found is None:
             return
+        plugin = found[1]
         tracing = NoiseWatch(self.daemon.system, plan.cpus)
         watch: NoiseWatch | CounterWatch = tracing
         try:
@@ -296,16 +305,17 @@ class ShieldWatch:
                 counters.start(self.application_pids)
             except LatencydError as exc2:
                 log.error("noise watch on CPUs %s not started: %s", plan.cpus, exc2)
-                self.plugin.last = LastInterval(f"not running: {reason}; {exc2}")
+                plugin.noise_seen(LastInterval(f"not running: {reason}; {exc2}"))
                 return
         self.watch = watch
         self.ticks = TickCount(time.monotonic(), watch.timed)
-        self.plugin.last = LastInterval(watch.mechanism, ticks=self.ticks)
+        plugin.noise_seen(LastInterval(watch.mechanism, ticks=self.ticks))
         self.source = self.loop.timeout_add(plan.interval_ms, self._poll)
         log.info("watching CPUs %s for noise (%s)", plan.cpus, watch.mechanism)
 
     def _poll(self) -> bool:
-        if self.watch is None or self.plan is None or self.plugin is None:
+        plugin = self.plugin
+        if self.watch is None or self.plan is None or plugin is None:
             return False
         interval = self.watch.poll()
         seconds = interval.end - interval.start
@@ -313,7 +323,7 @@ class ShieldWatch:
                   interval.pages, interval.events, interval.unseen_switches)  # fmt: skip
         if self.ticks is not None:
             self.ticks = self.ticks.plus(interval.cpus, seconds)
-        self.plugin.last = LastInterval(self.watch.mechanism, seconds, interval.cpus, self.ticks)
+        plugin.noise_seen(LastInterval(self.watch.mechanism, seconds, interval.cpus, self.ticks))
         for callback in self.on_interval:
             callback(interval.cpus)
         now = time.monotonic()

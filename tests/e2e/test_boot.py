@@ -493,3 +493,66 @@ def test_kernel_arguments_are_written_under_the_units_sandbox(booted: Booted) ->
         booted.ensure_default()
         profile.unlink()
     assert booted.container.run("test", "-e", record).returncode == 1
+
+
+# Run in the container with the installed latencyd: the shield's systemd client against
+# the real PID 1. The container's cgroups have no cpuset in v2 (the host's v1 holds it),
+# so systemd keeps AllowedCPUs= without the kernel acting on it: what this checks is the
+# bus API (every call's signature, the CPU mask's encoding as systemctl reads it, the
+# transient slice and scope, the move back, refused into a unit not delegated: what
+# tests/fakesystemd.py answers was taken from here), tests/unit/test_shield_systemd.py the rest.
+SYSTEMD_CLIENT = """
+import json, subprocess, sys
+from latencyd.core.cpuset import CpuSet
+from latencyd.core.systemd import SystemdManager
+
+def show(unit):
+    return subprocess.run(["systemctl", "show", "-p", "AllowedCPUs", "--value", unit],
+                          capture_output=True, text=True).stdout.strip()
+
+def cgroup(pid):
+    lines = open(f"/proc/{pid}/cgroup").read().splitlines()
+    return next(l.split(":", 2)[2] for l in lines if l.startswith("0::"))
+
+sd, seen = SystemdManager("/run/systemd/private"), {}
+seen["before"] = (sd.allowed_cpus("system.slice").to_list(), show("system.slice"))
+sd.set_allowed_cpus("system.slice", CpuSet({0}))
+seen["set"] = (sd.allowed_cpus("system.slice").to_list(), show("system.slice"))
+sd.set_allowed_cpus("system.slice", CpuSet())
+seen["unset"] = (sd.allowed_cpus("system.slice").to_list(), show("system.slice"))
+sd.start_slice("latencyd.slice", CpuSet({1}), "latencyd test")
+seen["slice"] = (sd.allowed_cpus("latencyd.slice").to_list(), show("latencyd.slice"))
+subprocess.run(["systemd-run", "--unit=latencyd-test-sleep", "-p", "Delegate=yes", "sleep",
+                "120"], check=True)
+subprocess.run(["systemd-run", "--unit=latencyd-test-plain", "sleep", "120"], check=True)
+pid = int(subprocess.run(["systemctl", "show", "-p", "MainPID", "--value",
+                          "latencyd-test-sleep"], capture_output=True, text=True).stdout)
+seen["from"] = cgroup(pid)
+sd.start_scope(f"latencyd-app-{pid}.scope", "latencyd.slice", [pid], "latencyd test")
+seen["placed"] = cgroup(pid)
+try:
+    sd.attach("latencyd-test-plain.service", "", [pid])
+except Exception as exc:
+    seen["refused"] = str(exc)
+sd.attach("latencyd-test-sleep.service", "", [pid])
+seen["back"] = cgroup(pid)
+subprocess.run(["systemctl", "stop", "latencyd-test-sleep", "latencyd-test-plain"], check=True)
+sd.stop("latencyd.slice")
+seen["gone"] = sd.allowed_cpus("latencyd.slice")
+print(json.dumps(seen))
+"""
+
+
+def test_the_shields_systemd_client_against_the_real_manager(booted: Booted) -> None:
+    result = booted.container.run("python3", "-c", SYSTEMD_CLIENT, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout)
+    assert seen["before"] == ["", ""]
+    assert seen["set"] == ["0", "0"]  # systemctl reads what the client wrote
+    assert seen["unset"] == ["", ""]
+    assert seen["slice"] == ["1", "1"]
+    assert seen["from"] == "/system.slice/latencyd-test-sleep.service"
+    assert seen["placed"].startswith("/latencyd.slice/latencyd-app-")
+    assert "non-delegated" in seen["refused"]  # so a login session's scope gets none back
+    assert seen["back"] == seen["from"]  # a delegated unit does
+    assert seen["gone"] is None

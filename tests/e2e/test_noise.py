@@ -138,8 +138,9 @@ def test_the_shipped_cpu_partitioning_quiet_then_a_taskset_task_named(
     assert facts["cpus"] == "1" and facts["budget_us"] == 20000
     assert facts["mechanism"].startswith("tracefs instance")
     # 50 s, not 60: the shield plugin's rescan runs every 60 s, and a `taskset -c 1` task
-    # started at that instant can lose its pin to the rescan's write (the race the README
-    # names; suspected in a run of 2026-11-26: the rescan ran that second, the task unseen).
+    # started at that instant can lose its pin to the rescan's write (the race
+    # docs/plugins.md names; suspected in a run of 2026-11-26: the rescan ran that
+    # second, the task unseen).
     time.sleep(50)
     rows = json.loads(d.ctl("status", "--json").stdout)["plugins"]["monitor"]["tables"][0]
     print("last interval of 50 quiet seconds:", rows["rows"])

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.shield import ShieldPlugin
 
-from latencyd.core.engine import Engine
+from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
+from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import validate
 from latencyd.core.system import System
 from tests.harness import wait_for
@@ -105,3 +106,34 @@ def test_a_killed_run_is_adopted_from_the_journal_and_put_back(
     finally:
         born.kill()
         born.wait()
+
+
+def test_a_shield_moved_to_other_cpus_is_made_anew(
+    system: System, tasks: tuple[int, int], tmp_path: Path
+) -> None:
+    """v1's exclusive cpusets cannot trade CPUs in place (either write overlaps the
+    exclusive sibling: EINVAL), so a profile shielding other CPUs gives the cpusets back
+    first (Plugin.starts_afresh) and makes them again: the mis-tuned scenario of `bench
+    latency` was the first profile's shield kept, *not applicable*, until then."""
+    free, confined = tasks
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for cpu in (0, 1):
+        (profiles / f"on{cpu}.toml").write_text(f'[shield]\ncpus = "{cpu}"\nmechanism = "cpuset"\n')
+    engine = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))
+    library = ProfileLibrary([profiles], section_schemas(engine.plugins), system.machine())
+    try:
+        engine.apply(library.load("on1"))
+        assert (V1 / "latencyd-shield/cpuset.cpus").read_text().strip() == "1"
+        engine.apply(library.load("on0"))
+        assert engine.not_applicable == {}
+        assert (V1 / "latencyd-shield/cpuset.cpus").read_text().strip() == "0"
+        assert (V1 / "latencyd-housekeeping/cpuset.cpus").read_text().strip() == "1"
+        assert cpuset_of(free) == "/latencyd-housekeeping"
+        assert os.sched_getaffinity(free) == {1}
+        assert cpuset_of(confined) == "/latencyd-housekeeping"  # its CPU 1 is not shielded now
+        assert engine.verify() == []
+    finally:
+        assert engine.off() == []
+    assert cpuset_of(free) == "/" and os.sched_getaffinity(free) == {0, 1}
+    assert cpuset_of(confined) == "/" and os.sched_getaffinity(confined) == {1}

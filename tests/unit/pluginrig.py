@@ -19,7 +19,7 @@ class PluginRig:
     """`name` is the plugin's section; subclasses build the fake tree under `root`."""
 
     def __init__(self, tmp_path: Path, root: Path, name: str, system: System,
-                 plugin: Plugin[Any]) -> None:  # fmt: skip
+                 plugin: Plugin[Any, Any]) -> None:  # fmt: skip
         self.tmp_path, self.root, self.name = tmp_path, root, name
         self.system, self.plugin = system, plugin
         self.machine = Machine(system.online_cpus(), 8 << 30)

@@ -114,6 +114,8 @@ def test_the_unit_a_cgroup_belongs_to() -> None:
     assert unit_of("/user.slice/user-0.slice/session-3.scope") == ("session-3.scope", "")
     assert unit_of("/system.slice/app.service/worker/a") == ("app.service", "worker/a")
     assert unit_of("/system.slice") is None and unit_of("/") is None
+    user = "/user.slice/user-0.slice/user@0.service/app.slice/term.scope"
+    assert unit_of(user) == ("user@0.service", "app.slice/term.scope")  # the user manager's
 
 
 def test_where_a_task_goes_under_systemd() -> None:

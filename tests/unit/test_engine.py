@@ -66,7 +66,7 @@ class Crash(BaseException):
     """Stands in for SIGKILL: nothing in latencyd may catch it."""
 
 
-class FakePlugin(Plugin[Knob | SoftKnob]):
+class FakePlugin(Plugin[Knob | SoftKnob, None]):
     """Settings are files /proc/sys/fake/<name>; chosen ones misbehave like a kernel can."""
 
     name = "fake"
@@ -115,7 +115,7 @@ class FakePlugin(Plugin[Knob | SoftKnob]):
         return f"{target.name} = {value}"
 
 
-def decoded(state: JournalState, plugins: Mapping[str, Plugin[Any]]) -> dict[Any, Any]:
+def decoded(state: JournalState, plugins: Mapping[str, Plugin[Any, Any]]) -> dict[Any, Any]:
     """A journal's originals with their targets decoded, as the engine reads them (for
     the plugins given)."""
     return {
@@ -139,7 +139,7 @@ class Rig:
         self.system = KernelLikeSystem(self.root)
         self.journal = Journal(self.state_dir)
         self.fake = FakePlugin(self.system, self.journal)
-        self.plugins: dict[str, Plugin[Any]] = {
+        self.plugins: dict[str, Plugin[Any, Any]] = {
             "writeback": WritebackPlugin(self.system),
             "sysctl": SysctlPlugin(self.system),
             "fake": self.fake,

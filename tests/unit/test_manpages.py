@@ -241,7 +241,7 @@ def test_setup_py_builds_and_installs_pages_and_completions(tmp_path: Path) -> N
     packages as installed, not on the checkout's latencyd/), then `install_data`."""
     tree = tmp_path / "tree"
     tree.mkdir()
-    for name in ("latencyd", "plugins", "profiles"):
+    for name in ("latencyd", "plugins", "profiles", "docs"):
         shutil.copytree(REPO / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(REPO / name, tree / name)
@@ -259,6 +259,8 @@ def test_setup_py_builds_and_installs_pages_and_completions(tmp_path: Path) -> N
     for path in SHARE:
         assert (share / path).is_file(), f"{path} not installed"
     assert (tmp_path / "root" / README).read_text() == (REPO / "README.md").read_text()
+    for doc in (REPO / "docs").glob("*.md"):  # where the README's links lead
+        assert (tmp_path / "root" / README).with_name("docs").joinpath(doc.name).is_file()
     profile = (share / "man/man5/latencyd.profile.5").read_text()
     assert profile == page("latencyd.profile"), "built from the tree's plugins and profiles"
     assert (share / "man/man8/latencyctl.8").read_text() == page("latencyctl")

@@ -57,7 +57,7 @@ class Cell(Target):
     n: int
 
 
-class MemoryPlugin(Plugin[Cell]):
+class MemoryPlugin(Plugin[Cell, None]):
     """Settings in a dict: the engine's own costs, with nothing else to pay for."""
 
     name = "mem"

@@ -389,7 +389,11 @@ def test_status_shows_tasks_to_root_and_the_admin_group_only(
     )
     monitor = MonitorPlugin(m.system)
     kthread = KthreadPlugin(m.system)
-    plugins: dict[str, Plugin[Any]] = {"kthread": kthread, "shield": m.plugin, "monitor": monitor}
+    plugins: dict[str, Plugin[Any, Any]] = {
+        "kthread": kthread,
+        "shield": m.plugin,
+        "monitor": monitor,
+    }
     library = ProfileLibrary([pdir], section_schemas(plugins), machine)
     daemon = Daemon(m.system, plugins, library, Engine(plugins, Journal(m.state_dir)))
     run_to_end(daemon.hold_steps("p", "latency bench", ":1.42", pid=4321))
@@ -705,7 +709,7 @@ def test_a_holder_is_placed_on_the_shielded_cpus_only_when_it_asks_itself(
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "p.toml").write_text('[shield]\ncpus = "1"\nmechanism = "affinity"\n')
-    plugins: dict[str, Plugin[Any]] = {"shield": m.plugin}
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
     machine = m.system.machine()
     library = ProfileLibrary([pdir], section_schemas(plugins), machine)
     daemon = Daemon(m.system, plugins, library, Engine(plugins, Journal(m.state_dir)))

@@ -185,3 +185,24 @@ def test_from_a_cpuset_to_the_chase_the_tasks_are_judged_once_out_of_it(
     assert engine.originals[("shield", TaskAffinity(1, 5, 1))] == "0-3"  # as in the root
     assert not (m.root / V1 / "latencyd-shield").exists()
     assert engine.off() == []
+
+
+def test_from_the_chase_to_a_cpuset_a_task_is_judged_by_its_users_cpus(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """What the chase narrowed is latencyd's doing: moving to a cpuset shield on the very
+    CPUs it narrowed a task to, the task goes to housekeeping (its user gave it every
+    CPU), not inside the shield as one its user had confined there. bench latency's
+    mis-tuned scenario, after the chase's, had the load in the shield so."""
+    m, system, engine = rig(tmp_path, v1=True, v2=False)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "chase.toml").write_text('[shield]\ncpus = "1"\nmechanism = "affinity"\n')
+    (profiles / "other.toml").write_text('[shield]\ncpus = "0,2-3"\nmechanism = "cpuset"\n')
+    library = ProfileLibrary([profiles], section_schemas(engine.plugins), machine)
+    engine.apply(library.load("chase"))
+    assert m.sched.affinity[300] == {0, 2, 3}  # narrowed by the chase
+    engine.apply(library.load("other"))
+    assert cgroup(system, 300) == "/latencyd-housekeeping"
+    assert engine.off() == []
+    assert cgroup(system, 300) == "/" and m.sched.affinity[300] == {0, 1, 2, 3}

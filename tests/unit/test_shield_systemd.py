@@ -30,8 +30,10 @@ SESSION = "user.slice/user-0.slice/session-3.scope"
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def systemd_rig(tmp_path: Path) -> Iterator[tuple[Machinery, CgroupLikeSystem]]:
+@pytest.fixture(params=[True], ids=["delegated session"])
+def systemd_rig(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Machinery, CgroupLikeSystem]]:
     m = Machinery(tmp_path, ShieldPlugin)
     add_cgroups(m.root, "0-3", v1_cpuset=False, v2_cpuset=True)
     put(m.root, f"{V2}/cgroup.subtree_control", "cpuset")  # systemd enables what it uses
@@ -41,6 +43,8 @@ def systemd_rig(tmp_path: Path) -> Iterator[tuple[Machinery, CgroupLikeSystem]]:
         for depth in range(1, len(parts) + 1):
             system.make_cgroup(f"{V2}/{'/'.join(parts[:depth])}")
             put(m.root, f"{V2}/{'/'.join(parts[:depth])}/cgroup.subtree_control", "cpuset")
+    if request.param:  # Delegate=yes (the fake's mark): systemd moves processes back in
+        put(m.root, f"{V2}/{SESSION}/cgroup.delegated", "")
     for pid, unit in ((1, "init.scope"), (300, "system.slice/ssh.service"), (400, SESSION)):
         system.place(pid, V2, f"/{unit}")
     add_task(m.root, 600, "qemu", start_time=600)
@@ -154,3 +158,21 @@ def test_allow_cannot_act_under_systemd_and_a_service_is_not_moved(
     assert [row[0] for row in others.rows] == [300, 600]
     assert "Slice=latencyd.slice" in others.rows[0][3]
     assert expansion.settings[UnitCpus("user.slice")] == "0,2-3"
+
+
+@pytest.mark.parametrize("systemd_rig", [False], indirect=True, ids=["login session"])
+def test_systemd_moves_nothing_back_into_a_login_session_and_off_says_so(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    """A login session's scope is not delegated: systemd refuses AttachProcessesToUnit
+    into it (systemd 252's words, seen in the boot test), and its cgroup.procs is not
+    latencyd's to write. The application stays in its scope; the slice's CPUs are
+    unset, every other unit given back, and off says so."""
+    m, system = systemd_rig
+    engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
+    engine.switch(wanted(m, machine, {"cpus": "1", "apps": ["myapp"]}), "p")
+    failed = "\n".join(map(str, engine.off()))
+    assert "non-delegated units" in failed and "it stays in /latencyd.slice/" in failed
+    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
+    assert system.read(f"{V2}/latencyd.slice/cpuset.cpus") == ""
+    assert system.read(f"{V2}/user.slice/cpuset.cpus") == ""
