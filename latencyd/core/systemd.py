@@ -113,7 +113,10 @@ class SystemdManager:
         """The unit's AllowedCPUs= (empty: not set), None when no such unit is loaded."""
         with self._connection(f"reading {unit}'s AllowedCPUs=") as conn:
             path = self._unit_path(conn, unit)
-            if path is None or self._state(conn, unit) in ("inactive", "failed"):
+            if path is None:
+                return None
+            state = self._call(conn, path, PROPERTIES, "Get", "ss", UNIT, "ActiveState")
+            if str(state) in ("inactive", "failed"):
                 return None
             mask = self._call(conn, path, PROPERTIES, "Get", "ss", _interface(unit), "AllowedCPUs")
             return CpuSet.from_bytes(bytes(mask))  # type: ignore[call-overload]
