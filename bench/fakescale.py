@@ -22,7 +22,7 @@ from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import DeviceEvent, TaskEvent, load_plugins
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from latencyd.service.daemon import Daemon
 from tests.unit.fakesys import (
     FakeEthtool,

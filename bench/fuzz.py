@@ -32,12 +32,12 @@ from typing import Any
 
 from bench import arguments
 from latencyd.core.engine import Engine, section_schemas
-from latencyd.core.errors import LatencydError
 from latencyd.core.journal import JOURNAL_FILE, Journal
-from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import discover
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.system import System
+from latencyd.errors import LatencydError
+from latencyd.kernel.system import System
+from latencyd.paths import shipped_profiles_dir
 from latencyd.tools import tuned_import as ti
 from tests.fuzzjournal import applied_journal, plugins_on
 from tests.fuzzprofiles import mutate

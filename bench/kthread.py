@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
 from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, Latencyd
 from tests.loopfs import LoopFs, jbd2_pids

@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import section_schemas
-from latencyd.core.errors import ProfileError
-from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import ProfileError
+from latencyd.kernel.system import Machine, System
+from latencyd.paths import shipped_profiles_dir
 from tests.fuzzprofiles import mutate
 
 

@@ -60,7 +60,7 @@ CONFIG = "verify_interval_s = 0\npoll_interval_s = 0\n"
 CREATOR = r"""
 import json, os, sys, time
 from pyroute2 import IPRoute
-from latencyd.core.ethtool import NetlinkEthtool
+from latencyd.kernel.ethtool import NetlinkEthtool
 pairs = int(sys.argv[1])
 ethtool = NetlinkEthtool()
 def tuned(name):
@@ -89,7 +89,7 @@ print(json.dumps(results))
 BURST = r"""
 import json, sys, time
 from pyroute2 import IPRoute
-from latencyd.core.ethtool import NetlinkEthtool
+from latencyd.kernel.ethtool import NetlinkEthtool
 pairs, tag = int(sys.argv[1]), sys.argv[2]
 ethtool = NetlinkEthtool()
 def tuned(name):

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import System
 from latencyd.service.noisewatch import NoiseWatch
 from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, Latencyd

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import CHASE, CHASE_PROFILE, arguments, not_root
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from latencyd.tools.measure.processes import Processes
 from latencyd.tools.measure.tuned import TunedDaemon
 from scripts.private_bus import PrivateBus

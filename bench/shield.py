@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
-from latencyd.core.cgroups import choose
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.cgroups import choose
+from latencyd.kernel.system import System
 from scripts.private_bus import PrivateBus
 from tests.harness import BIN, POLICY, Latencyd
 from tests.machine_state import cgroup_state

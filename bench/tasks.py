@@ -27,8 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import arguments
-from latencyd.core.errors import KernelRefused
-from latencyd.core.system import System
+from latencyd.errors import KernelRefused
+from latencyd.kernel.system import System
 from tests.harness import idle_threads
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from latencyd.tools.measure.processes import Processes
 from latencyd.tools.measure.tuned import TunedDaemon, workqueue_masks
 from scripts.private_bus import PrivateBus

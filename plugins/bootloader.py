@@ -4,7 +4,7 @@ What only a reboot brings is a setting like any other: journaled (its original i
 latencyd had in the boot configuration before, normally nothing), verified, and taken
 back by `off`, which removes exactly the arguments latencyd added and puts back those it
 removed; a user's own arguments are never touched unless `remove` names them. Written
-through the machine's own mechanism (latencyd.core.bootloaders), and only when the
+through the machine's own mechanism (latencyd.kernel.bootloaders), and only when the
 profile says `write = true`: otherwise the arguments are computed and shown, and the
 boot configuration is left alone. An argument the running kernel cannot honour after any
 reboot (nohz_full= on a kernel built without NO_HZ_FULL) is not applicable, with the
@@ -17,14 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.boot import booted
-from latencyd.core.bootloaders import Bootloader, detect, in_effect, read_record, write_record
-from latencyd.core.cmdline import CPU_LIST_PARAMETERS, Change, split_isolcpus, unsafe
-from latencyd.core.cpuset import CpuSet, CpuSetError
-from latencyd.core.errors import LatencydError
 from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
-from latencyd.core.schema import Bool, ListOf, Machine, Option, Schema
-from latencyd.core.system import System
+from latencyd.core.schema import Bool, ListOf, Option, Schema
+from latencyd.cpuset import CpuSet, CpuSetError
+from latencyd.errors import LatencydError
+from latencyd.kernel.boot import booted
+from latencyd.kernel.bootloaders import Bootloader, detect, in_effect, read_record, write_record
+from latencyd.kernel.cmdline import CPU_LIST_PARAMETERS, Change, split_isolcpus, unsafe
+from latencyd.kernel.system import Machine, System
 
 # write is false by default, by the profile, or fixed by the daemon's config ([plugin.
 # bootloader]): the plugin sees only the value; status names the config's line when it fixed it.

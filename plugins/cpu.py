@@ -33,8 +33,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused, Location, NotApplicable, ProfileError
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
@@ -59,7 +57,9 @@ from latencyd.core.schema import (
     Pattern,
     Schema,
 )
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused, Location, NotApplicable, ProfileError
+from latencyd.kernel.system import System
 
 CPU = "sys/devices/system/cpu"
 CPUFREQ = f"{CPU}/cpufreq"

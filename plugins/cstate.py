@@ -13,20 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused, NotApplicable
-from latencyd.core.idle import (
-    NO_CONSTRAINT,
-    NO_DRIVER,
-    RESPONSIVE_POLL_NS,
-    ZERO_TOLERANCE,
-    IdleFacts,
-    IdleState,
-    read_driver,
-    read_idle,
-    state_counters,
-    states_of,
-)
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     Expansion,
@@ -56,7 +42,21 @@ from latencyd.core.schema import (
     Schema,
     Str,
 )
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.kernel.idle import (
+    NO_CONSTRAINT,
+    NO_DRIVER,
+    RESPONSIVE_POLL_NS,
+    ZERO_TOLERANCE,
+    IdleFacts,
+    IdleState,
+    read_driver,
+    read_idle,
+    state_counters,
+    states_of,
+)
+from latencyd.kernel.system import System
 
 CPU = "sys/devices/system/cpu"
 SYMBOLIC = Pattern(r"poll|shallowest|state:.+", '"poll", "shallowest" or "state:NAME"')

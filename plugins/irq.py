@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused, NotApplicable
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     DEVICE_ACTIONS,
@@ -34,9 +32,11 @@ from latencyd.core.plugin import (
     TaskEvent,
     Value,
 )
-from latencyd.core.procstat import PCI_ADDR, Irq, parse_interrupts
 from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Option, Schema, Str
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.kernel.procstat import PCI_ADDR, Irq, parse_interrupts
+from latencyd.kernel.system import System
 
 IRQBALANCE_FILES = ("etc/default/irqbalance", "etc/sysconfig/irqbalance")
 BANNED_VAR = "IRQBALANCE_BANNED_CPULIST"

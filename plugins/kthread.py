@@ -23,7 +23,6 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.movable import MOVE_REFUSED, TaskMover, Tasks, TaskTarget
 from latencyd.core.movable import require_movable as _require_movable
 from latencyd.core.plugin import (
@@ -50,7 +49,8 @@ from latencyd.core.schema import (
     Regex,
     Schema,
 )
-from latencyd.core.system import POLICIES, System, Task
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import POLICIES, System, Task
 
 WORKQUEUES = {
     "writeback": "sys/devices/virtual/workqueue/writeback/cpumask",

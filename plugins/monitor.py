@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from latencyd.core.noise import (
+from latencyd.core.plugin import Expansion, Monitor, Options, Plugin, Row, Table, Target, Value
+from latencyd.core.schema import Cpus, Int, Option, Schema
+from latencyd.kernel.noise import (
     DEFAULT_INTERVAL_MS,
     HIDDEN_TASK,
     LastInterval,
@@ -24,9 +26,7 @@ from latencyd.core.noise import (
     ranked,
     task_of,
 )
-from latencyd.core.plugin import Expansion, Monitor, Options, Plugin, Row, Table, Target, Value
-from latencyd.core.schema import Cpus, Int, Option, Schema
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 
 
 class MonitorPlugin(Plugin[Target, WatchPlan]):

@@ -3,7 +3,7 @@
 Every NIC a `[[net.nic]]` entry matches (by name, driver, bus address or MAC; the
 first matching entry wins) gets the entry's settings, virtual NICs included (veth,
 tap, bond, vlan: TuneD skips everything under /virtual/). ethtool settings go over
-netlink (latencyd.core.ethtool), never through ethtool's text. Every write is read back: a
+netlink (latencyd.kernel.ethtool), never through ethtool's text. Every write is read back: a
 driver that does not support a key, or accepts a value and keeps another
 (virtio_net's adaptive-rx), makes the setting "not applicable, with the reason".
 
@@ -23,9 +23,6 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused, NotApplicable
-from latencyd.core.ethtool import FEATURE_ALIASES, GROUPS
 from latencyd.core.plugin import (
     DeviceEvent,
     Expansion,
@@ -42,7 +39,10 @@ from latencyd.core.plugin import (
     same_cpus,
 )
 from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Fields, Int, ListOf, Option, Schema, Str
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.kernel.ethtool import FEATURE_ALIASES, GROUPS
+from latencyd.kernel.system import System
 
 NET = "sys/class/net"
 PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
@@ -90,7 +90,7 @@ class NicTarget(Target):
 class NicSetting(NicTarget):
     """An ethtool setting of one NIC: group "coalesce", "ring", "channels", "pause" or
     "feature", and its key (ethtool's name; for features the kernel's name). Over
-    netlink (latencyd.core.ethtool), never a file."""
+    netlink (latencyd.kernel.ethtool), never a file."""
 
     kind: ClassVar[str] = "nic"
     refusal_means: ClassVar[str | None] = "the NIC's driver refused it"

@@ -1,6 +1,6 @@
 """shield: keep user tasks off the CPUs the application runs on.
 
-How the shield is kept is its `mechanism` (latencyd.core.cgroups.choose): a cgroup v2
+How the shield is kept is its `mechanism` (latencyd.kernel.cgroups.choose): a cgroup v2
 isolated partition, AllowedCPUs= set through systemd where systemd owns the v2 tree, or
 v1 exclusive cpusets, which the kernel keeps (tasks are born where
 their parent is; each cgroup made, file written and task moved is a setting of its own,
@@ -33,26 +33,6 @@ from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from latencyd.core.cgroups import (
-    APP_SLICE,
-    CGROUP_FILES,
-    CGROUP_ROOT,
-    PREFIX,
-    SHIELD,
-    SYSTEMD_CONFINED,
-    V1_ROOT_FILES,
-    Chosen,
-    app_scope,
-    choose,
-    owner,
-    placement,
-    systemd_placement,
-    unit_of,
-    v1_groups,
-    v2_groups,
-)
-from latencyd.core.cpuset import CpuSet, CpuSetError
-from latencyd.core.errors import KernelRefused, NotApplicable
 from latencyd.core.movable import MOVE_REFUSED, TaskMover, Tasks, TaskTarget
 from latencyd.core.movable import require_movable as _require_movable
 from latencyd.core.plugin import (
@@ -83,7 +63,27 @@ from latencyd.core.schema import (
     Schema,
     Str,
 )
-from latencyd.core.system import System, Task
+from latencyd.cpuset import CpuSet, CpuSetError
+from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.kernel.cgroups import (
+    APP_SLICE,
+    CGROUP_FILES,
+    CGROUP_ROOT,
+    PREFIX,
+    SHIELD,
+    SYSTEMD_CONFINED,
+    V1_ROOT_FILES,
+    Chosen,
+    app_scope,
+    choose,
+    owner,
+    placement,
+    systemd_placement,
+    unit_of,
+    v1_groups,
+    v2_groups,
+)
+from latencyd.kernel.system import System, Task
 
 THREAD_CHUNK = 1024  # threads of one task read per piece of an expansion (expand_steps)
 BORN_NARROWED_DEPTH = 8  # generations born_narrowed walks up to a narrowed ancestor
@@ -523,7 +523,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
 
     # -- which mechanism keeps the shield ------------------------------------------------
     def mechanism(self, options: Options) -> Chosen:
-        """The mechanism that keeps the section's shield here (latencyd.core.cgroups.
+        """The mechanism that keeps the section's shield here (latencyd.kernel.cgroups.
         choose), and why not each other one; NotApplicable when the profile asks for a
         cpuset and the machine has none."""
         choice = choose(self.system.cgroup_facts(), options.get("mechanism", "auto"))

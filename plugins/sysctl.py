@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from latencyd.core.plugin import Expansion, FileTarget, Options, Plugin, Target, Value
 from latencyd.core.schema import Int, OneOf, Schema, Str
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 
 # Sysctls that hand out root: each names a program the kernel runs as root, or
 # switches off a protection against privilege escalation. A profile setting one is

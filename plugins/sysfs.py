@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.errors import KernelRefused
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     DeviceEvent,
@@ -40,7 +39,8 @@ from latencyd.core.plugin import (
     Value,
 )
 from latencyd.core.schema import Int, OneOf, Schema, Str
-from latencyd.core.system import System
+from latencyd.errors import KernelRefused
+from latencyd.kernel.system import System
 
 # Subsystems whose devices carry the files profiles set by glob: block queues, NICs, PCI
 # and USB power control, SCSI hosts' link power management, NVMe; CPUs too (a CPU that

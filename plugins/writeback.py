@@ -23,7 +23,7 @@ from latencyd.core.plugin import (
     plain_path,
 )
 from latencyd.core.schema import Int, Option, Schema, Size
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 
 VM = "proc/sys/vm"
 PAIRS = {

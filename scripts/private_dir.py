@@ -1,5 +1,5 @@
 """Make (mode 0700) or check a directory a root process may keep its files in, by the one
-rule latencyd trusts directories by (latencyd/core/trust.py): exit 1, saying why, when it
+rule latencyd trusts directories by (latencyd/kernel/trust.py): exit 1, saying why, when it
 or a directory above it could be changed by another user, or it is a symlink.
 
     .venv/bin/python -m scripts.private_dir DIR
@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from latencyd.core.errors import UnsafePath
-from latencyd.core.trust import open_private_dir
+from latencyd.errors import UnsafePath
+from latencyd.kernel.trust import open_private_dir
 
 
 def main(argv: list[str]) -> int:

@@ -58,7 +58,7 @@ def machine_left_as_found() -> Iterator[None]:
 
 
 def put_back_what_killed_runs_left() -> None:
-    from latencyd.core.system import System
+    from latencyd.kernel.system import System
     from latencyd.tools.measure.scratch import remove_what_dead_runs_left
     from scripts.private_bus import PrivateBus
     from tests.harness import POLICY, STARTED_DAEMONS, recover_killed_runs

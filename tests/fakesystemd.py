@@ -5,7 +5,7 @@ v2 tree lacks). tests/e2e/test_boot.py calls the same client against the real sy
 a container, where it checks every call's signature and effect systemd shows.
 
 It speaks systemd's bus API (org.freedesktop.systemd1(5)) peer to peer on
-ROOT/run/systemd/private, as PID 1 does, for the calls latencyd.core.systemd makes, and
+ROOT/run/systemd/private, as PID 1 does, for the calls latencyd.kernel.systemd makes, and
 keeps the rig's cgroupfs as systemd would (tests/unit/fakesys.py's layout): a unit's
 AllowedCPUs= is its cgroup's cpuset.cpus, a transient scope's PIDs and an attach move
 the processes (cgroup.procs, proc/PID/cgroup), a stopped slice loses its cgroup and a
@@ -25,7 +25,7 @@ import dbus.mainloop.glib
 import dbus.server
 import dbus.service
 
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
 from latencyd.service.mainloop import MainLoop
 
 MANAGER = "org.freedesktop.systemd1.Manager"

@@ -11,7 +11,7 @@ from latencyd.core.journal import Journal
 from latencyd.core.plugin import Plugin, discover
 from latencyd.core.profile import Profile
 from latencyd.core.schema import validate
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from tests.unit.fakesys import add_task, make_fake_machine
 
 # Every plugin's example, and isolation (the sections whose new targets consult what the

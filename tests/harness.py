@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from latencyd.core.trust import open_private_dir
+from latencyd.kernel.trust import open_private_dir
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -22,7 +22,7 @@ BUS_NAME = "org.latencyd.Daemon1"
 # Each daemon started on the real machine is recorded here (PID of the run that started
 # it, its argv): a run killed outright cannot restore what its daemons hold, so the next
 # run does, from their journals, before it takes its snapshot of the machine. Root's own
-# directory under /run, checked before each use (latencyd/core/trust.py): a record is a
+# directory under /run, checked before each use (latencyd/kernel/trust.py): a record is a
 # state directory whose journal a root daemon restores, never to be planted by another
 # user in a world-writable /tmp.
 STARTED_DAEMONS = Path("/run/latencyd-test-daemons")

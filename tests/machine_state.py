@@ -204,8 +204,8 @@ def tracefs_mounts() -> list[str]:
 def trace_instances() -> list[str]:
     """tracefs's instances, seen through a private mount where none is mounted (one that
     a killed daemon left is there all the same, holding its buffers)."""
-    from latencyd.core.errors import KernelRefused
-    from latencyd.core.system import System
+    from latencyd.errors import KernelRefused
+    from latencyd.kernel.system import System
 
     try:
         tracefs = System("/").tracefs()

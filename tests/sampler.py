@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from latencyd.core.idle import read_driver
-from latencyd.core.system import System
+from latencyd.kernel.idle import read_driver
+from latencyd.kernel.system import System
 
 PROFILE = """
 [sysctl]

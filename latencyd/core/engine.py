@@ -21,14 +21,6 @@ from collections.abc import Callable, Collection, Generator, Iterable, Iterator,
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from latencyd.core.errors import (
-    ApplyFailed,
-    Cancelled,
-    JournalError,
-    KernelRefused,
-    LatencydError,
-    NotApplicable,
-)
 from latencyd.core.journal import Journal, JournalKey, JournalState, key_of
 from latencyd.core.plugin import (
     Expansion,
@@ -46,6 +38,14 @@ from latencyd.core.plugin import (
 )
 from latencyd.core.profile import Profile
 from latencyd.core.schema import Choice, Option, Schema
+from latencyd.errors import (
+    ApplyFailed,
+    Cancelled,
+    JournalError,
+    KernelRefused,
+    LatencydError,
+    NotApplicable,
+)
 
 log = logging.getLogger(__name__)
 

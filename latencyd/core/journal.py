@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.errors import FileRefused, JournalError, UnsafePath, describe_oserror
-from latencyd.core.system import read_regular_at
-from latencyd.core.trust import open_private_dir
+from latencyd.errors import FileRefused, JournalError, UnsafePath, describe_oserror
+from latencyd.kernel.system import read_regular_at
+from latencyd.kernel.trust import open_private_dir
 
 JOURNAL_FILE = "journal.jsonl"  # in the state directory (--state-dir)
 BASE_FILE = "base.json"  # the base profile a restart resumes

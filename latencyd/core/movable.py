@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from latencyd.core.errors import NotApplicable
 from latencyd.core.plugin import Plugin, Target, Value
-from latencyd.core.system import System, Task
+from latencyd.errors import NotApplicable
+from latencyd.kernel.system import System, Task
 
 MOVE_REFUSED = "the kernel will not move this thread"
 

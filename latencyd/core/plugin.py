@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import NotApplicable
 from latencyd.core.schema import Schema
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import NotApplicable
+from latencyd.kernel.system import System
 
 if TYPE_CHECKING:  # only the noise watch's hooks name them
-    from latencyd.core.noise import LastInterval, WatchPlan
+    from latencyd.kernel.noise import LastInterval, WatchPlan
 
 
 # What a plugin following tasks (Follows.threads) is told: the daemon reads these from the

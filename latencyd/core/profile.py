@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from latencyd.core.errors import FileRefused, Location, ProfileError, ProfileNotFound
 from latencyd.core.respell import respell
-from latencyd.core.schema import INT64, Machine, Schema, SchemaError, validate
-from latencyd.core.system import FileId, file_id, read_guarded
+from latencyd.core.schema import INT64, Schema, SchemaError, validate
 from latencyd.core.tomlpos import KeyPath, key_lines, max_nesting, nearest_line
+from latencyd.errors import FileRefused, Location, ProfileError, ProfileNotFound
+from latencyd.kernel.system import FileId, Machine, file_id, read_guarded
 
 SUFFIX = ".toml"
 MAIN_KEYS = {  # key: what it holds (latencyd.profile(5))

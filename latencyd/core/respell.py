@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.errors import Location, ProfileError
 from latencyd.core.schema import Moved, Schema
 from latencyd.core.tomlpos import KeyPath, nearest_line
+from latencyd.errors import Location, ProfileError
 
 log = logging.getLogger(__name__)
 

@@ -12,16 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from latencyd.core.cpuset import CpuSet, CpuSetError
-
-
-@dataclass(frozen=True)
-class Machine:
-    """Facts about the machine that values may refer to (``all`` CPUs, % of RAM)."""
-
-    all_cpus: CpuSet
-    mem_total_bytes: int
-
+from latencyd.cpuset import CpuSet, CpuSetError
+from latencyd.kernel.system import Machine
 
 # The integers a profile may hold: TOML's, 64-bit signed (its spec: what a parser cannot
 # hold losslessly is an error). Python's are unbounded, and str() of one of over 4,300

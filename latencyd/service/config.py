@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.errors import ConfigError, Location
-from latencyd.core.paths import CONFIG_FILE, ETC_PROFILES, shipped_profiles_dir
 from latencyd.core.profile import Fixed
-from latencyd.core.schema import Machine, Schema
+from latencyd.core.schema import Schema
 from latencyd.core.tomlpos import key_lines, nearest_line
+from latencyd.errors import ConfigError, Location
+from latencyd.kernel.system import Machine
+from latencyd.paths import CONFIG_FILE, ETC_PROFILES, shipped_profiles_dir
 
 FALLBACK_PROFILE = "latency-performance"
 

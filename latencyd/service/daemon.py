@@ -12,8 +12,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from latencyd.core.boot import BootState, booted, compare, unmet
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import (
     ADOPTED,
     Drift,
@@ -23,13 +21,6 @@ from latencyd.core.engine import (
     SettingId,
     StepReport,
     Steps,
-)
-from latencyd.core.errors import (
-    LatencydError,
-    Location,
-    NoSuchHold,
-    PermissionDenied,
-    ProfileError,
 )
 from latencyd.core.plugin import (
     DeviceEvent,
@@ -43,8 +34,17 @@ from latencyd.core.plugin import (
 )
 from latencyd.core.profile import Profile, ProfileInfo, ProfileLibrary
 from latencyd.core.schema import shielded_cpus
-from latencyd.core.system import System
-from latencyd.core.text import printable
+from latencyd.cpuset import CpuSet
+from latencyd.errors import (
+    LatencydError,
+    Location,
+    NoSuchHold,
+    PermissionDenied,
+    ProfileError,
+)
+from latencyd.kernel.boot import BootState, booted, compare, unmet
+from latencyd.kernel.system import System
+from latencyd.text import printable
 
 log = logging.getLogger("latencyd")
 

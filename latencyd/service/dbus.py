@@ -30,8 +30,8 @@ import dbus.service
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 from latencyd.core.engine import StepReport, Steps
-from latencyd.core.errors import Internal, LatencydError, PermissionDenied
-from latencyd.core.noise import Breach
+from latencyd.errors import Internal, LatencydError, PermissionDenied
+from latencyd.kernel.noise import Breach
 from latencyd.service.config import Config
 from latencyd.service.daemon import Caller, Daemon
 from latencyd.service.mainloop import MainLoop

@@ -1,6 +1,6 @@
 """Logging that suits journald under systemd and a terminal otherwise.
 
-Every record is one line of printable text (`latencyd.core.text.printable`): its
+Every record is one line of printable text (`latencyd.text.printable`): its
 arguments carry what local users choose (task names, hold reasons, profile paths), and
 journald would read a newline in them as the start of another entry, with its own `<N>`
 priority; a terminal would obey their escape sequences. The whole message is escaped,
@@ -15,7 +15,7 @@ import os
 import sys
 from types import TracebackType
 
-from latencyd.core.text import printable
+from latencyd.text import printable
 
 # sd-daemon(3) priority prefixes: journald stores the level, and stamps the time itself.
 _PRIORITY = {

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from latencyd.core.engine import Engine, SettingId, section_schemas
-from latencyd.core.errors import ConfigError, LatencydError
 from latencyd.core.journal import Journal
-from latencyd.core.paths import CONFIG_FILE, DEFAULT_STATE_DIR
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import Profile, ProfileLibrary
-from latencyd.core.system import System
+from latencyd.errors import ConfigError, LatencydError
+from latencyd.kernel.system import System
+from latencyd.paths import CONFIG_FILE, DEFAULT_STATE_DIR
 from latencyd.service.config import (
     Config,
     fixed_options,

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from latencyd.core.errors import ConfigError
-from latencyd.core.noise import Tally, task_of
+from latencyd.errors import ConfigError
+from latencyd.kernel.noise import Tally, task_of
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The noise watch: a private tracefs instance tracing interruptions on the shielded CPUs
-only, read every interval and tallied by source (latencyd/core/noise.py decodes).
+only, read every interval and tallied by source (latencyd/kernel/noise.py decodes).
 
 Why this mechanism, on the kernels this runs on (Linux 6.18 guests): the kernel's own
 osnoise/timerlat tracers and hist triggers are not built in; the perf binding cannot read
@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from latencyd.core import noise, procstat
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import LatencydError
-from latencyd.core.noise import (
+from latencyd.core.plugin import Plugin
+from latencyd.cpuset import CpuSet
+from latencyd.errors import LatencydError
+from latencyd.kernel import noise, procstat
+from latencyd.kernel.noise import (
     Breach,
     LastInterval,
     ReportLimit,
@@ -31,8 +32,7 @@ from latencyd.core.noise import (
     WatchPlan,
     over_budget,
 )
-from latencyd.core.plugin import Plugin
-from latencyd.core.system import System, Tracefs
+from latencyd.kernel.system import System, Tracefs
 
 if TYPE_CHECKING:
     from latencyd.service.daemon import Daemon

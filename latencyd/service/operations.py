@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from latencyd.core.engine import Steps
-from latencyd.core.errors import Cancelled
+from latencyd.errors import Cancelled
 from latencyd.service.daemon import Daemon
 from latencyd.service.mainloop import MainLoop
 

@@ -44,10 +44,10 @@ from functools import cached_property
 from statistics import NormalDist
 from typing import Any
 
-from latencyd.core.errors import LatencydError
 from latencyd.core.schema import Schema
-from latencyd.core.text import printable
 from latencyd.core.tomlwrite import toml_line, toml_section
+from latencyd.errors import LatencydError
+from latencyd.text import printable
 from latencyd.tools import spread
 
 RULE = (

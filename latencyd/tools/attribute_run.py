@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import System
 from latencyd.tools import attribute
 from latencyd.tools.measure import MeasureError
 from latencyd.tools.measure.load import CONTROL_HOG

@@ -19,13 +19,13 @@ if TYPE_CHECKING:  # typing costs ~2 ms of every latencyctl call; annotations on
     from collections.abc import Callable
     from typing import Any
 
-    from latencyd.core.cpuset import CpuSet
-    from latencyd.core.system import System
+    from latencyd.cpuset import CpuSet
+    from latencyd.kernel.system import System
     from latencyd.tools.attribute import Attribution, GroupResult
     from latencyd.tools.measure.plan import Plan
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
-from latencyd.core.text import printable
+from latencyd.text import printable
 from latencyd.tools.cliparser import parser
 
 OK, DRIFT, USAGE, UNREACHABLE, DENIED = 0, 1, 2, 3, 4
@@ -139,7 +139,7 @@ def _emit(args: argparse.Namespace, data: Any, lines: list[str]) -> None:
 
 
 def _text(lines: list[str]) -> str:
-    """Lines for the terminal, each escaped as one line (latencyd.core.text.printable): a
+    """Lines for the terminal, each escaped as one line (latencyd.text.printable): a
     newline or an escape sequence inside one came from what it interpolates."""
     return "\n".join(map(printable, lines))
 
@@ -206,7 +206,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     it a real-time policy, set before the fork so a refusal is said in words."""
     import os
 
-    from latencyd.core.cpuset import CpuSet, CpuSetError
+    from latencyd.cpuset import CpuSet, CpuSetError
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -315,7 +315,7 @@ def cmd_off(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from latencyd.core.noise import top_view
+    from latencyd.kernel.noise import top_view
 
     drifts = json.loads(str(_call("Verify")))
     status = json.loads(str(_call("Status")))
@@ -348,7 +348,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     """The watched CPUs' noise, refreshed each interval of the profile's [monitor]."""
     import time
 
-    from latencyd.core.noise import format_top, top_view
+    from latencyd.kernel.noise import format_top, top_view
 
     while True:
         view = top_view(json.loads(str(_call("Status"))))
@@ -367,7 +367,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     try:
         data = explain(args.profile, args.profile_dir)
     except Exception as exc:
-        from latencyd.core.errors import LatencydError
+        from latencyd.errors import LatencydError
 
         if isinstance(exc, LatencydError):
             raise CliError(USAGE, str(exc)) from exc
@@ -433,8 +433,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
     """Run the standard latency tools per scenario, alternating scenarios in rounds."""
     import dbus
 
-    from latencyd.core.cpuset import CpuSet, CpuSetError
-    from latencyd.core.system import System
+    from latencyd.cpuset import CpuSet, CpuSetError
+    from latencyd.kernel.system import System
     from latencyd.tools.latency import plot
     from latencyd.tools.measure import MeasureError
     from latencyd.tools.measure.load import cpu_load
@@ -542,7 +542,7 @@ def _attribution(
     """`profile`'s settings in groups (--group first, the control group where asked for)
     attributed through the daemon (latencyd.tools.attribute_run): (the attribution, the
     groups judged, the measure result, the machine they hold on)."""
-    from latencyd.core.errors import LatencydError
+    from latencyd.errors import LatencydError
     from latencyd.tools import attribute_run
     from latencyd.tools.explain import library
     from latencyd.tools.measure import MeasureError
@@ -617,8 +617,8 @@ def parse_duration(text: str, what: str) -> float:
 def cmd_recommend(args: argparse.Namespace) -> int:
     """Propose a profile and isolated CPUs for this machine; --measure attributes the
     proposal here and keeps only the groups of settings that measurably help."""
-    from latencyd.core.cpuset import CpuSet
-    from latencyd.core.system import System
+    from latencyd.cpuset import CpuSet
+    from latencyd.kernel.system import System
     from latencyd.tools.recommend import read_facts, recommend
 
     system = System("/")
@@ -714,8 +714,8 @@ def _format_options(options: list[dict[str, Any]], indent: str) -> list[str]:
 def format_boot(status: dict[str, Any]) -> list[str]:
     """The isolation the machine booted with, what it gives the shielded CPUs, and the
     tick there as the noise watch counted it (what nohz_full would take away)."""
-    from latencyd.core.cpuset import CpuSet
-    from latencyd.core.noise import TICK, top_view
+    from latencyd.cpuset import CpuSet
+    from latencyd.kernel.noise import TICK, top_view
 
     boot = status.get("boot")
     if not boot:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import section_schemas
-from latencyd.core.paths import CONFIG_FILE
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import Schema
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import System
+from latencyd.paths import CONFIG_FILE
 from latencyd.service.config import fixed_options, load_config, search_path
 
 

@@ -120,7 +120,7 @@ def _manpage(parser: argparse.ArgumentParser, sections: dict[str, list[str]]) ->
 
 
 def latencyctl_page() -> str:
-    from latencyd.core.paths import CONFIG_FILE
+    from latencyd.paths import CONFIG_FILE
 
     parser = cliparser.parser()
     about = f"{parser.description} It drives latencyd over D-Bus, and explains profiles without it."
@@ -137,8 +137,8 @@ def latencyctl_page() -> str:
 
 def latencyd_page() -> str:
     from latencyd.core.journal import JOURNAL_FILE
-    from latencyd.core.paths import CONFIG_FILE, DEFAULT_STATE_DIR, ETC_PROFILES
     from latencyd.core.plugin import discover
+    from latencyd.paths import CONFIG_FILE, DEFAULT_STATE_DIR, ETC_PROFILES
     from latencyd.service.config import DOCS, Config
     from latencyd.service.main import arg_parser
     from latencyd.service.metrics import HELP, NAMES
@@ -187,9 +187,9 @@ def latencyd_page() -> str:
 def profile_page() -> str:
     """latencyd.profile(5): the search path, the rules of every profile, every plugin's
     options and the shipped profiles (read from their files)."""
-    from latencyd.core import cpuset
-    from latencyd.core.paths import ETC_PROFILES, shipped_profiles_dir
+    from latencyd import cpuset
     from latencyd.core.profile import SUFFIX, profile_files, read_source
+    from latencyd.paths import ETC_PROFILES, shipped_profiles_dir
 
     dirs = ("\\fIDIR\\fR", esc(str(ETC_PROFILES)), "\\fISHIPPED\\fR")
     synopsis = [".nf", *(f"{d}/\\fINAME\\fR{esc(SUFFIX)}" for d in dirs), ".fi", ".PP"]
@@ -321,8 +321,8 @@ def complete_words(kind: str) -> list[str]:
     """What `latencyctl __complete KIND` prints, one per line: profile names on the
     search path (as `explain` searches it), plugin names, or section.option names."""
     if kind == "profiles":
-        from latencyd.core.errors import LatencydError
         from latencyd.core.profile import profile_files
+        from latencyd.errors import LatencydError
         from latencyd.service.config import Config, load_config, search_path
 
         try:

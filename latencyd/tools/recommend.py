@@ -13,12 +13,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from latencyd.core.boot import BootState, booted, compare
-from latencyd.core.cgroups import Chosen, choose
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused, LatencydError
-from latencyd.core.idle import RESPONSIVE_POLL_NS, IdleFacts, read_idle
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused, LatencydError
+from latencyd.kernel.boot import BootState, booted, compare
+from latencyd.kernel.cgroups import Chosen, choose
+from latencyd.kernel.idle import RESPONSIVE_POLL_NS, IdleFacts, read_idle
+from latencyd.kernel.system import System
 
 CPU = "sys/devices/system/cpu"
 NET = "sys/class/net"

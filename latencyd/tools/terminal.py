@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from latencyd.core.text import printable
+from latencyd.text import printable
 
 
 class ProgressBar:

@@ -1,7 +1,7 @@
 """What a reboot would buy a `measure` run: the scheduler tick on the CPUs a scenario's
 profile shields while the tools ran, as the daemon's noise watch counted it (the monitor
 plugin's `ticks` in Status: one accounting, the watch's), beside what the booted isolation
-allows there (Status' `boot`, latencyd.core.boot.compare in the daemon): the nohz_full=
+allows there (Status' `boot`, latencyd.kernel.boot.compare in the daemon): the nohz_full=
 that would stop it after a reboot, or why this kernel cannot (then no saving is claimed).
 
 Pure: Status answers in, a report out. measure reads Status before and after each
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.noise import Tally, TickCount
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.noise import Tally, TickCount
 
 NOT_WATCHED = "the noise watch did not run (the profile has no [monitor] section)"
 NO_INTERVAL = "the noise watch ended no interval while the tools ran (a run shorter than one)"

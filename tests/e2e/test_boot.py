@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from latencyd.tools.measure.tuned import DirtyLimits
 from tests.harness import REPO, Latencyd, free_port, wait_for
 from tests.harness import sysctl as host_sysctl
@@ -503,8 +503,8 @@ def test_kernel_arguments_are_written_under_the_units_sandbox(booted: Booted) ->
 # tests/fakesystemd.py answers was taken from here), tests/unit/test_shield_systemd.py the rest.
 SYSTEMD_CLIENT = """
 import json, subprocess, sys
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.systemd import SystemdManager
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.systemd import SystemdManager
 
 def show(unit):
     return subprocess.run(["systemctl", "show", "-p", "AllowedCPUs", "--value", unit],

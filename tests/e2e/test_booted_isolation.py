@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.boot import NO_NOHZ_FULL
-from latencyd.core.system import System
+from latencyd.kernel.boot import NO_NOHZ_FULL
+from latencyd.kernel.system import System
 from tests.harness import Latencyd, wait_for
 
 SHIELDED = 1  # cpu-partitioning's isolated_cores on any machine

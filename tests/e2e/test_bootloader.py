@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.bootloaders import RECORD, PlainFile, detect
-from latencyd.core.system import System
+from latencyd.kernel.bootloaders import RECORD, PlainFile, detect
+from latencyd.kernel.system import System
 from tests.harness import Latencyd
 
 PENDING = 5  # latencyctl verify: as wanted, part of it at the next boot

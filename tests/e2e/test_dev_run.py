@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.errors import UnsafePath
+from latencyd.errors import UnsafePath
 from tests import harness
 
 NOBODY = 65534

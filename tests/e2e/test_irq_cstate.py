@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.cstate import WITHOUT_DRIVER
 
-from latencyd.core.idle import NO_DRIVER, read_driver
-from latencyd.core.procstat import parse_interrupts
-from latencyd.core.system import System
+from latencyd.kernel.idle import NO_DRIVER, read_driver
+from latencyd.kernel.procstat import parse_interrupts
+from latencyd.kernel.system import System
 from tests.harness import Latencyd, wait_for
 from tests.hotplug import cpu_offline
 

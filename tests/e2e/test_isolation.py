@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
 from tests.harness import Latencyd, wait_for, wait_for_child
 from tests.nobody import cli_as_nobody
 

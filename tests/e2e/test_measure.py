@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.boot import NO_NOHZ_FULL
+from latencyd.kernel.boot import NO_NOHZ_FULL
 from latencyd.tools.measure.scratch import scratch_dir
 from tests.harness import BIN, Latencyd, wait_for
 

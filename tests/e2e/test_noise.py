@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from tests.harness import Latencyd, free_port, wait_for
 from tests.machine_state import trace_instances
 

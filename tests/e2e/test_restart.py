@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.errors import LatencydError
 from latencyd.core.journal import Journal
-from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import Plugin, Target, decode_target, load_plugins, target_kinds
-from latencyd.core.procstat import parse_interrupts
-from latencyd.core.system import System
+from latencyd.errors import LatencydError
+from latencyd.kernel.procstat import parse_interrupts
+from latencyd.kernel.system import System
+from latencyd.paths import shipped_profiles_dir
 from latencyd.service.noisewatch import INSTANCE
 from tests.fdstore import FdStoreStandIn
 from tests.harness import Latencyd, idle_threads, wait_for

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from tests.harness import Latencyd, wait_for, wait_for_child
 
 PROFILE = """

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.paths import shipped_profiles_dir
+from latencyd.paths import shipped_profiles_dir
 from tests.harness import Latencyd, wait_for
 from tests.loopfs import LoopFs, jbd2_pids
 

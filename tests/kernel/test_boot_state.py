@@ -9,9 +9,9 @@ import gzip
 import os
 from pathlib import Path
 
-from latencyd.core.boot import NO_NOHZ_FULL, booted, compare
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.boot import NO_NOHZ_FULL, booted, compare
+from latencyd.kernel.system import System
 
 CPU = Path("/sys/devices/system/cpu")
 

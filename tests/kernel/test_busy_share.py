@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import System
 from latencyd.tools.measure.idle_cost import busy_share
 
 

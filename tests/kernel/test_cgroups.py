@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.cgroups import HOUSEKEEPING
-from latencyd.core.errors import KernelRefused
-from latencyd.core.system import System
+from latencyd.errors import KernelRefused
+from latencyd.kernel.cgroups import HOUSEKEEPING
+from latencyd.kernel.system import System
 from tests.harness import wait_for
 
 V1 = "sys/fs/cgroup/cpuset"

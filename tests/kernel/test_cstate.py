@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.cstate import CstatePlugin
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import Engine
-from latencyd.core.idle import read_driver
 from latencyd.core.journal import Journal
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.idle import read_driver
+from latencyd.kernel.system import System
 from tests.machine_state import pm_qos_holders
 from tests.wanted import wanted
 

@@ -62,7 +62,7 @@ def test_threaded_irq_handlers_keep_their_cpu_across_hotplug() -> None:
 
 
 def test_an_irq_mask_naming_only_the_offlined_cpu_is_put_back() -> None:
-    from latencyd.core.procstat import parse_interrupts
+    from latencyd.kernel.procstat import parse_interrupts
 
     if not Path("/sys/devices/system/cpu/cpu1/online").exists():
         pytest.skip("CPU 1 cannot be taken offline here")

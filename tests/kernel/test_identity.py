@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 
 NOBODY = 65534
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.irq import IrqAffinity, IrqPlugin
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import Engine
 from latencyd.core.journal import Journal
-from latencyd.core.procstat import parse_interrupts
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.procstat import parse_interrupts
+from latencyd.kernel.system import System
 from tests.wanted import wanted
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from latencyd.core.system import System
-from latencyd.core.procstat import parse_interrupts
+from latencyd.kernel.system import System
+from latencyd.kernel.procstat import parse_interrupts
 from latencyd.plugins.irq import IrqPlugin
 
 system = System("/")
@@ -77,7 +77,7 @@ def test_handler_counts_per_cpu_with_tracefs(tmp_path: Path) -> None:
 def test_without_tracefs_status_says_why() -> None:
     from latencyd.plugins.irq import IrqPlugin
 
-    from latencyd.core.system import System
+    from latencyd.kernel.system import System
 
     if System("/").tracepoint_id("irq", "irq_handler_entry") is not None:
         pytest.skip("tracefs is mounted on this machine")

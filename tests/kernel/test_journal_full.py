@@ -15,9 +15,9 @@ import pytest
 from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 
 from latencyd.core.engine import Engine
-from latencyd.core.errors import LatencydError
 from latencyd.core.journal import Journal
-from latencyd.core.system import System
+from latencyd.errors import LatencydError
+from latencyd.kernel.system import System
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
 SWAPPINESS = Sysctl("vm.swappiness")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.ethtool import FEATURES_SET, GROUPS, NOT_OFFERED, NetlinkEthtool
+from latencyd.kernel.ethtool import FEATURES_SET, GROUPS, NOT_OFFERED, NetlinkEthtool
 from tests.netns import NetNs, netns
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
@@ -18,14 +18,14 @@ pytestmark = pytest.mark.usefixtures("kernel_guard")
 # section given as JSON, reads back, restores, and prints what it saw as JSON.
 CHILD = r"""
 import json, sys, tempfile
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import encode_target
 from latencyd.plugins.net import NetPlugin
 from latencyd.core.profile import Profile
 from latencyd.core.schema import validate
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 
 system = System("/")
 plugin = NetPlugin(system)

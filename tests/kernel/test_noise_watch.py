@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import System
 from latencyd.service.noisewatch import (
     INSTANCE,
     CounterWatch,
@@ -45,7 +45,7 @@ def watch() -> Iterator[NoiseWatch]:
 
 
 TAKE_TRACEFS = """
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 print(System("/").tracefs().base, flush=True)
 input()
 """

@@ -18,7 +18,7 @@ from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import validate
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from tests.harness import wait_for
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")

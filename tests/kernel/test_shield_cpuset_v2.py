@@ -20,7 +20,7 @@ from latencyd.plugins.shield import ShieldPlugin
 from latencyd.core.engine import Engine
 from latencyd.core.journal import Journal
 from latencyd.core.schema import validate
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from tests.harness import wait_for
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")

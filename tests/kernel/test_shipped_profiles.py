@@ -9,10 +9,10 @@ import pytest
 
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
-from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.system import System
+from latencyd.kernel.system import System
+from latencyd.paths import shipped_profiles_dir
 
 SHIPPED = sorted(p.stem for p in shipped_profiles_dir().glob("*.toml"))
 

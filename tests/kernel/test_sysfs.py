@@ -13,7 +13,7 @@ from latencyd.core.engine import Engine, plugin_options, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.profile import Profile
 from latencyd.core.schema import validate
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 
 pytestmark = pytest.mark.usefixtures("kernel_guard")
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused
+from latencyd.kernel.system import System
 from tests.harness import wait_for
 
 BOTH = CpuSet({0, 1})

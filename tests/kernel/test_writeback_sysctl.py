@@ -9,9 +9,9 @@ from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.core.engine import Engine
-from latencyd.core.errors import ApplyFailed, KernelRefused
 from latencyd.core.journal import Journal
-from latencyd.core.system import System
+from latencyd.errors import ApplyFailed, KernelRefused
+from latencyd.kernel.system import System
 
 DIRTY = DirtyLimit("dirty")
 

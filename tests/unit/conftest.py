@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.schema import Machine
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import Machine
 from tests.unit.fakesys import MACHINE_KINDS, FakeMachine, make_fake_root, make_machine_kind
 
 

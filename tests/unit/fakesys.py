@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused
-from latencyd.core.ethtool import Features
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused
+from latencyd.kernel.ethtool import Features
+from latencyd.kernel.system import System
 
 GiB_KB = 1 << 20  # one GiB in /proc/meminfo's kB
 
@@ -794,7 +794,7 @@ def make_fake_machine(tmp_path: Path) -> System:
 
 
 # -- one fake machine per kind latencyd has met --------------------------------------------
-# What decides how idle CPUs wait differs by kind (see latencyd/core/idle.py); so do the claims
+# What decides how idle CPUs wait differs by kind (see latencyd/kernel/idle.py); so do the claims
 # latencyd may make. Each builder lays out the files the kernel shows on that kind.
 
 HALTPOLL_GUEST = "haltpoll guest"

@@ -10,8 +10,8 @@ from latencyd.core.engine import Engine, plugin_options, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Expansion, Plugin
 from latencyd.core.profile import Profile
-from latencyd.core.schema import Machine, validate
-from latencyd.core.system import System
+from latencyd.core.schema import validate
+from latencyd.kernel.system import Machine, System
 from tests.unit.fakesys import tree_bytes
 
 

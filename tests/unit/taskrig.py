@@ -12,8 +12,8 @@ from latencyd.core.engine import Engine, SettingId
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Expansion, Plugin, Target, Value
 from latencyd.core.profile import Profile
-from latencyd.core.schema import Machine, validate
-from latencyd.core.system import PF_KTHREAD, System, Task
+from latencyd.core.schema import validate
+from latencyd.kernel.system import PF_KTHREAD, Machine, System, Task
 from tests.unit.fakesys import FakeSched, add_kthread, add_task, make_fake_root, put
 
 WRITEBACK = "sys/devices/virtual/workqueue/writeback/cpumask"

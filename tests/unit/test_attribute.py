@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import section_schemas
-from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine, Schema
-from latencyd.core.system import System
+from latencyd.core.schema import Schema
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import Machine, System
+from latencyd.paths import shipped_profiles_dir
 from latencyd.tools import attribute as A
 from latencyd.tools.measure.plan import refit_seconds
 from tests.unit.fakesys import make_fake_root

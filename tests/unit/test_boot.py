@@ -4,7 +4,8 @@ gives the CPUs a profile shields."""
 
 from __future__ import annotations
 
-from latencyd.core.boot import (
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.boot import (
     NO_NOHZ_FULL,
     NOT_SHOWN,
     BootReadings,
@@ -13,8 +14,7 @@ from latencyd.core.boot import (
     compare,
     unmet,
 )
-from latencyd.core.cmdline import KernelArg, find, isolation, parse_cmdline, split_isolcpus
-from latencyd.core.cpuset import CpuSet
+from latencyd.kernel.cmdline import KernelArg, find, isolation, parse_cmdline, split_isolcpus
 
 FOUR = CpuSet.from_list("0-3")
 USUAL = "BOOT_IMAGE=/vmlinuz ro quiet isolcpus=managed_irq,domain,2-3 nohz_full=2-3 rcu_nocbs=2-3"

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.irq import IrqPlugin
 
-from latencyd.core.boot import NOT_SHOWN, booted
 from latencyd.core.engine import Engine, section_schemas
-from latencyd.core.errors import ProfileError
 from latencyd.core.journal import Journal
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.system import System
+from latencyd.errors import ProfileError
+from latencyd.kernel.boot import NOT_SHOWN, booted
+from latencyd.kernel.system import System
 from latencyd.service.daemon import Daemon
 from tests.unit.fakesys import add_irqs, make_fake_root
 from tests.unit.test_boot import USUAL, readings

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 from latencyd.plugins.bootloader import NOT_WRITTEN, BootArguments, BootloaderPlugin
 
-from latencyd.core.bootloaders import (
+from latencyd.core.engine import Engine, section_schemas
+from latencyd.core.journal import Journal
+from latencyd.core.profile import Profile
+from latencyd.core.schema import SchemaError, validate
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused
+from latencyd.kernel.bootloaders import (
     RECORD,
     DebianGrub,
     Grubby,
@@ -28,14 +34,8 @@ from latencyd.core.bootloaders import (
     in_effect,
     read_record,
 )
-from latencyd.core.cmdline import Change, rewritten, unsafe
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.engine import Engine, section_schemas
-from latencyd.core.errors import KernelRefused
-from latencyd.core.journal import Journal
-from latencyd.core.profile import Profile
-from latencyd.core.schema import Machine, SchemaError, validate
-from latencyd.core.system import System
+from latencyd.kernel.cmdline import Change, rewritten, unsafe
+from latencyd.kernel.system import Machine, System
 
 VERSION = "0.0.0-latencyd-test"  # a kernel no host has: kernel-install's plugins skip it
 MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)

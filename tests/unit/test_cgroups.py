@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from latencyd.core.cgroups import (
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.cgroups import (
     APP_SLICE,
     HOUSEKEEPING,
     SHIELD,
@@ -20,7 +21,6 @@ from latencyd.core.cgroups import (
     unit_of,
     v1_groups,
 )
-from latencyd.core.cpuset import CpuSet
 
 # This VM's, in part: v1 hierarchies, the unified one, and a bind of a sub-cgroup.
 MOUNTINFO = """\

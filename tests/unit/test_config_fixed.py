@@ -13,15 +13,14 @@ import pytest
 from latencyd.plugins.bootloader import NOT_WRITTEN, BootloaderPlugin
 from latencyd.plugins.writeback import WritebackPlugin
 
-from latencyd.core.bootloaders import RECORD
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import Engine, section_schemas
-from latencyd.core.errors import ConfigError, Location, ProfileError
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Plugin
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import ConfigError, Location, ProfileError
+from latencyd.kernel.bootloaders import RECORD
+from latencyd.kernel.system import Machine, System
 from latencyd.service.config import fixed_options, load_config
 from latencyd.service.daemon import Daemon
 from latencyd.tools.cli import format_explain, format_status

@@ -23,10 +23,10 @@ from latencyd.plugins.cpu import (
 )
 
 from latencyd.core.engine import SECTION, Engine, Refused
-from latencyd.core.errors import ApplyFailed, NotApplicable
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Target, Value
 from latencyd.core.schema import SchemaError
+from latencyd.errors import ApplyFailed, NotApplicable
 from tests.unit.fakesys import (
     ACPI_GOVERNORS,
     CpufreqLikeSystem,

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from latencyd.core.cpuset import MAX_CPUS, CpuSet, CpuSetError
+from latencyd.cpuset import MAX_CPUS, CpuSet, CpuSetError
 
 ALL4 = CpuSet.from_list("0-3")
 

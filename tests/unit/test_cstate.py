@@ -23,12 +23,12 @@ from latencyd.plugins.cstate import (
 )
 
 from latencyd.core.engine import Engine, SettingId, plugin_options, section_schemas
-from latencyd.core.errors import NotApplicable
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Expansion, Value
 from latencyd.core.profile import Profile
-from latencyd.core.schema import Machine, SchemaError, validate
-from latencyd.core.system import System
+from latencyd.core.schema import SchemaError, validate
+from latencyd.errors import NotApplicable
+from latencyd.kernel.system import Machine, System
 from tests.unit.fakesys import (
     PM_QOS_DEFAULT_US,
     add_cpuidle,

@@ -17,9 +17,7 @@ from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.core import engine as engine_module
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import SECTION, Engine, Plan, Refused, Section, plan, section_schemas
-from latencyd.core.errors import ApplyFailed, Cancelled, KernelRefused, LatencydError, NotApplicable
 from latencyd.core.journal import Journal, JournalState
 from latencyd.core.plugin import (
     Expansion,
@@ -31,8 +29,9 @@ from latencyd.core.plugin import (
     target_kinds,
 )
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import ApplyFailed, Cancelled, KernelRefused, LatencydError, NotApplicable
+from latencyd.kernel.system import Machine, System
 from tests.unit.fakesys import (
     KernelLikeSystem,
     RefusingSystem,

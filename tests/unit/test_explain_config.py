@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import ConfigError, ProfileError
-from latencyd.core.paths import ETC_PROFILES, shipped_profiles_dir
+from latencyd.cpuset import CpuSet
+from latencyd.errors import ConfigError, ProfileError
+from latencyd.paths import ETC_PROFILES, shipped_profiles_dir
 from latencyd.service.config import FALLBACK_PROFILE, Config, load_config, search_path
 from latencyd.tools.explain import explain, plain
 from tests.unit.fakesys import make_fake_root

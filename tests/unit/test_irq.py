@@ -26,7 +26,6 @@ from latencyd.plugins.irq import (
     IrqRules,
 )
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import (
     SECTION,
     ApplyFailed,
@@ -37,13 +36,14 @@ from latencyd.core.engine import (
     plugin_options,
     section_schemas,
 )
-from latencyd.core.errors import KernelRefused, NotApplicable
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import DeviceEvent, Expansion, TaskEvent, Value
-from latencyd.core.procstat import Irq, interrupt_counts, parse_interrupts
 from latencyd.core.profile import Profile
-from latencyd.core.schema import Machine, SchemaError, validate
-from latencyd.core.system import System
+from latencyd.core.schema import SchemaError, validate
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.kernel.procstat import Irq, interrupt_counts, parse_interrupts
+from latencyd.kernel.system import Machine, System
 from tests.harness import wait_for
 from tests.unit.fakesys import (
     EIO_REASON,

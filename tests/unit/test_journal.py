@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.errors import JournalError
 from latencyd.core.journal import FORMAT, Journal, JournalState, key_of
+from latencyd.errors import JournalError
 
 
 def test_nothing_on_disk_means_clean_exit(tmp_path: Path) -> None:

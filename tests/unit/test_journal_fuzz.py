@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from latencyd.core.engine import ADOPTED, Engine
-from latencyd.core.errors import LatencydError
 from latencyd.core.journal import Journal
 from latencyd.core.profile import Profile
-from latencyd.core.system import System
+from latencyd.errors import LatencydError
+from latencyd.kernel.system import System
 from tests.fuzzjournal import applied_journal, machine, plugins_on
 from tests.unit.fakesys import put, tree_bytes
 

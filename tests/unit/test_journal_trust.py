@@ -15,10 +15,10 @@ from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.sysfs import SysfsPlugin
 
 from latencyd.core.engine import Engine
-from latencyd.core.errors import JournalError, KernelRefused, UnsafePath
 from latencyd.core.journal import Journal, JournalState
-from latencyd.core.system import System
-from latencyd.core.trust import open_private_dir
+from latencyd.errors import JournalError, KernelRefused, UnsafePath
+from latencyd.kernel.system import System
+from latencyd.kernel.trust import open_private_dir
 from tests.unit.fakesys import make_fake_root
 
 NOBODY = 65534

@@ -20,7 +20,6 @@ from latencyd.plugins.kthread import (
 )
 
 from latencyd.core.engine import Engine, Refused, section_schemas
-from latencyd.core.errors import ApplyFailed, KernelRefused, NotApplicable
 from latencyd.core.journal import Journal
 from latencyd.core.movable import MOVE_REFUSED
 from latencyd.core.plugin import (
@@ -32,8 +31,9 @@ from latencyd.core.plugin import (
     target_kinds,
 )
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine, SchemaError, validate
-from latencyd.core.system import PF_KTHREAD, System, Task
+from latencyd.core.schema import SchemaError, validate
+from latencyd.errors import ApplyFailed, KernelRefused, NotApplicable
+from latencyd.kernel.system import PF_KTHREAD, Machine, System, Task
 from latencyd.service.daemon import Daemon, Delays
 from tests.unit.fakesys import (
     EPERM_REASON,

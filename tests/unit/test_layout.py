@@ -1,24 +1,39 @@
-"""The folders are the architecture: imports flow one way (core <- service <- tools, and
-plugins use core only), and no module reaches itself through its imports. Every import
-counts, a function's lazy one and a type-checking one too: a wrong-way import that only
-runs late is still a wrong-way dependency."""
+"""The folders are the architecture. Rooms, from the bottom: the top package's vocabulary
+(errors, the CPU-set type, escaping, where files are), `kernel` (the system facade and the
+decoders of what the kernel reports), `core` (the framework: profiles, schema, engine,
+journal, plugin contract), then `plugins` and `service`, and `tools` on top. Imports flow
+one way, and no module reaches itself through its imports. Every import counts, a
+function's lazy one and a type-checking one too: a wrong-way import that only runs late is
+still a wrong-way dependency. Beyond imports: kernel files are opened only in `kernel`,
+latencyd's own file locations are spelled only in `latencyd/paths.py`, and `core` holds
+only what more than one plugin uses (a helper of one plugin lives beside it)."""
 
 from __future__ import annotations
 
 import ast
 import textwrap
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# What each room may import (besides itself); "latencyd" is the top package's constants.
+# What each room may import (besides itself); "latencyd" is the top package's vocabulary.
 ALLOWED = {
     "latencyd": set(),
-    "core": {"latencyd"},
-    "plugins": {"latencyd", "core"},
-    "service": {"latencyd", "core"},
-    "tools": {"latencyd", "core", "service"},
+    "kernel": {"latencyd"},
+    "core": {"latencyd", "kernel"},
+    "plugins": {"latencyd", "kernel", "core"},
+    "service": {"latencyd", "kernel", "core"},
+    "tools": {"latencyd", "kernel", "core", "service"},
 }
+# Calls that open, list or test a path: outside `kernel`, none of them may be given a
+# kernel path (read it through latencyd.kernel.system.System) or one of latencyd's own
+# locations (name it through latencyd.paths).
+OPENERS = {"open", "Path", "PurePath"}  # called by their bare name
+OPENING_MODULES = {"os", "glob", "pathlib", "shutil", "io"}  # any of their functions
+KERNEL_PATHS = ("/sys", "/proc", "/dev/cpu", "/run/systemd")
+OWN_PATHS = ("/etc/latencyd", "/run/latencyd", "/usr/share/latencyd")
+PATHS_MODULE = "latencyd.paths"
 
 
 def modules(repo: Path) -> dict[str, Path]:
@@ -70,6 +85,65 @@ def check(repo: Path) -> list[str]:
                 where = path.relative_to(repo)
                 problems.append(f"{where}:{line}: {room(module)} imports {target} ({room(target)})")
     problems += [f"circle: {' -> '.join(c)}" for c in circles(graph)]
+    problems += opened_paths(repo, found)
+    problems += helpers_of_one_plugin(repo, found, graph)
+    return problems
+
+
+def literal_start(node: ast.expr) -> str:
+    """The text a path argument begins with, when the source spells it (a string, or the
+    constant head of an f-string)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values:
+        return literal_start(node.values[0])
+    return ""
+
+
+def opens(func: ast.expr) -> bool:
+    """Whether a call of `func` opens, lists or tests the path it is given."""
+    if isinstance(func, ast.Name):
+        return func.id in OPENERS
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return isinstance(func, ast.Name) and func.id in OPENING_MODULES
+
+
+def opened_paths(repo: Path, found: dict[str, Path]) -> list[str]:
+    """Every call outside `kernel` that opens a kernel path, and every one outside
+    latencyd.paths that opens latencyd's own location, as file:line: what."""
+    problems = []
+    for module, path in found.items():
+        if room(module) == "kernel":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            start = literal_start(node.args[0])
+            if not start or not opens(node.func):
+                continue
+            where = f"{path.relative_to(repo)}:{node.lineno}"
+            if start.startswith(KERNEL_PATHS):
+                problems.append(f"{where}: opens {start!r} past the system facade")
+            elif start.startswith(OWN_PATHS) and module != PATHS_MODULE:
+                problems.append(f"{where}: spells {start!r} (see latencyd/paths.py)")
+    return problems
+
+
+def helpers_of_one_plugin(
+    repo: Path, found: dict[str, Path], graph: dict[str, set[str]]
+) -> list[str]:
+    """Every module of `core` that, outside `core`, only one plugin imports: a helper of
+    that plugin, which belongs beside it, not in the framework."""
+    problems = []
+    for module, path in found.items():
+        if room(module) != "core" or path.name == "__init__.py":
+            continue
+        users = {m for m, targets in graph.items() if module in targets and room(m) != "core"}
+        inside = any(module in graph[m] for m in found if room(m) == "core")
+        if len(users) == 1 and room(next(iter(users))) == "plugins" and not inside:
+            only = next(iter(users))
+            problems.append(f"{path.relative_to(repo)}: a helper of {only} alone")
     return problems
 
 
@@ -114,7 +188,8 @@ def test_imports_flow_one_way_and_never_in_a_circle() -> None:
 
 def test_the_rooms_are_what_the_folders_say() -> None:
     listing = {p.name for p in (REPO / "latencyd").iterdir() if p.name != "__pycache__"}
-    assert listing == {"__init__.py", "py.typed", "core", "service", "tools"}
+    vocabulary = {"errors.py", "cpuset.py", "text.py", "paths.py"}
+    assert listing == {"__init__.py", "py.typed", "kernel", "core", "service", "tools"} | vocabulary
 
 
 def write(root: Path, files: dict[str, str]) -> None:
@@ -146,3 +221,48 @@ def test_the_check_catches_a_wrong_way_import_and_a_circle(tmp_path: Path) -> No
         "circle: latencyd.core.engine -> latencyd.service.dbus",
         "circle: latencyd.tools.a -> latencyd.tools.b",
     ]
+
+
+def test_the_check_catches_kernel_files_opened_past_the_facade_and_a_plugins_helper(
+    tmp_path: Path,
+) -> None:
+    write(
+        tmp_path,
+        {
+            "latencyd/__init__.py": "",
+            "latencyd/paths.py": 'from pathlib import Path\nCONFIG = Path("/etc/latencyd/x")\n',
+            "latencyd/kernel/__init__.py": "",
+            "latencyd/kernel/system.py": 'def online():\n    return open("/sys/x").read()\n',
+            "latencyd/core/__init__.py": "",
+            "latencyd/core/plugin.py": "",
+            "latencyd/core/ethtool.py": "import os\n",
+            "latencyd/tools/__init__.py": "",
+            "latencyd/tools/cli.py": """\
+                import os
+                from pathlib import Path
+                from latencyd.kernel.system import System
+                def cpus(cpu):
+                    host.exists(f"/proc/sys/{cpu}")  # through a facade of its own: fine
+                    System("/").read("/sys/devices/system/cpu/online")  # fine
+                    os.path.exists(f"/sys/devices/system/cpu/cpu{cpu}")
+                    return Path("/run/latencyd/bus-address")
+                """,
+            "plugins/__init__.py": "",
+            "plugins/net.py": "from latencyd.core import ethtool, plugin\n",
+            "plugins/irq.py": "from latencyd.core import plugin\n",
+        },
+    )
+    assert check(tmp_path) == [
+        "latencyd/tools/cli.py:7: opens '/sys/devices/system/cpu/cpu' past the system facade",
+        "latencyd/tools/cli.py:8: spells '/run/latencyd/bus-address' (see latencyd/paths.py)",
+        "latencyd/core/ethtool.py: a helper of latencyd.plugins.net alone",
+    ]
+
+
+def test_every_package_in_the_tree_is_installed() -> None:
+    # The editable install of a checkout finds any package; an installed latencyd has only
+    # those pyproject.toml lists (the boot test's unit once lacked latencyd.tools.measure).
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    in_tree = {m for m, path in modules(REPO).items() if path.name == "__init__.py"}
+    assert listed == in_tree

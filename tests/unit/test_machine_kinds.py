@@ -19,13 +19,13 @@ from latencyd.plugins.cstate import (
 )
 
 from latencyd.core.engine import Engine, plugin_options, section_schemas
-from latencyd.core.idle import NO_DRIVER, IdleFacts, read_driver, read_idle
 from latencyd.core.journal import Journal
-from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import Expansion, Table, load_plugins
 from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.core.schema import validate
-from latencyd.core.system import System
+from latencyd.kernel.idle import NO_DRIVER, IdleFacts, read_driver, read_idle
+from latencyd.kernel.system import System
+from latencyd.paths import shipped_profiles_dir
 from latencyd.tools import attribute as A
 from latencyd.tools.recommend import read_facts, recommend
 from tests.unit.fakesys import (
@@ -378,8 +378,8 @@ def test_recommend_with_measure_quotes_the_measured_gain_only(machine_kind: Fake
 
 def test_recommend_without_states_beyond_polling() -> None:
     """A driver that lists no real C-state: responsive cannot act, and recommend says so."""
-    from latencyd.core.cpuset import CpuSet
-    from latencyd.core.idle import IdleState
+    from latencyd.cpuset import CpuSet
+    from latencyd.kernel.idle import IdleState
     from latencyd.tools.recommend import Facts
 
     idle = IdleFacts("acpi_idle", "menu", {0: (IdleState(0, "POLL", 0),)})

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from latencyd.core import cpuset
+from latencyd import cpuset
 from latencyd.core.profile import INHERITANCE_KEYS, MAIN_KEYS
 from latencyd.service.main import arg_parser
 from latencyd.tools import cli, cliparser, manpages

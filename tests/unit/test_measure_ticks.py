@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from latencyd.core.boot import NO_NOHZ_FULL, BootReadings, booted, compare
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.noise import TICK, Tally, TickCount
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.boot import NO_NOHZ_FULL, BootReadings, booted, compare
+from latencyd.kernel.noise import TICK, Tally, TickCount
 from latencyd.tools.measure.report import format_measure
 from latencyd.tools.ticks import (
     ELSEWHERE,

@@ -19,8 +19,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from latencyd.core.errors import ConfigError
-from latencyd.core.noise import Tally
+from latencyd.errors import ConfigError
+from latencyd.kernel.noise import Tally
 from latencyd.service.config import Config, load_config
 from latencyd.service.metrics import Metrics, parse_listen, serve
 

@@ -14,10 +14,7 @@ from typing import Any
 import pytest
 from latencyd.plugins.net import NetPlugin, NetRules, NicFile, NicSetting
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import Engine, Refused, SettingId, plugin_options, section_schemas
-from latencyd.core.errors import KernelRefused, NotApplicable
-from latencyd.core.ethtool import FEATURE_ALIASES, GROUPS
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import (
     DeviceEvent,
@@ -30,8 +27,11 @@ from latencyd.core.plugin import (
     target_kinds,
 )
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine, SchemaError, validate
-from latencyd.core.system import System
+from latencyd.core.schema import SchemaError, validate
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.kernel.ethtool import FEATURE_ALIASES, GROUPS
+from latencyd.kernel.system import Machine, System
 from latencyd.service.daemon import Daemon, without_covered
 from tests.unit.fakesys import (
     FakeEthtool,

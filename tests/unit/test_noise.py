@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core import noise as N
+from latencyd.kernel import noise as N
 
 DATA = Path(__file__).parent.parent / "data" / "tracefs"
 FORMATS = {p.stem: N.parse_format("?", p.read_text()) for p in DATA.glob("*.format")}

@@ -11,10 +11,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from latencyd.core import procstat
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.noise import TickCount, WatchPlan
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel import procstat
+from latencyd.kernel.noise import TickCount, WatchPlan
+from latencyd.kernel.system import System
 from latencyd.service.noisewatch import CounterWatch, NoiseWatch, ShieldWatch
 from latencyd.tools.measure.counters import counters as measure_counters
 from plugins.monitor import MonitorPlugin

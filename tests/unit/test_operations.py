@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from latencyd.core.engine import Progress
-from latencyd.core.errors import Cancelled
+from latencyd.errors import Cancelled
 from latencyd.service.daemon import Daemon
 from latencyd.service.mainloop import MainLoop
 from latencyd.service.operations import Operation, Operations

@@ -13,9 +13,7 @@ from latencyd.plugins.shield import ShieldPlugin
 from latencyd.plugins.sysctl import Sysctl, SysctlPlugin, key_parts, normalize, sysctl_path
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import ENGINE_OPTIONS, Engine, plugin_options, section_schemas
-from latencyd.core.errors import KernelRefused, PermissionDenied
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import (
     DeviceEvent,
@@ -32,8 +30,10 @@ from latencyd.core.plugin import (
     target_kinds,
 )
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine, SchemaError, validate
-from latencyd.core.system import System
+from latencyd.core.schema import SchemaError, validate
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused, PermissionDenied
+from latencyd.kernel.system import Machine, System
 from latencyd.service import daemon as daemon_module
 from latencyd.service.daemon import Caller, Daemon
 from tests.unit.fakesys import (

@@ -12,14 +12,14 @@ from latencyd.plugins.shield import ShieldPlugin
 from latencyd.plugins.sysctl import SysctlPlugin
 from latencyd.plugins.writeback import WritebackPlugin
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import section_schemas
-from latencyd.core.errors import Location, ProfileError, ProfileNotFound
-from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import ProfileLibrary, Removal
-from latencyd.core.schema import ArrayOfTables, Cpus, Machine, Option, Regex, Schema
-from latencyd.core.system import System
+from latencyd.core.schema import ArrayOfTables, Cpus, Option, Regex, Schema
+from latencyd.cpuset import CpuSet
+from latencyd.errors import Location, ProfileError, ProfileNotFound
+from latencyd.kernel.system import Machine, System
+from latencyd.paths import shipped_profiles_dir
 from tests.unit.fakesys import make_fake_root
 
 MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import section_schemas
-from latencyd.core.errors import ProfileError, ProfileNotFound
-from latencyd.core.paths import shipped_profiles_dir
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import LIMITS, ProfileLibrary, check_name, read_source
-from latencyd.core.schema import Machine, Option, Schema
-from latencyd.core.system import System
+from latencyd.core.schema import Option, Schema
+from latencyd.cpuset import CpuSet
+from latencyd.errors import ProfileError, ProfileNotFound
+from latencyd.kernel.system import Machine, System
+from latencyd.paths import shipped_profiles_dir
 from tests.fuzzprofiles import mutate
 from tests.unit.fakesys import add_cpuidle, add_irqs, make_fake_root
 

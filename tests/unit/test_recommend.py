@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from latencyd.core.boot import BootReadings, BootState, booted
-from latencyd.core.cgroups import Chosen
-from latencyd.core.cmdline import isolation, parse_cmdline
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.idle import IdleFacts, IdleState
-from latencyd.core.paths import shipped_profiles_dir
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.boot import BootReadings, BootState, booted
+from latencyd.kernel.cgroups import Chosen
+from latencyd.kernel.cmdline import isolation, parse_cmdline
+from latencyd.kernel.idle import IdleFacts, IdleState
+from latencyd.kernel.system import System
+from latencyd.paths import shipped_profiles_dir
 from latencyd.tools.explain import explain
 from latencyd.tools.recommend import Facts, Nic, read_facts, recommend, shield_reason
 from tests.unit.fakesys import add_nic, make_fake_root, put

@@ -12,11 +12,10 @@ import pytest
 from latencyd.plugins.kthread import KthreadPlugin
 from latencyd.plugins.shield import ShieldPlugin
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import Location, ProfileError
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import Location, ProfileError
+from latencyd.kernel.system import Machine, System
 from tests.unit.fakesys import make_fake_root
 
 MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)

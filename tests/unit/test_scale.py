@@ -14,13 +14,12 @@ from typing import Any, ClassVar
 import pytest
 from latencyd.plugins.shield import ShieldPlugin
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.engine import Engine
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import Machine, System
 from latencyd.service.daemon import Daemon
 from latencyd.service.main import DriftWatch
 from tests.unit.fakesys import FakeSched, add_task, make_fake_root
@@ -198,7 +197,7 @@ def test_no_process_wide_stat_is_read_per_thread(
     """The kernel sums CPU times over every thread for proc/PID/stat, so reading it once
     per thread of a 20,000-thread process is quadratic (the issue's 58.6 s switch); the
     main thread's own proc/PID/task/PID/stat says the same for one thread's cost."""
-    from latencyd.core import system as system_module
+    from latencyd.kernel import system as system_module
 
     system, sched = jvm_of_200_threads(tmp_path)
     plugin = ShieldPlugin(system)
@@ -226,7 +225,7 @@ def test_status_shows_a_process_s_moved_threads_as_one_row(
 ) -> None:
     """Status beside a 200-thread process: one row for the process (its thread count),
     not a row and a /proc read per thread (0.5 s and 3.9 MB of JSON at 20,000 threads)."""
-    from latencyd.core import system as system_module
+    from latencyd.kernel import system as system_module
 
     system, sched = jvm_of_200_threads(tmp_path)
     sched.affinity[1199] = {0, 1}  # one thread its user pinned: its own row

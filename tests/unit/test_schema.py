@@ -4,7 +4,6 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
 from latencyd.core.schema import (
     ArrayOfTables,
     Bool,
@@ -12,7 +11,6 @@ from latencyd.core.schema import (
     Cpus,
     Int,
     ListOf,
-    Machine,
     OneOf,
     Option,
     Pattern,
@@ -23,6 +21,8 @@ from latencyd.core.schema import (
     Str,
     validate,
 )
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.system import Machine
 
 M = Machine(CpuSet.from_list("0-3"), 8 << 30)
 

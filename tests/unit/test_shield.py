@@ -16,10 +16,8 @@ from latencyd.plugins.shield import THREAD_CHUNK, ShieldPlugin, ShieldRules, Tas
 
 from latencyd.core import engine as engine_module
 from latencyd.core.engine import Engine, section_schemas
-from latencyd.core.errors import NotApplicable
 from latencyd.core.journal import Journal, JournalState, key_of
 from latencyd.core.movable import MOVE_REFUSED
-from latencyd.core.noise import LastInterval, Tally, top_view
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     Monitor,
@@ -33,7 +31,10 @@ from latencyd.core.plugin import (
     target_kinds,
 )
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine, SchemaError, validate
+from latencyd.core.schema import SchemaError, validate
+from latencyd.errors import NotApplicable
+from latencyd.kernel.noise import LastInterval, Tally, top_view
+from latencyd.kernel.system import Machine
 from latencyd.service.daemon import Daemon
 from latencyd.tools.cli import format_status
 from tests.unit.fakesys import add_task

@@ -12,12 +12,12 @@ import pytest
 from latencyd.plugins.shield import Cgroup, ShieldPlugin, TaskAffinity, TaskCgroup
 
 from latencyd.core.engine import Engine, section_schemas
-from latencyd.core.errors import NotApplicable
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import decode_target, target_kinds
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine, validate
-from latencyd.core.system import PF_EXITING
+from latencyd.core.schema import validate
+from latencyd.errors import NotApplicable
+from latencyd.kernel.system import PF_EXITING, Machine
 from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, tree_values
 from tests.unit.taskrig import Machinery
 

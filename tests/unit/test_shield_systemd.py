@@ -20,7 +20,8 @@ from latencyd.plugins.shield import ShieldPlugin, TaskUnit, UnitCpus
 
 from latencyd.core.engine import Engine
 from latencyd.core.journal import Journal
-from latencyd.core.schema import Machine, validate
+from latencyd.core.schema import validate
+from latencyd.kernel.system import Machine
 from tests.harness import wait_for
 from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, put, tree_values
 from tests.unit.taskrig import Machinery

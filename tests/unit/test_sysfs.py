@@ -13,11 +13,11 @@ import pytest
 from latencyd.plugins.sysfs import ROOT_ONLY, SysfsFile, SysfsPlugin, SysfsRules, bracketed
 
 from latencyd.core.engine import Engine, section_schemas
-from latencyd.core.errors import ApplyFailed, KernelRefused, PermissionDenied, ProfileError
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import DeviceEvent, Plugin
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import SchemaError
+from latencyd.errors import ApplyFailed, KernelRefused, PermissionDenied, ProfileError
 from latencyd.service.daemon import Caller, Daemon
 from tests.unit.fakesys import SysfsLikeSystem, make_fake_root, put
 from tests.unit.pluginrig import PluginRig

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import ProfileError
 from latencyd.core.profile import ProfileLibrary
-from latencyd.core.schema import Machine, Schema
-from latencyd.core.system import POLICIES
+from latencyd.core.schema import Schema
 from latencyd.core.tomlwrite import toml_key, toml_value
+from latencyd.cpuset import CpuSet
+from latencyd.errors import ProfileError
+from latencyd.kernel.system import POLICIES, Machine
 from latencyd.tools import cli
 from latencyd.tools import tuned_import as ti
 from latencyd.tools.tuned_import.convert import CONVERTERS, convert_merged
@@ -1002,7 +1002,7 @@ def installed() -> tuple[dict[str, Schema], Machine, ti.Host]:
     """The installed plugins' schemas and this machine, as latencyd/tools/explain.py builds them."""
     from latencyd.core.engine import section_schemas
     from latencyd.core.plugin import load_plugins
-    from latencyd.core.system import System
+    from latencyd.kernel.system import System
 
     system = System("/")
     return section_schemas(load_plugins(system)), system.machine(), ti.read_host(system)
@@ -1071,7 +1071,7 @@ def _unknown_section(message: str) -> str | None:
 
 
 def test_the_host_is_read_through_the_system_it_is_given(tmp_path: Path) -> None:
-    from latencyd.core.system import System
+    from latencyd.kernel.system import System
     from tests.unit.fakesys import make_fake_root, put
 
     root = make_fake_root(tmp_path, cpus="0-1", sysctls={"kernel/sched_rt_runtime_us": "950000"})

@@ -1,6 +1,6 @@
 """Text any local user chooses (task names, HoldProfile reasons) cannot forge a journal
 entry or drive an admin's terminal (issue 37, defect 5; TuneD's CVE-2024-52337): the
-daemon's logs and latencyctl's output escape it (latencyd.core.text.printable), and
+daemon's logs and latencyctl's output escape it (latencyd.text.printable), and
 `--json` keeps it as it is. Through the daemon's own logging set-up and the CLI's own
 output path; the D-Bus call and the noise watch's tracefs reading are the fakes."""
 
@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from latencyd.plugins.monitor import MonitorPlugin
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.noise import Tally, WatchPlan
-from latencyd.core.system import System
-from latencyd.core.text import printable
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.noise import Tally, WatchPlan
+from latencyd.kernel.system import System
 from latencyd.service.daemon import Daemon
 from latencyd.service.logs import setup_logging
 from latencyd.service.noisewatch import NoiseInterval, ShieldWatch
+from latencyd.text import printable
 from latencyd.tools import cli
 from tests.unit.fakesys import FakeSched, add_task, make_fake_root
 from tests.unit.test_scale import shielding_daemon

@@ -42,7 +42,7 @@ One idea a module:
 
 from __future__ import annotations
 
-from latencyd.core.errors import LatencydError
+from latencyd.errors import LatencydError
 
 
 class MeasureError(LatencydError):

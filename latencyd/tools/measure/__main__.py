@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from latencyd.tools.measure.tuned import guard_tuned
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from latencyd.core import procstat
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import LatencydError
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import LatencydError
+from latencyd.kernel import procstat
+from latencyd.kernel.system import System
 
 
 @dataclass

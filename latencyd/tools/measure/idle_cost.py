@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import time
 
-from latencyd.core import procstat
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import LatencydError
-from latencyd.core.idle import state_counters
-from latencyd.core.idle import states_of as idle_states_of
-from latencyd.core.system import System
+from latencyd.cpuset import CpuSet
+from latencyd.errors import LatencydError
+from latencyd.kernel import procstat
+from latencyd.kernel.idle import state_counters
+from latencyd.kernel.idle import states_of as idle_states_of
+from latencyd.kernel.system import System
 
 
 def wake(system: System, cpus: list[int]) -> None:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
 
 
 def cpu_load(cpus: int) -> list[str]:

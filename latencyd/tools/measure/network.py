@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
 from latencyd.tools.measure import MeasureError
 from latencyd.tools.measure.processes import Processes
 

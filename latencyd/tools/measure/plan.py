@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
 
 
 @dataclass

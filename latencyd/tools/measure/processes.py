@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from latencyd.tools.measure import MeasureError
 from latencyd.tools.runguard import Guard
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from latencyd.tools import ticks
 from latencyd.tools.latency import Histogram
 from latencyd.tools.measure import MeasureError

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 
 
 def scratch_dir() -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from latencyd.core.plugin import Plugin, Target, decode_target, discover
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from latencyd.tools.measure import MeasureError
 from latencyd.tools.measure.processes import Processes
 from latencyd.tools.measure.scratch import scratch_dir

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from latencyd.core.ethtool import GROUPS
+from latencyd.kernel.ethtool import GROUPS
 from latencyd.tools.tuned_import.context import Context
 from latencyd.tools.tuned_import.convert_knobs import sysfs_item
 from latencyd.tools.tuned_import.profiles import Unit

@@ -43,7 +43,7 @@ SCHED_KNOBS = {
         "numa_balancing/scan_size_mb",
     ),
 }
-# TuneD's group.* scheduling policies by latencyd's names for them (latencyd.core.system's
+# TuneD's group.* scheduling policies by latencyd's names for them (latencyd.kernel.system's
 # POLICIES); the real-time ones take a priority (latencyd.plugins.kthread's RT_POLICIES,
 # not imported: latencyd's core does not import its plugins; a test keeps them the same).
 TUNED_POLICIES = {"f": "fifo", "r": "rr", "b": "batch", "i": "idle", "o": "other"}

@@ -5,7 +5,7 @@ taken is reported with the reason.
 
 from __future__ import annotations
 
-from latencyd.core.cmdline import CPU_LIST_PARAMETERS, unsafe
+from latencyd.kernel.cmdline import CPU_LIST_PARAMETERS, unsafe
 from latencyd.tools.tuned_import.context import Context
 from latencyd.tools.tuned_import.profiles import Unit
 from latencyd.tools.tuned_import.values import Evaluator, parse_value

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from latencyd.core.system import System
+from latencyd.kernel.system import System
 from latencyd.tools.tuned_import.cpulists import cpulist_unpack
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.system import System
 from latencyd.core.tomlwrite import toml_line, toml_table
+from latencyd.kernel.system import System
 from latencyd.tools.tuned_import.convert import convert_merged
 from latencyd.tools.tuned_import.host import Host, read_host
 from latencyd.tools.tuned_import.profiles import (
@@ -334,7 +334,7 @@ def import_tuned(
     chain = load_chain(target, search, host)
     files = convert_chain(chain, host)
     result = ImportResult([(out_dir / f"{f.name}.toml", f) for f in files], COMPLETE)
-    from latencyd.core.paths import shipped_profiles_dir
+    from latencyd.paths import shipped_profiles_dir
 
     shipped = {p.stem for p in shipped_profiles_dir().glob("*.toml")}
     result.shadows = [f.name for f in files if f.name in shipped]

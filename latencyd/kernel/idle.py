@@ -18,8 +18,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from latencyd.core.errors import KernelRefused
-from latencyd.core.system import System
+from latencyd.errors import KernelRefused
+from latencyd.kernel.system import System
 
 CPU = "sys/devices/system/cpu"
 CPUIDLE = f"{CPU}/cpuidle"

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from latencyd.core.errors import KernelRefused, NotApplicable
+from latencyd.errors import KernelRefused, NotApplicable
 
 # -- what a NIC can be asked, by ethtool(8)'s names ------------------------------------------
 

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from latencyd.core.cmdline import Change, find, parse_cmdline, rewritten
-from latencyd.core.errors import KernelRefused
-from latencyd.core.system import System
+from latencyd.errors import KernelRefused
+from latencyd.kernel.cmdline import Change, find, parse_cmdline, rewritten
+from latencyd.kernel.system import System
 
 RECORD = "var/lib/latencyd/bootcmdline"
 GRUB_DROP_IN = "etc/default/grub.d/latencyd.cfg"

@@ -16,7 +16,7 @@ DEFAULT_STATE_DIR = Path("/run/latencyd")
 def shipped_profiles_dir() -> Path:
     """Profiles that come with latencyd: next to the source tree, or installed under share/."""
     candidates = [
-        Path(__file__).resolve().parents[2] / "profiles",
+        Path(__file__).resolve().parents[1] / "profiles",
         # pip's data directory: sys.prefix in a venv, /usr/local for Debian's python3
         Path(sysconfig.get_path("data")) / "share" / "latencyd" / "profiles",
         Path(sys.prefix) / "share" / "latencyd" / "profiles",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
 
 # Entry / exit tracepoints of each kind of interruption, and the source it is named as.
 VECTORS = {

@@ -25,25 +25,32 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from latencyd.core.boot import BootReadings
-from latencyd.core.cgroups import (
+from latencyd.cpuset import CpuSet
+from latencyd.errors import FileRefused, KernelRefused, describe_oserror
+from latencyd.kernel.boot import BootReadings
+from latencyd.kernel.cgroups import (
     CGROUP_ROOT,
     CgroupFacts,
     kernel_version,
     parse_mountinfo,
     task_cgroup,
 )
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import FileRefused, KernelRefused, describe_oserror
-from latencyd.core.schema import Machine
-from latencyd.core.trust import untrusted
+from latencyd.kernel.trust import untrusted
 
 KERNEL_SETTINGS = ("/proc/", "/sys/")  # where System.write may write
 CGROUP_DRAIN_ROUNDS = 16  # rounds of moving a cgroup's tasks out before removing it
 
 if TYPE_CHECKING:
-    from latencyd.core.ethtool import Ethtool
-    from latencyd.core.systemd import SystemdManager
+    from latencyd.kernel.ethtool import Ethtool
+    from latencyd.kernel.systemd import SystemdManager
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Facts about the machine that values may refer to (``all`` CPUs, % of RAM)."""
+
+    all_cpus: CpuSet
+    mem_total_bytes: int
 
 
 @dataclass(frozen=True)
@@ -223,7 +230,7 @@ class System:
     def ethtool(self) -> Ethtool:
         """NIC settings over ethtool netlink; its socket opens when a profile first needs it."""
         if self._ethtool is None:
-            from latencyd.core.ethtool import NetlinkEthtool
+            from latencyd.kernel.ethtool import NetlinkEthtool
 
             self._ethtool = NetlinkEthtool()
         return self._ethtool
@@ -231,7 +238,7 @@ class System:
     @property
     def systemd(self) -> SystemdManager:
         """systemd as PID 1, over its private socket under this root."""
-        from latencyd.core.systemd import SystemdManager
+        from latencyd.kernel.systemd import SystemdManager
 
         return SystemdManager(self.fspath("run/systemd/private"))
 
@@ -326,7 +333,7 @@ class System:
         return None
 
     def boot_readings(self) -> BootReadings:
-        """How the running kernel booted, as it shows it (latencyd.core.boot)."""
+        """How the running kernel booted, as it shows it (latencyd.kernel.boot)."""
         cpu = "sys/devices/system/cpu"
 
         def cpus(rel: str) -> CpuSet | None:
@@ -397,7 +404,7 @@ class System:
     # -- cgroups -------------------------------------------------------------------
     def cgroup_facts(self) -> CgroupFacts:
         """The cgroup hierarchies mounted, what the unified one offers, the kernel's
-        version and whether systemd runs the machine (latencyd.core.cgroups.choose)."""
+        version and whether systemd runs the machine (latencyd.kernel.cgroups.choose)."""
         mounts = parse_mountinfo(self.read_or_empty("proc/self/mountinfo"))
         unified = next((m.path for m in mounts if m.version == 2), None)
         offered = self.read_or_empty(f"{unified}/cgroup.controllers") if unified else ""
@@ -416,7 +423,7 @@ class System:
             return ""
 
     def task_cgroup(self, pid: int) -> str | None:
-        """The process's cpuset cgroup (latencyd.core.cgroups.task_cgroup); None once it
+        """The process's cpuset cgroup (latencyd.kernel.cgroups.task_cgroup); None once it
         has exited."""
         try:
             return task_cgroup(_read_text(self.fspath(f"proc/{pid}/cgroup")))

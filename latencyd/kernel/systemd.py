@@ -1,6 +1,6 @@
 """systemd's manager over its private socket: the units' AllowedCPUs= and where processes run.
 
-The shield's way on a machine systemd runs with cpuset in cgroup v2 (latencyd.core.cgroups):
+The shield's way on a machine systemd runs with cpuset in cgroup v2 (latencyd.kernel.cgroups):
 the v2 tree is systemd's, so every change goes through its D-Bus API, as `systemctl
 set-property --runtime` and `systemd-run --scope` do. The connection is the one systemctl
 uses as root, /run/systemd/private (peer to peer: no bus daemon, so also during early boot
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from latencyd.core.cpuset import CpuSet
-from latencyd.core.errors import KernelRefused
+from latencyd.cpuset import CpuSet
+from latencyd.errors import KernelRefused
 
 if TYPE_CHECKING:
     import dbus.connection

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Collection
 from pathlib import Path
 
-from latencyd.core.errors import UnsafePath, describe_oserror
+from latencyd.errors import UnsafePath, describe_oserror
 
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 

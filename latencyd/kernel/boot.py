@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from latencyd.core.cmdline import Isolation, KernelArg, isolation, parse_cmdline
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.cmdline import Isolation, KernelArg, isolation, parse_cmdline
 
 ISOLATION_KEYS = ("isolcpus", "nohz_full", "nohz", "rcu_nocbs", "irqaffinity", "rcu_nocb_poll")
 NO_NOHZ_FULL = (

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from latencyd.core.cpuset import CpuSet, CpuSetError
+from latencyd.cpuset import CpuSet, CpuSetError
 
 ISOLCPUS_FLAGS = ("nohz", "domain", "managed_irq")
 # The kinds of housekeeping each argument takes off its CPUs (HK_TYPE_*), for the rule

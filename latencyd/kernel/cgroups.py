@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from latencyd.core.cpuset import CpuSet
+from latencyd.cpuset import CpuSet
 
 PREFIX = "latencyd-"  # every cgroup latencyd makes is named so, and only those it removes
 SHIELD = "latencyd-shield"
