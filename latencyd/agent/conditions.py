@@ -67,6 +67,4 @@ def annotations_patch(
     wanted: Mapping[str, str | None], current: Mapping[str, str]
 ) -> dict[str, str | None]:
     """The annotations that differ (None removes one), only under latencyd.org/."""
-    return {
-        k: v for k, v in wanted.items() if k.startswith(PREFIX) and current.get(k) != v
-    }
+    return {k: v for k, v in wanted.items() if k.startswith(PREFIX) and current.get(k) != v}

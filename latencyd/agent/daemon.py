@@ -43,7 +43,8 @@ class Daemon:
             proxy = bus.get_object(BUS_NAME, OBJECT_PATH, introspect=False)
             return getattr(proxy, method)(*args, dbus_interface=INTERFACE, timeout=timeout)
         except dbus.DBusException as exc:
-            raise DaemonRefused(exc.get_dbus_name() or "", exc.get_dbus_message() or str(exc))
+            name, message = exc.get_dbus_name() or "", exc.get_dbus_message() or str(exc)
+            raise DaemonRefused(name, message) from exc
 
     def state(self) -> DaemonState:
         status = json.loads(str(self._call("Status")))
@@ -58,4 +59,3 @@ class Daemon:
 
     def switch(self, profile: str) -> None:
         self._call("SwitchProfile", profile, timeout=SWITCH_TIMEOUT_S)
-

@@ -10,7 +10,9 @@ import pytest
 from latencyd.agent.selection import RuleError, choose, parse_selector, rules_of
 
 
-def recommend(name: str, rules: list[dict[str, Any]], priority: int | None = None) -> dict[str, Any]:
+def recommend(
+    name: str, rules: list[dict[str, Any]], priority: int | None = None
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"rules": rules}
     if priority is not None:
         spec["priority"] = priority
@@ -36,7 +38,9 @@ def test_the_first_matching_rule_wins_and_an_empty_selector_matches_every_node()
 
 
 def test_without_a_matching_rule_the_node_is_left_as_it_is() -> None:
-    rules = rules_of([recommend("r", [{"profile": "vdu", "nodeSelector": {"matchLabels": {"a": "b"}}}])])
+    rules = rules_of(
+        [recommend("r", [{"profile": "vdu", "nodeSelector": {"matchLabels": {"a": "b"}}}])]
+    )
     chosen = choose({"a": "c"}, rules)
     assert chosen.profile is None and "no rule matches" in chosen.rule
 
