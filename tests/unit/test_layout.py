@@ -53,10 +53,17 @@ def room(module: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else "latencyd"
 
 
-def imports(module: str, path: Path, known: set[str]) -> Iterator[tuple[int, str]]:
+def parsed(found: dict[str, Path]) -> dict[str, ast.Module]:
+    """Every module's syntax tree, parsed once for all the checks."""
+    return {module: ast.parse(path.read_text(), str(path)) for module, path in found.items()}
+
+
+def imports(
+    module: str, path: Path, tree: ast.Module, known: set[str]
+) -> Iterator[tuple[int, str]]:
     """(line, imported latencyd module) for every import in the file, wherever it stands."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
@@ -71,13 +78,15 @@ def imports(module: str, path: Path, known: set[str]) -> Iterator[tuple[int, str
 
 
 def check(repo: Path) -> list[str]:
-    """Every wrong-way import (file:line: what) and every circle of modules."""
+    """Every wrong-way import (file:line: what), every circle of modules, and every fault
+    of the rules beyond imports (opened_paths, helpers_of_one_plugin)."""
     found = modules(repo)
+    trees = parsed(found)
     known = set(found)
     problems = []
     graph: dict[str, set[str]] = {m: set() for m in found}
     for module, path in found.items():
-        for line, target in imports(module, path, known):
+        for line, target in imports(module, path, trees[module], known):
             if target not in known or target == module:
                 continue
             graph[module].add(target)
@@ -85,7 +94,7 @@ def check(repo: Path) -> list[str]:
                 where = path.relative_to(repo)
                 problems.append(f"{where}:{line}: {room(module)} imports {target} ({room(target)})")
     problems += [f"circle: {' -> '.join(c)}" for c in circles(graph)]
-    problems += opened_paths(repo, found)
+    problems += opened_paths(repo, found, trees)
     problems += helpers_of_one_plugin(repo, found, graph)
     return problems
 
@@ -109,14 +118,14 @@ def opens(func: ast.expr) -> bool:
     return isinstance(func, ast.Name) and func.id in OPENING_MODULES
 
 
-def opened_paths(repo: Path, found: dict[str, Path]) -> list[str]:
+def opened_paths(repo: Path, found: dict[str, Path], trees: dict[str, ast.Module]) -> list[str]:
     """Every call outside `kernel` that opens a kernel path, and every one outside
     latencyd.paths that opens latencyd's own location, as file:line: what."""
     problems = []
     for module, path in found.items():
         if room(module) == "kernel":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(trees[module]):
             if not isinstance(node, ast.Call) or not node.args:
                 continue
             start = literal_start(node.args[0])
