@@ -157,26 +157,22 @@ class ControlPlane:
         return self.apiserver.pid
 
     # -- clients ---------------------------------------------------------------
-    def _write_kubeconfig(self, path: Path, user: dict[str, str]) -> None:
-        config = {
+    def kubeconfig_for(self, user: dict[str, str]) -> dict[str, Any]:
+        """A kubeconfig (as data) for this API server and `user` (a token, a client cert)."""
+        cluster = {"server": self.url, "certificate-authority": str(self.pki / "ca.crt")}
+        return {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [
-                {
-                    "name": "t",
-                    "cluster": {
-                        "server": self.url,
-                        "certificate-authority": str(self.pki / "ca.crt"),
-                    },
-                }
-            ],
+            "clusters": [{"name": "t", "cluster": cluster}],
             "users": [{"name": "u", "user": user}],
             "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
             "current-context": "t",
         }
+
+    def _write_kubeconfig(self, path: Path, user: dict[str, str]) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(config, f)
+            json.dump(self.kubeconfig_for(user), f)
 
     def kubectl(
         self,

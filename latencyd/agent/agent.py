@@ -36,7 +36,7 @@ from latencyd.agent.daemon import Daemon, DaemonRefused, DaemonState
 from latencyd.agent.install import ProfileDir
 from latencyd.agent.kubelet import disagreements, kubelet_cpus
 from latencyd.agent.reconcile import Held, Step, Wanted, plan, wanted
-from latencyd.agent.render import in_cluster_terms
+from latencyd.agent.render import ProfileSet, in_cluster_terms
 from latencyd.kernel.system import System
 from latencyd.text import printable
 
@@ -68,11 +68,15 @@ class Agent:
         kubelet_config: Path | None,
         wake: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
+        checker: Callable[[str, ProfileSet, Path, System, bool], Checked] = check,
+        boot_writes: bool = False,
     ) -> None:
         self.api, self.node_name, self.namespace = api, node, namespace
         self.daemon, self.dir, self.system = daemon, profile_dir, system
         self.kubelet_config = kubelet_config
         self.clock = clock
+        self.checker = checker  # bench/fleet.py shares one among simulated agents
+        self.boot_writes = boot_writes
         self.nodes = cluster.Informer(
             api, cluster.Node, fields={"metadata.name": node}, on_change=wake
         )

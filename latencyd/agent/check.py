@@ -33,8 +33,13 @@ class Checked:
     )  # the CPUs its sections keep for the application
 
 
-def check(name: str, profiles: ProfileSet, staging: Path, system: System) -> Checked:
-    """Load `name` from `profiles` as the daemon would; `staging` is removed after."""
+def check(
+    name: str, profiles: ProfileSet, staging: Path, system: System, boot_writes: bool = False
+) -> Checked:
+    """Load `name` from `profiles` as the daemon would; `staging` is removed after. A
+    profile that would have the daemon write the host's boot configuration is refused
+    unless the agent was started to allow it (`boot_writes`): from a cluster, kernel
+    arguments go to the machine-config layer (the kernel-args annotation)."""
     try:
         for file_name, data in profiles.files().items():
             (staging / file_name).write_bytes(data)
@@ -47,7 +52,18 @@ def check(name: str, profiles: ProfileSet, staging: Path, system: System) -> Che
             loaded = library.load(name, by_path=False)
         except LatencydError as exc:
             return Checked(name, in_cluster_terms(str(exc), staging, profiles))
-        args = loaded.sections.get("bootloader", {}).get("cmdline") or ()
+        boot = loaded.sections.get("bootloader", {})
+        if boot.get("write") and not boot_writes:
+            at = loaded.origins.get("bootloader", {}).get("write")
+            where = in_cluster_terms(str(at), staging, profiles) if at else name
+            return Checked(
+                name,
+                f"{where}: [bootloader] write = true would have latencyd write this host's "
+                "boot configuration; from the cluster, kernel arguments are published in "
+                "the latencyd.org/kernel-args annotation (start the agent with "
+                "--allow-boot-writes to let latencyd write them)",
+            )
+        args = boot.get("cmdline") or ()
         isolated = CpuSet()
         for section, options in loaded.sections.items():
             if section in schemas:

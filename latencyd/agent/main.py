@@ -56,6 +56,13 @@ def arg_parser() -> argparse.ArgumentParser:
         default=str(KUBELET_CONFIG),
         help="the kubelet's KubeletConfiguration, to check the isolated CPUs against ('' : none)",
     )
+    p.add_argument(
+        "--allow-boot-writes",
+        action="store_true",
+        help="let the cluster's profiles have latencyd write this host's boot configuration "
+        "([bootloader] write = true); without it they are refused, and kernel arguments "
+        "are only published in the latencyd.org/kernel-args annotation",
+    )
     p.add_argument("--resync", type=float, default=15.0, help="seconds between steps without news")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -95,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         System("/"),
         Path(args.kubelet_config) if args.kubelet_config else None,
         wake,
+        boot_writes=args.allow_boot_writes,
     )
     pending: list[int] = []
 
