@@ -24,11 +24,20 @@ def staging(tmp_path: Path) -> Path:
     return d
 
 
-GOOD = '[main]\nsummary = "rt"\n\n[sysctl]\n"vm.swappiness" = 10\n\n[bootloader]\ncmdline = ["nohz_full=1", "skew_tick=1"]\n'
+GOOD = """[main]
+summary = "rt"
+
+[sysctl]
+"vm.swappiness" = 10
+
+[bootloader]
+cmdline = ["nohz_full=1", "skew_tick=1"]
+"""
 
 
 def test_a_profile_that_loads_gives_its_kernel_arguments(fake_root: Path, tmp_path: Path) -> None:
-    checked = check("rt", profile_set(cluster(rt=GOOD)), staging(tmp_path), KernelLikeSystem(str(fake_root)))
+    system = KernelLikeSystem(str(fake_root))
+    checked = check("rt", profile_set(cluster(rt=GOOD)), staging(tmp_path), system)
     assert checked.error is None
     assert checked.kernel_args == ("nohz_full=1", "skew_tick=1")
     assert not (tmp_path / "staging").exists()  # removed after
