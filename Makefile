@@ -10,7 +10,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 CPUIDLE_DRIVER := /sys/devices/system/cpu/cpuidle/current_driver
 
-.PHONY: setup run test check lint bench clean install install-system
+.PHONY: setup run test check lint bench clean install install-system control-plane
 
 setup:
 	@bash scripts/setup.sh
@@ -28,7 +28,12 @@ pytest = status=0; $(1) || status=$$?; \
 # Tests first (kernel and e2e tests need root), then lint. On a machine with a cpuidle
 # driver, the tests whose expectations depend on it run again as on a guest without one
 # (what that changes: scripts/without-cpuidle-driver.sh).
-test: setup
+# The fleet tests' kube-apiserver and etcd, built once per machine into a cache
+# (scripts/control-plane.sh: ~6-12 min the first time, seconds after).
+control-plane:
+	@bash scripts/control-plane.sh
+
+test: setup control-plane
 	@$(call pytest,$(PYTHON) -m pytest)
 	@if [ "$$(id -u)" = 0 ] && grep -qvx none $(CPUIDLE_DRIVER) 2>/dev/null; then \
 	    echo "make test: the machine_kind tests as on a guest without a cpuidle driver"; \

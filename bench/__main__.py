@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, str] = {
     "verdicts": "bench.verdicts",
     "flood": "bench.flood",
     "fuzz": "bench.fuzz",
+    "fleet": "bench.fleet",
 }
 
 USAGE = """\

@@ -11,6 +11,9 @@ from pathlib import Path
 CONFIG_FILE = Path("/etc/latencyd/latencyd.conf")
 ETC_PROFILES = Path("/etc/latencyd/profiles")
 DEFAULT_STATE_DIR = Path("/run/latencyd")
+# The node agent installs the cluster's profiles here; the daemon's profile_dirs names it.
+CLUSTER_PROFILES = Path("/run/latencyd/cluster-profiles")
+KUBELET_CONFIG = Path("/var/lib/kubelet/config.yaml")
 
 
 def shipped_profiles_dir() -> Path:

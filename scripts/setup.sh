@@ -65,6 +65,9 @@ APT_PACKAGES=(
     prometheus
     # update-grub, grub-mkconfig: the bootloader test runs the real ones on a staged root.
     grub-common grub2-common
+    # The fleet tests' control plane (scripts/control-plane.sh): its certificates, and
+    # apt-get download of etcd-server (extracted, not installed).
+    openssl
 )
 
 missing=()

@@ -431,6 +431,7 @@ def expose_metrics(
     daemon.after_step.append(stepped)
     daemon.on_drift.append(drifted)
     shield.on_interval.append(metrics.add_noise)
+    shield.on_breach.append(lambda breach: metrics.add_breach(breach.cpu))
     stepped()
     serve(listen, metrics)
     log.info("metrics at http://%s:%d/metrics", *listen)

@@ -160,6 +160,7 @@ class Snapshot:
     reboot_pending: bool = False
     noise: Mapping[str, CpuSeries] = field(default_factory=dict)  # by cpu
     noise_max_seconds: Mapping[str, float] = field(default_factory=dict)  # cpu
+    budget_exceeded: Mapping[str, int] = field(default_factory=dict)  # by cpu
 
 
 class Metrics:
@@ -181,6 +182,11 @@ class Metrics:
             before = noise.get(str(cpu), CpuSeries())
             noise[str(cpu)] = noise_series(before, tallies, self.sources_per_cpu)
         self.update(noise=noise, noise_max_seconds=longest)
+
+    def add_breach(self, cpu: int) -> None:
+        counts = dict(self.snapshot.budget_exceeded)
+        counts[str(cpu)] = counts.get(str(cpu), 0) + 1
+        self.update(budget_exceeded=counts)
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -204,8 +210,13 @@ class Metrics:
         longest = gauge("latencyd_noise_max_seconds", HELP["noise_max_seconds"], labels=["cpu"])
         for cpu, value in sorted(s.noise_max_seconds.items()):
             longest.add_metric([cpu], value)
+        exceeded = counter(
+            "latencyd_noise_budget_exceeded", HELP["budget_exceeded"], labels=["cpu"]
+        )
+        for cpu, n in sorted(s.budget_exceeded.items()):
+            exceeded.add_metric([cpu], float(n))
         pending = gauge("latencyd_reboot_pending", HELP["reboot_pending"], value=s.reboot_pending)
-        yield from (info, settings, pending, drift, noise, events, longest)
+        yield from (info, settings, pending, drift, noise, events, longest, exceeded)
         if s.switch_seconds is not None:
             yield gauge("latencyd_switch_duration_seconds", HELP["switch"], value=s.switch_seconds)
 
@@ -220,6 +231,7 @@ NAMES = {
     "noise_seconds": "latencyd_noise_seconds_total{cpu,source}",
     "noise_events": "latencyd_noise_events_total{cpu,source}",
     "noise_max_seconds": "latencyd_noise_max_seconds{cpu}",
+    "budget_exceeded": "latencyd_noise_budget_exceeded_total{cpu}",
     "switch": "latencyd_switch_duration_seconds",
 }
 HELP = {
@@ -233,6 +245,8 @@ HELP = {
     "noise_events": "Interruptions of the watched CPUs, by CPU and source",
     "noise_max_seconds": "The longest single interruption of each watched CPU in the last interval",
     "switch": "How long the last switch (or start-up apply) took",
+    "budget_exceeded": "Intervals in which a watched CPU took more noise than its budget "
+    "([monitor] budget_us, max_single_us), by CPU",
 }
 
 

@@ -261,6 +261,7 @@ class ShieldWatch:
         self._owner: dict[int, bool] = {}  # tid -> whether it is the application's
         # Called with each interval's tallies (cpu -> source -> Tally): the metrics.
         self.on_interval: list[Callable[[dict[int, dict[str, noise.Tally]]], None]] = []
+        self.on_breach: list[Callable[[Breach], None]] = []  # every breach, unlimited
         daemon.after_step.append(self.sync)
         try:
             if remove_left_instance(daemon.system):
@@ -328,6 +329,8 @@ class ShieldWatch:
             callback(interval.cpus)
         now = time.monotonic()
         for breach in over_budget(interval.cpus, self.plan.budget_us, self.plan.max_single_us):
+            for counted in self.on_breach:
+                counted(breach)
             if not self.limit.due(breach, now):
                 continue
             log.warning("noise: %s", breach.line())

@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Latencyd, unlike_machine
+from tests.kube import DEPLOY, ControlPlane
+
+MANIFESTS_APPLIED = ("00-namespace.yaml", "01-crds.yaml", "02-rbac.yaml")
 
 PROFILE_A = """
 [main]
@@ -78,3 +81,16 @@ def start_daemon(
         d.stop()
     for d in started:  # a test that failed after kill -9 must not leave its settings
         d.recover()
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """etcd and kube-apiserver on free loopback ports, with latencyd's CRDs, namespace and
+    the agent's RBAC applied from deploy/ as shipped (scripts/control-plane.sh builds them)."""
+    plane = ControlPlane().start()
+    try:
+        for manifest in MANIFESTS_APPLIED:
+            plane.kubectl("apply", "-f", str(DEPLOY / manifest))
+        yield plane
+    finally:
+        plane.stop()

@@ -81,6 +81,8 @@ def test_a_scrape_holds_the_noise_by_source_the_profile_and_drift() -> None:
     metrics.add_noise({1: {"task 4242 stress-ng": Tally(2, 3_000_000, 2_000_000),
                            "local timer": Tally(250, 1_000_000, 8_000)}})  # fmt: skip
     metrics.add_noise({1: {"task 4343 stress-ng": Tally(1, 1_000_000, 1_000_000)}})
+    metrics.add_breach(1)
+    metrics.add_breach(1)
     text = exposition(metrics)
     # A task is labelled by its command name: one series, however many pids come and go.
     assert 'latencyd_noise_seconds_total{cpu="1",source="task stress-ng"} 0.004' in text
@@ -90,6 +92,7 @@ def test_a_scrape_holds_the_noise_by_source_the_profile_and_drift() -> None:
     assert 'latencyd_settings{state="applied"} 12.0' in text
     assert 'latencyd_drift_total{action="reapplied",section="irq"} 3.0' in text
     assert "latencyd_switch_duration_seconds 0.25" in text
+    assert 'latencyd_noise_budget_exceeded_total{cpu="1"} 2.0' in text  # the alert's
 
 
 def exposition(metrics: Metrics) -> str:

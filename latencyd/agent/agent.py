@@ -1,0 +1,281 @@
+"""The node agent's step: from what the cluster says (its Node, the LatencyProfiles and
+LatencyRecommends of its namespace, as the informers hold them) and what the daemon
+holds, one move toward the cluster's choice, then the Node's report brought up to date.
+
+The daemon owns the machine: the agent only installs profile files, asks the daemon to
+reload and switch, and reports. A profile latencyd's loader refuses never reaches the
+daemon's directory; a switch the daemon refuses is undone (the previous files put back),
+and neither is tried again until the cluster's choice changes. Nothing is asked of the
+daemon while the cluster cannot be read (the node keeps its profile)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from latencyd.agent import cluster
+from latencyd.agent.check import Checked, check
+from latencyd.agent.conditions import (
+    CPUS_CONFLICT,
+    DIGEST_ANNOTATION,
+    KERNEL_ARGS_ANNOTATION,
+    PROFILE_ANNOTATION,
+    REBOOT_PENDING,
+    SHIELD_BREACHED,
+    TUNED,
+    Condition,
+    annotations_patch,
+    conditions_patch,
+)
+from latencyd.agent.daemon import Daemon, DaemonRefused, DaemonState
+from latencyd.agent.install import ProfileDir
+from latencyd.agent.kubelet import disagreements, kubelet_cpus
+from latencyd.agent.reconcile import Held, Step, Wanted, plan, wanted
+from latencyd.agent.render import ProfileSet, in_cluster_terms
+from latencyd.kernel.system import System
+from latencyd.text import printable
+
+log = logging.getLogger(__name__)
+
+QUIET_S = 600.0  # LatencyShieldBreached clears after this long without a breach
+
+
+@dataclass(frozen=True)
+class Breach:
+    at: float
+    cpu: int
+    sources: str
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+class Agent:
+    def __init__(
+        self,
+        api: Any,
+        node: str,
+        namespace: str,
+        daemon: Daemon,
+        profile_dir: ProfileDir,
+        system: System,
+        kubelet_config: Path | None,
+        wake: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+        checker: Callable[[str, ProfileSet, Path, System, bool], Checked] = check,
+        boot_writes: bool = False,
+    ) -> None:
+        self.api, self.node_name, self.namespace = api, node, namespace
+        self.daemon, self.dir, self.system = daemon, profile_dir, system
+        self.kubelet_config = kubelet_config
+        self.clock = clock
+        self.checker = checker  # bench/fleet.py shares one among simulated agents
+        self.boot_writes = boot_writes
+        self.nodes = cluster.Informer(
+            api, cluster.Node, fields={"metadata.name": node}, on_change=wake
+        )
+        self.profiles = cluster.Informer(api, cluster.LatencyProfile, namespace, on_change=wake)
+        self.recommends = cluster.Informer(api, cluster.LatencyRecommend, namespace, on_change=wake)
+        self.breach: Breach | None = None
+        self._checked: dict[tuple[str, str], Checked] = {}  # by (digest, profile)
+        self._refused: dict[tuple[str | None, str | None], Condition] = {}
+        self.switches = 0  # daemon switches asked (the e2e tests count reverts by these)
+        self.writes = 0  # API writes made
+
+    @property
+    def informers(self) -> tuple[cluster.Informer, ...]:
+        return (self.nodes, self.profiles, self.recommends)
+
+    def noise(self, cpu: int, sources: str) -> None:
+        self.breach = Breach(self.clock(), cpu, sources)
+
+    # -- one step ------------------------------------------------------------------
+    def step(self) -> None:
+        if not all(i.synced for i in self.informers):
+            return
+        node = self.nodes.objects.get(self.node_name)
+        if node is None:
+            log.warning("node %s not found: nothing to report on", printable(self.node_name))
+            return
+        labels = node.get("metadata", {}).get("labels") or {}
+        want = wanted(labels, self.profiles.snapshot(), self.recommends.snapshot())
+        try:
+            state = self.daemon.state()
+        except DaemonRefused as exc:
+            why = f"latencyd does not answer: {exc}"
+            self._report(node, [Condition(TUNED, None, "DaemonUnreachable", why)], {})
+            return
+        held = Held(state.base, self.dir.digest())
+        step = plan(want, held)
+        if step is Step.REFUSE:
+            tuned = self._refuse(node, want, "ClusterConfigInvalid", str(want.error))
+        elif step is Step.SWITCH:
+            tuned, state = self._switch(node, want, state)
+        elif want.profile is None:
+            tuned = Condition(
+                TUNED,
+                False,
+                "NoMatchingRule",
+                f"no LatencyRecommend rule matches this node's labels; latencyd keeps "
+                f"{state.base or 'no profile'}",
+            )
+        else:
+            tuned = Condition(TUNED, True, "Applied", self._applied(want, state))
+        checked = self._held_profile(want, state)
+        conditions = [tuned, self._reboot(state), self._shield(), *self._kubelet(checked)]
+        annotations: dict[str, str | None] = {
+            PROFILE_ANNOTATION: state.base or None,
+            DIGEST_ANNOTATION: self.dir.digest(),
+        }
+        if checked is not None:
+            annotations[KERNEL_ARGS_ANNOTATION] = " ".join(checked.kernel_args) or None
+        self._report(node, conditions, annotations)
+
+    def _applied(self, want: Wanted, state: DaemonState) -> str:
+        held = f" (a hold has {state.active} in force)" if state.active != state.base else ""
+        return f"profile {state.base} in force, verified by latencyd; {want.why}{held}"
+
+    def _held_profile(self, want: Wanted, state: DaemonState) -> Checked | None:
+        """The cluster's profile the daemon holds, as latencyd's loader reads it."""
+        if want.profiles is None or want.profile != state.base or want.digest != self.dir.digest():
+            return None
+        return self._check(want)
+
+    def _check(self, want: Wanted) -> Checked:
+        assert want.profiles is not None and want.profile is not None
+        key = (want.profiles.digest, want.profile)
+        if key not in self._checked:
+            self._checked = {
+                key: check(want.profile, want.profiles, self.dir.staging(), self.system)
+            }
+        return self._checked[key]
+
+    def _refuse(
+        self, node: Mapping[str, Any], want: Wanted, reason: str, message: str
+    ) -> Condition:
+        """Said once per cluster state (an Event), kept until the cluster's choice changes."""
+        key = (want.digest, want.profile)
+        if key not in self._refused:
+            self._refused = {key: Condition(TUNED, False, reason, message)}
+            self._event(node, reason, message, warning=True)
+        return self._refused[key]
+
+    def _switch(
+        self, node: Mapping[str, Any], want: Wanted, state: DaemonState
+    ) -> tuple[Condition, DaemonState]:
+        assert want.profiles is not None and want.profile is not None
+        key = (want.digest, want.profile)
+        if key in self._refused:
+            return self._refused[key], state
+        checked = self._check(want)
+        if checked.error is not None:
+            message = f"{checked.error}; latencyd keeps {state.base or 'no profile'}"
+            return self._refuse(node, want, "ProfileRefused", message), state
+        previous = (self.dir.files(), self.dir.digest())
+        self.dir.install(want.profiles.files(), None)
+        try:
+            self.switches += 1
+            self.daemon.reload()
+            self.daemon.switch(want.profile)
+        except DaemonRefused as exc:
+            self.dir.install(*previous)
+            with contextlib.suppress(DaemonRefused):
+                self.daemon.reload()
+            message = in_cluster_terms(str(exc), self.dir.path, want.profiles)
+            if exc.unreachable:  # tried again at the next resync
+                return Condition(TUNED, None, "DaemonUnreachable", message), state
+            message += f"; latencyd keeps {state.base or 'no profile'}"
+            return self._refuse(node, want, "SwitchFailed", message), state
+        self.dir.install(want.profiles.files(), want.digest)
+        before = state.base
+        state = self.daemon.state()
+        digest = str(want.digest)[:12]
+        message = f"switched to {want.profile} (set {digest}) from {before or 'none'}: {want.why}"
+        log.info("%s", printable(message))
+        self._event(node, "Switched", message, warning=False)
+        return Condition(TUNED, True, "Applied", self._applied(want, state)), state
+
+    # -- the other conditions ------------------------------------------------------
+    @staticmethod
+    def _reboot(state: DaemonState) -> Condition:
+        if state.reboot_pending:
+            return Condition(
+                REBOOT_PENDING,
+                True,
+                "BootSettingsPending",
+                "takes effect at the next boot: " + "; ".join(state.reboot_pending),
+            )
+        return Condition(REBOOT_PENDING, False, "AsBooted", "every setting is in force now")
+
+    def _shield(self) -> Condition:
+        b = self.breach
+        if b is not None and self.clock() - b.at < QUIET_S:
+            return Condition(
+                SHIELD_BREACHED,
+                True,
+                "NoiseBudgetExceeded",
+                f"CPU {b.cpu} took more noise than its budget at {_iso(b.at)}: {b.sources}",
+            )
+        return Condition(
+            SHIELD_BREACHED,
+            False,
+            "WithinBudget",
+            f"no noise-budget breach reported in the last {QUIET_S:.0f} s",
+        )
+
+    def _kubelet(self, checked: Checked | None) -> list[Condition]:
+        if self.kubelet_config is None or checked is None:
+            return []
+        try:
+            import yaml
+
+            config = yaml.safe_load(self.kubelet_config.read_text()) or {}
+        except (OSError, ValueError) as exc:
+            return [Condition(CPUS_CONFLICT, None, "KubeletConfigUnreadable", str(exc))]
+        found = disagreements(checked.isolated, kubelet_cpus(config))
+        if found:
+            return [Condition(CPUS_CONFLICT, True, "KubeletDisagrees", "; ".join(found))]
+        return [
+            Condition(
+                CPUS_CONFLICT,
+                False,
+                "KubeletAgrees",
+                "the kubelet leaves the isolated CPUs to guaranteed pods",
+            )
+        ]
+
+    # -- the report ----------------------------------------------------------------
+    def _report(
+        self,
+        node: Mapping[str, Any],
+        conditions: list[Condition],
+        annotations: dict[str, str | None],
+    ) -> None:
+        meta = node.get("metadata", {})
+        current = (node.get("status") or {}).get("conditions") or []
+        changed = conditions_patch(conditions, current, _iso(self.clock()))
+        notes = annotations_patch(annotations, meta.get("annotations") or {})
+        try:
+            if notes:
+                cluster.patch_node(self.api, self.node_name, notes)
+                self.writes += 1
+            if changed:
+                cluster.patch_conditions(self.api, self.node_name, changed)
+                self.writes += 1
+        except Exception as exc:  # the API server away: the next resync says it again
+            log.warning(
+                "node %s: report not written: %s", printable(self.node_name), str(exc)[:200]
+            )
+
+    def _event(self, node: Mapping[str, Any], reason: str, message: str, warning: bool) -> None:
+        try:
+            cluster.post_event(self.api, dict(node), reason, message, warning)
+            self.writes += 1
+        except Exception as exc:
+            log.warning("event %s not written: %s", reason, str(exc)[:200])
