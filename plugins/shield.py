@@ -267,12 +267,45 @@ class Cgroup(Target):
 
     def _write_files(self, system: System, files: dict[str, str]) -> None:
         for name, wanted in files.items():
-            system.write(f"{self.path}/{name}", str(wanted))
+            try:
+                system.write(f"{self.path}/{name}", str(wanted))
+            except KernelRefused as exc:
+                if name == "cpuset.cpu_exclusive" and wanted == "1":
+                    self._exclusive_refused(system, files.get("cpuset.cpus", ""), exc)
+                raise
         partition = files.get("cpuset.cpus.partition")
         got = system.read(f"{self.path}/cpuset.cpus.partition") if partition else ""
         if partition and got != partition:
             # "isolated invalid (Cpu list in cpuset.cpus not exclusive)": the kernel's why
             raise KernelRefused(f"making /{self.path} an isolated partition", got)
+
+    def _exclusive_refused(self, system: System, cpus: str, exc: KernelRefused) -> None:
+        """v1 refuses an exclusive cpuset whose CPUs a sibling has too (EINVAL, unsaid):
+        name the siblings, and whose they are (a kubelet's kubepods, a runtime's)."""
+        try:
+            mine = CpuSet.from_list(cpus)
+        except CpuSetError:
+            return
+        shared, overlap = [], CpuSet()
+        for sibling in system.listdir(self.hierarchy):
+            path = f"{self.hierarchy}/{sibling}"
+            if sibling == self.name or not system.exists(f"{path}/cpuset.cpus"):
+                continue
+            try:
+                theirs = CpuSet.from_list(system.read(f"{path}/cpuset.cpus"))
+            except (CpuSetError, KernelRefused, OSError):
+                continue
+            if theirs & mine:
+                overlap = overlap | (theirs & mine)
+                whose = owner(f"/{sibling}") or "latencyd's"
+                shared.append(f"/{sibling} ({whose}: CPUs {theirs})")
+        if shared:
+            raise KernelRefused(
+                f"making /{self.path} exclusive",
+                f"CPUs {overlap} are also in {', '.join(shared)}, and "
+                "an exclusive cpuset shares no CPU with a sibling; the shield can be kept by "
+                'the affinity chase (mechanism = "affinity") beside it',
+            ) from exc
 
     def same(self, system: System, wanted: Value, actual: Value) -> bool:
         if wanted is None or actual is None:

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,35 +24,24 @@ from latencyd.agent.conditions import (
     DIGEST_ANNOTATION,
     KERNEL_ARGS_ANNOTATION,
     PROFILE_ANNOTATION,
-    REBOOT_PENDING,
-    SHIELD_BREACHED,
     TUNED,
+    Breach,
     Condition,
     annotations_patch,
     conditions_patch,
+    cpus_condition,
+    iso,
+    reboot_condition,
+    shield_condition,
 )
 from latencyd.agent.daemon import Daemon, DaemonRefused, DaemonState
 from latencyd.agent.install import ProfileDir
-from latencyd.agent.kubelet import disagreements, kubelet_cpus
 from latencyd.agent.reconcile import Held, Step, Wanted, plan, wanted
 from latencyd.agent.render import ProfileSet, in_cluster_terms
 from latencyd.kernel.system import System
 from latencyd.text import printable
 
 log = logging.getLogger(__name__)
-
-QUIET_S = 600.0  # LatencyShieldBreached clears after this long without a breach
-
-
-@dataclass(frozen=True)
-class Breach:
-    at: float
-    cpu: int
-    sources: str
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 class Agent:
@@ -128,7 +116,12 @@ class Agent:
         else:
             tuned = Condition(TUNED, True, "Applied", self._applied(want, state))
         checked = self._held_profile(want, state)
-        conditions = [tuned, self._reboot(state), self._shield(), *self._kubelet(checked)]
+        conditions = [
+            tuned,
+            reboot_condition(state.reboot_pending),
+            shield_condition(self.breach, self.clock()),
+            *self._kubelet(checked),
+        ]
         annotations: dict[str, str | None] = {
             PROFILE_ANNOTATION: state.base or None,
             DIGEST_ANNOTATION: self.dir.digest(),
@@ -201,34 +194,6 @@ class Agent:
         self._event(node, "Switched", message, warning=False)
         return Condition(TUNED, True, "Applied", self._applied(want, state)), state
 
-    # -- the other conditions ------------------------------------------------------
-    @staticmethod
-    def _reboot(state: DaemonState) -> Condition:
-        if state.reboot_pending:
-            return Condition(
-                REBOOT_PENDING,
-                True,
-                "BootSettingsPending",
-                "takes effect at the next boot: " + "; ".join(state.reboot_pending),
-            )
-        return Condition(REBOOT_PENDING, False, "AsBooted", "every setting is in force now")
-
-    def _shield(self) -> Condition:
-        b = self.breach
-        if b is not None and self.clock() - b.at < QUIET_S:
-            return Condition(
-                SHIELD_BREACHED,
-                True,
-                "NoiseBudgetExceeded",
-                f"CPU {b.cpu} took more noise than its budget at {_iso(b.at)}: {b.sources}",
-            )
-        return Condition(
-            SHIELD_BREACHED,
-            False,
-            "WithinBudget",
-            f"no noise-budget breach reported in the last {QUIET_S:.0f} s",
-        )
-
     def _kubelet(self, checked: Checked | None) -> list[Condition]:
         if self.kubelet_config is None or checked is None:
             return []
@@ -236,19 +201,11 @@ class Agent:
             import yaml
 
             config = yaml.safe_load(self.kubelet_config.read_text()) or {}
-        except (OSError, ValueError) as exc:
+            if not isinstance(config, dict):
+                raise ValueError("not a KubeletConfiguration (a mapping)")
+        except (OSError, ValueError) as exc:  # yaml.YAMLError is a ValueError
             return [Condition(CPUS_CONFLICT, None, "KubeletConfigUnreadable", str(exc))]
-        found = disagreements(checked.isolated, kubelet_cpus(config))
-        if found:
-            return [Condition(CPUS_CONFLICT, True, "KubeletDisagrees", "; ".join(found))]
-        return [
-            Condition(
-                CPUS_CONFLICT,
-                False,
-                "KubeletAgrees",
-                "the kubelet leaves the isolated CPUs to guaranteed pods",
-            )
-        ]
+        return [cpus_condition(checked.isolated, config)]
 
     # -- the report ----------------------------------------------------------------
     def _report(
@@ -259,7 +216,7 @@ class Agent:
     ) -> None:
         meta = node.get("metadata", {})
         current = (node.get("status") or {}).get("conditions") or []
-        changed = conditions_patch(conditions, current, _iso(self.clock()))
+        changed = conditions_patch(conditions, current, iso(self.clock()))
         notes = annotations_patch(annotations, meta.get("annotations") or {})
         try:
             if notes:

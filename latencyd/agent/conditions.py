@@ -5,8 +5,12 @@ sees how long a node has been tuned, or pending a reboot."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from latencyd.agent.kubelet import disagreements, kubelet_cpus
+from latencyd.cpuset import CpuSet
 
 TUNED = "LatencyTuned"
 REBOOT_PENDING = "LatencyRebootPending"
@@ -18,6 +22,8 @@ PREFIX = "latencyd.org/"
 PROFILE_ANNOTATION = PREFIX + "profile"
 DIGEST_ANNOTATION = PREFIX + "digest"
 KERNEL_ARGS_ANNOTATION = PREFIX + "kernel-args"
+
+QUIET_S = 600.0  # LatencyShieldBreached clears after this long without a breach
 
 
 @dataclass(frozen=True)
@@ -68,3 +74,48 @@ def annotations_patch(
 ) -> dict[str, str | None]:
     """The annotations that differ (None removes one), only under latencyd.org/."""
     return {k: v for k, v in wanted.items() if k.startswith(PREFIX) and current.get(k) != v}
+
+
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def reboot_condition(pending: Sequence[str]) -> Condition:
+    """From the daemon's settings that take effect at the next boot (said)."""
+    if pending:
+        message = "takes effect at the next boot: " + "; ".join(pending)
+        return Condition(REBOOT_PENDING, True, "BootSettingsPending", message)
+    return Condition(REBOOT_PENDING, False, "AsBooted", "every setting is in force now")
+
+
+@dataclass(frozen=True)
+class Breach:
+    """The daemon's last NoiseExceeded: when, on which CPU, its top sources (said)."""
+
+    at: float
+    cpu: int
+    sources: str
+
+
+def shield_condition(breach: Breach | None, now: float) -> Condition:
+    if breach is not None and now - breach.at < QUIET_S:
+        return Condition(
+            SHIELD_BREACHED, True, "NoiseBudgetExceeded",
+            f"CPU {breach.cpu} took more noise than its budget at {iso(breach.at)}: "
+            f"{breach.sources}",
+        )  # fmt: skip
+    return Condition(
+        SHIELD_BREACHED, False, "WithinBudget",
+        f"no noise-budget breach reported in the last {QUIET_S:.0f} s",
+    )  # fmt: skip
+
+
+def cpus_condition(isolated: CpuSet, kubelet_config: Mapping[str, object]) -> Condition:
+    """The profile's isolated CPUs against the kubelet's KubeletConfiguration."""
+    found = disagreements(isolated, kubelet_cpus(kubelet_config))
+    if found:
+        return Condition(CPUS_CONFLICT, True, "KubeletDisagrees", "; ".join(found))
+    return Condition(
+        CPUS_CONFLICT, False, "KubeletAgrees",
+        "the kubelet leaves the isolated CPUs to guaranteed pods",
+    )  # fmt: skip

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from latencyd.kernel.system import System
 from tests.harness import BIN, Latencyd, sysctl, unlike_machine
 from tests.kube import ControlPlane
 
@@ -359,3 +360,29 @@ def test_every_shipped_manifest_passes_a_server_dry_run(control_plane: ControlPl
     for manifest in sorted((Path(__file__).parents[2] / "deploy").glob("*.yaml")):
         out = control_plane.kubectl("apply", "--dry-run=server", "-f", str(manifest), check=False)
         assert out.returncode == 0, f"{manifest.name}: {out.stderr}"
+
+
+def test_a_noise_budget_breach_shows_on_the_node(fleet: Fleet) -> None:
+    """The cluster's profile watches the last CPU ([monitor]); a task busy there beyond
+    the budget makes the daemon signal NoiseExceeded, and the agent says so on its Node,
+    naming the CPU and the task."""
+    cpu = max(System("/").online_cpus())
+    watch = f'[main]\nsummary = "watch"\n\n[monitor]\ncpus = "{cpu}"\ninterval_ms = 200\n'
+    watch += "budget_us = 20000\n"
+    fleet.set_profile("fleet-watch", watch)
+    fleet.set_rules(("fleet-watch", {}))
+    fleet.agent()
+    eventually(lambda: fleet.condition().get("status") == "True", what="fleet-watch applied")
+    assert fleet.condition("LatencyShieldBreached").get("status") == "False"
+    loop = "i=0; while [ $i -lt 4000000 ]; do i=$((i+1)); done"
+    hog = subprocess.Popen(["taskset", "-c", str(cpu), "sh", "-c", loop])
+    try:
+        breached = eventually(
+            lambda: (c := fleet.condition("LatencyShieldBreached")).get("status") == "True" and c,
+            what="LatencyShieldBreached=True",
+        )
+    finally:
+        hog.kill()
+        hog.wait()
+    assert breached["reason"] == "NoiseBudgetExceeded"
+    assert f"CPU {cpu}" in breached["message"] and f"task {hog.pid} sh" in breached["message"]

@@ -6,10 +6,15 @@ from __future__ import annotations
 from latencyd.agent.conditions import (
     DIGEST_ANNOTATION,
     PROFILE_ANNOTATION,
+    QUIET_S,
     TUNED,
+    Breach,
     Condition,
     annotations_patch,
     conditions_patch,
+    cpus_condition,
+    reboot_condition,
+    shield_condition,
 )
 from latencyd.agent.kubelet import disagreements, kubelet_cpus
 from latencyd.cpuset import CpuSet
@@ -47,3 +52,18 @@ def test_the_kubelet_and_the_profile_disagreeing_on_cpus_is_said() -> None:
     assert "cpuManagerPolicy is 'none'" in found[0]
     assert "reserves CPUs 2-3" in found[1]
     assert disagreements(CpuSet.from_list(""), kubelet_cpus({})) == []
+
+
+def test_the_other_conditions_say_what_the_daemon_and_the_kubelet_said() -> None:
+    pending = reboot_condition(("bootloader: nohz_full=2-7",))
+    assert pending.status is True and "nohz_full=2-7" in pending.message
+    assert reboot_condition(()).status is False
+    breach = Breach(at=1_000.0, cpu=3, sources="irq 24 virtio0 x40, task kworker x2")
+    said = shield_condition(breach, now=1_000.0 + QUIET_S - 1)
+    assert said.status is True and "CPU 3" in said.message and "irq 24" in said.message
+    assert shield_condition(breach, now=1_000.0 + QUIET_S).status is False  # quiet since
+    assert shield_condition(None, now=0.0).status is False
+    conflict = cpus_condition(CpuSet.from_list("2-7"), {"cpuManagerPolicy": "none"})
+    assert conflict.status is True and conflict.reason == "KubeletDisagrees"
+    agreed = cpus_condition(CpuSet.from_list("2-7"), {"cpuManagerPolicy": "static"})
+    assert agreed.status is False
