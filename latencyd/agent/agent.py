@@ -74,7 +74,6 @@ class Agent:
         self._checked: dict[tuple[str, str], Checked] = {}  # by (digest, profile)
         self._refused: dict[tuple[str | None, str | None], Condition] = {}
         self.switches = 0  # daemon switches asked (the e2e tests count reverts by these)
-        self.writes = 0  # API writes made
 
     @property
     def informers(self) -> tuple[cluster.Informer, ...]:
@@ -144,9 +143,11 @@ class Agent:
         assert want.profiles is not None and want.profile is not None
         key = (want.profiles.digest, want.profile)
         if key not in self._checked:
-            self._checked = {
-                key: check(want.profile, want.profiles, self.dir.staging(), self.system)
-            }
+            staging = self.dir.staging()
+            checked = self.checker(
+                want.profile, want.profiles, staging, self.system, self.boot_writes
+            )
+            self._checked = {key: checked}
         return self._checked[key]
 
     def _refuse(
@@ -221,10 +222,8 @@ class Agent:
         try:
             if notes:
                 cluster.patch_node(self.api, self.node_name, notes)
-                self.writes += 1
             if changed:
                 cluster.patch_conditions(self.api, self.node_name, changed)
-                self.writes += 1
         except Exception as exc:  # the API server away: the next resync says it again
             log.warning(
                 "node %s: report not written: %s", printable(self.node_name), str(exc)[:200]
@@ -233,6 +232,5 @@ class Agent:
     def _event(self, node: Mapping[str, Any], reason: str, message: str, warning: bool) -> None:
         try:
             cluster.post_event(self.api, dict(node), reason, message, warning)
-            self.writes += 1
         except Exception as exc:
             log.warning("event %s not written: %s", reason, str(exc)[:200])
