@@ -11,8 +11,10 @@ from pathlib import Path
 CONFIG_FILE = Path("/etc/latencyd/latencyd.conf")
 ETC_PROFILES = Path("/etc/latencyd/profiles")
 DEFAULT_STATE_DIR = Path("/run/latencyd")
-# The node agent installs the cluster's profiles here; the daemon's profile_dirs names it.
-CLUSTER_PROFILES = Path("/run/latencyd/cluster-profiles")
+# The node agent installs the cluster's profiles here, and the daemon searches it last (its
+# config's cluster_profiles). Not under the daemon's state directory: the agent's pod
+# mounts the parent (it swaps in a new set beside it), and must not see the journal.
+CLUSTER_PROFILES = Path("/run/latencyd-cluster/profiles")
 KUBELET_CONFIG = Path("/var/lib/kubelet/config.yaml")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from latencyd.agent import cluster
-from latencyd.agent.check import Checked, check
+from latencyd.agent.check import Checked, check, shadowed
 from latencyd.agent.conditions import (
     CPUS_CONFLICT,
     DIGEST_ANNOTATION,
@@ -139,14 +139,20 @@ class Agent:
             return None
         return self._check(want)
 
-    def _check(self, want: Wanted) -> Checked:
+    def _check(self, want: Wanted, staged: Path | None = None) -> Checked:
+        """The cluster's chosen profile as latencyd's loader reads it from the set staged
+        whole (in `staged`, the very directory a switch then swaps in), once per set."""
         assert want.profiles is not None and want.profile is not None
         key = (want.profiles.digest, want.profile)
         if key not in self._checked:
-            staging = self.dir.staging()
-            checked = self.checker(
-                want.profile, want.profiles, staging, self.system, self.boot_writes
-            )
+            directory = staged or self.dir.stage(want.profiles.files())
+            try:
+                checked = self.checker(
+                    want.profile, want.profiles, directory, self.system, self.boot_writes
+                )
+            finally:
+                if staged is None:
+                    self.dir.discard(directory)
             self._checked = {key: checked}
         return self._checked[key]
 
@@ -167,26 +173,32 @@ class Agent:
         key = (want.digest, want.profile)
         if key in self._refused:
             return self._refused[key], state
-        checked = self._check(want)
-        if checked.error is not None:
-            message = f"{checked.error}; latencyd keeps {state.base or 'no profile'}"
-            return self._refuse(node, want, "ProfileRefused", message), state
-        previous = (self.dir.files(), self.dir.digest())
-        self.dir.install(want.profiles.files(), None)
+        keeps = f"latencyd keeps {state.base or 'no profile'}"
+        staged = self.dir.stage(want.profiles.files())
         try:
-            self.switches += 1
-            self.daemon.reload()
-            self.daemon.switch(want.profile)
-        except DaemonRefused as exc:
-            self.dir.install(*previous)
-            with contextlib.suppress(DaemonRefused):
+            checked = self._check(want, staged)
+            if checked.error is None:
+                checked = self._not_shadowed(want.profile, checked)
+            if checked.error is not None:
+                return self._refuse(
+                    node, want, "ProfileRefused", f"{checked.error}; {keeps}"
+                ), state
+            self.dir.swap(staged)  # now `staged` holds the set installed before
+            try:
+                self.switches += 1
                 self.daemon.reload()
-            message = in_cluster_terms(str(exc), self.dir.path, want.profiles)
-            if exc.unreachable:  # tried again at the next resync
-                return Condition(TUNED, None, "DaemonUnreachable", message), state
-            message += f"; latencyd keeps {state.base or 'no profile'}"
-            return self._refuse(node, want, "SwitchFailed", message), state
-        self.dir.install(want.profiles.files(), want.digest)
+                self.daemon.switch(want.profile)
+            except DaemonRefused as exc:
+                self.dir.swap(staged)
+                with contextlib.suppress(DaemonRefused):
+                    self.daemon.reload()
+                message = in_cluster_terms(str(exc), self.dir.path, want.profiles)
+                if exc.unreachable:  # tried again at the next resync
+                    return Condition(TUNED, None, "DaemonUnreachable", message), state
+                return self._refuse(node, want, "SwitchFailed", f"{message}; {keeps}"), state
+        finally:
+            self.dir.discard(staged)
+        self.dir.set_digest(str(want.digest))
         before = state.base
         state = self.daemon.state()
         digest = str(want.digest)[:12]
@@ -194,6 +206,14 @@ class Agent:
         log.info("%s", printable(message))
         self._event(node, "Switched", message, warning=False)
         return Condition(TUNED, True, "Applied", self._applied(want, state)), state
+
+    def _not_shadowed(self, name: str, checked: Checked) -> Checked:
+        """The daemon resolves `name` to the cluster's file, not to a host profile that
+        the agent cannot see from its pod (/etc/latencyd/profiles is not mounted)."""
+        found = self.daemon.profile_file(name)
+        if found is None or Path(found).parent == self.dir.path:
+            return checked
+        return Checked(name, shadowed(name, found))
 
     def _kubelet(self, checked: Checked | None) -> list[Condition]:
         if self.kubelet_config is None or checked is None:

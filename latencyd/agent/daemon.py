@@ -88,6 +88,15 @@ class Daemon:
     def reload(self) -> None:
         self._call("Reload", timeout=SWITCH_TIMEOUT_S)
 
+    def profile_file(self, name: str) -> str | None:
+        """The file `name` resolves to on the daemon's search path; None: no such profile."""
+        try:
+            return str(self._call("ProfileFile", name))
+        except DaemonRefused as exc:
+            if exc.name == "org.latencyd.Error.NoSuchProfile":
+                return None
+            raise
+
     def switch(self, profile: str) -> None:
         self._call("SwitchProfile", profile, timeout=SWITCH_TIMEOUT_S)
 

@@ -19,6 +19,7 @@ from latencyd.agent.daemon import Daemon
 from latencyd.agent.install import InstallError, ProfileDir
 from latencyd.kernel.system import System
 from latencyd.paths import CLUSTER_PROFILES, KUBELET_CONFIG
+from latencyd.service.logs import setup_logging
 from latencyd.service.mainloop import MainLoop
 
 log = logging.getLogger("latencyd.agent")
@@ -70,7 +71,7 @@ def arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = arg_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(level=args.log_level.upper())
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # a line per request otherwise
     if not args.node:
         log.error("no node name: give --node or set NODE_NAME (the pod's spec.nodeName)")

@@ -122,6 +122,9 @@ class Profile:
     # [main] booted_isolation (BOOTED_ISOLATION), and where it was set (None: the default)
     booted_isolation: str = "show"
     booted_isolation_at: Location | None = None
+    # A file of it came from the cluster's directory (ProfileLibrary.cluster_dir): the
+    # daemon holds such a profile to the admin group's limits, whoever asks for it.
+    from_cluster: bool = False
 
 
 @dataclass(frozen=True)
@@ -295,8 +298,15 @@ class ProfileLibrary:
         machine: Machine,
         trusted_only: bool = False,
         fixed: Mapping[str, Mapping[str, Fixed]] | None = None,
+        cluster_dir: Path | None = None,
     ) -> None:
-        self.search_path = [Path(p) for p in search_path]
+        # The cluster's directory (where a node agent installs what a cluster says) is
+        # searched last, so a cluster profile never shadows one of the host's of the same
+        # name, and it is searched wherever else the path named it too.
+        self.cluster_dir = cluster_dir.resolve() if cluster_dir is not None else None
+        self.search_path = [
+            Path(p) for p in search_path if Path(p).resolve() != self.cluster_dir
+        ] + ([self.cluster_dir] if self.cluster_dir is not None else [])
         self.schemas = schemas
         self.machine = machine
         self.fixed = fixed or {}  # by section: options over every profile (the config's)
@@ -305,6 +315,9 @@ class ProfileLibrary:
         # all()'s last answers by name, for these profiles (name -> file) and machine
         self._listed: dict[str, _Listed] = {}
         self._listed_for: tuple[tuple[tuple[str, Path], ...], Machine] | None = None
+
+    def _in_cluster_dir(self, path: Path) -> bool:
+        return self.cluster_dir is not None and path.resolve().parent == self.cluster_dir
 
     # -- finding -------------------------------------------------------------
     def find(self, name: str, near: Path | None = None, by_path: bool = True) -> Path:
@@ -466,6 +479,13 @@ class ProfileLibrary:
             )
         paths = []
         for inc in includes:
+            if self._in_cluster_dir(source.path) and (inc.endswith(SUFFIX) or "/" in inc):
+                # By path, a cluster profile could take in a file it was not checked with
+                # (or one of the host's that only root may name): by name only.
+                raise ProfileError(
+                    source.at("main", "include"),
+                    f"a profile from the cluster includes by name only, not a path ({inc[:80]!r})",
+                )
             try:
                 paths.append(self.find(inc, near=source.path))
             except ProfileNotFound as exc:
@@ -612,6 +632,7 @@ class ProfileLibrary:
             origins=origins,
             variables=resolved_vars,
             files=tuple(dict.fromkeys(s.path for s in chain)),
+            from_cluster=any(self._in_cluster_dir(s.path) for s in chain),
             removed=removed,
             written=written,
             fixed=fixed_in,

@@ -567,9 +567,10 @@ def top_view(status: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _held_by(hold: Mapping[str, Any]) -> str:
-    """A hold's application: its pid, which Status gives root and the admin group only."""
+    """A hold's application: its pid and reason, which Status gives root and the admin
+    group only."""
     who = f"pid {hold['pid']}" if hold.get("pid") else f"hold {hold['cookie']}"
-    return f"{who} ({hold['reason']})"
+    return f"{who} ({hold['reason']})" if hold.get("reason") is not None else who
 
 
 def _what_the_profile_did(plugins: Mapping[str, Any]) -> dict[tuple[str, int], str]:

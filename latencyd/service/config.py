@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from latencyd.core.schema import Schema
 from latencyd.core.tomlpos import key_lines, nearest_line
 from latencyd.errors import ConfigError, Location
 from latencyd.kernel.system import Machine
-from latencyd.paths import CONFIG_FILE, ETC_PROFILES, shipped_profiles_dir
+from latencyd.paths import CLUSTER_PROFILES, CONFIG_FILE, ETC_PROFILES, shipped_profiles_dir
 
 FALLBACK_PROFILE = "latency-performance"
 
@@ -28,6 +28,12 @@ class Config:
         1.0  # settings no event reports (thread affinities) are read this often
     )
     profile_dirs: tuple[Path, ...] = field(default=())
+    # Where a node agent installs the cluster's profiles: searched after every other
+    # directory, its profiles held to the admin group's limits (Daemon.load)...
+    cluster_profiles: Path | None = CLUSTER_PROFILES
+    # ...except in the sections this node's admin names here (such as "bootloader").
+    cluster_allow_root: frozenset[str] = frozenset()
+    cluster_allow_root_at: Location = field(default_factory=lambda: Location(None))
     task_events: str = "auto"  # auto | perf | proc-connector | none
     on_stop: str = "restore"  # restore | keep (leave the tuning; the next start adopts it)
     metrics_listen: tuple[str, int] | None = None  # Prometheus exposition: off by default
@@ -49,6 +55,8 @@ KNOWN: dict[str, type | tuple[type, ...]] = {
     "verify_interval_s": (int, float),
     "poll_interval_s": (int, float),
     "profile_dirs": list,
+    "cluster_profiles": str,
+    "cluster_allow_root": list,
     "task_events": str,
     "on_stop": str,
     "metrics_listen": str,
@@ -66,6 +74,14 @@ DOCS = {
     "poll_interval_s": "seconds between read-backs of settings no event reports, "
     "such as thread affinities and NIC settings",
     "profile_dirs": "directories searched for profiles before /etc/latencyd/profiles",
+    "cluster_profiles": "the directory a node agent installs the cluster's profiles into "
+    f'(default {CLUSTER_PROFILES}; "" for none): searched after every other one, so a '
+    "cluster profile never takes the place of one of the host's, and held to the limits of "
+    "admin_group members whoever applies it: no section that can hand out root, no "
+    "include by path",
+    "cluster_allow_root": "sections in which cluster profiles may do what only root may "
+    '(e.g. ["bootloader"] lets them write kernel arguments, ["sysctl"] set any sysctl): '
+    "whoever may write the cluster's profiles is then root on this node",
     "task_events": "where new kernel threads are heard of: auto, perf, proc-connector "
     "or none (periodic rescan)",
     "on_stop": "on SIGTERM: restore every original value, or keep the tuning for the "
@@ -125,6 +141,13 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         raise ConfigError(
             f"{at('profile_dirs')}: profile_dirs must be a list of directory paths ({dirs!r})"
         )
+    allow_root = data.get("cluster_allow_root", [])
+    if not all(isinstance(name, str) for name in allow_root):
+        raise ConfigError(
+            f"{at('cluster_allow_root')}: cluster_allow_root must be a list of section "
+            f"names ({allow_root!r})"
+        )
+    cluster = data.get("cluster_profiles", str(CLUSTER_PROFILES))
     remote = bool(data.get("metrics_allow_remote", Config.metrics_allow_remote))
     listen = None
     if "metrics_listen" in data:
@@ -148,6 +171,9 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         verify_interval_s=float(data.get("verify_interval_s", Config.verify_interval_s)),
         poll_interval_s=float(data.get("poll_interval_s", Config.poll_interval_s)),
         profile_dirs=tuple(Path(p) for p in data.get("profile_dirs", [])),
+        cluster_profiles=Path(cluster) if cluster else None,
+        cluster_allow_root=frozenset(allow_root),
+        cluster_allow_root_at=at("cluster_allow_root"),
         task_events=_choice(at, data, "task_events", ("auto", "perf", "proc-connector", "none")),
         on_stop=_choice(at, data, "on_stop", ("restore", "keep")),
         metrics_listen=listen,
@@ -199,6 +225,17 @@ def fixed_options(
     return config.plugin
 
 
+def cluster_allowed(config: Config, plugins: Iterable[str]) -> frozenset[str]:
+    """The config's cluster_allow_root, each a section of an installed plugin."""
+    unknown = sorted(config.cluster_allow_root - set(plugins))
+    if unknown:
+        raise ConfigError(
+            f"{config.cluster_allow_root_at}: cluster_allow_root names no installed plugin: "
+            f"{', '.join(unknown)}"
+        )
+    return config.cluster_allow_root
+
+
 def _choice(
     at: Callable[[str], Location], data: dict[str, object], key: str, allowed: tuple[str, ...]
 ) -> str:
@@ -209,5 +246,6 @@ def _choice(
 
 
 def search_path(cli_dirs: list[Path], config: Config) -> list[Path]:
-    """--profile-dir (in order) > config's profile_dirs > /etc/latencyd/profiles > shipped."""
+    """--profile-dir (in order) > config's profile_dirs > /etc/latencyd/profiles > shipped
+    (the cluster's directory comes after them all: ProfileLibrary's cluster_dir)."""
     return [*cli_dirs, *config.profile_dirs, ETC_PROFILES, shipped_profiles_dir()]

@@ -114,6 +114,10 @@ class Daemon:
         self.plugins = plugins
         self.library = library
         self.engine = engine
+        # Sections in which a profile from the cluster's directory may do what only root
+        # may (the config's cluster_allow_root); in every other, it is held to the admin
+        # group's limits, whoever asks.
+        self.cluster_allow_root: frozenset[str] = frozenset()
         self.active: Profile | None = None
         self.active_ref: str | None = None  # the name or path `active` was loaded by
         self.base: str | None = None  # the profile in force when nothing is held
@@ -187,17 +191,31 @@ class Daemon:
 
     def load(self, ref: str, caller: Caller = ROOT) -> Profile:
         """A profile as `caller` may have it: only root names files and applies sections
-        that can hand out root. Every switch, hold, release, reload and re-apply loads
-        through here, so a refusal leaves the profile in force as it is."""
+        that can hand out root, and a profile from the cluster's directory is held to the
+        admin group's limits whoever asks for it (a node agent asks as root), but in the
+        sections the config's cluster_allow_root names. Every switch, hold, release,
+        reload and re-apply loads through here, so a refusal leaves the profile in force
+        as it is."""
         profile = self.library.load(ref, by_path=caller.is_root)
-        if not caller.is_root:
-            for name, options in profile.sections.items():
-                reason = self.plugins[name].root_only(options)
-                if reason:
-                    raise PermissionDenied(
-                        f"profile {profile.name} cannot be applied for {caller.name} "
-                        f"(uid {caller.uid}): [{name}] {reason}; only root may apply it"
-                    )
+        for name, options in profile.sections.items():
+            if caller.is_root and not (
+                profile.from_cluster and name not in self.cluster_allow_root
+            ):
+                continue
+            reason = self.plugins[name].root_only(options)
+            if reason is None:
+                continue
+            if not caller.is_root:
+                raise PermissionDenied(
+                    f"profile {profile.name} cannot be applied for {caller.name} "
+                    f"(uid {caller.uid}): [{name}] {reason}; only root may apply it"
+                )
+            raise PermissionDenied(
+                f"profile {profile.name} comes from the cluster ({profile.path}) and cannot "
+                f"be applied: [{name}] {reason}; a cluster profile is held to the admin "
+                f"group's limits unless this node's latencyd.conf says cluster_allow_root "
+                f'= ["{name}"]'
+            )
         if profile.booted_isolation == "require":
             why = unmet(self.shielded(profile), self.boot)
             if why is not None:
@@ -609,7 +627,7 @@ class Daemon:
         who may not see other users' tasks (`sees_tasks` false: not root, not in the admin
         group) gets it as hidepid would have it: settings of tasks (names_a_task) and table
         rows naming tasks left out and counted ("hidden"), or shown without their pids and
-        names (Table.hide_tasks), and no holder's pid or bus name."""
+        names (Table.hide_tasks), and no holder's pid, bus name or reason."""
         plugins: dict[str, Any] = {}
         hidden: dict[str, int] = {}
 
@@ -670,7 +688,8 @@ class Daemon:
                 {
                     "cookie": h.cookie,
                     "profile": h.profile,
-                    "reason": h.reason,
+                    # by default the held command's whole command line: the holder's own
+                    "reason": h.reason if sees_tasks else None,
                     "owner": h.owner if sees_tasks else None,
                     "pid": h.pid if sees_tasks else None,
                     "since": h.since,

@@ -236,6 +236,12 @@ class Service(dbus.service.Object):
             lambda: [(p.name, p.summary, p.error or "") for p in self.daemon.list_profiles()]
         )
 
+    @dbus.service.method(INTERFACE, in_signature="s", out_signature="s")
+    def ProfileFile(self, name: str) -> str:
+        """The file a profile name resolves to on the daemon's search path (a node agent
+        asks whether a name is the cluster's, or one of the host's that comes first)."""
+        return _answer(lambda: str(self.daemon.library.find(str(name), by_path=False)))
+
     @dbus.service.method(INTERFACE, in_signature="", out_signature="s")
     def ActiveProfile(self) -> str:
         return _answer(lambda: self.daemon.active.name if self.daemon.active else "")

@@ -48,7 +48,9 @@ def under_systemd() -> bool:
     return "JOURNAL_STREAM" in os.environ or "INVOCATION_ID" in os.environ
 
 
-def setup_logging(verbose: bool = False) -> None:
+def setup_logging(verbose: bool = False, level: int | str | None = None) -> None:
+    """Every record escaped, for the daemon and the node agent alike (the agent's carry
+    what a cluster's objects say)."""
     handler = logging.StreamHandler(sys.stderr)
     if under_systemd():
         handler.setFormatter(_JournalFormatter())
@@ -58,4 +60,4 @@ def setup_logging(verbose: bool = False) -> None:
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.setLevel(level if level is not None else logging.DEBUG if verbose else logging.INFO)

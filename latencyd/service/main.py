@@ -21,6 +21,7 @@ from latencyd.kernel.system import System
 from latencyd.paths import CONFIG_FILE, DEFAULT_STATE_DIR
 from latencyd.service.config import (
     Config,
+    cluster_allowed,
     fixed_options,
     load_config,
     search_path,
@@ -255,9 +256,12 @@ def build(
         # As root, profiles must be root's (a local user must not plant settings).
         trusted_only=os.geteuid() == 0 and system.is_real,
         fixed=fixed_options(config, schemas, machine),  # ConfigError: its line
+        cluster_dir=config.cluster_profiles,
     )
     engine = Engine(plugins, journal or Journal(args.state_dir))
-    return Daemon(system, plugins, library, engine)
+    daemon = Daemon(system, plugins, library, engine)
+    daemon.cluster_allow_root = cluster_allowed(config, plugins)
+    return daemon
 
 
 def arg_parser() -> argparse.ArgumentParser:

@@ -37,6 +37,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from latencyd.errors import ConfigError
 from latencyd.kernel.noise import Tally, task_of
+from latencyd.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,11 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def source_label(source: str) -> str:
+    """A noise source as a label value, printable: prometheus_client escapes only `\\`,
+    `"` and a newline, and a task's name is any user's choice (a terminal's escapes, a
+    carriage return that hides the rest of the line in a console)."""
     task = task_of(source)
-    return f"task {task[1]}" if task else source
+    return printable(f"task {task[1]}" if task else source)
 
 
 def _ranked(rank: Rank, tally: Tally) -> Rank:

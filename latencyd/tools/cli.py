@@ -751,9 +751,10 @@ def format_status(status: dict[str, Any]) -> list[str]:
     if status.get("holds"):
         out.append(f"base profile: {status.get('base_profile') or 'none'}")
         for h in status["holds"]:
+            reason = "reason shown to root" if h["reason"] is None else h["reason"]
             out.append(
                 f"hold {h['cookie']}: {h['profile']} by {h['owner'] or '?'} "
-                f"({h['reason'] or 'no reason given'})"
+                f"({reason or 'no reason given'})"
             )
     if status.get("last_error"):
         out.append(f"last error: {status['last_error']}")

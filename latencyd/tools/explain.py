@@ -36,6 +36,7 @@ def library(profile_dirs: list[Path], system: System) -> ProfileLibrary:
         schemas,
         machine,
         fixed=fixed_options(config, schemas, machine),  # as the daemon has them
+        cluster_dir=config.cluster_profiles,
     )
 
 

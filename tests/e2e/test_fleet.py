@@ -100,11 +100,12 @@ class Fleet:
     ) -> None:
         self.plane, self.bus, self.tmp = plane, bus, tmp_path
         self.node = f"node-{os.getpid()}-{next(_nodes)}"
-        self.cluster_dir = tmp_path / "cluster-profiles"
-        self.cluster_dir.mkdir(mode=0o755)
+        self.cluster_dir = tmp_path / "cluster" / "profiles"
+        self.cluster_dir.mkdir(mode=0o755, parents=True)
         self._clear()
         plane.add_node(self.node, {"latencyd.org/managed": "true"})
-        self.daemon = start_daemon("test-a", profile_dirs=[self.cluster_dir, profiles])
+        config = f'cluster_profiles = "{self.cluster_dir}"\n'
+        self.daemon = start_daemon("test-a", profile_dirs=[profiles], config=config)
         self.agents: list[Agent] = []
 
     def _clear(self) -> None:
@@ -253,6 +254,51 @@ def test_a_bad_profile_is_kept_out_with_its_line(fleet: Fleet) -> None:
     assert len(eventually(lambda: fleet.events("ProfileRefused"))) == 1
 
 
+def test_a_cluster_profile_that_could_hand_out_root_is_refused_on_the_node(
+    fleet: Fleet,
+) -> None:
+    """Whoever may write a LatencyProfile must not be root on the nodes its rules select:
+    the agent asks as root, and the daemon still holds what comes from the cluster to
+    the admin group's limits (issue 50). Nothing of the profile is written."""
+    low, high = two_values()
+    fleet.set_profile("fleet-rt", profile_text(low))
+    fleet.set_rules(("fleet-rt", {}))
+    fleet.agent()
+    eventually(lambda: fleet.tuned("fleet-rt", low))
+    core = Path("/proc/sys/kernel/core_pattern").read_text()
+    fleet.set_profile("fleet-rt", profile_text(high) + '"kernel.core_pattern" = "|/bin/false %p"\n')
+    cond = eventually(
+        lambda: (c := fleet.condition()).get("status") == "False" and c, what="LatencyTuned=False"
+    )
+    assert cond["reason"] == "SwitchFailed", cond
+    message = cond["message"]
+    assert "LatencyProfile latencyd/fleet-rt" in message and "kernel.core_pattern" in message
+    assert "cluster_allow_root" in message, message
+    assert Path("/proc/sys/kernel/core_pattern").read_text() == core
+    assert sysctl("vm.swappiness") == str(low)  # the harmless part was not written either
+    assert fleet.base_profile() == "fleet-rt"
+    assert "core_pattern" not in (fleet.cluster_dir / "fleet-rt.toml").read_text()
+    assert len(eventually(lambda: fleet.events("SwitchFailed"))) == 1
+
+
+def test_a_host_profile_of_the_same_name_stays_in_force(fleet: Fleet) -> None:
+    """The cluster names a profile the host has (test-a, in force): the host's stays,
+    the cluster's is refused with the reason, and is not installed."""
+    before = sysctl("vm.swappiness")
+    low, _ = two_values()
+    fleet.set_profile("test-a", profile_text(low))
+    fleet.set_rules(("test-a", {}))
+    agent = fleet.agent()
+    cond = eventually(
+        lambda: (c := fleet.condition()).get("status") == "False" and c, what="LatencyTuned=False"
+    )
+    assert cond["reason"] == "ProfileRefused", cond
+    assert "the host's profile" in cond["message"] and "test-a.toml" in cond["message"]
+    assert fleet.base_profile() == "test-a" and sysctl("vm.swappiness") == before
+    assert not (fleet.cluster_dir / "test-a.toml").exists()
+    assert "switched to" not in agent.log()
+
+
 def test_the_api_server_gone_and_back_costs_no_update_and_no_revert(
     fleet: Fleet, control_plane: ControlPlane
 ) -> None:
@@ -345,6 +391,18 @@ def test_the_agent_may_touch_only_its_own_nodes_report(
         }
     }
     assert "own (Latency*) conditions" in refused(lambda: api.patch(Node.Status, fleet.node, ready))
+    info = {"status": {"nodeInfo": {"kubeletVersion": "v0.0.0-forged"}}}
+    assert "own (Latency*) conditions" in refused(lambda: api.patch(Node.Status, fleet.node, info))
+    owner = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "name": NS,
+        "uid": "0" * 8 + "-0000" * 3 + "-" + "0" * 12,
+    }
+    for meta in ({"finalizers": ["x.org/keep"]}, {"ownerReferences": [owner]}):
+        assert "owners, finalizers" in refused(
+            lambda m=meta: api.patch(Node, fleet.node, {"metadata": m})  # type: ignore[misc]
+        )
     assert "forbidden" in refused(lambda: list(api.list(Secret, namespace=NS)))
     assert "forbidden" in refused(lambda: list(api.list(Secret, namespace="kube-system")))
     meta = {"name": "planted", "namespace": NS}
@@ -354,6 +412,33 @@ def test_the_agent_may_touch_only_its_own_nodes_report(
 
     assert "forbidden" in refused(lambda: api.create(LatencyProfile.from_dict(profile)))  # type: ignore[call-overload]
     control_plane.kubectl("delete", "node", other)
+
+
+def test_the_agents_account_holds_what_the_docs_say_and_no_more(
+    control_plane: ControlPlane,
+) -> None:
+    """`kubectl auth can-i --list` as the agent's ServiceAccount, in its namespace, in
+    `default` and in another: exactly the grants docs/fleet.md lists (besides what every
+    authenticated user has: reviews of its own access)."""
+    account = "system:serviceaccount:latencyd:latencyd-agent"
+
+    def grants(namespace: str) -> set[tuple[str, str]]:
+        out = control_plane.kubectl("auth", "can-i", "--list", "--as", account, "-n", namespace)
+        found = set()
+        for line in out.stdout.splitlines()[1:]:
+            fields = line.split()
+            resource, verbs = fields[0], line[line.index("[", len(fields[0])) :]
+            if resource.startswith("self") or resource.startswith("/"):
+                continue  # every authenticated user's, and non-resource URLs
+            found.add((resource, verbs.split("]", 1)[0].strip("[").replace(" ", ",")))
+        return found
+
+    nodes = {("nodes", "get,list,watch,patch"), ("nodes/status", "patch")}
+    crds = {("latencyprofiles.latencyd.org", "get,list,watch"),
+            ("latencyrecommends.latencyd.org", "get,list,watch")}  # fmt: skip
+    assert grants(NS) == nodes | crds
+    assert grants("default") == nodes | {("events", "create")}
+    assert grants("kube-system") == nodes
 
 
 def test_every_shipped_manifest_passes_a_server_dry_run(control_plane: ControlPlane) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from latencyd.agent.check import check
-from latencyd.agent.render import profile_set
+from latencyd.agent.install import ProfileDir
+from latencyd.agent.render import ProfileSet, profile_set
 from tests.unit.fakesys import KernelLikeSystem
 
 
@@ -18,10 +19,10 @@ def cluster(**texts: str) -> list[dict[str, object]]:
     ]
 
 
-def staging(tmp_path: Path) -> Path:
-    d = tmp_path / "staging"
-    d.mkdir()
-    return d
+def staged(tmp_path: Path, profiles: ProfileSet) -> Path:
+    """The set staged whole, as the agent stages it beside its profile directory."""
+    (tmp_path / "cluster").mkdir(exist_ok=True)
+    return ProfileDir(tmp_path / "cluster" / "profiles").stage(profiles.files())
 
 
 GOOD = """[main]
@@ -37,10 +38,9 @@ cmdline = ["nohz_full=1", "skew_tick=1"]
 
 def test_a_profile_that_loads_gives_its_kernel_arguments(fake_root: Path, tmp_path: Path) -> None:
     system = KernelLikeSystem(str(fake_root))
-    checked = check("rt", profile_set(cluster(rt=GOOD)), staging(tmp_path), system)
+    checked = check("rt", (ps := profile_set(cluster(rt=GOOD))), staged(tmp_path, ps), system)
     assert checked.error is None
     assert checked.kernel_args == ("nohz_full=1", "skew_tick=1")
-    assert not (tmp_path / "staging").exists()  # removed after
 
 
 def test_a_refused_profile_names_the_latencyprofile_and_its_line(
@@ -49,7 +49,7 @@ def test_a_refused_profile_names_the_latencyprofile_and_its_line(
     bad = GOOD + "\n[writeback]\nno_such_option = 1\n"
     base = '[main]\ninclude = ["rt-bad"]\n'
     checked = check(
-        "site", profile_set(cluster(rt_bad=bad, site=base)), staging(tmp_path),
+        "site", (ps := profile_set(cluster(rt_bad=bad, site=base))), staged(tmp_path, ps),
         KernelLikeSystem(str(fake_root)),
     )  # fmt: skip
     assert checked.error is not None
@@ -63,8 +63,10 @@ def test_boot_writes_from_the_cluster_are_refused_unless_allowed(
 ) -> None:
     writes = GOOD + "write = true\n"
     system = KernelLikeSystem(str(fake_root))
-    refused = check("rt", profile_set(cluster(rt=writes)), staging(tmp_path), system)
+    refused = check("rt", (ps := profile_set(cluster(rt=writes))), staged(tmp_path, ps), system)
     assert refused.error is not None and "LatencyProfile tuning/rt: line 9" in refused.error
     assert "--allow-boot-writes" in refused.error
-    allowed = check("rt", profile_set(cluster(rt=writes)), staging(tmp_path), system, True)
+    allowed = check(
+        "rt", (ps := profile_set(cluster(rt=writes))), staged(tmp_path, ps), system, True
+    )
     assert allowed.error is None

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from latencyd.paths import CLUSTER_PROFILES, KUBELET_CONFIG
 from latencyd.service.metrics import NAMES
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -49,13 +50,27 @@ def test_the_alert_rules_pass_promtool_and_name_only_metrics_latencyd_exposes(
     assert pending["for"] == "1d"
 
 
-def test_the_daemonset_gives_the_agent_the_host_it_reports_on() -> None:
+def test_the_daemonset_gives_the_agent_no_more_than_it_needs() -> None:
+    """Least privilege, as docs/fleet.md says it: no privileged container, no host PID
+    namespace, no capability, and exactly three host paths: the bus socket, the
+    cluster-profile directory's parent, the kubelet's config file (read only)."""
     (ds,) = documents("03-daemonset.yaml")
     pod = ds["spec"]["template"]["spec"]
     (agent,) = pod["containers"]
-    assert pod["hostPID"] is True and agent["securityContext"]["privileged"] is True
-    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
-    assert {"/sys", "/run/latencyd"} <= mounts
+    security = agent["securityContext"]
+    assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
+    assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["readOnlyRootFilesystem"]
+    hosts = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert hosts == {
+        "cluster-profiles": str(CLUSTER_PROFILES.parent),
+        "dbus": "/run/dbus/system_bus_socket",
+        "kubelet-config": str(KUBELET_CONFIG),
+    }
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["kubelet-config"]["readOnly"] is True
+    assert mounts["cluster-profiles"]["mountPath"] == str(CLUSTER_PROFILES.parent)
+    assert mounts["kubelet-config"]["mountPath"] == str(KUBELET_CONFIG)
     env = {e["name"]: e for e in agent["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["DBUS_SYSTEM_BUS_ADDRESS"]["value"].endswith("system_bus_socket")

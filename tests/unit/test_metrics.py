@@ -95,6 +95,17 @@ def test_a_scrape_holds_the_noise_by_source_the_profile_and_drift() -> None:
     assert 'latencyd_noise_budget_exceeded_total{cpu="1"} 2.0' in text  # the alert's
 
 
+def test_a_task_named_with_control_characters_is_exposed_printable() -> None:
+    """prometheus_client escapes only a backslash, a quote and a newline in label values:
+    a task's name (any user's choice) reaches the exposition printable."""
+    metrics = Metrics(Config().metrics_sources_per_cpu)
+    metrics.add_noise({1: {"task 4242 a\x1b[2Jb\rc\x07": Tally(2, 3_000_000, 2_000_000)}})
+    text = exposition(metrics)
+    assert not any(c in text for c in "\x1b\r\x07")
+    sources = scrape(metrics)[(SECONDS, "1")]
+    assert sources.keys() == {"other", "task a\\x1b[2Jb\\rc\\x07"}  # read back: the escapes
+
+
 def exposition(metrics: Metrics) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
