@@ -503,8 +503,9 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             Option(
                 "apps",
                 ListOf(Str()),
-                "Name patterns (globs, on the process name or its executable's) of the "
-                "application: placed on the shielded CPUs as it starts (exec)",
+                "The application's executables (globs): a path (/opt/md/bin/*), or a file "
+                "name that only root's files match (not a process name, which any user "
+                "chooses): placed on the shielded CPUs as it starts (exec)",
             ),
             Option(
                 "mechanism",
@@ -617,14 +618,20 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         return run_to_end(self.expand_steps(options, owned))
 
     def is_app(self, rules: ShieldRules, task: Task) -> bool:
-        """Whether the task is the application by name ([shield] apps): its process name
-        or its executable's file name."""
+        """Whether the task is the application ([shield] apps), by what its user cannot
+        forge: a pattern with a `/` matches its executable's path; a bare name, the file
+        name of an executable root owns and no one else may write (not a process name:
+        any user's process may rename itself, or run a copy named like the application)."""
         if not rules.apps:
             return False
-        if any(fnmatch.fnmatchcase(task.comm, p) for p in rules.apps):
-            return True
         exe = self.system.executable(task.pid)
-        return exe is not None and any(fnmatch.fnmatchcase(exe, p) for p in rules.apps)
+        if exe is None:
+            return False
+        name = exe.path.rsplit("/", 1)[-1]
+        return any(
+            fnmatch.fnmatchcase(exe.path, p) if "/" in p else exe.trusted and fnmatch.fnmatchcase(name, p)
+            for p in rules.apps
+        )
 
     def placed(self, rules: ShieldRules, task: Task) -> bool:
         """Whether the shield puts the task on the shielded CPUs: the application, by

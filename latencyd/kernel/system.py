@@ -207,6 +207,14 @@ def parse_stat(pid: int, text: str) -> Task:
     return Task(pid, comm, int(fields[1]), int(fields[6]), int(fields[19]), last_cpu)
 
 
+@dataclass(frozen=True)
+class Executable:
+    path: str  # as the process's mount namespace names it
+    # The file is latencyd's own user's and nobody else may write it: what another user
+    # cannot forge by copying a program under the same name (a comm is anyone's choice).
+    trusted: bool
+
+
 class System:
     """The kernel, rooted at `root`. Backends for what is not a plain file: `sched`
     (scheduler calls; the os module, or a fake with its functions), `pmqos` (the PM QoS
@@ -430,13 +438,18 @@ class System:
         except OSError:
             return None
 
-    def executable(self, pid: int) -> str | None:
-        """The file name of the process's executable (proc/PID/exe), None if it cannot be
-        read (exited, a kernel thread)."""
+    def executable(self, pid: int) -> Executable | None:
+        """The process's executable (proc/PID/exe): its path and whether only latencyd's
+        own user (root) could have put it there; None if it cannot be read (exited, a
+        kernel thread)."""
+        link = self.fspath(f"proc/{pid}/exe")
         try:
-            return os.path.basename(os.readlink(self.fspath(f"proc/{pid}/exe")))
+            path, st = os.readlink(link), os.stat(link)
         except OSError:
             return None
+        if path.startswith(self._prefix):  # a fake root's link: the path inside it
+            path = "/" + path[len(self._prefix) :]
+        return Executable(path, st.st_uid == os.geteuid() and not st.st_mode & 0o022)
 
     def cgroup_pids(self, rel: str) -> list[int]:
         """The processes in a cgroup and in every cgroup below it; none if it is gone."""

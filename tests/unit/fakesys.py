@@ -229,9 +229,20 @@ def add_task(
     start_time: int = 1000,
     threads: tuple[int, ...] = (),
     uid: int = 0,
+    exe: str | None = None,
 ) -> None:
     """proc/PID/{stat,comm,status} and proc/PID/task/TID/ for the task and each extra
-    thread (the main thread's own stat too: latencyd reads that one, see System.task)."""
+    thread (the main thread's own stat too: latencyd reads that one, see System.task);
+    with `exe` (a path inside the root), proc/PID/exe links to that file, made if missing
+    (the test's user's, mode 0755)."""
+    if exe is not None:
+        program = root / exe.lstrip("/")
+        if not program.exists():
+            program.parent.mkdir(parents=True, exist_ok=True)
+            program.write_text("")
+            program.chmod(0o755)
+        (root / f"proc/{pid}").mkdir(parents=True, exist_ok=True)
+        (root / f"proc/{pid}/exe").symlink_to(program)
     put(root, f"proc/{pid}/stat", stat_line(pid, comm, ppid, flags, start_time))
     put(root, f"proc/{pid}/comm", comm)
     put(root, f"proc/{pid}/status", f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")

@@ -51,8 +51,8 @@ class Machinery:
         for pid, comm in KTHREADS.items():
             add_kthread(root, pid, comm)
         add_kthread(root, 12, "ksoftirqd/1", per_cpu=True)  # PF_NO_SETAFFINITY
-        add_task(root, 300, "sshd", start_time=900)
-        add_task(root, 400, "myapp", start_time=1000, threads=(401, 402))
+        add_task(root, 300, "sshd", start_time=900, exe="/usr/sbin/sshd")
+        add_task(root, 400, "myapp", start_time=1000, threads=(401, 402), exe="/usr/bin/myapp")
         for pid in (1, 2, *KTHREADS, 12, 300, 400, 401):
             self.sched.add(pid)
         self.sched.add(402, {0})  # already kept off CPU 1

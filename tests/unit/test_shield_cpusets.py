@@ -63,6 +63,31 @@ def test_v2_one_partition_write_and_only_the_application_moves(
     assert tree_values(m.root) == before  # every file as found, the cgroup gone
 
 
+def test_apps_are_matched_by_what_their_user_cannot_forge(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """A bare name matches the file name of an executable only root may have put there;
+    a pattern with a `/`, the executable's path. A process named like the application, or
+    a copy of it anyone may write, is not moved into the shield (issue 50)."""
+    m, system, engine = rig(tmp_path, v1=False, v2=True)
+    forged = {
+        500: ("myapp", "/usr/bin/bash"),  # renamed itself (prctl PR_SET_NAME)
+        501: ("copy", "/home/u/myapp"),  # a copy under the application's name...
+        502: ("x", "/opt/md/bin/feed"),
+        503: ("y", "/usr/bin/myapp"),  # the installed application, whatever its comm
+    }
+    for pid, (comm, exe) in forged.items():
+        add_task(m.root, pid, comm, start_time=2000, exe=exe)
+        m.sched.add(pid, {0, 1, 2, 3})
+        system.place(pid, V2)
+    (m.root / "home/u/myapp").chmod(0o777)  # ...that another user may write
+    (m.root / "opt/md/bin/feed").chmod(0o777)  # a path named in apps: the admin's choice
+    switch(m, engine, machine, {"cpus": "1", "apps": ["myapp", "/opt/md/bin/*"]})
+    placed = {pid for pid in (*USER_TASKS, *forged) if cgroup(system, pid) == "/latencyd-shield"}
+    assert placed == {400, 502, 503}
+    assert engine.off() == []
+
+
 def test_v2_a_partition_the_kernel_refuses_is_not_applicable_with_its_reason(
     tmp_path: Path, machine: Machine
 ) -> None:
