@@ -628,9 +628,10 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         if exe is None:
             return False
         name = exe.path.rsplit("/", 1)[-1]
-        return any(
-            fnmatch.fnmatchcase(exe.path, p) if "/" in p else exe.trusted and fnmatch.fnmatchcase(name, p)
-            for p in rules.apps
+        by_path = (p for p in rules.apps if "/" in p)
+        by_name = (p for p in rules.apps if "/" not in p) if exe.trusted else ()
+        return any(fnmatch.fnmatchcase(exe.path, p) for p in by_path) or any(
+            fnmatch.fnmatchcase(name, p) for p in by_name
         )
 
     def placed(self, rules: ShieldRules, task: Task) -> bool:

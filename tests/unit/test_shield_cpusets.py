@@ -63,9 +63,7 @@ def test_v2_one_partition_write_and_only_the_application_moves(
     assert tree_values(m.root) == before  # every file as found, the cgroup gone
 
 
-def test_apps_are_matched_by_what_their_user_cannot_forge(
-    tmp_path: Path, machine: Machine
-) -> None:
+def test_apps_are_matched_by_what_their_user_cannot_forge(tmp_path: Path, machine: Machine) -> None:
     """A bare name matches the file name of an executable only root may have put there;
     a pattern with a `/`, the executable's path. A process named like the application, or
     a copy of it anyone may write, is not moved into the shield (issue 50)."""
