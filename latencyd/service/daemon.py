@@ -80,6 +80,9 @@ class Hold:
     since: float
     pid: int | None = None  # the holder's process: it and its children are never moved
     placed: bool = False  # HoldAndPlace: the holder is put on the shielded CPUs
+    # The holder's start time when it asked: with the pid, what tells it from a process
+    # that got the pid after it exited (pids are reused), which must not be placed.
+    start_time: int | None = None
 
 
 @dataclass
@@ -271,9 +274,13 @@ class Daemon:
         (HoldAndPlace: `latencyctl run`, `hold -- CMD`) also puts the holder on the
         shielded CPUs in the same apply, so the command it starts next is born there."""
         profile = self.load(ref, caller)
+        holder = self.system.task(pid) if pid is not None else None
         cookie = self._next_cookie
         self._next_cookie += 1
-        self.holds[cookie] = Hold(cookie, ref, reason, owner, time.time(), pid, placed)
+        self.holds[cookie] = Hold(
+            cookie, ref, reason, owner, time.time(), pid, placed,
+            holder.start_time if holder is not None else None,
+        )  # fmt: skip
         self._exempt()
         try:
             report = yield from self._apply_steps(profile, ref)
@@ -746,11 +753,17 @@ class Daemon:
         }
 
     def _exempt(self) -> None:
-        pids = frozenset(h.pid for h in self.holds.values() if h.pid)
-        placed = frozenset(h.pid for h in self.holds.values() if h.pid and h.placed)
+        holders = [h for h in self.holds.values() if h.pid and self._still_the_holder(h)]
+        pids = frozenset(h.pid for h in holders if h.pid)
+        placed = frozenset(h.pid for h in holders if h.pid and h.placed)
         for plugin in self.plugins.values():
             plugin.exempt_pids = pids
             plugin.placed_pids = placed
+
+    def _still_the_holder(self, hold: Hold) -> bool:
+        """The hold's pid is still the process that asked (not one that reused the pid)."""
+        task = self.system.task(hold.pid) if hold.pid else None
+        return task is not None and task.start_time == hold.start_time
 
     def _before_apply(self, profile: Profile | None) -> None:
         for hook in self.before_apply:

@@ -722,3 +722,21 @@ def test_a_holder_is_placed_on_the_shielded_cpus_only_when_it_asks_itself(
     assert m.sched.affinity[1] == {0, 2, 3}  # the rest is shielded as before
     assert daemon.engine.off() == []
     assert m.sched.affinity[300] == {0, 1, 2, 3}
+
+
+def test_a_pid_reused_after_its_holder_exited_is_not_placed(m: Machinery, tmp_path: Path) -> None:
+    """Holders are known by pid and start time: a process that got the holder's pid after
+    the holder exited is neither placed on the shielded CPUs nor exempt (issue 50)."""
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "p.toml").write_text('[shield]\ncpus = "1"\nmechanism = "affinity"\n')
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), m.system.machine())
+    daemon = Daemon(m.system, plugins, library, Engine(plugins, Journal(m.state_dir)))
+    run_to_end(daemon.hold_steps("p", "app", ":1.42", pid=300, placed=True))  # sshd, at 900
+    assert m.sched.affinity[300] == {1}
+    add_task(m.root, 300, "intruder", start_time=950)  # sshd exited; its pid taken again
+    m.sched.add(300, {0, 1, 2, 3})
+    run_to_end(daemon.hold_steps("p", "another", ":1.43"))  # the next apply
+    assert m.sched.affinity[300] == {0, 2, 3}  # narrowed like any other task
+    assert daemon.engine.off() == []
