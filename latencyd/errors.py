@@ -89,6 +89,13 @@ class ConfigError(LatencydError):
     dbus_name = "org.latencyd.Error.BadConfig"
 
 
+class NotPlaced(LatencydError):
+    """A hold asked that its holder be put on the shielded CPUs, and it is not: the hold
+    is undone, and the message says why and what to do instead."""
+
+    dbus_name = "org.latencyd.Error.NotPlaced"
+
+
 class NoSuchHold(LatencydError):
     dbus_name = "org.latencyd.Error.NoSuchHold"
 

@@ -634,6 +634,24 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             fnmatch.fnmatchcase(name, p) for p in by_name
         )
 
+    def not_placed(self, rules: ShieldRules | None, pid: int) -> str | None:
+        """Why the holder `pid` is not on the shielded CPUs (PlacesApplications): what its
+        cgroup's owner keeps it in, or the CPUs it has."""
+        if rules is None or not rules.cpus:
+            return None
+        affinity = self.system.affinity(pid)
+        if affinity and affinity.issubset(rules.cpus):
+            return None
+        cgroup = self.system.task_cgroup(pid)
+        if cgroup is not None and cgroup.strip("/").split("/")[0] in (SHIELD, APP_SLICE):
+            return None  # inside the shield's cgroup: the kernel keeps it on those CPUs
+        why = next((w for p, _, _, w in rules.theirs if p == pid), None)
+        where = f" in cgroup {cgroup}" if cgroup else ""
+        return (
+            f"process {pid} runs on CPUs {affinity.to_list() or 'none'}{where}, not on the "
+            f"shielded CPUs {rules.cpus.to_list()}" + (f": {why}" if why else "")
+        )
+
     def placed(self, rules: ShieldRules, task: Task) -> bool:
         """Whether the shield puts the task on the shielded CPUs: the application, by
         name or because it holds the profile (`latencyctl run`/`hold`, whose command is

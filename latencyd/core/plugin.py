@@ -22,7 +22,16 @@ import sys
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Generic,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    runtime_checkable,
+)
 
 from latencyd.core.schema import Schema
 from latencyd.cpuset import CpuSet
@@ -672,3 +681,16 @@ def load_plugins(system: System) -> dict[str, Plugin[Any, Any]]:
         except Exception as exc:  # one plugin that cannot start must not stop the rest
             log.error("plugin %s failed to start: %s", name, exc)
     return plugins
+
+
+@runtime_checkable
+class PlacesApplications(Protocol):
+    """A plugin that puts the application on CPUs of its own (the shield). After a hold
+    that asked to be placed (HoldAndPlace: `latencyctl run`, `hold -- CMD`) is applied,
+    the daemon asks it whether the holder is there: an application that runs elsewhere
+    is a request not done, said as such, never a silent success."""
+
+    def not_placed(self, rules: Any, pid: int) -> str | None:
+        """Why the process `pid` is not on the CPUs this section's `rules` keep for the
+        application, with what to do instead; None when it is (or the section keeps none)."""
+        ...

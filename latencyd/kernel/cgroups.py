@@ -314,6 +314,7 @@ def systemd_placement(
         service = unit[0] if unit else parts[-1]
         return None, (
             f"systemd ({service}): a service's process stays in its unit; give the unit "
-            f"Slice={APP_SLICE} to run it on the shield"
+            f"Slice={APP_SLICE} to run it on the shield, or, from a shell of it, start "
+            "the application in a scope of its own: systemd-run --scope latencyctl run -- CMD"
         )
     return APP_SLICE, None

@@ -24,6 +24,7 @@ from latencyd.core.engine import (
 )
 from latencyd.core.plugin import (
     DeviceEvent,
+    PlacesApplications,
     Plugin,
     Target,
     TaskEvent,
@@ -39,6 +40,7 @@ from latencyd.errors import (
     LatencydError,
     Location,
     NoSuchHold,
+    NotPlaced,
     PermissionDenied,
     ProfileError,
 )
@@ -125,6 +127,8 @@ class Daemon:
         self.active_ref: str | None = None  # the name or path `active` was loaded by
         self.base: str | None = None  # the profile in force when nothing is held
         self.holds: dict[int, Hold] = {}  # by cookie, oldest first
+        # The latest holds that asked to be placed and could not be (status shows them).
+        self.not_placed: list[dict[str, Any]] = []
         self._next_cookie = 1
         self.last_error: str | None = None
         self.on_profile_changed: list[Callable[[str], None]] = []
@@ -288,8 +292,26 @@ class Daemon:
             del self.holds[cookie]
             self._exempt()
             raise
+        why = self._not_placed(pid) if placed and pid is not None else None
+        if why is not None:
+            # Asked and not done is said: the hold is undone, and the caller told why.
+            yield from self.release_steps(cookie)
+            refused = {"pid": pid, "profile": ref, "reason": reason, "why": why}
+            self.not_placed = [*self.not_placed[-9:], refused | {"since": time.time()}]
+            log.warning("hold on %s by %s not placed: %s", ref, owner or "latencyd", why)
+            raise NotPlaced(f"the application was not placed on the shielded CPUs: {why}")
         log.info("hold %d on %s by %s (%s)", cookie, ref, owner or "latencyd", reason or "-")
         return cookie, report
+
+    def _not_placed(self, pid: int) -> str | None:
+        """Why the holder `pid` is not where a plugin placing applications puts it."""
+        for name, section in self.engine.sections.items():
+            plugin = self.plugins[name]
+            if isinstance(plugin, PlacesApplications):
+                why = plugin.not_placed(section.expansion.rules, pid)
+                if why is not None:
+                    return why
+        return None
 
     def release_steps(self, cookie: int) -> Steps[StepReport | None]:
         if cookie not in self.holds:
@@ -704,6 +726,11 @@ class Daemon:
                 for h in self.holds.values()
             ],
             "last_error": self.last_error,
+            # holds that asked to be placed and were refused (their holder's pid and
+            # reason for root and the admin group only)
+            "not_placed": [
+                n if sees_tasks else n | {"pid": None, "reason": None} for n in self.not_placed
+            ],
             # A change running a slice at a time: what, and how many settings of how many
             # it has read or written (the rest of status is as before it began).
             "in_progress": (

@@ -758,6 +758,9 @@ def format_status(status: dict[str, Any]) -> list[str]:
             )
     if status.get("last_error"):
         out.append(f"last error: {status['last_error']}")
+    for n in status.get("not_placed") or ():
+        who = f"process {n['pid']}" if n["pid"] is not None else "an application"
+        out.append(f"not placed: {who} holding {n['profile']}: {n['why']}")
     if status.get("in_progress"):
         busy = status["in_progress"]
         out.append(f"in progress: {busy['what']} ({busy['done']:,} of {busy['total']:,} steps)")

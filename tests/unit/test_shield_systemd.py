@@ -14,14 +14,19 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from latencyd.plugins.shield import ShieldPlugin, TaskUnit, UnitCpus
 
-from latencyd.core.engine import Engine
+from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
+from latencyd.core.plugin import Plugin, run_to_end
+from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import validate
+from latencyd.errors import NotPlaced
 from latencyd.kernel.system import Machine
+from latencyd.service.daemon import Daemon
 from tests.harness import wait_for
 from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, put, tree_values
 from tests.unit.taskrig import Machinery
@@ -177,3 +182,33 @@ def test_systemd_moves_nothing_back_into_a_login_session_and_off_says_so(
     assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
     assert system.read(f"{V2}/latencyd.slice/cpuset.cpus") == ""
     assert system.read(f"{V2}/user.slice/cpuset.cpus") == ""
+
+
+def test_a_holder_systemd_keeps_in_its_service_is_refused_with_what_to_do(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    """`latencyctl run` from a shell of ssh.service (no login session): the daemon may not
+    take the process out of its service, so the hold is refused and undone, saying why
+    and what to do instead, and status lists it (issue 51: it printed `holding` and the
+    command ran on the housekeeping CPUs)."""
+    m, system = systemd_rig
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "iso.toml").write_text('[shield]\ncpus = "1"\n')
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+    with pytest.raises(NotPlaced) as refused:
+        run_to_end(daemon.hold_steps("iso", "sleep 60", ":1.9", pid=300, placed=True))
+    why = str(refused.value)
+    assert "process 300" in why and "/system.slice/ssh.service" in why
+    assert "Slice=latencyd.slice" in why and "systemd-run --scope latencyctl run" in why
+    assert daemon.holds == {} and daemon.active is None  # undone: nothing in force
+    (listed,) = daemon.status()["not_placed"]
+    assert (listed["pid"], listed["profile"], listed["why"]) == (300, "iso", why.split(": ", 1)[1])
+    assert daemon.status(sees_tasks=False)["not_placed"][0]["pid"] is None
+    # from a scope of its own (systemd-run --scope, a login session), the same hold places it
+    system.place(300, V2, f"/{SESSION}")
+    run_to_end(daemon.hold_steps("iso", "sleep 60", ":1.9", pid=300, placed=True))
+    assert system.task_cgroup(300) == "/latencyd.slice/latencyd-app-300.scope"
+    assert daemon.engine.off() == []

@@ -410,6 +410,18 @@ def test_nothing_left_to_isolate_is_reported_not_written(tmp_path: Path) -> None
     assert "leaves no CPU to isolate on this machine" in texts["p"]
 
 
+def test_a_tuned_user_is_told_that_taskset_fails_inside_the_shield(tmp_path: Path) -> None:
+    """TuneD's cpu-partitioning leaves placing the application to `taskset -c N` in its
+    start script; under latencyd's cpuset shield the kernel refuses that (EINVAL): the
+    imported profile says so beside [shield], with what to do instead (issue 51)."""
+    files = {"lib/p/tuned.conf": "[scheduler]\nisolated_cores=1\n"}
+    _result, data, texts = run(tmp_path, files, "p")
+    assert data["p"]["shield"]["cpus"] == "1"
+    note = texts["p"][texts["p"].index("taskset -c 1 ./app") :]
+    assert "Invalid argument" in note and "latencyctl run -- ./app" in note
+    assert 'mechanism = "affinity"' in note
+
+
 def test_tuned_cpulist_syntax_in_a_variable(tmp_path: Path) -> None:
     files = {"lib/p/tuned.conf": "[variables]\niso=2-3,^3\n[irqbalance]\nbanned_cpus=${iso}\n"}
     _r, data, _t = run(tmp_path, files, "p")

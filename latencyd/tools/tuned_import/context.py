@@ -57,6 +57,11 @@ MSG = {
     "which nobody may move, are reported not applicable)",
     "no_glob": "'{pattern}' cannot be written as a name glob: user tasks it matches are moved "
     "off the isolated CPUs",
+    "taskset": "TuneD left the application to its start script (`taskset -c {iso} ./app`): "
+    "latencyd's shield is a cpuset where the machine has one, and inside it the kernel "
+    "refuses such an affinity (taskset: Invalid argument). Start the application with "
+    "`latencyctl run -- ./app`, name its executable in [shield] apps, or keep the start "
+    'scripts as they are with mechanism = "affinity" (the chase, as TuneD)',
     "whitelist": "latencyd moves every user task but the allowed ones off the isolated CPUs: a "
     "whitelist of user tasks to move has no equivalent (kernel threads are restricted to it)",
     "leave": "{opt}: affinity '*' (leave as it is) became all CPUs: a latencyd rule always "

@@ -194,6 +194,7 @@ def scheduler(ctx: Context, unit: Unit) -> None:
         ["isolated_cores"],
         f"[{unit.name}] isolated_cores",
     )
+    ctx.note(unit, "isolated_cores", "taskset", "shield", iso=iso)
     allow = []
     for pattern in blacklist:
         if not pattern.startswith(("^\\[", "\\[")):  # those are kernel threads only
