@@ -32,8 +32,7 @@ class Config:
     # directory, its profiles held to the admin group's limits (Daemon.load)...
     cluster_profiles: Path | None = CLUSTER_PROFILES
     # ...except in the sections this node's admin names here (such as "bootloader").
-    cluster_allow_root: frozenset[str] = frozenset()
-    cluster_allow_root_at: Location = field(default_factory=lambda: Location(None))
+    cluster_allow_root: tuple[str, ...] = ()
     task_events: str = "auto"  # auto | perf | proc-connector | none
     on_stop: str = "restore"  # restore | keep (leave the tuning; the next start adopts it)
     metrics_listen: tuple[str, int] | None = None  # Prometheus exposition: off by default
@@ -172,8 +171,7 @@ def load_config(path: Path = CONFIG_FILE) -> Config:
         poll_interval_s=float(data.get("poll_interval_s", Config.poll_interval_s)),
         profile_dirs=tuple(Path(p) for p in data.get("profile_dirs", [])),
         cluster_profiles=Path(cluster) if cluster else None,
-        cluster_allow_root=frozenset(allow_root),
-        cluster_allow_root_at=at("cluster_allow_root"),
+        cluster_allow_root=tuple(allow_root),
         task_events=_choice(at, data, "task_events", ("auto", "perf", "proc-connector", "none")),
         on_stop=_choice(at, data, "on_stop", ("restore", "keep")),
         metrics_listen=listen,
@@ -225,15 +223,20 @@ def fixed_options(
     return config.plugin
 
 
-def cluster_allowed(config: Config, plugins: Iterable[str]) -> frozenset[str]:
-    """The config's cluster_allow_root, each a section of an installed plugin."""
-    unknown = sorted(config.cluster_allow_root - set(plugins))
+def cluster_allowed(config: Config, plugins: Iterable[str], path: Path) -> frozenset[str]:
+    """The config's cluster_allow_root (read from `path`), each a section of an installed
+    plugin: a misspelt one is the config's error at its line, not a silent no."""
+    unknown = sorted(set(config.cluster_allow_root) - set(plugins))
     if unknown:
+        try:
+            line = key_lines(path.read_text()).get(("cluster_allow_root",))
+        except OSError:
+            line = None
         raise ConfigError(
-            f"{config.cluster_allow_root_at}: cluster_allow_root names no installed plugin: "
+            f"{Location(path, line)}: cluster_allow_root names no installed plugin: "
             f"{', '.join(unknown)}"
         )
-    return config.cluster_allow_root
+    return frozenset(config.cluster_allow_root)
 
 
 def _choice(

@@ -260,7 +260,7 @@ def build(
     )
     engine = Engine(plugins, journal or Journal(args.state_dir))
     daemon = Daemon(system, plugins, library, engine)
-    daemon.cluster_allow_root = cluster_allowed(config, plugins)
+    daemon.cluster_allow_root = cluster_allowed(config, plugins, args.config)
     return daemon
 
 

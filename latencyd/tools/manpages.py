@@ -149,6 +149,7 @@ def latencyd_page() -> str:
             settings[f"{bold(f'[{name}.NAME]')} option = value"] = sentence(DOCS.get(name, ""))
             continue
         value = [str(v) for v in value] if isinstance(value, tuple) else value
+        value = str(value) if isinstance(value, Path) else value
         value = "unset" if value is None else toml_value(value)
         settings[f"{bold(name)} = {esc(value)}"] = sentence(DOCS.get(name, ""))
     stop = 'Stop: put every original value back (or keep the tuning, with on_stop = "keep").'

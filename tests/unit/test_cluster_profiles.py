@@ -118,12 +118,12 @@ def test_the_config_names_the_cluster_directory_and_what_it_may_do(tmp_path: Pat
     conf.write_text('cluster_profiles = "/srv/c"\ncluster_allow_root = ["bootloader"]\n')
     config = load_config(conf)
     assert config.cluster_profiles == Path("/srv/c")
-    assert cluster_allowed(config, ["sysctl", "bootloader"]) == {"bootloader"}
+    assert cluster_allowed(config, ["sysctl", "bootloader"], conf) == {"bootloader"}
     conf.write_text('\n\ncluster_allow_root = ["bootlaoder"]\n')
     with pytest.raises(
         ConfigError, match=r"latencyd.conf:3: cluster_allow_root names no .*bootlaoder"
     ):
-        cluster_allowed(load_config(conf), ["sysctl", "bootloader"])
+        cluster_allowed(load_config(conf), ["sysctl", "bootloader"], conf)
     conf.write_text('cluster_profiles = ""\n')
     assert load_config(conf).cluster_profiles is None
     assert Path("/srv/c") not in search_path([], load_config(conf))

@@ -174,6 +174,8 @@ def test_the_shipped_example_config_loads_with_every_setting_uncommented(tmp_pat
     assert config.task_events == "auto"
     assert (config.metrics_listen, config.metrics_allow_remote) == (("127.0.0.1", 9477), False)
     assert config.metrics_sources_per_cpu == 10
+    assert config.cluster_profiles == Path("/run/latencyd-cluster/profiles")
+    assert config.cluster_allow_root == ("bootloader",)
     assert {n: {o: f.value for o, f in t.items()} for n, t in config.plugin.items()} == {
         "bootloader": {"write": False}
     }
