@@ -16,17 +16,22 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from latencyd.plugins.bootloader import NOT_WRITTEN, BootArguments, BootloaderPlugin
+from latencyd.plugins.sysctl import SysctlPlugin
 
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
-from latencyd.core.profile import Profile
+from latencyd.core.plugin import Plugin
+from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.core.schema import SchemaError, validate
 from latencyd.cpuset import CpuSet
-from latencyd.errors import KernelRefused
+from latencyd.errors import KernelRefused, PermissionDenied
 from latencyd.kernel.bootloaders import (
+    GRUB_DROP_IN,
+    KERNEL_CMDLINE,
     RECORD,
     DebianGrub,
     Grubby,
@@ -41,6 +46,8 @@ from latencyd.kernel.bootloaders import (
 )
 from latencyd.kernel.cmdline import Change, rewritten, unsafe
 from latencyd.kernel.system import Machine, System
+from latencyd.service.daemon import Caller, Daemon
+from tests.unit.fakesys import make_fake_root
 
 VERSION = "0.0.0-latencyd-test"  # a kernel no host has: kernel-install's plugins skip it
 MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)
@@ -353,6 +360,22 @@ def test_what_this_kernel_ignores_is_not_applicable_and_never_written(tmp_path: 
         ({"cmdline": ['x="1 2"']}, "only letters, digits"),
         ({"cmdline": ["nohz_full=9"]}, "nohz_full"),
         ({"cmdline": [1]}, "expected a kernel argument"),
+        # What the machine boots into is not latency tuning, and a root shell at the next
+        # boot for whoever may write a profile (issue 50).
+        ({"cmdline": ["init=/bin/sh"]}, "init chooses what the machine boots into"),
+        ({"cmdline": ["rdinit=/bin/sh"]}, "rdinit chooses"),
+        ({"cmdline": ["root=/dev/sdb1"]}, "root chooses"),
+        ({"remove": ["root"]}, "root chooses"),
+        ({"cmdline": ["systemd.unit=emergency.target"]}, "systemd.unit chooses"),
+        ({"cmdline": ["systemd.debug-shell"]}, "systemd.debug-shell chooses"),
+        ({"cmdline": ["systemd.run=/bin/sh"]}, "systemd.run chooses"),
+        ({"cmdline": ["rd.break"]}, "rd.break chooses"),
+        ({"cmdline": ["single"]}, "single chooses"),
+        ({"cmdline": ["1"]}, "1 chooses"),
+        ({"cmdline": ["module_blacklist=nvme"]}, "module_blacklist chooses"),
+        ({"cmdline": ["module-blacklist=nvme"]}, "module-blacklist chooses"),
+        ({"cmdline": ["apparmor=0"]}, "apparmor chooses"),
+        ({"cmdline": ["Init=/bin/sh"]}, "Init chooses"),
     ],
 )
 def test_bad_arguments_are_refused_at_load(
@@ -666,3 +689,71 @@ def test_kill_9_at_every_step_of_a_write_leaves_what_the_next_start_finishes_or_
                 assert tree(again.root, base / "root") == before, what
         at += 1
     assert at > 2  # it was killed at least before and after its one write
+
+
+def test_write_is_for_root_alone() -> None:
+    """The admin group may apply a profile that shows kernel arguments, not one that has
+    root run update-grub or kernel-install (issue 50)."""
+    plugin = BootloaderPlugin(System("/nonexistent"))
+    assert plugin.root_only({"cmdline": ["nohz_full=1"]}) is None
+    assert plugin.root_only({"cmdline": ["nohz_full=1"], "write": False}) is None
+    reason = plugin.root_only({"cmdline": ["nohz_full=1"], "write": True})
+    assert reason is not None and "update-grub" in reason and "kernel-install" in reason
+
+
+def test_an_admin_cannot_have_root_write_the_boot_configuration(tmp_path: Path) -> None:
+    system = staged(tmp_path, "grub")
+    before = tree(system.root)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "args.toml").write_text('[bootloader]\ncmdline = ["skew_tick=1"]\nwrite = true\n')
+    (pdir / "shown.toml").write_text('[bootloader]\ncmdline = ["skew_tick=1"]\n')
+    plugins: dict[str, Plugin[Any, Any]] = {"bootloader": BootloaderPlugin(system)}
+    library = ProfileLibrary([pdir], section_schemas(plugins), MACHINE)
+    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+    admin = Caller(uid=1000, name="alice")
+    with pytest.raises(PermissionDenied, match=r"\[bootloader\] write = true has root run"):
+        daemon.switch("args", admin)
+    daemon.switch("shown", admin)
+    assert tree(system.root) == before
+    daemon.switch("args")
+    assert (system.root / GRUB_DROP_IN).exists()
+    assert daemon.off() == [] and tree(system.root) == before
+
+
+def test_the_daemons_stop_leaves_kernel_arguments_and_restores_the_rest(tmp_path: Path) -> None:
+    """SIGTERM (a shutdown) restores every setting but the next boot's kernel arguments:
+    the reboot is what they were written for (issue 51, 4a). The next start owns them
+    from latencyd's record; a switch away then takes exactly them out."""
+    system = staged(tmp_path, "kernel-install")
+    before = tree(system.root)
+    make_fake_root(tmp_path, sysctls={"vm/swappiness": "60"})
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    plain = '[sysctl]\n"vm.swappiness" = 10\n'
+    args = '[bootloader]\ncmdline = ["nohz_full=1-3"]\nwrite = true\n'
+    (pdir / "rt.toml").write_text(args + plain)
+    (pdir / "plain.toml").write_text(plain)
+
+    def daemon() -> Daemon:
+        plugins: dict[str, Plugin[Any, Any]] = {
+            "bootloader": BootloaderPlugin(system), "sysctl": SysctlPlugin(system)
+        }  # fmt: skip
+        library = ProfileLibrary([pdir], section_schemas(plugins), MACHINE)
+        return Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+
+    first = daemon()
+    first.switch("rt")
+    written = (system.root / KERNEL_CMDLINE).read_text()
+    assert written == "root=/dev/vda1 ro mitigations=off quiet nohz_full=1-3\n"
+    assert first.stop() == []
+    assert system.read("proc/sys/vm/swappiness") == "60"
+    assert (system.root / KERNEL_CMDLINE).read_text() == written
+    assert not (tmp_path / "state/journal.jsonl").exists()
+    again = daemon()
+    again.start("plain")
+    assert (system.root / KERNEL_CMDLINE).read_text() == USERS
+    assert again.off() == []
+    assert {k: v for k, v in tree(system.root).items() if not k.startswith(("proc/", "sys/"))} == {
+        k: v for k, v in before.items() if not k.startswith(("proc/", "sys/"))
+    }
