@@ -746,17 +746,18 @@ class Engine:
         """Take over what a previous run left in the journal (a crash, `kill -9`, a restart
         with on_stop = "keep"): we own those settings and know their originals. The next
         apply changes only what it wants differently and restores only what it does not
-        want, so a restart flips nothing back, even for a moment. None: nothing to adopt."""
+        want, so a restart flips nothing back, even for a moment. Also what plugins keep on
+        disk beyond the journal (Plugin.kept_elsewhere: the boot configuration after a
+        reboot emptied /run). None: nothing to adopt."""
         try:
             state = self.journal.load()
         except JournalError as exc:
             aside = self.journal.set_aside()
             log.error("%s; moved it to %s and started without it", exc, aside)
-            return None
+            state = None
         kept = self._own_kept_elsewhere()
-        if state is None and not kept:
-            return None
-        state = state or JournalState()
+        if state is None:
+            return JournalState() if kept else None
         stranded: dict[JournalKey, str] = {}
         for (name, key), original in state.originals.items():
             try:
