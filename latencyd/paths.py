@@ -16,6 +16,11 @@ DEFAULT_STATE_DIR = Path("/run/latencyd")
 # mounts the parent (it swaps in a new set beside it), and must not see the journal.
 CLUSTER_PROFILES = Path("/run/latencyd-cluster/profiles")
 KUBELET_CONFIG = Path("/var/lib/kubelet/config.yaml")
+# What latencyd wrote to the boot configuration (kernel arguments) and any write of it in
+# progress: on disk, not in /run, since the arguments outlast a reboot and so must the
+# record of them (latencyd.kernel.bootloaders). Its first line is latencyd's arguments,
+# for a boot configuration to include where no bootloader tool is found.
+BOOT_RECORD = Path("/var/lib/latencyd/bootcmdline")
 
 
 def shipped_profiles_dir() -> Path:

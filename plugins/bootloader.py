@@ -1,19 +1,26 @@
 """bootloader: kernel arguments for the next boot (nohz_full, rcu_nocbs, isolcpus, ...).
 
-What only a reboot brings is a setting like any other: journaled (its original is what
-latencyd had in the boot configuration before, normally nothing), verified, and taken
-back by `off`, which removes exactly the arguments latencyd added and puts back those it
-removed; a user's own arguments are never touched unless `remove` names them. Written
-through the machine's own mechanism (latencyd.kernel.bootloaders), and only when the
-profile says `write = true`: otherwise the arguments are computed and shown, and the
-boot configuration is left alone. An argument the running kernel cannot honour after any
-reboot (nohz_full= on a kernel built without NO_HZ_FULL) is not applicable, with the
-reason, and never written. Written but not yet booted is *pending*, apart from drift.
+What only a reboot brings is a setting like any other: journaled, verified, and taken
+back by `off` or a switch to a profile without it, which remove exactly the arguments
+latencyd added and put back those it removed; a user's own arguments are never touched
+unless `remove` names them. Its original is always "none of latencyd's": what latencyd
+has in the boot configuration is latencyd's own, never the machine's, also after a
+reboot. latencyd's record of it lives on disk (latencyd.paths.BOOT_RECORD), not in /run
+with the journal: the engine owns what it says at every start (Plugin.kept_elsewhere),
+and a write cut short is finished or undone by the next (latencyd.kernel.bootloaders).
+A stop (SIGTERM at shutdown) leaves it (BootArguments.kept_at_stop): no bootloader
+rollback while the machine stops, as TuneD's rule goes. Written through the machine's
+own mechanism, and only when the profile says `write = true` (a section only root may
+apply: the admin group must not make root run update-grub or kernel-install): otherwise
+the arguments are computed and shown, and the boot configuration is left alone. An
+argument the running kernel cannot honour after any reboot (nohz_full= on a kernel built
+without NO_HZ_FULL) is not applicable, with the reason, and never written. Written but
+not yet booted is *pending*, apart from drift.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,7 +29,7 @@ from latencyd.core.schema import Bool, ListOf, Option, Schema
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.errors import LatencydError
 from latencyd.kernel.boot import booted
-from latencyd.kernel.bootloaders import Bootloader, detect, in_effect, read_record, write_record
+from latencyd.kernel.bootloaders import Bootloader, detect, in_effect, read_record, write_boot
 from latencyd.kernel.cmdline import CPU_LIST_PARAMETERS, Change, split_isolcpus, unsafe
 from latencyd.kernel.system import Machine, System
 
@@ -31,6 +38,15 @@ from latencyd.kernel.system import Machine, System
 NOT_WRITTEN = (
     "not written: [bootloader] write is false (the default, the profile's, or fixed by the "
     "daemon's config), so latencyd shows the argument and leaves the boot configuration alone"
+)
+# What latencyd's part of the boot configuration reads while a write of it is unfinished
+# (cut short by a failure or kill -9): never the same as any value, so the next step
+# (a start, a verify, off) writes it, which settles it. Not a kernel argument (it has
+# spaces and parentheses, which no argument may have).
+UNFINISHED = "(a write latencyd did not finish)"
+WRITE_IS_ROOTS = (
+    "write = true has root run the machine's bootloader tools (update-grub, "
+    "kernel-install, grubby) and changes what every later boot runs"
 )
 
 
@@ -72,15 +88,20 @@ class BootArguments(Target):
 
     kind: ClassVar[str] = "boot_arguments"
     refusal_means: ClassVar[str | None] = "the boot configuration could not be changed"
+    kept_at_stop: ClassVar[bool] = True
 
     def read(self, system: System) -> Value:
         """latencyd's change as its record keeps it, in the profile's form (the parameters
-        asked to be removed by name, whether or not they were there). Written by the
-        plugin, through the boot loader it found."""
-        change, asked = read_record(system)
-        return Change(change.added, asked).as_text()
+        asked to be removed by name, whether or not they were there); UNFINISHED while a
+        write is. Written by the plugin, through the boot loader it found."""
+        record = read_record(system)
+        if record.writing is not None:
+            return UNFINISHED
+        return Change(record.done.added, record.asked).as_text()
 
     def same(self, system: System, wanted: Value, actual: Value) -> bool:
+        if UNFINISHED in (wanted, actual):
+            return False
         return Change.from_text(str(wanted)) == Change.from_text(str(actual))
 
     def describe(self, value: Value) -> str:
@@ -155,11 +176,33 @@ class BootloaderPlugin(Plugin[BootArguments, BootRules]):
         except LatencydError:
             return {}
 
+    def root_only(self, options: Options) -> str | None:
+        return WRITE_IS_ROOTS if options.get("write", False) else None
+
     # -- the one target: written through the boot loader found ------------------------------
     def write(self, target: BootArguments, value: Value) -> None:
+        """The boot configuration as `value` asks, unless it is so already (a start after a
+        reboot runs no tool for arguments written before it)."""
+        if target.same(self.system, value, target.read(self.system)):
+            return
         wanted = Change.from_text(str(value))
-        change = self.loader.apply(read_record(self.system)[0], wanted.added, wanted.removed)
-        write_record(self.system, change, wanted.removed)
+        write_boot(self.system, self.loader, wanted.added, wanted.removed)
+
+    def original(
+        self,
+        target: BootArguments,
+        current: Value,
+        owned: Callable[[Target], tuple[Value, Value] | None],
+    ) -> Value:
+        """None of latencyd's, whatever the record holds now: arguments latencyd wrote
+        (before a reboot that emptied the journal, say) are never the machine's own."""
+        return ""
+
+    def kept_elsewhere(self) -> dict[Target, Value]:
+        """latencyd's change to the boot configuration, from its record on disk, which a
+        reboot does not erase as it does the journal: owned at every start, taken out by
+        off even when the journal has lost it."""
+        return {} if read_record(self.system).empty else {BootArguments(): ""}
 
     def pending(self, target: BootArguments, value: Value) -> str | None:
         """Written, not booted: which arguments the running kernel lacks."""
@@ -167,7 +210,7 @@ class BootloaderPlugin(Plugin[BootArguments, BootRules]):
             cmdline = self.system.read("proc/cmdline")
         except LatencydError:
             return None
-        lacking = in_effect(read_record(self.system)[0], cmdline)
+        lacking = in_effect(read_record(self.system).done, cmdline)
         if not lacking:
             return None
         return f"the next boot brings {' '.join(lacking)} ({self.loader.name})"

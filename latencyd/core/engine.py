@@ -695,16 +695,27 @@ class Engine:
                 log.error("rollback step failed: %s", exc)
 
     # -- restoring everything ---------------------------------------------------
-    def off(self) -> list[str]:
-        """Restore every original, newest first; empty the journal. Returns problems, if any."""
+    def off(self, stopping: bool = False) -> list[str]:
+        """Restore every original, newest first, also of what plugins keep on disk that the
+        journal lost (Plugin.kept_elsewhere); empty the journal. Returns problems, if any.
+        `stopping` (the daemon stops: SIGTERM, a shutdown): settings whose kind is
+        kept_at_stop (kernel arguments for the next boot) are left as they are, for their
+        plugin's own record to give them to the next start."""
         with self.stepping():
-            return self._off()
+            return self._off(stopping)
 
-    def _off(self) -> list[str]:
+    def _off(self, stopping: bool) -> list[str]:
         problems = []
         report = StepReport()
+        if not stopping:
+            self._own_kept_elsewhere()
         for sid in reversed(list(self.applied)):
             plugin, target = self.plugins[sid[0]], sid[1]
+            if stopping and type(target).kept_at_stop:
+                shown = _what(plugin, target, self.applied[sid])
+                log.info("[%s] %s: left for the next boot (only off or a switch away takes "
+                         "it back)", sid[0], shown)  # fmt: skip
+                continue
             try:
                 self._give_back(sid, report)
             except Exception as exc:  # one bad setting must not keep the others changed
@@ -735,15 +746,18 @@ class Engine:
         """Take over what a previous run left in the journal (a crash, `kill -9`, a restart
         with on_stop = "keep"): we own those settings and know their originals. The next
         apply changes only what it wants differently and restores only what it does not
-        want, so a restart flips nothing back, even for a moment. None: nothing to adopt."""
+        want, so a restart flips nothing back, even for a moment. Also what plugins keep on
+        disk beyond the journal (Plugin.kept_elsewhere: the boot configuration after a
+        reboot emptied /run). None: nothing to adopt."""
         try:
             state = self.journal.load()
         except JournalError as exc:
             aside = self.journal.set_aside()
             log.error("%s; moved it to %s and started without it", exc, aside)
-            return None
+            state = None
+        kept = self._own_kept_elsewhere()
         if state is None:
-            return None
+            return JournalState() if kept else None
         stranded: dict[JournalKey, str] = {}
         for (name, key), original in state.originals.items():
             try:
@@ -757,6 +771,8 @@ class Engine:
             except (ValueError, RecursionError) as exc:  # any content: never crash at start
                 stranded[(name, key)] = f"[{name}] {key}: {exc}"
                 continue
+            if (heir, target) in kept:
+                continue  # its plugin's record on disk says the same
             self.originals[(heir, target)] = original
             self._own((heir, target), ADOPTED)
         self.profile = state.profile
@@ -776,6 +792,31 @@ class Engine:
             state.profile or "none",
         )
         return state
+
+    def _own_kept_elsewhere(self) -> list[SettingId]:
+        """Own, as adopted, what plugins keep on disk beyond the journal (the boot
+        configuration, after a reboot emptied /run, or after a write whose failure left
+        it unowned), so off and a switch away give it back; those newly owned."""
+        found: list[SettingId] = []
+        for name, plugin in self.plugins.items():
+            if type(plugin).kept_elsewhere is Plugin.kept_elsewhere:
+                continue
+            try:
+                kept = plugin.kept_elsewhere()
+            except LatencydError as exc:
+                log.error("[%s] reading what it keeps on disk: %s", name, exc)
+                continue
+            for target, original in kept.items():
+                sid = (name, target)
+                if sid not in self.applied:
+                    self.originals[sid] = original
+                    self._own(sid, ADOPTED)
+                    found.append(sid)
+        if found:
+            log.info("adopted %d setting(s) whose plugins keep them on disk", len(found))
+            with contextlib.suppress(JournalError):  # off gives them back even so
+                self._save(found)
+        return found
 
     def _heir(self, name: str, target: Any) -> str:
         """The plugin a journaled target of plugin `name` belongs to now: `name`, unless

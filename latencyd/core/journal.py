@@ -18,7 +18,6 @@ fields (one row each), not 20,000 entries each spelling its target out.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from latencyd.errors import FileRefused, JournalError, UnsafePath, describe_oserror
-from latencyd.kernel.system import read_regular_at
+from latencyd.kernel.system import read_regular_at, replace_at, write_all
 from latencyd.kernel.trust import open_private_dir
 
 JOURNAL_FILE = "journal.jsonl"  # in the state directory (--state-dir)
@@ -165,17 +164,6 @@ def _entries_v3(settings: Any) -> Iterable[tuple[str, Any]]:
     if not isinstance(settings, dict):
         raise ValueError("not a table of settings")
     return settings.items()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write every byte or fail: a write cut short (the disk filling up) is retried for the
-    rest, which then fails with the reason (ENOSPC)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EIO, "the write made no progress")
-        view = view[written:]
 
 
 def _parse(text: str) -> Any:
@@ -360,22 +348,7 @@ class Journal:
     def _replace(self, name: str, data: bytes) -> None:
         """Make `name` hold `data`, never torn: a fresh temporary file (O_EXCL, no symlink
         followed), written whole and fsync'd, renamed over it, the directory fsync'd."""
-        tmp = name.rsplit(".", 1)[0] + ".tmp"  # journal.tmp, base.tmp
-        with contextlib.suppress(FileNotFoundError):  # a crash's leftover
-            os.unlink(tmp, dir_fd=self._dir)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o600, dir_fd=self._dir)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=self._dir)
-            raise
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
-        os.fsync(self._dir)
+        replace_at(self._dir, name, data, name.rsplit(".", 1)[0] + ".tmp", 0o600)
 
     def _write_snapshot(self, state: JournalState) -> None:
         data = (json.dumps(_snapshot(state), sort_keys=True, separators=(",", ":")) + "\n").encode()
@@ -401,7 +374,7 @@ class Journal:
         try:
             size = os.fstat(fd).st_size
             try:
-                _write_all(fd, line.encode())
+                write_all(fd, line.encode())
                 os.fsync(fd)
             except OSError as exc:
                 self._fresh = False

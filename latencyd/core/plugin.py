@@ -75,6 +75,11 @@ class Target:
     A target with a `pid` field is a task's (names_a_task): Status shows it to root and
     the admin group only, as hidepid would.
 
+    `kept_at_stop`: a setting that acts only from the next boot on (a kernel argument) is
+    left as it is when the daemon stops (SIGTERM, a shutdown): only `off` or a switch to a
+    profile without it takes it back. Undoing it while the machine shuts down would undo
+    what the reboot is for.
+
     A kind that can reach its setting through the System alone says how, with the verbs
     below (FileTarget: one file, as most settings are): the plugin's verbs of the same
     names ask the target (Plugin.read is target.read(self.system)), so a plugin whose
@@ -85,6 +90,7 @@ class Target:
 
     kind: ClassVar[str] = ""
     refusal_means: ClassVar[str | None] = None
+    kept_at_stop: ClassVar[bool] = False
 
     # -- the setting, for a kind that reaches it through the System ------------------------
     def read(self, system: System) -> Value:
@@ -516,6 +522,13 @@ class Plugin(Generic[T, R]):
     def exists(self, target: T) -> bool:
         """Whether the target is still there; vanished ones are dropped without error."""
         return target.exists(self.system)
+
+    def kept_elsewhere(self) -> Mapping[Target, Value]:
+        """Settings this plugin made that a record of its own keeps on disk, beyond the
+        journal (in /run, which a reboot empties): each with its original. The engine owns
+        them at every start and gives them back at `off`, also when its journal has lost
+        them (the boot configuration, which outlasts a reboot). Default: none."""
+        return {}
 
     def pending(self, target: T, value: Value) -> str | None:
         """Why an applied setting is not in effect yet (a kernel argument: until the next

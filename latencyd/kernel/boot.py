@@ -10,8 +10,10 @@ nohz_full= after any reboot).
 
 What is in force is read from the kernel where it says so, not from the command line:
 /sys/devices/system/cpu/isolated (scheduler domains), /sys/devices/system/cpu/nohz_full
-(present only on kernels built with NO_HZ_FULL), the rcuop/N kthreads (one per CPU whose
-callbacks are offloaded); the command line for the rest (managed_irq has no file).
+(present only on kernels built with NO_HZ_FULL), the rcuop/N kthreads; the command line
+for the rest (managed_irq has no file). The kthreads alone overstate the offloaded CPUs:
+since Linux 5.17 the kernel makes one for every CPU once rcu_nocbs= or nohz_full= is
+given (so that offloading can change at run time), offloaded or not (`_offloaded`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class BootReadings:
     isolated: CpuSet | None  # None: no such file (no CONFIG_CPU_ISOLATION)
     nohz_full: CpuSet | None  # None: no such file (no CONFIG_NO_HZ_FULL)
     rcu_nocb_capable: bool
-    rcu_offloaded: CpuSet
+    rcu_offloaded: CpuSet  # CPUs with an rcuop kthread (more than are offloaded: _offloaded)
 
 
 @dataclass(frozen=True)
@@ -93,11 +95,26 @@ def booted(readings: BootReadings) -> BootState:
         asked=asked,
         isolated=readings.isolated or CpuSet(),
         tickless=readings.nohz_full or CpuSet(),
-        rcu_offloaded=readings.rcu_offloaded,
+        rcu_offloaded=_offloaded(readings, asked),
         managed_irq=asked.managed_irq if readings.isolated is not None else CpuSet(),
         unsupported=unsupported,
         problems=tuple(problems),
     )
+
+
+def _offloaded(readings: BootReadings, asked: Isolation) -> CpuSet:
+    """The CPUs whose RCU callbacks the kernel offloads. At boot (rcu_init_nohz) it
+    offloads those rcu_nocbs= names (every CPU for a bare rcu_nocbs) and the nohz_full
+    CPUs in force; with neither, every CPU on a kernel built RCU_NOCB_CPU_DEFAULT_ALL, and
+    none otherwise. Kernels since 5.17 make an rcuop kthread for every CPU as soon as there
+    is one to offload, so the kthreads say only which CPUs could be: of the CPUs asked,
+    those with a kthread (kernels before 5.17 made one for an offloaded CPU only); with
+    none asked, the kthreads (none, or every CPU for DEFAULT_ALL)."""
+    kthreads = readings.rcu_offloaded
+    asked_cpus = (asked.rcu_nocbs or CpuSet()) | (readings.nohz_full or CpuSet())
+    if asked.rcu_nocbs is None and not readings.nohz_full:
+        return kthreads
+    return asked_cpus & kthreads
 
 
 @dataclass(frozen=True)

@@ -12,64 +12,162 @@ through the machine's own mechanism, found in this order.
 - anything else: /var/lib/latencyd/bootcmdline, latencyd's arguments on one line for the
   machine's boot configuration to include (as TuneD's /etc/tuned/bootcmdline).
 
-Each backend undoes latencyd's earlier change (`Change`, kept in latencyd's record
-/var/lib/latencyd/bootcmdline, which lasts across reboots as the change does) before
-making the new one, so `latencyd off` takes out exactly what latencyd put in and puts
-back what it took out; a user's own arguments are left as they are unless the profile
-names them in `remove`.
+latencyd's record (latencyd.paths.BOOT_RECORD, on disk: the arguments outlast a reboot and
+so does the record of them) says what latencyd's change to the boot configuration is, and
+which change it is making. A write (`write_boot`) records its intent first, durably, then
+has the mechanism make it (each file replaced atomically and fsync'd), then records it
+done. A tool that fails is answered by putting back the change recorded done; a write
+cut short (the tool failing again, kill -9, a power cut) leaves the intent recorded, and
+the next write (a restart's apply, a switch, `off`) first undoes everything either change
+may have put in, whatever part of it was made, then makes its own. So `latencyd off`
+takes out exactly what latencyd put in and puts back what it took out, whatever happened
+in between; a user's own arguments are left as they are unless the profile names them in
+`remove`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from latencyd.errors import KernelRefused
 from latencyd.kernel.cmdline import Change, find, parse_cmdline, rewritten
 from latencyd.kernel.system import System
+from latencyd.paths import BOOT_RECORD
 
-RECORD = "var/lib/latencyd/bootcmdline"
+RECORD = str(BOOT_RECORD).lstrip("/")  # under the System's root
 GRUB_DROP_IN = "etc/default/grub.d/latencyd.cfg"
 KERNEL_CMDLINE = "etc/kernel/cmdline"
+_REMOVED, _ASKED, _WRITING, _WRITING_REMOVED = (
+    "# removed:", "# remove:", "# writing:", "# writing removed:"
+)  # fmt: skip
 
 
 class Bootloader(Protocol):
     name: str
     removes: bool  # can take a user's argument out
 
-    def apply(self, before: Change, added: Sequence[str], remove: Sequence[str]) -> Change:
-        """Undo `before`, then add and remove: the change made."""
+    def current(self) -> str:
+        """The command line as this mechanism keeps it, for `rewritten` (a file's text, a
+        tool's answer; "" where latencyd's own file is rewritten whole)."""
+        ...
+
+    def put(self, old: str, new: str) -> None:
+        """Make the mechanism hold `new` (it held `old` when read): durable when it
+        returns, KernelRefused when it cannot. Run again with the same `new` it ends in
+        the same state, however far an earlier run came."""
         ...
 
 
-def read_record(system: System) -> tuple[Change, tuple[str, ...]]:
-    """latencyd's change to the boot configuration as its record keeps it, and the
-    parameters the profile asked to remove (some may not have been there to remove)."""
+@dataclass(frozen=True)
+class Record:
+    """latencyd's record: its change to the boot configuration (`done`), the parameters
+    the profile asked to remove (some may not have been there to remove), and the change
+    being written (`writing`; None: none), which the configuration may hold in part."""
+
+    done: Change = field(default_factory=Change)
+    asked: tuple[str, ...] = ()
+    writing: Change | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.done == Change() and not self.asked and self.writing is None
+
+    @property
+    def to_undo(self) -> Change:
+        """What the boot configuration may hold of latencyd's: both changes when a write
+        was cut short."""
+        return self.done if self.writing is None else self.done.merged(self.writing)
+
+
+def read_record(system: System) -> Record:
+    """latencyd's record as on disk (none: latencyd changed nothing)."""
     try:
         lines = system.read_file(RECORD).splitlines()
     except KernelRefused:
-        return Change(), ()
+        return Record()
 
     def listed(prefix: str) -> tuple[str, ...]:
         return tuple(" ".join(ln[len(prefix) :] for ln in lines if ln.startswith(prefix)).split())
 
     added = tuple(lines[0].split()) if lines and not lines[0].startswith("#") else ()
-    return Change(added, listed("# removed:")), listed("# remove:")
+    writing = None
+    if any(ln.startswith(_WRITING) for ln in lines):
+        writing = Change(listed(_WRITING), listed(_WRITING_REMOVED))
+    return Record(Change(added, listed(_REMOVED)), listed(_ASKED), writing)
 
 
-def write_record(system: System, change: Change, asked: Sequence[str]) -> None:
-    """The record of `change` (none: no file); its first line is the added arguments, for
-    a boot configuration to include where no mechanism was found."""
-    if not change.added and not change.removed and not asked:
+def write_record(system: System, record: Record) -> None:
+    """The record, durably (System.replace_file; none: no file); its first line is the
+    arguments latencyd's configuration holds for sure, for a boot configuration to include
+    where no mechanism was found."""
+    if record.empty:
         system.remove_file(RECORD)
         return
-    text = " ".join(change.added) + "\n"
-    if change.removed:
-        text += "# removed: " + " ".join(change.removed) + "\n"
-    if asked:
-        text += "# remove: " + " ".join(asked) + "\n"
+    text = " ".join(record.done.added) + "\n"
+    for prefix, words in ((_REMOVED, record.done.removed), (_ASKED, record.asked)):
+        if words:
+            text += f"{prefix} {' '.join(words)}\n"
+    if record.writing is not None:
+        text += f"{_WRITING} {' '.join(record.writing.added)}".rstrip() + "\n"
+        if record.writing.removed:
+            text += f"{_WRITING_REMOVED} {' '.join(record.writing.removed)}\n"
     system.replace_file(RECORD, text)
+
+
+def write_boot(
+    system: System, loader: Bootloader, added: Sequence[str], remove: Sequence[str]
+) -> Change:
+    """Make latencyd's change to the boot configuration `added` and `remove` (none of
+    either: take latencyd's change out), whatever a write cut short left: record the
+    intent, have the mechanism make it, record it done. A mechanism that fails gets the
+    change recorded done put back; if that fails too, the intent stays recorded for the
+    next write to settle. The change made; KernelRefused when it was not made."""
+    if remove and not loader.removes:
+        raise KernelRefused(
+            f"removing {', '.join(remove)} from the kernel command line",
+            f"{loader.name} can only add arguments",
+        )
+    record = read_record(system)
+    old = loader.current()
+    new, change = _rewrite(old, record.to_undo, added, remove)
+    write_record(system, Record(record.done, record.asked, change))
+    try:
+        loader.put(old, new)
+    except KernelRefused as exc:
+        _put_back(system, loader, record, change, old, exc)
+        raise
+    write_record(system, Record(change, tuple(remove)))
+    return change
+
+
+def _put_back(
+    system: System,
+    loader: Bootloader,
+    record: Record,
+    change: Change,
+    before: str,
+    exc: KernelRefused,
+) -> None:
+    """After `change` failed: the boot configuration as `record` vouches for (as it was,
+    `before`, when no earlier write was left unfinished; else without that write); said
+    in `exc` when even that fails, the intent left recorded."""
+    undo = record.to_undo.merged(change)
+    try:
+        now = loader.current()
+        if record.writing is None:
+            back = before
+        else:
+            back, _ = _rewrite(now, undo, record.done.added, record.done.removed_keys)
+        loader.put(now, back)
+        write_record(system, Record(record.done, record.asked))
+    except KernelRefused as again:
+        exc.reason += (
+            f"; putting the boot configuration back failed too ({again.reason}): latencyd's "
+            f"record /{RECORD} keeps the unfinished change, which the next switch or off "
+            "takes out"
+        )
 
 
 @dataclass
@@ -80,29 +178,35 @@ class PlainFile:
     name: str = "/var/lib/latencyd/bootcmdline (include it in your boot configuration)"
     removes: bool = False
 
-    def apply(self, before: Change, added: Sequence[str], remove: Sequence[str]) -> Change:
-        _no_removal(self, remove)
-        return Change(tuple(added))
+    def current(self) -> str:
+        return ""
+
+    def put(self, old: str, new: str) -> None:
+        """The record written next is the change."""
 
 
 @dataclass
 class DebianGrub:
+    """A drop-in of latencyd's own, rewritten whole (the user's command line is in
+    /etc/default/grub, never touched), then update-grub."""
+
     system: System
     tool: str  # update-grub
     name: str = "GRUB (/etc/default/grub.d/latencyd.cfg, update-grub)"
     removes: bool = False
 
-    def apply(self, before: Change, added: Sequence[str], remove: Sequence[str]) -> Change:
-        _no_removal(self, remove)
-        if added:
+    def current(self) -> str:
+        return ""
+
+    def put(self, old: str, new: str) -> None:
+        if new.strip():
             self.system.replace_file(GRUB_DROP_IN, (
                 "# Written by latencyd (its [bootloader] section); `latencyd off` removes it.\n"
-                f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {" ".join(added)}"\n'
+                f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {new.strip()}"\n'
             ))  # fmt: skip
         else:
             self.system.remove_file(GRUB_DROP_IN)
         self.system.run_tool([self.tool])
-        return Change(tuple(added))
 
 
 @dataclass
@@ -124,16 +228,20 @@ class KernelInstall:
         return {"KERNEL_INSTALL_CONF_ROOT": self.system.fspath("etc/kernel"),
                 "BOOT_ROOT": self.system.fspath("boot")}  # fmt: skip
 
-    def apply(self, before: Change, added: Sequence[str], remove: Sequence[str]) -> Change:
+    def current(self) -> str:
         try:
-            text = self.system.read_file(KERNEL_CMDLINE)
+            return self.system.read_file(KERNEL_CMDLINE)
         except KernelRefused:  # kernel-install falls back to the running kernel's
-            text = self.system.read("proc/cmdline").split(" -- ")[0] + "\n"
-        new, change = _rewrite(text, before, added, remove)
-        self.system.replace_file(KERNEL_CMDLINE, new)
+            return self.system.read("proc/cmdline").split(" -- ")[0] + "\n"
+
+    def put(self, old: str, new: str) -> None:
+        """The file replaced atomically (never empty: an empty one would have the next
+        kernel-install build entries without root=), then every kernel's entry rebuilt,
+        also when the file held `new` already (a write cut short before the rebuild)."""
+        if new != old or not self.system.exists(KERNEL_CMDLINE):
+            self.system.replace_file(KERNEL_CMDLINE, new)
         for version, image in self.kernels():
             self.system.run_tool([self.tool, "add", version, image], self.env)
-        return change
 
     def kernels(self) -> list[tuple[str, str]]:
         """(version, image) of each kernel installed under /usr/lib/modules."""
@@ -153,17 +261,17 @@ class Grubby:
     name: str = "grubby"
     removes: bool = True
 
-    def apply(self, before: Change, added: Sequence[str], remove: Sequence[str]) -> Change:
+    def current(self) -> str:
         info = self.system.run_tool([self.tool, "--info=DEFAULT"])
-        args = next((ln.split("=", 1)[1].strip().strip('"') for ln in info.splitlines()
-                     if ln.startswith("args=")), "")  # fmt: skip
-        new, change = _rewrite(args + "\n", before, added, remove)
-        drop, put = _delta(args, new)
-        options = [f"--args={' '.join(put)}"] * bool(put)
+        return next((ln.split("=", 1)[1].strip().strip('"') for ln in info.splitlines()
+                     if ln.startswith("args=")), "") + "\n"  # fmt: skip
+
+    def put(self, old: str, new: str) -> None:
+        drop, add = _delta(old, new)
+        options = [f"--args={' '.join(add)}"] * bool(add)
         options += [f"--remove-args={' '.join(drop)}"] * bool(drop)
         if options:
             self.system.run_tool([self.tool, "--update-kernel=ALL", *options])
-        return change
 
 
 @dataclass
@@ -173,14 +281,14 @@ class RpmOstree:
     name: str = "rpm-ostree kargs"
     removes: bool = True
 
-    def apply(self, before: Change, added: Sequence[str], remove: Sequence[str]) -> Change:
-        args = self.system.run_tool([self.tool, "kargs"]).strip()
-        new, change = _rewrite(args + "\n", before, added, remove)
-        drop, put = _delta(args, new)
-        options = [f"--delete={w}" for w in drop] + [f"--append={w}" for w in put]
+    def current(self) -> str:
+        return self.system.run_tool([self.tool, "kargs"]).strip() + "\n"
+
+    def put(self, old: str, new: str) -> None:
+        drop, add = _delta(old, new)
+        options = [f"--delete={w}" for w in drop] + [f"--append={w}" for w in add]
         if options:
             self.system.run_tool([self.tool, "kargs", *options])
-        return change
 
 
 def _rewrite(
@@ -196,14 +304,6 @@ def _delta(current: str, new: str) -> tuple[list[str], list[str]]:
     """The words to take out of `current` and to put in, to make `new`."""
     old, wanted = current.split(), new.split()
     return [w for w in old if w not in wanted], [w for w in wanted if w not in old]
-
-
-def _no_removal(loader: Bootloader, remove: Sequence[str]) -> None:
-    if remove:
-        raise KernelRefused(
-            f"removing {', '.join(remove)} from the kernel command line",
-            f"{loader.name} can only add arguments",
-        )
 
 
 def detect(system: System) -> Bootloader:

@@ -225,6 +225,26 @@ CPU_LIST_PARAMETERS = frozenset(
 )
 
 
+# Parameters that choose what the machine boots into rather than how its kernel runs: the
+# program run as init (init=, rdinit=, a runlevel or target handed to it, a command run
+# at boot, a debug shell), the root filesystem or initramfs it comes from, an image to
+# resume, the modules refused, the security modules that confine it. Whoever may write a
+# profile must not choose these for root (init=/bin/sh is a root shell at the next boot),
+# so no profile may have latencyd write them, whatever else it is allowed.
+BOOT_CHOOSING = frozenset({
+    "init", "rdinit", "root", "rootfstype", "rootflags", "nfsroot", "nfsrootdebug",
+    "initrd", "noinitrd", "resume", "resume_offset", "noresume", "hibernate",
+    "single", "s", "emergency", "rescue", "1", "2", "3", "4", "5", "6",
+    "systemd.unit", "rd.systemd.unit", "systemd.run", "systemd.run_success_action",
+    "systemd.run_failure_action", "systemd.debug_shell", "rd.systemd.debug_shell",
+    "systemd.wants", "rd.systemd.wants", "systemd.mask", "rd.systemd.mask",
+    "rd.break", "rd.shell", "rd.emergency",
+    "rd.rescue", "rd.init", "module_blacklist", "modprobe.blacklist", "rd.driver.blacklist",
+    "initcall_blacklist", "security", "lsm", "selinux", "enforcing", "apparmor",
+    "lockdown", "module.sig_enforce", "ima_appraise", "ima_policy", "kexec_load_disabled",
+})  # fmt: skip
+
+
 def unsafe(text: str) -> str | None:
     """Why `text` cannot be a kernel argument latencyd writes, or None."""
     if len(text) > 1024:
@@ -233,6 +253,13 @@ def unsafe(text: str) -> str | None:
         return (
             "only letters, digits and _ . , : = + / @ % - may be used (no space, quote or $: "
             "boot configurations are often shell scripts)"
+        )
+    name = text.partition("=")[0]
+    if name.replace("-", "_").lower() in BOOT_CHOOSING:
+        return (
+            f"{name} chooses what the machine boots into (its init, root filesystem, "
+            "initramfs, boot target, modules or security modules), not how the kernel runs "
+            "it: latencyd never writes it"
         )
     return None
 
@@ -255,6 +282,17 @@ class Change:
         return cls(tuple(w for w in words if not w.startswith("-")),
                    tuple(w[1:] for w in words if w.startswith("-")))  # fmt: skip
 
+    def merged(self, other: Change) -> Change:
+        """Both changes as one to undo: what either added, what either removed (when a
+        write was cut short, the boot configuration holds some of each)."""
+        return Change(tuple(dict.fromkeys([*self.added, *other.added])),
+                      tuple(dict.fromkeys([*self.removed, *other.removed])))  # fmt: skip
+
+    @property
+    def removed_keys(self) -> tuple[str, ...]:
+        """The parameters of the removed arguments (to remove them again)."""
+        return tuple(dict.fromkeys(a.key for r in self.removed for a in parse_cmdline(r)[:1]))
+
 
 def rewritten(
     text: str, before: Change, added: Sequence[str], remove: Sequence[str]
@@ -264,13 +302,16 @@ def rewritten(
     named in `remove` taken out: the new text and the change made. Everything else stays
     byte for byte, so adding then undoing gives the text back (a removed argument comes
     back at the end). A parameter `text` holds that latencyd did not put there is the
-    user's: it is left as it is (ValueError) unless `remove` names it."""
+    user's: it is left as it is (ValueError) unless `remove` names it. Undoing tolerates
+    a change only partly made (a write cut short): an added argument not there is not
+    taken out, a removed one whose parameter is there already is not put back."""
     line = text.rstrip("\n")
     newline = text[len(line) :]
     for arg in before.added:
         line = _drop_word(line, arg)
     for arg in before.removed:
-        line = _append(line, arg)
+        if find(parse_cmdline(line), parse_cmdline(arg)[0].key) is None:
+            line = _append(line, arg)
     removing = {k.replace("-", "_") for k in remove}
     taken = tuple(str(a) for a in parse_cmdline(line) if a.key in removing)
     for arg in taken:

@@ -391,21 +391,36 @@ class System:
             raise KernelRefused(f"reading /{rel.lstrip('/')}", str(exc)) from exc
 
     def replace_file(self, rel: str, text: str) -> None:
-        """Replace a config file atomically (for files like /etc/default/irqbalance)."""
+        """Replace a configuration file (/etc/kernel/cmdline, a GRUB drop-in, latencyd's
+        record of them) atomically and durably: a fresh temporary file beside it (O_EXCL,
+        no symlink followed), written whole, given the file's mode and fsync'd, renamed
+        over it, the directory fsync'd. A crash at any moment leaves the old file or the
+        new one, whole, never an empty or torn one, and once this returns the new one
+        survives a power cut."""
         path = self.path(rel)
-        tmp = path.with_name(f".{path.name}.latencyd-tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text)
-            if path.exists():
-                os.chmod(tmp, path.stat().st_mode & 0o7777)
-            os.replace(tmp, path)
+            directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                replace_at(directory, path.name, text.encode())
+            finally:
+                os.close(directory)
         except OSError as exc:
-            raise KernelRefused(f"writing /{rel.lstrip('/')}", describe_oserror(exc)) from exc
+            raise KernelRefused(
+                f"writing /{rel.lstrip('/')}", describe_oserror(exc, nofollow=True)
+            ) from exc
 
     def remove_file(self, rel: str) -> None:
+        """Remove a file (none there: nothing to do), durably: the directory is fsync'd."""
+        path = self.path(rel)
         try:
-            self.path(rel).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):  # no directory: no file either
+                directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
         except OSError as exc:
             raise KernelRefused(f"removing /{rel.lstrip('/')}", describe_oserror(exc)) from exc
 
@@ -1006,6 +1021,49 @@ def _check_owner(st: os.stat_result, label: str, sticky_allowed: bool) -> None:
     why = untrusted(st, (0,), sticky_allowed)
     if why:
         raise FileRefused(f"refusing {label}: {why}")
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte or fail: a write cut short (the disk filling up) is retried for the
+    rest, which then fails with the reason (ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "the write made no progress")
+        view = view[written:]
+
+
+def replace_at(
+    directory: int, name: str, data: bytes, tmp: str | None = None, mode: int | None = None
+) -> None:
+    """Make `name` in the directory open as `directory` hold `data`, never torn: a fresh
+    temporary file `tmp` (O_EXCL, no symlink followed; a crash's leftover removed first),
+    written whole, given `mode` (by default the mode of the file it replaces, 0644 for a
+    new one) and fsync'd, renamed over it, the directory fsync'd. A failed write leaves
+    the file as it was. How the journal and System.replace_file write."""
+    tmp = tmp or f".{name}.latencyd-tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=directory)
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600, dir_fd=directory)
+    try:
+        write_all(fd, data)
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=directory)
+        raise
+    finally:
+        os.close(fd)
+    os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+    os.fsync(directory)
 
 
 def read_regular_at(directory: int, path: Path, max_bytes: int, trusted: bool, what: str) -> bytes:

@@ -83,7 +83,8 @@ DOCS = {
     "whoever may write the cluster's profiles is then root on this node",
     "task_events": "where new kernel threads are heard of: auto, perf, proc-connector "
     "or none (periodic rescan)",
-    "on_stop": "on SIGTERM: restore every original value, or keep the tuning for the "
+    "on_stop": "on SIGTERM: restore every original value (kernel arguments for the next "
+    "boot stay: only off or a switch away takes them out), or keep the tuning for the "
     "next start to adopt",
     "metrics_listen": "serve Prometheus metrics at http://ADDRESS:PORT/metrics, e.g. "
     '"127.0.0.1:9477" (see METRICS); off when unset. A loopback address only, unless '

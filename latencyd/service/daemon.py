@@ -181,9 +181,11 @@ class Daemon:
         self._stepped()
 
     def stop(self, restore: bool = True) -> list[str]:
-        """Restore everything (the default), or leave the tuning and the journal in place
-        for the next start to adopt (on_stop = "keep")."""
-        problems = self.engine.off() if restore else []
+        """Restore everything but the boot configuration (the default), or leave the tuning
+        and the journal in place for the next start to adopt (on_stop = "keep"). Kernel
+        arguments for the next boot stay either way: a stop is often a shutdown, and the
+        reboot is what they were written for; only off or a switch away takes them out."""
+        problems = self.engine.off(stopping=True) if restore else []
         if restore:
             with contextlib.suppress(LatencydError):  # only the resume is lost
                 self.engine.journal.forget_base()

@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         elif restart_pending(service.bus):
             keep, why = True, "keeping the tuning in place for the restart systemd is doing"
         else:
-            keep, why = False, "restoring every original"
+            keep, why = False, "restoring every original but the next boot's kernel arguments"
         log.info("stopping: %s", why)
         operations.cancel("the daemon stopping")  # a change half done is rolled back first
         shield.close()

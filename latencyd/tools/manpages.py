@@ -138,7 +138,7 @@ def latencyctl_page() -> str:
 def latencyd_page() -> str:
     from latencyd.core.journal import JOURNAL_FILE
     from latencyd.core.plugin import discover
-    from latencyd.paths import CONFIG_FILE, DEFAULT_STATE_DIR, ETC_PROFILES
+    from latencyd.paths import BOOT_RECORD, CONFIG_FILE, DEFAULT_STATE_DIR, ETC_PROFILES
     from latencyd.service.config import DOCS, Config
     from latencyd.service.main import arg_parser
     from latencyd.service.metrics import HELP, NAMES
@@ -152,11 +152,17 @@ def latencyd_page() -> str:
         value = str(value) if isinstance(value, Path) else value
         value = "unset" if value is None else toml_value(value)
         settings[f"{bold(name)} = {esc(value)}"] = sentence(DOCS.get(name, ""))
-    stop = 'Stop: put every original value back (or keep the tuning, with on_stop = "keep").'
+    stop = (
+        "Stop: put every original value back but kernel arguments written for the next boot, "
+        "which only off or a switch away takes out (or keep the tuning, with "
+        'on_stop = "keep").'
+    )
     files = {
         str(CONFIG_FILE): "Configuration.",
         str(ETC_PROFILES): "Local profiles, searched before the shipped ones.",
         f"{DEFAULT_STATE_DIR}/{JOURNAL_FILE}": "Each original value, kept before it changes.",
+        str(BOOT_RECORD): "The kernel arguments latencyd wrote for the next boot, and a "
+        "write of them in progress: kept across reboots.",
     }
     plugins = ", ".join(f"\\fB[{esc(name)}]\\fR" for name in sorted(discover()))
     description = (

@@ -98,3 +98,39 @@ def test_the_daemons_config_fixing_write_false_writes_nothing_whatever_the_profi
                for r in bootloader["not_applicable"])  # fmt: skip
     assert not record.exists() and status["reboot_pending"] == []
     assert d.ctl("off").returncode == 0 and not record.exists()
+
+
+def test_a_stop_leaves_the_next_boots_arguments_and_a_switch_away_after_it_takes_them(
+    start_daemon: Callable[..., Latencyd], profiles: Path, record: Path
+) -> None:
+    """SIGTERM, as at a shutdown: every setting restored but the kernel arguments for the
+    next boot (issue 51, 4a: the reboot came back without them). A daemon started on an
+    empty state directory, as after a reboot, owns them from latencyd's record on disk,
+    writes nothing to keep them, and a switch to a profile without them takes them out."""
+    (profiles / "boot-args.toml").write_text(PROFILE + '\n[sysctl]\n"vm.swappiness" = 11\n')
+    swappiness = Path("/proc/sys/vm/swappiness").read_text()
+    d = start_daemon("boot-args")
+    written = record.read_text()
+    assert written.startswith("skew_tick=1")
+    assert d.stop() == 0
+    assert record.read_text() == written
+    assert Path("/proc/sys/vm/swappiness").read_text() == swappiness
+    assert "next boot's kernel arguments: " in d.log() and "left for the next boot" in d.log()
+    after = start_daemon("boot-args")  # a state directory of its own: /run after a reboot
+    assert record.read_text() == written
+    assert after.ctl("verify").returncode == PENDING
+    assert after.ctl("switch", "test-a").returncode == 0
+    assert not record.exists()
+    assert json.loads(after.ctl("status", "--json").stdout)["reboot_pending"] == []
+
+
+def test_a_start_without_a_profile_after_a_stop_takes_latencyds_arguments_out(
+    start_daemon: Callable[..., Latencyd], profiles: Path, record: Path
+) -> None:
+    """Off is off: a start with no profile (a reboot's, say) restores what latencyd's record
+    holds, the boot configuration too."""
+    (profiles / "boot-args.toml").write_text(PROFILE)
+    d = start_daemon("boot-args")
+    assert record.exists() and d.stop() == 0 and record.exists()
+    start_daemon(None)
+    assert not record.exists()

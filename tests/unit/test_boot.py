@@ -4,6 +4,8 @@ gives the CPUs a profile shields."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from latencyd.cpuset import CpuSet
 from latencyd.kernel.boot import (
     NO_NOHZ_FULL,
@@ -125,6 +127,37 @@ def test_a_shield_elsewhere_says_what_a_reboot_would_add_and_what_is_isolated_fo
         f for f in findings if f.feature == "scheduler domains" and f.state == "mismatch"
     )
     assert "2-3, which the profile does not shield" in domains.detail
+
+
+def every_cpu(booted_with: BootReadings) -> BootReadings:
+    """The same boot on a kernel since 5.17: an rcuop kthread on every CPU."""
+    return dataclasses.replace(booted_with, rcu_offloaded=FOUR)
+
+
+def test_rcuop_kthreads_on_every_cpu_are_not_every_cpu_offloaded() -> None:
+    """Since Linux 5.17 the kernel makes an rcuop kthread for every CPU once rcu_nocbs= or
+    nohz_full= is given (so offloading can change at run time): booted with rcu_nocbs=2-3
+    on 4 CPUs, rcuop/0..3 run (issue 51, 4c: status said "rcu callbacks, CPUs 0-1:
+    mismatch"). Offloaded are the CPUs asked, rcu_nocbs= and nohz_full= together."""
+    usual = booted(every_cpu(readings(USUAL)))
+    assert usual.rcu_offloaded == CpuSet([2, 3])
+    assert ("rcu callbacks", "2-3", "booted") in states(compare(CpuSet([2, 3]), usual))
+    assert not [f for f in compare(CpuSet([2, 3]), usual) if f.state == "mismatch"]
+    line = "ro quiet rcu_nocbs=2-3"  # on a kernel without NO_HZ_FULL, as issue 51's was not
+    only = booted(every_cpu(readings(line, nohz_full=False)))
+    assert only.rcu_offloaded == CpuSet([2, 3])
+    assert ("rcu callbacks", "2-3", "booted") in states(compare(CpuSet([2, 3]), only))
+    # nohz_full= offloads its CPUs too; both: their union.
+    tick = booted(every_cpu(readings("nohz_full=3")))
+    assert tick.rcu_offloaded == CpuSet([3])
+    both = booted(every_cpu(readings("nohz_full=3 rcu_nocbs=1")))
+    assert both.rcu_offloaded == CpuSet([1, 3])
+    # Neither asked: kthreads only where the kernel offloads every CPU by its build
+    # (RCU_NOCB_CPU_DEFAULT_ALL), and none elsewhere.
+    assert booted(every_cpu(readings("ro"))).rcu_offloaded == FOUR
+    assert booted(readings("ro")).rcu_offloaded == CpuSet()
+    # A kernel older than 5.17 has rcuop kthreads for the offloaded CPUs only.
+    assert booted(readings(USUAL)).rcu_offloaded == CpuSet([2, 3])
 
 
 def test_a_kernel_without_nohz_full_makes_it_not_applicable_never_pending() -> None:

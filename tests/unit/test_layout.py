@@ -35,7 +35,7 @@ ALLOWED = {
 OPENERS = {"open", "Path", "PurePath"}  # called by their bare name
 OPENING_MODULES = {"os", "glob", "pathlib", "shutil", "io"}  # any of their functions
 KERNEL_PATHS = ("/sys", "/proc", "/dev/cpu", "/run/systemd")
-OWN_PATHS = ("/etc/latencyd", "/run/latencyd", "/usr/share/latencyd")
+OWN_PATHS = ("/etc/latencyd", "/run/latencyd", "/usr/share/latencyd", "/var/lib/latencyd")
 PATHS_MODULE = "latencyd.paths"
 
 
