@@ -43,6 +43,7 @@ from latencyd.errors import (
     ProfileError,
 )
 from latencyd.kernel.boot import BootState, booted, compare, unmet
+from latencyd.kernel.owners import OwnerIndex, read_owners
 from latencyd.kernel.system import System
 from latencyd.text import printable
 
@@ -134,6 +135,8 @@ class Daemon:
         self.busy: str | None = None
         self.progress: Progress | None = None
         self._deferred: list[Callable[[], object]] = []
+        # Other tuners running when the daemon started (latencyd.service.main says them).
+        self.tuners: list[dict[str, Any]] = []
         # How the machine booted: read once, it changes only with a reboot.
         self.boot = read_boot(system)
         # Applied settings the next boot brings into effect (Engine.pending), followed
@@ -556,7 +559,7 @@ class Daemon:
         drifts: list[Drift] = self.engine.verify(sids)
         if not drifts:
             return []
-        records = self.engine.handle_drift(drifts)
+        records = self.engine.handle_drift(drifts, read_owners(self.system))
         for callback in self.on_drift:
             callback(records)
         return records
@@ -574,6 +577,7 @@ class Daemon:
         plugin: Plugin[Any, Any],
         owned: list[tuple[Target, Value]],
         notes: Mapping[Target, str],
+        owners: OwnerIndex,
     ) -> list[dict[str, Any]]:
         """Status rows of one plugin's owned settings: one per setting, except that
         targets of one `group` with the same value and original are one row (the
@@ -596,6 +600,7 @@ class Daemon:
                     "original": originals.get((name, t)),
                     "text": plugin.describe(t, "(adopted)" if value is ADOPTED else value),
                     "note": notes.get(t, ""),
+                    "owners": [o.as_json() for o in owners.of(t.claims())],
                 }
             )
         for at, targets in groups.values():
@@ -627,10 +632,11 @@ class Daemon:
         for sid, refusal in self.engine.not_applicable.items():
             if shown(*sid):
                 refusals.setdefault(sid[0], []).append((sid, refusal))
+        index = read_owners(self.system)
         for name, plugin in self.plugins.items():
             section = self.engine.sections.get(name)
             notes = section.expansion.notes if section else {}
-            applied = self._applied_rows(name, plugin, owned.get(name, []), notes)
+            applied = self._applied_rows(name, plugin, owned.get(name, []), notes, index)
             refused = [
                 {
                     "target": encode_target(t),
@@ -693,6 +699,7 @@ class Daemon:
             "readback": self.readback,
             "boot": self.boot_status(),
             "reboot_pending": self.reboot_pending,
+            "other_tuners": self.tuners,
             "plugins": plugins,
         }
 
