@@ -482,7 +482,7 @@ class OwnerIndex:
                 Owner(
                     "systemd-sysctl",
                     line.where,
-                    f"{dotted(key)} = {line.value}",
+                    f"{dotted(line.key)} = {line.value}",  # as the line says it
                     when,
                     line.value,
                     None if winner is None or line is winner else winner.where,

@@ -43,7 +43,7 @@ from latencyd.errors import (
     ProfileError,
 )
 from latencyd.kernel.boot import BootState, booted, compare, unmet
-from latencyd.kernel.owners import OwnerIndex, read_owners
+from latencyd.kernel.owners import Owner, OwnerIndex, read_owners
 from latencyd.kernel.system import System
 from latencyd.text import printable
 
@@ -578,10 +578,13 @@ class Daemon:
         owned: list[tuple[Target, Value]],
         notes: Mapping[Target, str],
         owners: OwnerIndex,
+        shown: dict[Owner, int],
     ) -> list[dict[str, Any]]:
         """Status rows of one plugin's owned settings: one per setting, except that
         targets of one `group` with the same value and original are one row (the
-        threads of a process), so status stays small and fast beside 50,000 threads."""
+        threads of a process), so status stays small and fast beside 50,000 threads.
+        A row's other owners are indices into `shown` (the plugin's table of them: one
+        irqbalance is named once, not once for each of 4,096 IRQs)."""
         rows: list[dict[str, Any]] = []
         groups: dict[tuple[Hashable, str, str], tuple[int, list[Target]]] = {}
         originals = self.engine.originals
@@ -600,7 +603,7 @@ class Daemon:
                     "original": originals.get((name, t)),
                     "text": plugin.describe(t, "(adopted)" if value is ADOPTED else value),
                     "note": notes.get(t, ""),
-                    "owners": [o.as_json() for o in owners.of(t.claims())],
+                    "owners": [shown.setdefault(o, len(shown)) for o in owners.of(t.claims())],
                 }
             )
         for at, targets in groups.values():
@@ -636,7 +639,8 @@ class Daemon:
         for name, plugin in self.plugins.items():
             section = self.engine.sections.get(name)
             notes = section.expansion.notes if section else {}
-            applied = self._applied_rows(name, plugin, owned.get(name, []), notes, index)
+            others: dict[Owner, int] = {}
+            applied = self._applied_rows(name, plugin, owned.get(name, []), notes, index, others)
             refused = [
                 {
                     "target": encode_target(t),
@@ -659,6 +663,7 @@ class Daemon:
                     "tables": [t.as_json(sees_tasks) for t in monitor.tables] if monitor else [],
                     "facts": facts,
                     "on_drift": self.engine.on_drift(name),
+                    "owners": [o.as_json() for o in others],
                 }
                 if name in hidden:
                     plugins[name]["hidden"] = hidden[name]

@@ -777,10 +777,19 @@ def format_status(status: dict[str, Any]) -> list[str]:
                    f"setting what latencyd sets: {fights}")  # fmt: skip
     for plugin, info in status.get("plugins", {}).items():
         out += ["", f"[{plugin}]  (on drift: {info.get('on_drift', 'reapply')})"]
+        table, more = info.get("owners", []), 0
+        named: set[int] = set()
         for item in info.get("applied", []):
             note = f" ({item['note']})" if item.get("note") else ""
             out.append(f"  {item['text']}{note}   (original: {_short(item['original'])})")
-            out.extend(format_owners(item.get("owners", [])))
+            # Each other owner once, under the first of its settings (one irqbalance for
+            # every IRQ); how many more settings it also sets, after the section's rows.
+            mine = item.get("owners", [])
+            out.extend(format_owners([table[i] for i in mine if i not in named]))
+            more += bool(mine) and set(mine) <= named
+            named.update(mine)
+        if more:
+            out.append(f"  (the other owners named above also set {more} more of these)")
         for item in info.get("not_applicable", []):
             out.append(f"  not applicable: {item['text']}: {item['reason']}")
         out.extend(f"  {opt} fixed by the daemon's config ({where})"

@@ -355,13 +355,14 @@ def test_restarting_systemd_sysctl_is_drift_naming_the_fragment(booted: Booted) 
     mask.unlink()
     try:
         assert booted.systemctl("daemon-reload").returncode == 0
-        (row,) = [r for r in booted.status()["plugins"]["sysctl"]["applied"]
-                  if r["target"].get("key") == "vm.swappiness"]  # fmt: skip
-        owners = [(o["who"], o["where"], o["value"]) for o in row["owners"]]
+        sysctl = booted.status()["plugins"]["sysctl"]
+        (row,) = [r for r in sysctl["applied"] if r["target"].get("key") == "vm.swappiness"]
+        table = [sysctl["owners"][i] for i in row["owners"]]
+        owners = [(o["who"], o["where"], o["value"]) for o in table]
         assert owners[0] == ("systemd-sysctl", "/etc/sysctl.d/90-swap.conf:2", "60")
         # and the staged TuneD's active profile (latency-performance), stopped: its line
         assert [(who, value) for who, _, value in owners[1:]] == [("TuneD", "10")]
-        assert "not running now" in row["owners"][1]["when"]
+        assert "not running now" in table[1]["when"]
         assert (
             "also set by systemd-sysctl /etc/sysctl.d/90-swap.conf:2" in booted.ctl("status").stdout
         )

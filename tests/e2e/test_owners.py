@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,12 @@ def staged(binds: dict[str, Path], argv: list[str]) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
             f'{mounts} && shift {len(binds)} && exec "$@"', "staged",
             *map(str, binds.values()), *argv]  # fmt: skip
+
+
+def owned(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sysctl plugin's status rows, each row's owners looked up in its table."""
+    sysctl = status["plugins"]["sysctl"]
+    return [r | {"owners": [sysctl["owners"][i] for i in r["owners"]]} for r in sysctl["applied"]]
 
 
 def launch_staged(d: Latencyd, binds: dict[str, Path]) -> None:
@@ -63,7 +70,7 @@ def test_status_names_the_fragment_and_its_line(
     assert sysctl("vm.swappiness") == "10"
     result = d.ctl("status", "--json")
     assert result.returncode == 0, result.stderr
-    (row,) = json.loads(result.stdout)["plugins"]["sysctl"]["applied"]
+    (row,) = owned(json.loads(result.stdout))
     assert [(o["who"], o["where"], o["value"]) for o in row["owners"]] == [
         ("systemd-sysctl", "/etc/sysctl.d/90-swap.conf:2", "60")
     ]
@@ -169,7 +176,7 @@ def test_a_running_tuned_is_named_at_start_with_what_both_set(
     status = json.loads(d.ctl("status", "--json").stdout)
     (tuner,) = status["other_tuners"]
     assert (tuner["name"], tuner["pid"], tuner["profile"]) == ("TuneD", proc.pid, TUNED_PROFILE)
-    (row,) = status["plugins"]["sysctl"]["applied"]
+    (row,) = owned(status)
     (owner,) = row["owners"]
     assert owner["who"] == "TuneD" and f"running: pid {proc.pid}" in owner["when"]
     # Stopped before TuneD, latencyd puts back what it found: TuneD's value.

@@ -278,10 +278,11 @@ def test_status_names_each_settings_other_owners(tmp_path: Path, machine: Machin
     root, daemon = daemon_on(tmp_path, machine)
     put(root, "etc/sysctl.d/90-swap\x1b[2J.conf", "vm.swappiness = 60\n")
     daemon.start("swap")
-    (row,) = daemon.status()["plugins"]["sysctl"]["applied"]
-    assert [(o["who"], o["where"], o["value"]) for o in row["owners"]] == [
-        ("systemd-sysctl", "/etc/sysctl.d/90-swap\x1b[2J.conf:1", "60")
-    ]
+    sysctl = daemon.status()["plugins"]["sysctl"]
+    (row,) = sysctl["applied"]
+    assert [
+        (o["who"], o["where"], o["value"]) for o in map(sysctl["owners"].__getitem__, row["owners"])
+    ] == [("systemd-sysctl", "/etc/sysctl.d/90-swap\x1b[2J.conf:1", "60")]
     lines = format_status(daemon.status())
     (line,) = [line for line in lines if "also set by" in line]
     assert "systemd-sysctl /etc/sysctl.d/90-swap\x1b[2J.conf:1: vm.swappiness = 60" in line
@@ -316,6 +317,7 @@ def test_the_start_says_a_running_tuned_and_what_both_set(
     root, daemon = daemon_on(tmp_path, machine)
     tuned_profile(root)
     add_task(root, 812, "tuned")
+    put(root, "run/tuned/tuned.pid", "812\n")  # as TuneD writes it
     daemon.start("swap")
     with caplog.at_level(logging.WARNING):
         say_other_tuners(daemon)
@@ -325,6 +327,9 @@ def test_the_start_says_a_running_tuned_and_what_both_set(
     )
     status = daemon.status()
     assert [t["pid"] for t in status["other_tuners"]] == [812]
+    (row,) = status["plugins"]["sysctl"]["applied"]
+    (owner,) = [status["plugins"]["sysctl"]["owners"][i] for i in row["owners"]]
+    assert owner["who"] == "TuneD" and "running: pid 812" in owner["when"]
     assert any("also running at start: TuneD (pid 812" in line for line in format_status(status))
 
 
@@ -343,3 +348,24 @@ def test_explain_names_the_other_owners(tmp_path: Path, machine: Machine) -> Non
         ", at boot (systemd-sysctl.service), and whenever that service is restarted"
         in format_explain(data)
     )
+
+
+def test_status_names_an_owner_of_many_settings_once(tmp_path: Path, machine: Machine) -> None:
+    """Server size: an owner of many settings (one irqbalance for 4,096 IRQs; here a
+    glob) is one entry of the plugin's owners, each row an index into it, and named once
+    by latencyctl's status."""
+    root, daemon = daemon_on(tmp_path, machine)
+    (tmp_path / "profiles/two.toml").write_text(
+        '[sysctl]\n"vm.swappiness" = 10\n"vm.stat_interval" = 2\n'
+    )
+    put(root, "etc/sysctl.d/90.conf", "vm.* = 1\n")
+    daemon.start("two")
+    status = daemon.status()
+    sysctl = status["plugins"]["sysctl"]
+    assert [r["owners"] for r in sysctl["applied"]] == [[0], [0]]
+    assert [(o["where"], o["sets"]) for o in sysctl["owners"]] == [
+        ("/etc/sysctl.d/90.conf:1", "vm.* = 1")
+    ]
+    lines = format_status(status)
+    assert sum("also set by" in line for line in lines) == 1
+    assert "  (the other owners named above also set 1 more of these)" in lines
