@@ -114,7 +114,7 @@ class Target:
     def claims(self) -> tuple[Claim, ...]:
         """What this setting is to the other programs that may set it (a sysctl key, the
         IRQs' affinity, a unit's CPUs: latencyd.kernel.owners), so status, explain and plan
-        name them and a drift names who set it. None: no other owner is looked for."""
+        name them and a drift names who set it. (): no other owner is looked for."""
         return ()
 
     def device(self) -> str | None:
