@@ -31,6 +31,7 @@ from latencyd.errors import LatencydError
 from latencyd.kernel.boot import booted
 from latencyd.kernel.bootloaders import Bootloader, detect, in_effect, read_record, write_boot
 from latencyd.kernel.cmdline import CPU_LIST_PARAMETERS, Change, split_isolcpus, unsafe
+from latencyd.kernel.owners import BOOT, Claim
 from latencyd.kernel.system import Machine, System
 
 # write is false by default, by the profile, or fixed by the daemon's config ([plugin.
@@ -89,6 +90,9 @@ class BootArguments(Target):
     kind: ClassVar[str] = "boot_arguments"
     refusal_means: ClassVar[str | None] = "the boot configuration could not be changed"
     kept_at_stop: ClassVar[bool] = True
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(BOOT),)
 
     def read(self, system: System) -> Value:
         """latencyd's change as its record keeps it, in the profile's form (the parameters

@@ -59,6 +59,8 @@ from latencyd.core.schema import (
 )
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, Location, NotApplicable, ProfileError
+from latencyd.kernel import owners
+from latencyd.kernel.owners import Claim
 from latencyd.kernel.system import System
 
 CPU = "sys/devices/system/cpu"
@@ -95,6 +97,9 @@ class CpufreqFile(FileTarget):
     comes and goes with its CPU (or policy): missing, the setting is gone."""
 
     transient: ClassVar[bool] = True
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(owners.CPUFREQ),)
 
     def same(self, system: System, wanted: Value, actual: Value) -> bool:
         try:

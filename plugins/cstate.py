@@ -56,6 +56,7 @@ from latencyd.kernel.idle import (
     state_counters,
     states_of,
 )
+from latencyd.kernel.owners import PM_QOS, Claim
 from latencyd.kernel.system import System
 
 CPU = "sys/devices/system/cpu"
@@ -107,6 +108,9 @@ class PmQosRequest(Target):
             system.pmqos.release()
         else:
             system.pmqos.hold(int(value))
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(PM_QOS),)
 
     def describe(self, value: Value) -> str:
         if value is None:

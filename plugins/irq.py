@@ -35,6 +35,7 @@ from latencyd.core.plugin import (
 from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Option, Schema, Str
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.kernel.owners import IRQS, Claim
 from latencyd.kernel.procstat import PCI_ADDR, Irq, parse_interrupts
 from latencyd.kernel.system import System
 
@@ -64,6 +65,9 @@ class IrqAffinity(CpuListFile):
     def describe(self, value: Value) -> str:
         return f"IRQ {self.irq} affinity = {value}"
 
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(IRQS),)
+
 
 @dataclass(frozen=True)
 class DefaultAffinity(CpuMaskFile):
@@ -75,6 +79,9 @@ class DefaultAffinity(CpuMaskFile):
 
     def describe(self, value: Value) -> str:
         return f"default IRQ affinity = {value}"
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(IRQS),)
 
 
 def irqbalance_file(system: System) -> str:

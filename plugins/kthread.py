@@ -50,6 +50,7 @@ from latencyd.core.schema import (
     Schema,
 )
 from latencyd.cpuset import CpuSet
+from latencyd.kernel.owners import THREADS, Claim
 from latencyd.kernel.system import POLICIES, System, Task
 
 WORKQUEUES = {
@@ -124,6 +125,9 @@ class ThreadAffinity(KernelThread):
 
     def describe_task(self, tasks: Tasks, value: Value) -> str:
         return f"{self.who(tasks)} CPUs = {value}"
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(THREADS),)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Fields, Int, ListOf,
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.kernel.ethtool import FEATURE_ALIASES, GROUPS
+from latencyd.kernel.owners import NIC, Claim
 from latencyd.kernel.system import System
 
 NET = "sys/class/net"
@@ -61,6 +62,9 @@ class NicTarget(Target):
 
     def device(self) -> str:
         return self.nic
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(NIC),)
 
     @property
     def setting(self) -> str:

@@ -83,6 +83,7 @@ from latencyd.kernel.cgroups import (
     v1_groups,
     v2_groups,
 )
+from latencyd.kernel.owners import CPUS, Claim
 from latencyd.kernel.system import System, Task
 
 THREAD_CHUNK = 1024  # threads of one task read per piece of an expansion (expand_steps)
@@ -243,6 +244,9 @@ class Cgroup(Target):
     def path(self) -> str:
         return f"{self.hierarchy}/{self.name}"
 
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(CPUS),)
+
     def read(self, system: System) -> Value:
         if not system.exists(self.path):
             return None
@@ -390,6 +394,9 @@ class UnitCpus(Target):
         if self.unit in (*SYSTEMD_CONFINED, APP_SLICE):
             return None
         return f"{self.unit!r} is not a unit the shield confines"
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(CPUS, self.unit),)
 
     def read(self, system: System) -> Value:
         cpus = system.systemd.allowed_cpus(self.unit)

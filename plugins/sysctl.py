@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from latencyd.core.plugin import Expansion, FileTarget, Options, Plugin, Target, Value
 from latencyd.core.schema import Int, OneOf, Schema, Str
+from latencyd.kernel.owners import SYSCTL, Claim
 from latencyd.kernel.system import System
 
 # Sysctls that hand out root: each names a program the kernel runs as root, or
@@ -106,6 +107,9 @@ class Sysctl(FileTarget):
 
     def describe(self, value: Value) -> str:
         return f"sysctl {self.key} = {value}"
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(SYSCTL, sysctl_path(self.key).removeprefix("proc/sys/")),)
 
 
 class SysctlPlugin(Plugin[Sysctl, None]):

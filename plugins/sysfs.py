@@ -40,6 +40,7 @@ from latencyd.core.plugin import (
 )
 from latencyd.core.schema import Int, OneOf, Schema, Str
 from latencyd.errors import KernelRefused
+from latencyd.kernel.owners import SYSFS, Claim
 from latencyd.kernel.system import System
 
 # Subsystems whose devices carry the files profiles set by glob: block queues, NICs, PCI
@@ -101,6 +102,9 @@ class SysfsFile(FileTarget):
 
     def problem(self) -> str | None:
         return check_key(self.path)
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(SYSFS, self.path),)
 
     @property
     def rel(self) -> str:

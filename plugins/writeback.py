@@ -23,6 +23,7 @@ from latencyd.core.plugin import (
     plain_path,
 )
 from latencyd.core.schema import Int, Option, Schema, Size
+from latencyd.kernel.owners import SYSCTL, Claim
 from latencyd.kernel.system import System
 
 VM = "proc/sys/vm"
@@ -67,6 +68,9 @@ class DirtyLimit(Target):
         ratio, size = PAIRS[self.pair]
         return f"vm.{ratio} = {number}" if mode == "ratio" else f"vm.{size} = {number}"
 
+    def claims(self) -> tuple[Claim, ...]:
+        return tuple(Claim(SYSCTL, f"vm/{name}") for name in PAIRS[self.pair])
+
     def watch_files(self, system: System) -> tuple[str, ...]:
         # Writing either file of the pair changes it (the kernel zeroes the other).
         return tuple(f"{VM}/{name}" for name in PAIRS[self.pair])
@@ -91,6 +95,9 @@ class VmKnob(FileTarget):
 
     def describe(self, value: Value) -> str:
         return f"vm.{self.name} = {value}"
+
+    def claims(self) -> tuple[Claim, ...]:
+        return (Claim(SYSCTL, f"vm/{self.name}"),)
 
 
 class WritebackPlugin(Plugin[DirtyLimit | VmKnob, None]):

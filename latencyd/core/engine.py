@@ -46,6 +46,7 @@ from latencyd.errors import (
     LatencydError,
     NotApplicable,
 )
+from latencyd.kernel.owners import OwnerIndex
 
 log = logging.getLogger(__name__)
 
@@ -931,11 +932,17 @@ class Engine:
         section = self.sections.get(plugin)
         return str(section.options.get("on_drift", "reapply")) if section else "reapply"
 
-    def handle_drift(self, drifts: Iterable[Drift]) -> list[dict[str, Any]]:
-        """Put drifted settings back or report them, as each section's `on_drift` says."""
+    def handle_drift(
+        self, drifts: Iterable[Drift], owners: OwnerIndex | None = None
+    ) -> list[dict[str, Any]]:
+        """Put drifted settings back or report them, as each section's `on_drift` says;
+        with the machine's `owners`, name the one whose value a setting drifted to."""
         records = []
         for d in drifts:
             record = d.as_json() | {"action": "reported"}
+            by = owners.changed_by(d.target.claims(), d.actual) if owners else None
+            if by is not None:
+                record["changed_by"] = by.as_json()
             if self.on_drift(d.plugin) == "reapply":
                 plugin = self.plugins[d.plugin]
                 try:
@@ -944,8 +951,10 @@ class Engine:
                 except LatencydError as exc:
                     record["action"] = f"failed: {exc}"
             log.warning(
-                "drift: [%s] %s, but it is %r: %s", d.plugin, d.text, d.actual, record["action"]
-            )
+                "drift: [%s] %s, but it is %r%s: %s", d.plugin, d.text, d.actual,
+                f", the value {by.who} sets from {by.where} ({by.when})" if by else "",
+                record["action"],
+            )  # fmt: skip
             records.append(record)
         return records
 

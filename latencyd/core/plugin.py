@@ -36,6 +36,7 @@ from typing import (
 from latencyd.core.schema import Schema
 from latencyd.cpuset import CpuSet
 from latencyd.errors import NotApplicable
+from latencyd.kernel.owners import Claim
 from latencyd.kernel.system import System
 
 if TYPE_CHECKING:  # only the noise watch's hooks name them
@@ -124,6 +125,12 @@ class Target:
         must not touch (a sysctl key spelling a way out of /proc/sys); None when it is
         sound. `expand` makes sound targets only; decode_target asks every one."""
         return None
+
+    def claims(self) -> tuple[Claim, ...]:
+        """What this setting is to the other programs that may set it (a sysctl key, the
+        IRQs' affinity, a unit's CPUs: latencyd.kernel.owners), so status, explain and plan
+        name them and a drift names who set it. (): no other owner is looked for."""
+        return ()
 
     def device(self) -> str | None:
         """The device this setting belongs to (a NIC's identity), by which the engine

@@ -547,10 +547,22 @@ class System:
 
     def root_process(self, comm: str) -> int | None:
         """The pid of a process named `comm` that runs as root (is_root_process)."""
+        return next(iter(self.root_processes(comm)), None)
+
+    def root_processes(self, comm: str) -> Iterator[int]:
+        """The pids of the processes named `comm` that run as root (one scan of /proc)."""
         for entry in self.entries("proc"):
             if entry.isdigit() and self.is_root_process(int(entry), comm):
-                return int(entry)
-        return None
+                yield int(entry)
+
+    def root_process_by_pidfile(self, rel: str, comm: str) -> int | None:
+        """The process a daemon's pid file names, if it is still that daemon (named `comm`,
+        run by root): a stale file names nothing, or someone else."""
+        try:
+            pid = int(self.read_or_empty(rel).split()[0])
+        except (IndexError, ValueError):
+            return None
+        return pid if pid > 0 and self.is_root_process(pid, comm) else None
 
     def ancestors(self, pid: int) -> list[int]:
         """pid, its parent, and so on up to init (bounded: a loop cannot trap us)."""

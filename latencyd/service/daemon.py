@@ -45,6 +45,7 @@ from latencyd.errors import (
     ProfileError,
 )
 from latencyd.kernel.boot import BootState, booted, compare, unmet
+from latencyd.kernel.owners import Owner, OwnerIndex, read_owners
 from latencyd.kernel.system import System
 from latencyd.text import printable
 
@@ -145,6 +146,8 @@ class Daemon:
         self.busy: str | None = None
         self.progress: Progress | None = None
         self._deferred: list[Callable[[], object]] = []
+        # Other tuners running when the daemon started (latencyd.service.main says them).
+        self.tuners: list[dict[str, Any]] = []
         # How the machine booted: read once, it changes only with a reboot.
         self.boot = read_boot(system)
         # Applied settings the next boot brings into effect (Engine.pending), followed
@@ -605,7 +608,7 @@ class Daemon:
         drifts: list[Drift] = self.engine.verify(sids)
         if not drifts:
             return []
-        records = self.engine.handle_drift(drifts)
+        records = self.engine.handle_drift(drifts, read_owners(self.system))
         for callback in self.on_drift:
             callback(records)
         return records
@@ -623,10 +626,14 @@ class Daemon:
         plugin: Plugin[Any, Any],
         owned: list[tuple[Target, Value]],
         notes: Mapping[Target, str],
+        owners: OwnerIndex,
+        shown: dict[Owner, int],
     ) -> list[dict[str, Any]]:
         """Status rows of one plugin's owned settings: one per setting, except that
         targets of one `group` with the same value and original are one row (the
-        threads of a process), so status stays small and fast beside 50,000 threads."""
+        threads of a process), so status stays small and fast beside 50,000 threads.
+        A row's other owners are indices into `shown` (the plugin's table of them: one
+        irqbalance is named once, not once for each of 4,096 IRQs)."""
         rows: list[dict[str, Any]] = []
         groups: dict[tuple[Hashable, str, str], tuple[int, list[Target]]] = {}
         originals = self.engine.originals
@@ -645,6 +652,7 @@ class Daemon:
                     "original": originals.get((name, t)),
                     "text": plugin.describe(t, "(adopted)" if value is ADOPTED else value),
                     "note": notes.get(t, ""),
+                    "owners": [shown.setdefault(o, len(shown)) for o in owners.of(t.claims())],
                 }
             )
         for at, targets in groups.values():
@@ -676,10 +684,12 @@ class Daemon:
         for sid, refusal in self.engine.not_applicable.items():
             if shown(*sid):
                 refusals.setdefault(sid[0], []).append((sid, refusal))
+        index = read_owners(self.system)
         for name, plugin in self.plugins.items():
             section = self.engine.sections.get(name)
             notes = section.expansion.notes if section else {}
-            applied = self._applied_rows(name, plugin, owned.get(name, []), notes)
+            others: dict[Owner, int] = {}
+            applied = self._applied_rows(name, plugin, owned.get(name, []), notes, index, others)
             refused = [
                 {
                     "target": encode_target(t),
@@ -702,6 +712,7 @@ class Daemon:
                     "tables": [t.as_json(sees_tasks) for t in monitor.tables] if monitor else [],
                     "facts": facts,
                     "on_drift": self.engine.on_drift(name),
+                    "owners": [o.as_json() for o in others],
                 }
                 if name in hidden:
                     plugins[name]["hidden"] = hidden[name]
@@ -748,6 +759,7 @@ class Daemon:
             "readback": self.readback,
             "boot": self.boot_status(),
             "reboot_pending": self.reboot_pending,
+            "other_tuners": self.tuners,
             "plugins": plugins,
         }
 

@@ -17,6 +17,7 @@ from latencyd.core.journal import Journal
 from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.errors import ConfigError, LatencydError
+from latencyd.kernel.owners import overlap, running_tuners
 from latencyd.kernel.system import System
 from latencyd.paths import CONFIG_FILE, DEFAULT_STATE_DIR
 from latencyd.service.config import (
@@ -240,6 +241,21 @@ class DriftWatch:
         return [sid for sid, paths in self.watched.items() if paths]
 
 
+def say_other_tuners(daemon: Daemon) -> None:
+    """TuneD or another latencyd running now, said at start with what both would set
+    (they would undo each other's writes), and kept for status."""
+    ours = {claim for _, target in daemon.engine.applied for claim in target.claims()}
+    for tuner in running_tuners(daemon.system, os.getpid()):
+        fights = overlap(tuner, ours)
+        profile = f", profile {tuner.profile}" if tuner.profile else ""
+        log.warning(
+            "%s is running (pid %d%s): it and latencyd both set %s; they will undo each "
+            "other's writes: stop one of them",
+            tuner.name, tuner.pid, profile, "; ".join(fights) or "nothing latencyd applies now",
+        )  # fmt: skip
+        daemon.tuners.append(tuner.as_json() | {"overlap": fights})
+
+
 def build(
     args: argparse.Namespace,
     config: Config,
@@ -383,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         None if args.no_profile else (args.profile or config.default_profile),
         resume=not args.no_profile and not args.profile,
     )
+    say_other_tuners(daemon)
     # The name is claimed only now: whoever waits for it (systemd Type=dbus, scripts)
     # knows the start-up profile is applied and verified.
     if link.connect():

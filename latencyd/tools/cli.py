@@ -774,11 +774,26 @@ def format_status(status: dict[str, Any]) -> list[str]:
     out.extend(f"reboot pending: [{p['plugin']}] {p['text']}: {p['reason']}"
                for p in status.get("reboot_pending") or [])  # fmt: skip
     out.extend(format_boot(status))
+    for t in status.get("other_tuners") or []:
+        profile = f", profile {t['profile']}" if t.get("profile") else ""
+        fights = "; ".join(t.get("overlap") or []) or "nothing latencyd applies"
+        out.append(f"also running at start: {t['name']} (pid {t['pid']}{profile}), "
+                   f"setting what latencyd sets: {fights}")  # fmt: skip
     for plugin, info in status.get("plugins", {}).items():
         out += ["", f"[{plugin}]  (on drift: {info.get('on_drift', 'reapply')})"]
+        table, more = info.get("owners", []), 0
+        named: set[int] = set()
         for item in info.get("applied", []):
             note = f" ({item['note']})" if item.get("note") else ""
             out.append(f"  {item['text']}{note}   (original: {_short(item['original'])})")
+            # Each other owner once, under the first of its settings (one irqbalance for
+            # every IRQ); how many more settings it also sets, after the section's rows.
+            mine = item.get("owners", [])
+            out.extend(format_owners([table[i] for i in mine if i not in named]))
+            more += bool(mine) and set(mine) <= named
+            named.update(mine)
+        if more:
+            out.append(f"  (the other owners named above also set {more} more of these)")
         for item in info.get("not_applicable", []):
             out.append(f"  not applicable: {item['text']}: {item['reason']}")
         out.extend(f"  {opt} fixed by the daemon's config ({where})"
@@ -811,6 +826,16 @@ def format_tables(tables: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def format_owners(owners: list[dict[str, Any]]) -> list[str]:
+    """The other owners of a setting (latencyd.kernel.owners.Owner as JSON), one a line."""
+    return [
+        f"      also set by {o['who']} {o['where']}: {o['sets']}"
+        + (f" (overridden by {o['overridden_by']})" if o.get("overridden_by") else "")
+        + f", {o['when']}"
+        for o in owners
+    ]
+
+
 def _short(value: Any) -> str:
     if isinstance(value, dict) and len(value) == 1:
         ((k, v),) = value.items()
@@ -828,6 +853,9 @@ def format_explain(data: dict[str, Any]) -> list[str]:
         for opt in data["sections"].get(section, []):
             fixed = " (fixed by the daemon's config)" if opt.get("fixed") else ""
             out.append(f"  {opt['option']} = {opt['value']!r}   # {opt['from']}{fixed}")
+        for setting in data.get("owners", {}).get(section, []):
+            out.append(f"  {setting['setting']}:")
+            out.extend(format_owners(setting["owners"]))
         for gone in data.get("removed", {}).get(section, []):
             out.append(f"  - {gone['option']}   # removed by {gone['how']} at {gone['from']}")
     return out

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from latencyd.core.engine import section_schemas
+from latencyd.core.engine import plugin_options, section_schemas
 from latencyd.core.plugin import load_plugins
-from latencyd.core.profile import ProfileLibrary
+from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.core.schema import Schema
 from latencyd.cpuset import CpuSet
+from latencyd.errors import LatencydError
+from latencyd.kernel.owners import read_owners
 from latencyd.kernel.system import System
 from latencyd.paths import CONFIG_FILE
 from latencyd.service.config import fixed_options, load_config, search_path
@@ -40,8 +42,29 @@ def library(profile_dirs: list[Path], system: System) -> ProfileLibrary:
     )
 
 
+def other_owners(profile: Profile, system: System) -> dict[str, list[dict[str, Any]]]:
+    """Per section, what else sets what it would set (latencyd.kernel.owners), one entry
+    per claim: the sections are expanded on this machine as a switch would, nothing set."""
+    plugins, index = load_plugins(system), read_owners(system)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for section, options in profile.sections.items():
+        if section not in plugins:
+            continue
+        try:
+            wanted = plugins[section].expand(plugin_options(options), {}).settings
+        except LatencydError:
+            continue  # what cannot expand here is for switch to say
+        claims = dict.fromkeys(c for t in wanted for c in t.claims())
+        found = [(c, index.of([c])) for c in claims]
+        if rows := [{"setting": str(c), "owners": [o.as_json() for o in owners]}
+                    for c, owners in found if owners]:  # fmt: skip
+            out[section] = rows
+    return out
+
+
 def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dict[str, Any]:
-    profile = library(profile_dirs, System(root)).load(name_or_path)
+    system = System(root)
+    profile = library(profile_dirs, system).load(name_or_path)
     sections = {
         section: [
             {
@@ -69,6 +92,7 @@ def explain(name_or_path: str, profile_dirs: list[Path], root: str = "/") -> dic
         "variables": plain(profile.variables),
         "sections": sections,
         "removed": removed,
+        "owners": other_owners(profile, system),
     }
 
 

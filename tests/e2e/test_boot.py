@@ -75,6 +75,7 @@ class Booted:
     container: Container
     profiles: Path  # the container's /etc/latencyd/profiles, from here
     originals: dict[str, object]  # the restart sampler's settings before the boot
+    etc: Path  # the container's /etc/systemd/system, /etc/sysctl.d, ..., from here
 
     def ctl(self, *args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
         return self.container.run("latencyctl", *args, user=user)
@@ -129,6 +130,15 @@ def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
     shutil.copytree("/etc/tuned", stage / "etc/tuned")
     (stage / "etc/tuned/active_profile").write_text("latency-performance\n")
     (stage / "etc/tuned/profile_mode").write_text("manual\n")
+    # The container's /etc/sysctl.d: the host's vendor fragments masked by name (a link
+    # to /dev/null, as sysctl.d(5) says), so a systemd-sysctl a test runs in there
+    # applies only what the test puts here.
+    sysctl_d = stage / "etc/sysctl.d"
+    sysctl_d.mkdir()
+    for vendor in ("/usr/lib/sysctl.d", "/lib/sysctl.d", "/usr/local/lib/sysctl.d"):
+        for conf in Path(vendor).glob("*.conf") if Path(vendor).is_dir() else ():
+            if not (sysctl_d / conf.name).is_symlink():
+                (sysctl_d / conf.name).symlink_to("/dev/null")
     tuned_policy = Path("/etc/dbus-1/system.d/com.redhat.tuned.conf")
     if tuned_policy.exists():
         shutil.copy(tuned_policy, stage / "etc/dbus-1/system.d/")
@@ -139,6 +149,7 @@ def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
         (stage / "etc/tmpfiles.d", "/etc/tmpfiles.d", False),
         (stage / "etc/latencyd", "/etc/latencyd", True),
         (stage / "etc/tuned", "/etc/tuned", True),
+        (sysctl_d, "/etc/sysctl.d", True),
         *isolation,
     ]
     machine_before, sysctls_before = snapshot(), proc_sys()
@@ -151,7 +162,7 @@ def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
         assert state in ("running", "degraded"), (
             f"boot ended {state!r}; failed:\n{failed}\nconsole:\n{console}"
         )
-        yield Booted(container, stage / "etc/latencyd/profiles", originals)
+        yield Booted(container, stage / "etc/latencyd/profiles", originals, stage / "etc")
     finally:
         container.poweroff()
         # The host kernel as before. PID 1 raises three limits of its own at start
@@ -330,6 +341,50 @@ def test_starting_it_stops_tuned_and_they_never_fight(booted: Booted) -> None:
     limits.put_back(before)
     assert {name: reader() for name, reader in SETTINGS.items()} == booted.originals
     booted.ensure_default()
+
+
+def test_restarting_systemd_sysctl_is_drift_naming_the_fragment(booted: Booted) -> None:
+    """Issue 52: an admin's sysctl.d fragment setting what the profile sets is named in
+    status with its file:line, and `systemctl restart systemd-sysctl` applying it again is
+    drift that names it (and is put back)."""
+    booted.ensure_default()
+    assert default_sysctls()["vm.swappiness"] == "10"
+    fragment = booted.etc / "sysctl.d/90-swap.conf"
+    mask = booted.etc / "systemd/system/systemd-sysctl.service"
+    fragment.write_text("# an old setting\nvm.swappiness = 60\n")
+    mask.unlink()
+    try:
+        assert booted.systemctl("daemon-reload").returncode == 0
+        sysctl = booted.status()["plugins"]["sysctl"]
+        (row,) = [r for r in sysctl["applied"] if r["target"].get("key") == "vm.swappiness"]
+        table = [sysctl["owners"][i] for i in row["owners"]]
+        owners = [(o["who"], o["where"], o["value"]) for o in table]
+        assert owners[0] == ("systemd-sysctl", "/etc/sysctl.d/90-swap.conf:2", "60")
+        # and the staged TuneD's active profile (latency-performance), stopped: its line
+        assert [(who, value) for who, _, value in owners[1:]] == [("TuneD", "10")]
+        assert "not running now" in table[1]["when"]
+        assert (
+            "also set by systemd-sysctl /etc/sysctl.d/90-swap.conf:2" in booted.ctl("status").stdout
+        )
+        since = int(booted.journal("-u", "latencyd", "-n", "1")[-1]["__MONOTONIC_TIMESTAMP"])
+        restarted = booted.systemctl("restart", "systemd-sysctl")
+        assert restarted.returncode == 0, restarted.stderr
+        said = ("drift: [sysctl] sysctl vm.swappiness = 10, but it is '60', the value "
+                "systemd-sysctl sets from /etc/sysctl.d/90-swap.conf:2")  # fmt: skip
+
+        def drift_named() -> bool:
+            return any(str(e.get("MESSAGE", "")).startswith(said)
+                       and int(e["__MONOTONIC_TIMESTAMP"]) > since
+                       for e in booted.journal("-u", "latencyd", "-p", "warning"))  # fmt: skip
+
+        wait_for(drift_named, timeout=15)
+        wait_for(lambda: host_sysctl("vm.swappiness") == "10", timeout=5)
+    finally:
+        booted.systemctl("stop", "systemd-sysctl")
+        fragment.unlink()
+        mask.symlink_to("/dev/null")
+        booted.systemctl("daemon-reload")
+    assert booted.ctl("verify").returncode == 0
 
 
 def test_journal_has_priorities_and_no_timestamps_of_its_own(booted: Booted) -> None:
