@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from latencyd.kernel.system import System
-from tests.harness import Latencyd, wait_for, wait_for_child
+from tests.harness import BIN, Latencyd, sysctl, wait_for, wait_for_child
 
 PROFILE = """
 [main]
@@ -124,3 +125,67 @@ def test_a_daemon_killed_with_the_shield_up_restores_it_on_restart(
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
+    start_daemon: Callable[..., Latencyd], tmp_path: Path
+) -> None:
+    """Issue 52: app A started by `run --profile cpu-partitioning` runs on CPU 1 in the
+    shield; another script's `hold network-latency -- CMD` composes with it (A is not
+    moved, neither while that hold starts, lasts and ends, read back all along), and a
+    hold asking a setting A's hold sets otherwise (balanced: vm.swappiness 60 against 10)
+    is refused with the reason, nothing changed."""
+    d = start_daemon(None)
+    run = d.spawn_ctl("run", "--profile", "cpu-partitioning", "--", "sleep", "60")
+    try:
+        app = wait_for_child(run.pid, "sleep")
+        where = cpuset_of(app)
+        assert where is not None and where.startswith("/latencyd-shield")
+        assert os.sched_getaffinity(app) == {1}
+        held = status(d)["holds"]
+        assert [(h["profile"], h["cpus"]) for h in held] == [("cpu-partitioning", "1")]
+        assert run.pid in held[0]["tasks"] and app in held[0]["tasks"]
+
+        seen: set[tuple[str | None, frozenset[int]]] = set()
+        stop = threading.Event()
+
+        def watch() -> None:  # A's cpuset and CPUs, read back over and over
+            while not stop.is_set():
+                seen.add((cpuset_of(app), frozenset(os.sched_getaffinity(app))))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        inside = tmp_path / "inside"
+        script = (
+            f"cat /proc/{app}/cpuset > {inside}; "
+            f"grep Cpus_allowed_list /proc/{app}/status >> {inside}; "
+            f"{BIN / 'latencyctl'} active >> {inside}"
+        )
+        try:
+            other = d.ctl("hold", "network-latency", "--", "sh", "-c", script)
+        finally:
+            stop.set()
+            watcher.join()
+        assert other.returncode == 0, other.stderr
+        assert inside.read_text().split("\n") == [
+            where,
+            "Cpus_allowed_list:\t1",
+            "cpu-partitioning+network-latency",
+            "",
+        ]
+        assert seen == {(where, frozenset({1}))}
+        assert cpuset_of(app) == where and os.sched_getaffinity(app) == {1}
+        assert d.ctl("active").stdout.strip() == "cpu-partitioning"
+
+        before = sysctl("vm.swappiness")
+        refused = d.ctl("hold", "balanced", "--", "true")
+        assert refused.returncode == 1
+        assert "hold 3 (balanced) is refused" in refused.stderr
+        assert "hold 1 (cpu-partitioning)" in refused.stderr
+        assert "[sysctl] vm.swappiness: 60" in refused.stderr and "against 10" in refused.stderr
+        assert sysctl("vm.swappiness") == before
+        assert cpuset_of(app) == where and os.sched_getaffinity(app) == {1}
+        assert [h["profile"] for h in status(d)["holds"]] == ["cpu-partitioning"]
+    finally:
+        run.kill()
+        run.wait()
