@@ -845,7 +845,10 @@ class Daemon:
 
     def _exempt(self) -> None:
         holders = [h for h in self.holds.values() if h.pid and self._still_the_holder(h)]
-        pids = frozenset(h.pid for h in holders if h.pid)
+        # A hold that asked to be placed and needs no CPUs (its profile shields none,
+        # another hold's shield is in force) is an application like any other: kept off
+        # the shield, not exempt from it.
+        pids = frozenset(h.pid for h in holders if h.pid and (h.cpus or not h.placed))
         # A hold that needs no CPUs (its profile shields none) has none to be placed on.
         placed = {h.pid: h.cpus for h in holds_in_force(holders) if h.pid and h.placed and h.cpus}
         for plugin in self.plugins.values():
