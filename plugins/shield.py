@@ -727,7 +727,9 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
                 settings[target] = owned[target]
             elif why:
                 theirs.append((task.pid, task.comm, cgroup, why))
-            if (rule := self.user_rule(rules, task)) is None and task.pid in self.placed_pids:
+            inside = (where or cgroup).strip("/").split("/")[0] in (SHIELD, APP_SLICE)
+            rule = self.user_rule(rules, task)
+            if rule is None and inside and task.pid in self.placed_pids:
                 # Each hold's application on its own CPUs inside the shield, by an affinity
                 # its command inherits and the kernel keeps when the shield's CPUs change
                 # (the user-requested mask): another hold's CPUs joining or leaving the

@@ -128,13 +128,14 @@ def test_a_daemon_killed_with_the_shield_up_restores_it_on_restart(
 
 
 def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
-    start_daemon: Callable[..., Latencyd], tmp_path: Path
+    start_daemon: Callable[..., Latencyd], profiles: Path, tmp_path: Path
 ) -> None:
     """Issue 52: app A started by `run --profile cpu-partitioning` runs on CPU 1 in the
     shield; another script's `hold network-latency -- CMD` composes with it (A is not
     moved, neither while that hold starts, lasts and ends, read back all along), and a
-    hold asking a setting A's hold sets otherwise (balanced: vm.swappiness 60 against 10)
-    is refused with the reason, nothing changed."""
+    hold asking a setting A's hold sets otherwise (vm.swappiness 60 against 10) is
+    refused with the reason, nothing changed."""
+    (profiles / "swap-60.toml").write_text('[sysctl]\n"vm.swappiness" = 60\n')
     d = start_daemon(None)
     run = d.spawn_ctl("run", "--profile", "cpu-partitioning", "--", "sleep", "60")
     try:
@@ -178,11 +179,12 @@ def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
         assert d.ctl("active").stdout.strip() == "cpu-partitioning"
 
         before = sysctl("vm.swappiness")
-        refused = d.ctl("hold", "balanced", "--", "true")
+        refused = d.ctl("hold", "swap-60", "--", "true")
         assert refused.returncode == 1
-        assert "hold 3 (balanced) is refused" in refused.stderr
+        assert "hold 3 (swap-60) is refused" in refused.stderr
         assert "hold 1 (cpu-partitioning)" in refused.stderr
         assert "[sysctl] vm.swappiness: 60" in refused.stderr and "against 10" in refused.stderr
+        assert "latency-performance.toml:" in refused.stderr  # where A's 10 comes from
         assert sysctl("vm.swappiness") == before
         assert cpuset_of(app) == where and os.sched_getaffinity(app) == {1}
         assert [h["profile"] for h in status(d)["holds"]] == ["cpu-partitioning"]
