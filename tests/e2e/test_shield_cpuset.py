@@ -80,8 +80,9 @@ def test_run_refuses_cpus_outside_the_shield_in_words(
     d = start_daemon("shield")
     out = d.ctl("run", "--cpus", "0", "--", "true")
     assert out.returncode == 2
-    assert "--cpus 0: the kernel refused them" in out.stderr
-    assert "only its CPUs, 1, are allowed" in out.stderr
+    assert "has no isolated_cores variable to give CPUs 0" in out.stderr
+    assert "not among the CPUs it shields (1)" in out.stderr
+    assert d.ctl("active").stdout.strip() == "shield"  # nothing held
 
 
 def test_hold_places_its_command_and_apps_are_moved_in_as_they_start(
