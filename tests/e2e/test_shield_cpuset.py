@@ -144,9 +144,6 @@ def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
         where = cpuset_of(app)
         assert where is not None and where.startswith("/latencyd-shield")
         assert os.sched_getaffinity(app) == {1}
-        held = status(d)["holds"]
-        assert [(h["profile"], h["cpus"]) for h in held] == [("cpu-partitioning", "1")]
-        assert run.pid in held[0]["tasks"] and app in held[0]["tasks"]
 
         seen: set[tuple[str | None, frozenset[int]]] = set()
         stop = threading.Event()
@@ -178,6 +175,9 @@ def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
         assert seen == {(where, frozenset({1}))}
         assert cpuset_of(app) == where and os.sched_getaffinity(app) == {1}
         assert d.ctl("active").stdout.strip() == "cpu-partitioning"
+        held = status(d)["holds"]  # each hold, its CPUs and its application's tasks
+        assert [(h["profile"], h["cpus"]) for h in held] == [("cpu-partitioning", "1")]
+        assert run.pid in held[0]["tasks"] and app in held[0]["tasks"]
 
         before = sysctl("vm.swappiness")
         refused = d.ctl("hold", "swap-60", "--", "true")
