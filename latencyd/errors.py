@@ -96,6 +96,13 @@ class NotPlaced(LatencydError):
     dbus_name = "org.latencyd.Error.NotPlaced"
 
 
+class HoldConflict(LatencydError):
+    """A hold asks a machine-wide setting another hold sets otherwise: refused, with both
+    holds, the setting, both values and where each was set (latencyd.core.compose)."""
+
+    dbus_name = "org.latencyd.Error.HoldConflict"
+
+
 class NoSuchHold(LatencydError):
     dbus_name = "org.latencyd.Error.NoSuchHold"
 

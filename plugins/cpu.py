@@ -415,7 +415,10 @@ SCHEMA = Schema(
         ArrayOfTables(
             "cpus",
             Schema(
-                options=(Option("cpus", Cpus(), "CPUs this entry applies to"), *PER_CPU_SCHEMA),
+                options=(
+                    Option("cpus", Cpus(), "CPUs this entry applies to", compose="union"),
+                    *PER_CPU_SCHEMA,
+                ),
                 required=("cpus",),
             ),
             "Per-CPU-set settings; later entries win where CPU sets overlap",

@@ -266,7 +266,7 @@ class CstatePlugin(Plugin[CstateTarget, CstateRules]):
                 "cpus",
                 Schema(
                     options=(
-                        Option("cpus", Cpus(), "CPUs this entry applies to"),
+                        Option("cpus", Cpus(), "CPUs this entry applies to", compose="union"),
                         Option(
                             "resume_latency_us",
                             OneOf((Int(0), Choice(("any",)))),

@@ -35,7 +35,12 @@ class MonitorPlugin(Plugin[Target, WatchPlan]):
     example: ClassVar[dict[str, Any]] = {"cpus": "1", "interval_ms": 1000, "budget_us": 2000}
     schema = Schema(
         options=(
-            Option("cpus", Cpus(), "CPUs whose interruptions are watched (the shield's)"),
+            Option(
+                "cpus",
+                Cpus(),
+                "CPUs whose interruptions are watched (the shield's)",
+                compose="union",
+            ),
             Option(
                 "interval_ms",
                 Int(100, 60_000),

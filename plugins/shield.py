@@ -581,7 +581,9 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         after that, not before. (The other way round needs nothing: affinities given
         back first, the kernel then intersects them with the cpuset.) And a shield on
         other CPUs: v1's exclusive cpusets cannot trade CPUs in place (whichever is
-        written first overlaps its exclusive sibling: EINVAL), so they are made anew."""
+        written first overlaps its exclusive sibling: EINVAL), so they are made anew;
+        a shield that only grows or only shrinks (a hold's CPUs joining or leaving it)
+        changes in place, what runs inside not moved (v1_groups orders the writes)."""
         # Looked up, not scanned: beside 20,000 narrowed threads this is asked at every
         # apply. Each cpuset mechanism's first setting (the root's) is journaled with the
         # rest of its step before anything is written: owned whenever any of it is.
@@ -601,7 +603,8 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         given = owned.get(Cgroup(chosen.hierarchy or "", SHIELD))
         wanted: CpuSet = options["cpus"]
         if isinstance(given, Mapping) and "cpuset.cpus" in given:
-            return CpuSet.from_list(str(given["cpuset.cpus"])) != wanted
+            was = CpuSet.from_list(str(given["cpuset.cpus"]))
+            return not (was.issubset(wanted) or wanted.issubset(was))
         return False
 
     def expand_steps(
@@ -646,17 +649,22 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         cgroup's owner keeps it in, or the CPUs it has."""
         if rules is None or not rules.cpus:
             return None
+        own = self.own_cpus(rules, pid)
         affinity = self.system.affinity(pid)
-        if affinity and affinity.issubset(rules.cpus):
+        if affinity and affinity.issubset(own):
             return None
         cgroup = self.system.task_cgroup(pid)
-        if cgroup is not None and cgroup.strip("/").split("/")[0] in (SHIELD, APP_SLICE):
+        if (
+            own == rules.cpus
+            and cgroup is not None
+            and cgroup.strip("/").split("/")[0] in (SHIELD, APP_SLICE)
+        ):
             return None  # inside the shield's cgroup: the kernel keeps it on those CPUs
         why = next((w for p, _, _, w in rules.theirs if p == pid), None)
         where = f" in cgroup {cgroup}" if cgroup else ""
         return (
             f"process {pid} runs on CPUs {affinity.to_list() or 'none'}{where}, not on the "
-            f"shielded CPUs {rules.cpus.to_list()}" + (f": {why}" if why else "")
+            f"shielded CPUs {own.to_list()}" + (f": {why}" if why else "")
         )
 
     def placed(self, rules: ShieldRules, task: Task) -> bool:
@@ -698,7 +706,13 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
                 )
         else:
             mems = self.system.read(f"{hierarchy}/cpuset.effective_mems")
-            groups = v1_groups(rules.cpus, self.system.online_cpus(), mems)
+            given = owned.get(Cgroup(hierarchy, SHIELD))
+            was = (
+                CpuSet.from_list(str(given["cpuset.cpus"]))
+                if isinstance(given, Mapping) and "cpuset.cpus" in given
+                else None
+            )
+            groups = v1_groups(rules.cpus, self.system.online_cpus(), mems, was)
             settings.update({RootFile(hierarchy, f): v for f, v in V1_ROOT_FILES.items()})
         settings.update({Cgroup(hierarchy, name): files for name, files in groups.items()})
         theirs = []
@@ -720,7 +734,15 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
                 settings[target] = owned[target]
             elif why:
                 theirs.append((task.pid, task.comm, cgroup, why))
-            if (rule := self.user_rule(rules, task)) is not None:  # after its move
+            inside = (where or cgroup).strip("/").split("/")[0] in (SHIELD, APP_SLICE)
+            rule = self.user_rule(rules, task)
+            if rule is None and inside and task.pid in self.placed_pids:
+                # Each hold's application on its own CPUs inside the shield, by an affinity
+                # its command inherits and the kernel keeps when the shield's CPUs change
+                # (the user-requested mask): another hold's CPUs joining or leaving the
+                # shield do not spread it over them.
+                rule = Rule(PLACED, self.own_cpus(rules, task.pid))
+            if rule is not None:  # after its move
                 settings.update(self.user_rule_settings(rule, task, [*self.thread_ids(task.pid)]))
         rules = dataclasses.replace(rules, theirs=tuple(theirs))
         return Expansion(settings, rules, refused=refused)
@@ -744,10 +766,22 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             where = f"/{APP_SLICE}/{app_scope(task.pid)}" if into else None
             return unit_target, where, why
         target = TaskCgroup(hierarchy, task.pid, task.start_time)
-        allowed = cgroup == "/" and self.left_alone(rules, task) is not None
-        cpus = self._users_cpus(task, owned) if cgroup == "/" else CpuSet()
-        into = placement(mechanism, cgroup, cpus, rules.cpus, self.placed(rules, task), allowed)
-        return target, (f"/{into}" if into else None), owner(cgroup)
+        placed = self.placed(rules, task)
+        # A hold's holder whose hold ended (placed no more, the CPUs it was given still
+        # owned): judged as from the root, so it leaves the shield its CPUs were taken from.
+        released = (
+            not placed
+            and cgroup != "/"
+            and target in owned
+            and TaskAffinity(task.pid, task.start_time, task.pid) in owned
+            and self.user_rule(rules, task) is None
+        )
+        judged = "/" if released else cgroup
+        allowed = judged == "/" and self.left_alone(rules, task) is not None
+        cpus = self._users_cpus(task, owned) if judged == "/" else CpuSet()
+        into = placement(mechanism, judged, cpus, rules.cpus, placed, allowed)
+        where = f"/{into}" if into else ("/" if released else None)
+        return target, where, owner(cgroup)
 
     def _users_cpus(self, task: Task, owned: Mapping[Target, Value]) -> CpuSet:
         """The CPUs the task's user gave it: what the chase narrowed is judged by its
@@ -887,8 +921,14 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         (placed), the shielded CPUs; None: the shield judges it."""
         rule = self.user_rule(rules, task)
         if rule is None and rules.cpus and self.placed(rules, task):
-            return Rule(PLACED, rules.cpus)
+            return Rule(PLACED, self.own_cpus(rules, task.pid))
         return rule
+
+    def own_cpus(self, rules: ShieldRules, pid: int) -> CpuSet:
+        """The CPUs the application `pid` is placed on: its hold's (several holds share
+        the shield, each application on its own), else the whole shield (by name)."""
+        mine = self.placed_pids.get(pid, CpuSet()) & rules.cpus
+        return mine or rules.cpus
 
     def follows_user_tasks(self, options: Options) -> bool:
         """Exec events: the affinity chase needs every one; under a cpuset only the
@@ -1057,6 +1097,11 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         if not isinstance(target, TaskAffinity):
             return super().write_unless_changed(target, value, judged)
         _require_movable(self._task(target))
+        if target.pid in self.placed_pids:
+            # A holder placed on its hold's CPUs: its move into the shield, earlier in this
+            # step, changed its CPUs; no user pinned it meanwhile.
+            self.system.set_affinity(target.tid, CpuSet.from_list(str(value)))
+            return None
         cpus, judged_cpus = CpuSet.from_list(str(value)), CpuSet.from_list(str(judged))
         found = self.system.set_affinity(target.tid, cpus, only_from=judged_cpus)
         return None if found is None else found.to_list()

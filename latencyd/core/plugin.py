@@ -433,9 +433,10 @@ class Plugin(Generic[T, R]):
         # Processes the daemon protects: those holding a profile (`latencyctl hold PROFILE
         # -- app`) and what they start; a plugin that moves user tasks leaves them alone.
         self.exempt_pids: frozenset[int] = frozenset()
-        # Of those, the holders that asked to be placed on the shielded CPUs (HoldAndPlace):
-        # a plugin that moves user tasks puts them there, so their command is born there.
-        self.placed_pids: frozenset[int] = frozenset()
+        # Of those, the holders that asked to be placed (HoldAndPlace), each with its
+        # hold's CPUs: a plugin that moves user tasks puts each on its own CPUs only, so
+        # its command is born there.
+        self.placed_pids: Mapping[int, CpuSet] = {}
 
     # -- what a section wants (pure: reads the machine, changes nothing, stores nothing) --
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[R]:

@@ -368,13 +368,16 @@ class ProfileLibrary:
         return [entry.info for entry in listed.values()]
 
     # -- loading -------------------------------------------------------------
-    def load(self, name_or_path: str, by_path: bool = True) -> Profile:
-        """Load and validate a profile; `by_path` allows file paths (root only)."""
+    def load(
+        self, name_or_path: str, by_path: bool = True, given: Mapping[str, str] | None = None
+    ) -> Profile:
+        """Load and validate a profile; `by_path` allows file paths (root only). `given`
+        sets variables the profile defines (a hold's CPUs: isolated_cores) over its own."""
         self._files_read = {}
         path = self.find(name_or_path, by_path=by_path)
         name = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
         try:
-            return self._merge(name, path, self._include_chain(name, path))
+            return self._merge(name, path, self._include_chain(name, path), given or {})
         except ProfileError:
             raise
         except Exception as exc:
@@ -545,7 +548,9 @@ class ProfileLibrary:
             return source
         return dataclasses.replace(source, data=moved[0], lines=moved[1])
 
-    def _merge(self, name: str, path: Path, chain: list[SourceFile]) -> Profile:
+    def _merge(
+        self, name: str, path: Path, chain: list[SourceFile], given: Mapping[str, str]
+    ) -> Profile:
         variables: dict[str, tuple[Any, SourceFile]] = {}
         raw: dict[str, dict[str, tuple[Any, SourceFile]]] = {}
         section_file: dict[str, SourceFile] = {}
@@ -584,6 +589,13 @@ class ProfileLibrary:
                                     del merged[other]
                     merged[opt] = (val, source)  # later files win, option by option
 
+        for var, val in given.items():
+            if var not in variables:
+                raise ProfileError(
+                    Location(path),
+                    f"profile {name} has no variable {var} to set (it names its CPUs otherwise)",
+                )
+            variables[var] = (val, variables[var][1])
         if len(variables) > LIMITS.variables:
             source = next(iter(variables.values()))[1]
             raise ProfileError(

@@ -281,6 +281,10 @@ class Option:
     # The CPUs it names are kept for the application (the shield): what the booted
     # isolation (nohz_full, rcu_nocbs, isolcpus) is compared with.
     shields: bool = False
+    # How the values several holds give it compose (latencyd.core.compose.rule_of):
+    # "union", "intersection" or "same"; "" derives it (shields: union, other CPU
+    # lists: intersection, the rest: same).
+    compose: str = ""
 
 
 @dataclass(frozen=True)

@@ -223,11 +223,16 @@ def choose(facts: CgroupFacts, asked: str) -> Chosen:
 
 
 # -- the cpusets of each mechanism ---------------------------------------------------
-def v1_groups(shield: CpuSet, online: CpuSet, mems: str) -> dict[str, dict[str, str]]:
+def v1_groups(
+    shield: CpuSet, online: CpuSet, mems: str, was: CpuSet | None = None
+) -> dict[str, dict[str, str]]:
     """The v1 cpusets, each file in the order to write it: housekeeping takes every
-    task from the root; the shield is exclusive and not load-balanced."""
-    return {
-        HOUSEKEEPING: {"cpuset.cpus": (online - shield).to_list(), "cpuset.mems": mems},
+    task from the root; the shield is exclusive and not load-balanced. Made, or changed
+    in place from a shield on `was`: a shrinking shield is written before housekeeping
+    takes its CPUs, a growing one after housekeeping gave them up (an exclusive cpuset
+    never overlaps its sibling: EINVAL)."""
+    housekeeping = {HOUSEKEEPING: {"cpuset.cpus": (online - shield).to_list(), "cpuset.mems": mems}}
+    shielded = {
         SHIELD: {
             "cpuset.cpus": shield.to_list(),
             "cpuset.mems": mems,
@@ -235,6 +240,9 @@ def v1_groups(shield: CpuSet, online: CpuSet, mems: str) -> dict[str, dict[str, 
             "cpuset.sched_load_balance": "0",
         },
     }
+    if was is not None and shield.issubset(was) and shield != was:
+        return shielded | housekeeping
+    return housekeeping | shielded
 
 
 # The root cpuset stops balancing across all CPUs, or the shield's CPUs stay in its

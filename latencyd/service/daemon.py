@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from latencyd.core.compose import Held, compose
 from latencyd.core.engine import (
     ADOPTED,
     Drift,
@@ -65,6 +66,9 @@ class Caller:
 
 
 ROOT = Caller()
+# The variable a profile names its application's CPUs by (cpu-partitioning's): a hold
+# that names its CPUs (HoldAndPlaceOn, run/hold --cpus) sets it.
+CPUS_VARIABLE = "isolated_cores"
 FOLLOW_UP_ROUNDS = 4  # generations of tasks started before their parent's settings landed
 # Events kept while a change runs: past this many, what they would have done is done by
 # re-expanding every section once the change is over (the rescan events that were lost
@@ -86,6 +90,15 @@ class Hold:
     # The holder's start time when it asked: with the pid, what tells it from a process
     # that got the pid after it exited (pids are reused), which must not be placed.
     start_time: int | None = None
+    # The CPUs its application needs (its profile's shielded CPUs): the shield is the
+    # union of every hold's, and a placed holder goes on its own only.
+    cpus: CpuSet = field(default_factory=CpuSet)
+    caller: Caller = field(default_factory=Caller)  # whose the hold is: how it is loaded
+    asked: CpuSet | None = None  # the CPUs it named (HoldAndPlaceOn), if it did
+
+    @property
+    def name(self) -> str:
+        return f"hold {self.cookie} ({self.profile})"
 
 
 @dataclass
@@ -198,10 +211,29 @@ class Daemon:
 
     # -- requests -----------------------------------------------------------------
     def in_force(self) -> str | None:
-        """The profile that should be active: the newest hold's, else the base profile."""
-        return next(reversed(self.holds.values())).profile if self.holds else self.base
+        """The profile that should be active, by name: the holds' (composed), else the base
+        profile. The base is not composed with holds: it is in force while nothing is."""
+        if self.holds:
+            return "+".join(dict.fromkeys(h.profile for h in holds_in_force(self.holds.values())))
+        return self.base
 
-    def load(self, ref: str, caller: Caller = ROOT) -> Profile:
+    def held(self, holds: Iterable[Hold]) -> Profile:
+        """The profile in force under `holds` (latencyd.core.compose): each caller's newest
+        hold, composed; HoldConflict if two ask one machine-wide setting two ways."""
+        loaded = [
+            Held(h.name, self.load(h.profile, h.caller, h.asked)) for h in holds_in_force(holds)
+        ]
+        return compose(loaded, self.library.schemas)
+
+    def _wanted(self) -> tuple[Profile | None, str | None]:
+        """The profile in force now (None: nothing) and the name it goes by."""
+        if self.holds:
+            return self.held(self.holds.values()), self.in_force()
+        if self.base is None:
+            return None, None
+        return self.load(self.base), self.base
+
+    def load(self, ref: str, caller: Caller = ROOT, cpus: CpuSet | None = None) -> Profile:
         """A profile as `caller` may have it: only root names files and applies sections
         that can hand out root, and a profile from the cluster's directory is held to the
         admin group's limits whoever asks for it (a node agent asks as root), but in the
@@ -209,6 +241,14 @@ class Daemon:
         reload and re-apply loads through here, so a refusal leaves the profile in force
         as it is."""
         profile = self.library.load(ref, by_path=caller.is_root)
+        if cpus is not None and CPUS_VARIABLE in profile.variables:
+            profile = self.library.load(ref, caller.is_root, {CPUS_VARIABLE: cpus.to_list()})
+        elif cpus is not None and not cpus.issubset(self.shielded(profile)):
+            raise ProfileError(
+                Location(profile.path),
+                f"profile {profile.name} has no {CPUS_VARIABLE} variable to give CPUs {cpus}, "
+                f"and they are not among the CPUs it shields ({self.shielded(profile) or 'none'})",
+            )
         for name, options in profile.sections.items():
             if caller.is_root and not (
                 profile.from_cluster and name not in self.cluster_allow_root
@@ -276,28 +316,37 @@ class Daemon:
         caller: Caller = ROOT,
         pid: int | None = None,
         placed: bool = False,
+        cpus: CpuSet | None = None,
     ) -> Steps[tuple[int, StepReport]]:
         """Apply a profile for as long as the hold lasts (ReleaseProfile, or the holder
-        leaving the bus). Holds stack: the newest is in force. The holder's process and
-        what it starts (the application) are exempt from moving user tasks; `placed`
-        (HoldAndPlace: `latencyctl run`, `hold -- CMD`) also puts the holder on the
-        shielded CPUs in the same apply, so the command it starts next is born there."""
-        profile = self.load(ref, caller)
+        leaving the bus). Holds compose (latencyd.core.compose): the profile in force is
+        every hold's together, and a hold asking a machine-wide setting another hold sets
+        otherwise is refused before anything changes. The holder's process and what it
+        starts (the application) are exempt from moving user tasks; `placed`
+        (HoldAndPlace: `latencyctl run`, `hold -- CMD`) also puts the holder on its
+        hold's CPUs in the same apply, so the command it starts next is born there.
+        `cpus` (HoldAndPlaceOn) names the hold's CPUs: the profile's isolated_cores, or,
+        for a profile without it, which of the CPUs it shields the application gets."""
+        profile = self.load(ref, caller, cpus)
         holder = self.system.task(pid) if pid is not None else None
         cookie = self._next_cookie
-        self._next_cookie += 1
-        self.holds[cookie] = Hold(
+        hold = Hold(
             cookie, ref, reason, owner, time.time(), pid, placed,
             holder.start_time if holder is not None else None,
+            cpus if cpus is not None else self.shielded(profile), caller, cpus,
         )  # fmt: skip
+        if self.holds:
+            profile = self.held([*self.holds.values(), hold])
+        self._next_cookie += 1
+        self.holds[cookie] = hold
         self._exempt()
         try:
-            report = yield from self._apply_steps(profile, ref)
+            report = yield from self._apply_steps(profile, self.in_force() or ref)
         except (Exception, GeneratorExit):
             del self.holds[cookie]
             self._exempt()
             raise
-        why = self._not_placed(pid) if placed and pid is not None else None
+        why = self._not_placed(pid) if placed and pid is not None and hold.cpus else None
         if why is not None:
             # Asked and not done is said: the hold is undone, and the caller told why.
             yield from self.release_steps(cookie)
@@ -338,14 +387,16 @@ class Daemon:
             yield from self._apply_in_force()
 
     def _apply_in_force(self) -> Steps[StepReport | None]:
+        """After holds ended: what the holds left (composed) or the base profile, applied
+        incrementally: what the remaining holds still need is not touched."""
         ref = self.in_force()
-        if ref == self.active_ref and self.active is not None:
-            return None
         if ref is None:
             self._restore_all()
             return None
         try:
-            return (yield from self._apply_steps(self.load(ref), ref))
+            profile, ref = self._wanted()
+            assert profile is not None and ref is not None
+            return (yield from self._apply_steps(profile, ref))
         except LatencydError as exc:
             log.error(
                 "could not apply %s after a hold ended; %s stays: %s",
@@ -410,7 +461,9 @@ class Daemon:
     def reload_steps(self) -> Steps[None]:
         """Re-read profiles; re-apply the one in force incrementally if its files changed."""
         if self.active_ref is not None:
-            yield from self._apply_steps(self.load(self.active_ref), self.active_ref)
+            profile, ref = self._wanted()
+            if profile is not None and ref is not None:
+                yield from self._apply_steps(profile, ref)
 
     # The changes in one go (start-up, signals, tests); D-Bus runs them a slice at a time.
     switch = in_one_go(switch_steps)
@@ -577,7 +630,9 @@ class Daemon:
         self.library.machine = self.system.machine()
         if self.active_ref is not None:
             try:
-                self._apply(self.load(self.active_ref), self.active_ref)
+                profile, ref = self._wanted()
+                if profile is not None and ref is not None:
+                    self._apply(profile, ref)
             except LatencydError as exc:
                 log.error("re-applying after a CPU change failed: %s", exc)
 
@@ -735,6 +790,9 @@ class Daemon:
                     "owner": h.owner if sees_tasks else None,
                     "pid": h.pid if sees_tasks else None,
                     "since": h.since,
+                    "cpus": h.cpus.to_list(),
+                    # the application: the holder and the processes it started
+                    "tasks": self._tasks_of(h) if sees_tasks else None,
                 }
                 for h in self.holds.values()
             ],
@@ -793,10 +851,20 @@ class Daemon:
             "findings": [f.as_json() for f in compare(shield, self.boot)],
         }
 
+    def _tasks_of(self, hold: Hold) -> list[int]:
+        """The hold's application: its holder and what it started, while it is the holder."""
+        if hold.pid is None or not self._still_the_holder(hold):
+            return []
+        return [hold.pid, *self.system.children(hold.pid)]
+
     def _exempt(self) -> None:
         holders = [h for h in self.holds.values() if h.pid and self._still_the_holder(h)]
-        pids = frozenset(h.pid for h in holders if h.pid)
-        placed = frozenset(h.pid for h in holders if h.pid and h.placed)
+        # A hold that asked to be placed and needs no CPUs (its profile shields none,
+        # another hold's shield is in force) is an application like any other: kept off
+        # the shield, not exempt from it.
+        pids = frozenset(h.pid for h in holders if h.pid and (h.cpus or not h.placed))
+        # A hold that needs no CPUs (its profile shields none) has none to be placed on.
+        placed = {h.pid: h.cpus for h in holds_in_force(holders) if h.pid and h.placed and h.cpus}
         for plugin in self.plugins.values():
             plugin.exempt_pids = pids
             plugin.placed_pids = placed
@@ -817,6 +885,17 @@ class Daemon:
     def _changed(self, name: str) -> None:
         for callback in self.on_profile_changed:
             callback(name)
+
+
+def holds_in_force(holds: Iterable[Hold]) -> list[Hold]:
+    """The holds in force: each caller's (bus connection's) newest, in the order of those.
+    One caller's holds stack (measure holds its next scenario before it lets the last go);
+    different callers' compose."""
+    newest: dict[str, Hold] = {}
+    for hold in holds:
+        newest.pop(hold.owner, None)
+        newest[hold.owner] = hold
+    return list(newest.values())
 
 
 def without_covered(events: list[DeviceEvent]) -> list[DeviceEvent]:

@@ -30,12 +30,14 @@ import dbus.service
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 from latencyd.core.engine import StepReport, Steps
-from latencyd.errors import Internal, LatencydError, PermissionDenied
+from latencyd.cpuset import CpuSet, CpuSetError
+from latencyd.errors import Internal, LatencydError, Location, PermissionDenied, ProfileError
 from latencyd.kernel.noise import Breach
 from latencyd.service.config import Config
 from latencyd.service.daemon import Caller, Daemon
 from latencyd.service.mainloop import MainLoop
 from latencyd.service.operations import Operation, Operations
+from latencyd.text import printable
 
 log = logging.getLogger("latencyd.service.dbus")
 ANSWER_REUSE_S = 1.0  # how old a Status or Verify answer a caller who only reads may get
@@ -62,6 +64,16 @@ def _answer(fn: Callable[[], T]) -> T:
         return fn()
     except Exception as exc:
         raise _error_reply(exc) from exc
+
+
+def _cpus_of(text: str) -> CpuSet | None:
+    """A hold's CPUs as HoldAndPlaceOn gives them ("": none named)."""
+    if not text.strip():
+        return None
+    try:
+        return CpuSet.from_list(text.strip()[:4096])
+    except CpuSetError as exc:
+        raise ProfileError(Location(None), printable(f"CPUs {text[:64]!r}: {exc}")) from exc
 
 
 def _error_reply(exc: Exception) -> dbus.DBusException:
@@ -362,6 +374,22 @@ class Service(dbus.service.Object):
         the shield's cpuset, or on its CPUs): what it starts next is born there."""
         self._hold(name, reason, reply, error, sender, "HoldAndPlace", placed=True)
 
+    @_change("sss", "u")
+    def HoldAndPlaceOn(
+        self,
+        name: str,
+        reason: str,
+        cpus: str,
+        reply: Callable[[int], None],
+        error: Callable[[Exception], None],
+        sender: str | None = None,
+    ) -> None:
+        """HoldAndPlace on CPUs of the caller's own (a CPU list): the profile's
+        isolated_cores, or which of its shielded CPUs; holds on other CPUs compose, each
+        application on its own. "" is HoldAndPlace."""
+        asked = _answer(lambda: _cpus_of(str(cpus)))
+        self._hold(name, reason, reply, error, sender, "HoldAndPlaceOn", True, asked)
+
     def _hold(
         self,
         name: str,
@@ -371,6 +399,7 @@ class Service(dbus.service.Object):
         sender: str | None,
         method: str,
         placed: bool,
+        cpus: CpuSet | None = None,
     ) -> None:
         caller = _answer(lambda: self._authorize(sender, method))
         pid = self._pid(sender)
@@ -386,7 +415,7 @@ class Service(dbus.service.Object):
         self._run(
             f"hold on {name}",
             lambda: self.daemon.hold_steps(
-                str(name), str(reason)[:256], sender or "", caller, pid, placed
+                str(name), str(reason)[:256], sender or "", caller, pid, placed, cpus
             ),
             held,
             error,

@@ -196,14 +196,25 @@ def cmd_switch(args: argparse.Namespace) -> int:
 def cmd_hold(args: argparse.Namespace) -> int:
     """Hold a profile while a command runs (see _held_while)."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    return _held_while(args, args.profile, command, lambda: None)
+    return _held_while(args, args.profile, command, lambda: None, _cpus_arg(args.cpus))
+
+
+def _cpus_arg(text: str | None) -> str:
+    """--cpus as the daemon takes it (HoldAndPlaceOn), checked here first ("": none)."""
+    from latencyd.cpuset import CpuSet, CpuSetError
+
+    try:
+        return CpuSet.from_list(text).to_list() if text else ""
+    except CpuSetError as exc:
+        raise CliError(USAGE, f"--cpus {text!r}: {exc}") from exc
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Start a command on the shielded CPUs: a hold on the profile (the active one by
     default) places this process inside the shield (its cpuset, or its CPUs), so the
-    command is born there; `--cpus` narrows it within the shield and `--fifo`/`--rr` give
-    it a real-time policy, set before the fork so a refusal is said in words."""
+    command is born there; `--cpus` names the hold's own CPUs (HoldAndPlaceOn: holds on
+    other CPUs compose) and `--fifo`/`--rr` give it a real-time policy, set before the
+    fork so a refusal is said in words."""
     import os
 
     from latencyd.cpuset import CpuSet, CpuSetError
@@ -238,11 +249,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise CliError(DENIED, f"a real-time policy was refused: {exc.strerror}") from exc
 
-    return _held_while(args, profile, command, prepare)
+    return _held_while(args, profile, command, prepare, _cpus_arg(args.cpus))
 
 
 def _held_while(
-    args: argparse.Namespace, profile: str, command: list[str], prepare: Callable[[], None]
+    args: argparse.Namespace,
+    profile: str,
+    command: list[str],
+    prepare: Callable[[], None],
+    cpus: str = "",
 ) -> int:
     """Hold a profile while a command runs. The hold lives on this process's bus
     connection, so it ends even if latencyctl is killed. The daemon places the holder on
@@ -256,8 +271,11 @@ def _held_while(
     import subprocess
 
     reason = args.reason or (" ".join(command) if command else "latencyctl hold")
-    method = "HoldAndPlace" if command else "HoldProfile"
-    cookie = int(_call_showing_progress(method, profile, reason))
+    if cpus:  # the hold's own CPUs (without a command, latencyctl waits on them)
+        cookie = int(_call_showing_progress("HoldAndPlaceOn", profile, reason, cpus))
+    else:
+        method = "HoldAndPlace" if command else "HoldProfile"
+        cookie = int(_call_showing_progress(method, profile, reason))
     if not args.json:
         _say(f"holding {profile} (cookie {cookie})")
     try:
@@ -752,9 +770,11 @@ def format_status(status: dict[str, Any]) -> list[str]:
         out.append(f"base profile: {status.get('base_profile') or 'none'}")
         for h in status["holds"]:
             reason = "reason shown to root" if h["reason"] is None else h["reason"]
+            tasks = h.get("tasks")
             out.append(
                 f"hold {h['cookie']}: {h['profile']} by {h['owner'] or '?'} "
-                f"({reason or 'no reason given'})"
+                f"({reason or 'no reason given'}), CPUs {h.get('cpus') or 'none'}"
+                + (f", tasks {', '.join(map(str, tasks))}" if tasks else "")
             )
     if status.get("last_error"):
         out.append(f"last error: {status['last_error']}")

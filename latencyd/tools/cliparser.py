@@ -23,6 +23,12 @@ EXIT_CODES = {
 MAN_PAGES = ("latencyctl", "latencyd", "latencyd.profile")  # latencyd.tools.manpages.PAGES
 
 
+CPUS_HELP = (
+    "the hold's own CPUs (a list: 1,3-4): the profile's isolated_cores, or which of its "
+    "shielded CPUs; holds on other CPUs compose, each command on its own"
+)
+
+
 def _cookie(text: str) -> int:
     value = int(text)
     if not 0 < value < 1 << 32:
@@ -63,6 +69,7 @@ def parser() -> argparse.ArgumentParser:
     )
     hold.add_argument("profile")
     hold.add_argument("--reason", help="shown in status (default: the command line)")
+    hold.add_argument("--cpus", help=CPUS_HELP)
     hold.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
     run = add(
         "run",
@@ -70,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
         "run [--profile P] [--cpus LIST] [--fifo N | --rr N] -- CMD ARGS",
     )
     run.add_argument("--profile", help="the profile to hold (default: the active one)")
-    run.add_argument("--cpus", help="run on these of the shielded CPUs (a list: 1,3-4)")
+    run.add_argument("--cpus", help=CPUS_HELP)
     policy = run.add_mutually_exclusive_group()
     policy.add_argument("--fifo", type=_priority, metavar="N", help="SCHED_FIFO at priority N")
     policy.add_argument("--rr", type=_priority, metavar="N", help="SCHED_RR at priority N")

@@ -127,3 +127,31 @@ def test_unprivileged_caller_cannot_hold(
     assert cli_as_nobody(d.address, "hold", "test-b", "--", "true", capture=out) == 4
     assert "permission denied" in out.read_text()
     assert active(d) == "test-a"
+
+
+def test_a_hold_asking_a_setting_another_hold_sets_otherwise_is_refused_saying_why(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    """Issue 52: holds of different callers compose; one sysctl asked two ways is refused
+    at the second hold, naming both holds, the setting, both values and where each is
+    set; nothing changes."""
+    (profiles / "swap-60.toml").write_text('[sysctl]\n"vm.swappiness" = 60\n')
+    d = start_daemon(None)
+    first = d.spawn_ctl("hold", "test-a", "--", "sleep", "60")
+    try:
+        wait_for(lambda: active(d) == "test-a", timeout=10)
+        before = (sysctl("vm.swappiness"), sysctl("vm.stat_interval"), sysctl("vm.dirty_bytes"))
+        r = d.ctl("hold", "swap-60", "--", "true")
+        assert r.returncode == 1, r.stderr
+        assert "(swap-60) is refused" in r.stderr and "(test-a)" in r.stderr
+        assert "[sysctl] vm.swappiness: 60" in r.stderr and "against 11" in r.stderr
+        assert f"{profiles / 'swap-60.toml'}:2" in r.stderr
+        assert f"{profiles / 'test-a.toml'}:" in r.stderr
+        after = (sysctl("vm.swappiness"), sysctl("vm.stat_interval"), sysctl("vm.dirty_bytes"))
+        assert after == before
+        status = json.loads(d.ctl("status", "--json").stdout)
+        assert [h["profile"] for h in status["holds"]] == ["test-a"]
+        assert active(d) == "test-a"
+    finally:
+        first.kill()
+        first.wait()

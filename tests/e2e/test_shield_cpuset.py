@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from latencyd.kernel.system import System
-from tests.harness import Latencyd, wait_for, wait_for_child
+from tests.harness import BIN, Latencyd, sysctl, wait_for, wait_for_child
 
 PROFILE = """
 [main]
@@ -79,8 +80,9 @@ def test_run_refuses_cpus_outside_the_shield_in_words(
     d = start_daemon("shield")
     out = d.ctl("run", "--cpus", "0", "--", "true")
     assert out.returncode == 2
-    assert "--cpus 0: the kernel refused them" in out.stderr
-    assert "only its CPUs, 1, are allowed" in out.stderr
+    assert "has no isolated_cores variable to give CPUs 0" in out.stderr
+    assert "not among the CPUs it shields (1)" in out.stderr
+    assert d.ctl("active").stdout.strip() == "shield"  # nothing held
 
 
 def test_hold_places_its_command_and_apps_are_moved_in_as_they_start(
@@ -124,3 +126,69 @@ def test_a_daemon_killed_with_the_shield_up_restores_it_on_restart(
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
+    start_daemon: Callable[..., Latencyd], profiles: Path, tmp_path: Path
+) -> None:
+    """Issue 52: app A started by `run --profile cpu-partitioning` runs on CPU 1 in the
+    shield; another script's `hold network-latency -- CMD` composes with it (A is not
+    moved, neither while that hold starts, lasts and ends, read back all along), and a
+    hold asking a setting A's hold sets otherwise (vm.swappiness 60 against 10) is
+    refused with the reason, nothing changed."""
+    (profiles / "swap-60.toml").write_text('[sysctl]\n"vm.swappiness" = 60\n')
+    d = start_daemon(None)
+    run = d.spawn_ctl("run", "--profile", "cpu-partitioning", "--", "sleep", "60")
+    try:
+        app = wait_for_child(run.pid, "sleep")
+        where = cpuset_of(app)
+        assert where is not None and where.startswith("/latencyd-shield")
+        assert os.sched_getaffinity(app) == {1}
+
+        seen: set[tuple[str | None, frozenset[int]]] = set()
+        stop = threading.Event()
+
+        def watch() -> None:  # A's cpuset and CPUs, read back over and over
+            while not stop.is_set():
+                seen.add((cpuset_of(app), frozenset(os.sched_getaffinity(app))))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        inside = tmp_path / "inside"
+        script = (
+            f"cat /proc/{app}/cpuset > {inside}; "
+            f"grep Cpus_allowed_list /proc/{app}/status >> {inside}; "
+            f"{BIN / 'latencyctl'} active >> {inside}"
+        )
+        try:
+            other = d.ctl("hold", "network-latency", "--", "sh", "-c", script)
+        finally:
+            stop.set()
+            watcher.join()
+        assert other.returncode == 0, other.stderr
+        assert inside.read_text().split("\n") == [
+            where,
+            "Cpus_allowed_list:\t1",
+            "cpu-partitioning+network-latency",
+            "",
+        ]
+        assert seen == {(where, frozenset({1}))}
+        assert cpuset_of(app) == where and os.sched_getaffinity(app) == {1}
+        assert d.ctl("active").stdout.strip() == "cpu-partitioning"
+        held = status(d)["holds"]  # each hold, its CPUs and its application's tasks
+        assert [(h["profile"], h["cpus"]) for h in held] == [("cpu-partitioning", "1")]
+        assert run.pid in held[0]["tasks"] and app in held[0]["tasks"]
+
+        before = sysctl("vm.swappiness")
+        refused = d.ctl("hold", "swap-60", "--", "true")
+        assert refused.returncode == 1
+        assert "hold 3 (swap-60) is refused" in refused.stderr
+        assert "hold 1 (cpu-partitioning)" in refused.stderr
+        assert "[sysctl] vm.swappiness: 60" in refused.stderr and "against 10" in refused.stderr
+        assert "latency-performance.toml:" in refused.stderr  # where A's 10 comes from
+        assert sysctl("vm.swappiness") == before
+        assert cpuset_of(app) == where and os.sched_getaffinity(app) == {1}
+        assert [h["profile"] for h in status(d)["holds"]] == ["cpu-partitioning"]
+    finally:
+        run.kill()
+        run.wait()

@@ -740,3 +740,25 @@ def test_a_pid_reused_after_its_holder_exited_is_not_placed(m: Machinery, tmp_pa
     run_to_end(daemon.hold_steps("p", "another", ":1.43"))  # the next apply
     assert m.sched.affinity[300] == {0, 2, 3}  # narrowed like any other task
     assert daemon.engine.off() == []
+
+
+def test_a_placed_hold_that_needs_no_cpus_is_kept_off_another_holds_shield(
+    m: Machinery, tmp_path: Path
+) -> None:
+    """Issue 52: `hold network-latency -- CMD` (no CPUs of its own) beside an application's
+    hold on CPU 1: its command is an application like any other, kept off CPU 1, not
+    exempt from the shield (the first application keeps its CPU)."""
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "p.toml").write_text('[shield]\ncpus = "1"\nmechanism = "affinity"\n')
+    (pdir / "q.toml").write_text('[shield]\nmechanism = "affinity"\n')
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), m.system.machine())
+    daemon = Daemon(m.system, plugins, library, Engine(plugins, Journal(m.state_dir)))
+    run_to_end(daemon.hold_steps("p", "app", ":1.1", pid=300, placed=True))
+    run_to_end(daemon.hold_steps("q", "other", ":1.2", pid=400, placed=True))
+    assert daemon.in_force() == "p+q"
+    assert m.sched.affinity[300] == {1}
+    assert m.sched.affinity[400] == {0, 2, 3}
+    assert [h["cpus"] for h in daemon.status()["holds"]] == ["1", ""]
+    assert daemon.engine.off() == []

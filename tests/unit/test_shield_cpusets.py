@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from latencyd.plugins.shield import Cgroup, ShieldPlugin, TaskAffinity, TaskCgroup
 
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
-from latencyd.core.plugin import decode_target, target_kinds
+from latencyd.core.plugin import Plugin, decode_target, run_to_end, target_kinds
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import validate
+from latencyd.cpuset import CpuSet
 from latencyd.errors import NotApplicable
+from latencyd.kernel.cgroups import v1_groups
 from latencyd.kernel.system import PF_EXITING, Machine
+from latencyd.service.daemon import Daemon
 from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, tree_values
 from tests.unit.taskrig import Machinery
 
@@ -229,3 +233,61 @@ def test_from_the_chase_to_a_cpuset_a_task_is_judged_by_its_users_cpus(
     assert cgroup(system, 300) == "/latencyd-housekeeping"
     assert engine.off() == []
     assert cgroup(system, 300) == "/" and m.sched.affinity[300] == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("mechanism", ["cpuset-v1", "cpuset-v2", "affinity"])
+def test_two_holds_each_application_on_its_own_cpus_and_a_release_moves_not_the_other(
+    tmp_path: Path, mechanism: str
+) -> None:
+    """Issue 52: holds on CPUs 1 and 2 (HoldAndPlaceOn) of 4 compose: the shield is
+    both, each holder runs on its own CPU only (inside the shield's cpuset where there is
+    one), and releasing one gives its CPU back to housekeeping without moving the other
+    (no write to its cgroup or its CPUs; the shield changes in place)."""
+    m, system, _ = rig(tmp_path, v1=mechanism == "cpuset-v1", v2=mechanism == "cpuset-v2")
+    hierarchy = V1 if mechanism == "cpuset-v1" else V2
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "app.toml").write_text(
+        '[variables]\nisolated_cores = "1"\n[shield]\ncpus = "${isolated_cores}"\n'
+        + ('mechanism = "affinity"\n' if mechanism == "affinity" else "")
+    )
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), system.machine())
+    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(m.state_dir)))
+    one = CpuSet.from_list("1")
+    run_to_end(daemon.hold_steps("app", "md", ":1.1", pid=300, placed=True, cpus=one))
+    cookie, _ = run_to_end(
+        daemon.hold_steps("app", "gw", ":1.2", pid=400, placed=True, cpus=CpuSet.from_list("2"))
+    )
+    assert [h["cpus"] for h in daemon.status()["holds"]] == ["1", "2"]
+    assert m.sched.affinity[300] == {1} and m.sched.affinity[400] == {2}
+    if mechanism == "affinity":
+        assert m.sched.affinity[1] == {0, 3}  # every other task off both
+    if mechanism == "cpuset-v1":
+        assert system.read(f"{V1}/latencyd-housekeeping/cpuset.cpus") == "0,3"
+    if mechanism != "affinity":
+        assert cgroup(system, 300) == cgroup(system, 400) == "/latencyd-shield"
+        assert system.read(f"{hierarchy}/latencyd-shield/cpuset.cpus") == "1-2"
+    system.writes.clear()
+    run_to_end(daemon.release_steps(cookie))
+    assert m.sched.affinity[300] == {1}
+    mine = [w for w in system.writes if w[1] == "300"]
+    assert mine == []  # not moved, not even for a moment
+    if mechanism != "affinity":
+        assert cgroup(system, 300) == "/latencyd-shield"
+        assert system.read(f"{hierarchy}/latencyd-shield/cpuset.cpus") == "1"
+        assert cgroup(system, 400) != "/latencyd-shield"
+    if mechanism == "cpuset-v1":
+        assert system.read(f"{V1}/latencyd-housekeeping/cpuset.cpus") == "0,2-3"
+    else:
+        assert 2 in m.sched.affinity[400]
+    assert daemon.engine.off() == []
+
+
+def test_v1_a_shield_that_shrinks_is_written_before_housekeeping_takes_its_cpus() -> None:
+    """An exclusive cpuset never overlaps its sibling (EINVAL): growing, housekeeping
+    gives CPUs up first; shrinking, the shield does."""
+    grow = v1_groups(CpuSet.from_list("1-2"), CpuSet.from_list("0-3"), "0", CpuSet.from_list("1"))
+    shrink = v1_groups(CpuSet.from_list("1"), CpuSet.from_list("0-3"), "0", CpuSet.from_list("1-2"))
+    assert list(grow) == ["latencyd-housekeeping", "latencyd-shield"]
+    assert list(shrink) == ["latencyd-shield", "latencyd-housekeeping"]

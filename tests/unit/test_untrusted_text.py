@@ -195,7 +195,7 @@ def test_status_shows_task_names_and_hold_reasons_escaped_and_json_as_they_are(
     assert cli.main(["status"]) == cli.OK
     lines = capsys.readouterr().out.splitlines()
     assert all(line.isprintable() for line in lines), lines
-    assert "hold 1: p by :1.42 (benchmark\\n<0>forged hold)" in lines
+    assert "hold 1: p by :1.42 (benchmark\\n<0>forged hold), CPUs 1" in lines
     assert (
         "  user task x\\n<0>pwned (pid 4242, thread 4242) CPUs = 0,2-3   (original: 0-3)" in lines
     )

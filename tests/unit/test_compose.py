@@ -1,0 +1,142 @@
+"""Holds compose (latencyd.core.compose): CPU lists kept for applications are unioned,
+housekeeping lists intersected, every other option must agree, else the newer hold is
+refused naming both holds, the setting, both values and their file:line."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from latencyd.core.compose import Held, compose
+from latencyd.core.engine import section_schemas
+from latencyd.core.plugin import load_plugins
+from latencyd.core.profile import Profile, ProfileLibrary
+from latencyd.cpuset import CpuSet
+from latencyd.errors import HoldConflict
+from latencyd.kernel.system import Machine, System
+from latencyd.paths import shipped_profiles_dir
+from tests.unit.fakesys import make_fake_root
+
+MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)
+
+
+@pytest.fixture
+def pdir(tmp_path: Path) -> Path:
+    d = tmp_path / "profiles"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def lib(tmp_path: Path, pdir: Path) -> ProfileLibrary:
+    plugins = load_plugins(System(make_fake_root(tmp_path)))
+    return ProfileLibrary([pdir, shipped_profiles_dir()], section_schemas(plugins), MACHINE)
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    path = directory / f"{name}.toml"
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return path
+
+
+def partitioning(pdir: Path, name: str, cpus: str) -> None:
+    write(
+        pdir,
+        name,
+        f'[main]\ninclude = ["cpu-partitioning"]\n[variables]\nisolated_cores = "{cpus}"\n',
+    )
+
+
+def held(lib: ProfileLibrary, *names: str) -> list[Held]:
+    return [Held(f"hold {n} ({name})", lib.load(name)) for n, name in enumerate(names, 1)]
+
+
+def test_one_hold_is_its_profile_as_it_is(lib: ProfileLibrary) -> None:
+    one = held(lib, "cpu-partitioning")
+    assert compose(one, lib.schemas) is one[0].profile
+
+
+def test_a_profile_the_first_includes_changes_nothing_of_it(lib: ProfileLibrary) -> None:
+    """The issue's sequence: cpu-partitioning held, then network-latency (which it
+    includes): nothing differs, so applying the composition moves nothing."""
+    first, second = held(lib, "cpu-partitioning", "network-latency")
+    both = compose([first, second], lib.schemas)
+    assert both.sections == first.profile.sections
+    assert both.name == "cpu-partitioning+network-latency"
+    # and in the other order, too
+    assert compose([second, first], lib.schemas).sections == first.profile.sections
+
+
+def test_two_partitioned_holds_shield_the_union_and_keep_housekeeping_common(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    partitioning(pdir, "app-one", "1")
+    partitioning(pdir, "app-two", "2")
+    both = compose(held(lib, "app-one", "app-two"), lib.schemas)
+    union, housekeeping = CpuSet.from_list("1-2"), CpuSet.from_list("0,3")
+    assert both.sections["shield"]["cpus"] == union
+    assert both.sections["irq"]["isolate"] == union
+    assert both.sections["monitor"]["cpus"] == union
+    assert both.sections["kthread"]["unbound_cpumask"] == housekeeping
+    assert both.sections["kthread"]["writeback_cpumask"] == housekeeping
+    assert both.sections["kthread"]["rule"][0]["cpus"] == housekeeping
+    assert both.sections["net"]["nic"][0]["xps_cpus"] == housekeeping
+    # what both say alike stays as it is
+    assert both.sections["sysctl"] == lib.load("app-one").sections["sysctl"]
+
+
+def test_a_conflicting_machine_wide_value_refuses_the_newer_hold_saying_where(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    a = write(pdir, "swap-ten", '[sysctl]\n"vm.swappiness" = 10\n')
+    b = write(pdir, "swap-sixty", '[main]\nsummary = "x"\n[sysctl]\n"vm.swappiness" = 60\n')
+    with pytest.raises(HoldConflict) as info:
+        compose(held(lib, "swap-ten", "swap-sixty"), lib.schemas)
+    message = str(info.value)
+    assert message.startswith("hold 2 (swap-sixty) is refused")
+    assert "hold 1 (swap-ten)" in message
+    assert "[sysctl] vm.swappiness: 60" in message and "against 10" in message
+    assert f"{b}:4" in message and f"{a}:2" in message
+
+
+def test_an_option_left_at_its_default_gives_way_to_one_set(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    write(pdir, "cpuset-shield", '[shield]\ncpus = "1"\nmechanism = "cpuset"\n')
+    write(pdir, "plain-shield", '[shield]\ncpus = "2"\n')  # mechanism: its default, auto
+    both = compose(held(lib, "cpuset-shield", "plain-shield"), lib.schemas)
+    assert both.sections["shield"]["mechanism"] == "cpuset"
+    assert both.sections["shield"]["cpus"] == CpuSet.from_list("1-2")
+
+
+def test_housekeeping_lists_with_no_cpu_in_common_are_a_conflict(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    write(pdir, "hk-zero", '[kthread]\nunbound_cpumask = "0"\n')
+    write(pdir, "hk-three", '[kthread]\nunbound_cpumask = "3"\n')
+    with pytest.raises(HoldConflict, match=r"leave no CPU in common .*\[kthread\] unbound_cpumask"):
+        compose(held(lib, "hk-zero", "hk-three"), lib.schemas)
+
+
+def test_exclusive_options_from_two_holds_are_a_conflict(lib: ProfileLibrary, pdir: Path) -> None:
+    write(pdir, "by-ratio", "[writeback]\ndirty_ratio = 15\n")
+    write(pdir, "by-bytes", '[writeback]\ndirty_bytes = "64M"\n')
+    with pytest.raises(HoldConflict, match="kernel keeps only one of them"):
+        compose(held(lib, "by-ratio", "by-bytes"), lib.schemas)
+
+
+def test_tables_of_different_lengths_are_a_conflict(lib: ProfileLibrary, pdir: Path) -> None:
+    write(pdir, "one-rule", '[[kthread.rule]]\nmatch = "^a"\ncpus = "0"\n')
+    two = '[[kthread.rule]]\nmatch = "^a"\ncpus = "0"\n[[kthread.rule]]\nmatch = "^b"\ncpus = "0"\n'
+    write(pdir, "two-rules", two)
+    with pytest.raises(HoldConflict, match=r"have 1 and 2 entries"):
+        compose(held(lib, "one-rule", "two-rules"), lib.schemas)
+
+
+def test_composed_profile_names_every_file(lib: ProfileLibrary, pdir: Path) -> None:
+    partitioning(pdir, "app-one", "1")
+    partitioning(pdir, "app-two", "2")
+    both: Profile = compose(held(lib, "app-one", "app-two"), lib.schemas)
+    assert pdir / "app-one.toml" in both.files and pdir / "app-two.toml" in both.files
