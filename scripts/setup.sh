@@ -65,6 +65,9 @@ APT_PACKAGES=(
     prometheus
     # update-grub, grub-mkconfig: the bootloader test runs the real ones on a staged root.
     grub-common grub2-common
+    # The Debian package (make deb: debian/control's Build-Depends), and what checks it.
+    debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-shtab
+    lintian shellcheck
     # The fleet tests' control plane (scripts/control-plane.sh): its certificates, and
     # apt-get download of etcd-server (extracted, not installed).
     openssl

@@ -1,0 +1,105 @@
+"""`make deb` builds the Debian package with Debian's tools (~2 min), and the package holds
+what a system daemon's package must, lintian finding nothing (tags overridden, each with
+its reason, in debian/latencyd.lintian-overrides aside):
+
+- the daemon and latencyctl in /usr/bin (the agent not: Debian 12 has no lightkube), the
+  systemd unit, the D-Bus policy, the tmpfiles entry, the shipped profiles, the man pages
+  and the bash and zsh completions, the config as the one conffile;
+- nothing under /usr/local, no venv, no pip metadata of an install by hand;
+- Depends only on Debian's packages (debian/control's, checked in tests/unit/test_packaging.py);
+- DEB_VERSION=X builds version X (the upgrade test's higher version).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from latencyd.tools.manpages import SHARE
+from tests.harness import REPO
+
+pytestmark = pytest.mark.deb
+
+VERSION = "0.1.0+test1"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not shutil.which("dpkg-buildpackage"):
+        pytest.skip("dpkg-buildpackage is not installed (make setup installs it)")
+    out = tmp_path_factory.mktemp("deb")
+    env = {**os.environ, "DEB_OUT": str(out)}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "deb", f"DEB_VERSION={VERSION}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    print(done.stdout)  # the build's time, for the record
+    return out
+
+
+def contents(deb: Path) -> dict[str, str]:
+    """Each path in the package (without its leading ./) -> its mode string."""
+    listing = subprocess.run(
+        ["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True
+    ).stdout
+    files = {}
+    for line in listing.splitlines():
+        mode, *_, path = line.split(None, 5)
+        files[path.removeprefix("./").split(" -> ")[0]] = mode
+    return files
+
+
+def test_the_package_holds_what_a_system_daemon_needs(built: Path) -> None:
+    deb = built / f"latencyd_{VERSION}_all.deb"
+    assert deb.is_file(), sorted(p.name for p in built.iterdir())
+    files = contents(deb)
+    for path in (
+        "usr/bin/latencyd",
+        "usr/bin/latencyctl",
+        "lib/systemd/system/latencyd.service",
+        "usr/share/dbus-1/system.d/org.latencyd.Daemon1.conf",
+        "usr/lib/tmpfiles.d/latencyd.conf",
+        "etc/latencyd/latencyd.conf",
+        "usr/share/doc/latencyd/README.md",
+    ):
+        assert path in files, path
+    assert files["usr/bin/latencyd"].startswith("-rwx")
+    for profile in (REPO / "profiles").glob("*.toml"):
+        assert f"usr/share/latencyd/profiles/{profile.name}" in files
+    for share in SHARE:  # man pages gzipped by dh_compress, completions as they are
+        name = f"usr/share/{share}" + (".gz" if share.startswith("man/") else "")
+        assert name in files, name
+    assert "usr/bin/latencyd-agent" not in files
+    assert not [f for f in files if "/agent/" in f or f.startswith("usr/local")]
+    assert not [f for f in files if "venv" in f or f.endswith(("direct_url.json", ".pyc"))]
+    conffiles = subprocess.run(
+        ["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True
+    )
+    assert conffiles.stdout.strip() == VERSION
+    info = subprocess.run(
+        ["dpkg-deb", "--info", str(deb), "conffiles"], capture_output=True, text=True, check=True
+    )
+    assert info.stdout.split() == ["/etc/latencyd/latencyd.conf"]
+
+
+def test_lintian_finds_nothing(built: Path) -> None:
+    if not shutil.which("lintian"):
+        pytest.skip("lintian is not installed (make setup installs it)")
+    changes = next(built.glob("latencyd_*.changes"))
+    done = subprocess.run(
+        ["lintian", "--allow-root", "--pedantic", "-I", "--fail-on", "info,pedantic", str(changes)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    hints = [line for line in done.stdout.splitlines() if not line.startswith("N: ")]
+    assert done.returncode == 0 and hints == [], done.stdout + done.stderr
