@@ -25,9 +25,11 @@ pytest = status=0; $(1) || status=$$?; \
 	if [ "$$status" -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit "$$status"
 
-# Tests first (kernel and e2e tests need root), then lint. On a machine with a cpuidle
-# driver, the tests whose expectations depend on it run again as on a guest without one
-# (what that changes: scripts/without-cpuidle-driver.sh).
+# Tests first (kernel and e2e tests need root; tests/package builds the Debian package),
+# then lint. On a machine with a cpuidle driver, the tests whose expectations depend on
+# it run again as on a guest without one (what that changes:
+# scripts/without-cpuidle-driver.sh); the unit tests run again with the lowest supported
+# version of each dependency (test-lowest).
 # The fleet tests' kube-apiserver and etcd, built once per machine into a cache
 # (scripts/control-plane.sh: ~6-12 min the first time, seconds after).
 control-plane:
@@ -40,6 +42,7 @@ test: setup control-plane
 	    $(call pytest,bash scripts/without-cpuidle-driver.sh \
 	        $(PYTHON) -m pytest -m machine_kind -p no:cacheprovider); \
 	fi
+	@bash scripts/test-lowest.sh
 	@$(MAKE) --no-print-directory lint-only
 
 lint: setup
