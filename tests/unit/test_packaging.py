@@ -28,6 +28,7 @@ import pytest
 from latencyd.service.main import arg_parser
 from latencyd.tools import cliparser
 from tests.harness import REPO
+from tests.unit.test_dependencies import canonical
 
 DEBIAN = REPO / "debian"
 # PyPI's name of each run-time dependency -> Debian's package of it.
@@ -41,10 +42,6 @@ NOT_FROM_DEBIAN = {
     "shtab": "1.5.5 completes only the first choice in bash: the package ships its scripts",
 }
 SCRIPTS = ("postinst", "prerm", "postrm")
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def lowest() -> dict[str, str]:
