@@ -102,3 +102,39 @@ def test_lintian_finds_nothing(built: Path) -> None:
     done = subprocess.run([*command, str(changes)], capture_output=True, text=True, timeout=600)
     hints = [line for line in done.stdout.splitlines() if not line.startswith("N: ")]
     assert done.returncode == 0 and hints == [], done.stdout + done.stderr
+
+
+def test_the_packaged_commands_run_on_debians_python_and_its_packages(
+    built: Path, tmp_path: Path
+) -> None:
+    """The package's files, unpacked, with /usr/bin/python3 and Debian's python3-dbus,
+    -pyudev and -prometheus-client (nothing of the .venv): the plugins are found through
+    the package's entry points, the man pages are written, D-Bus is reached (no daemon
+    here: exit 3), and `latencyctl completion` refuses a shtab that writes broken scripts
+    (or none) and names the package's."""
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(built / f"latencyd_{VERSION}_all.deb"), str(root)],
+                   check=True)  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": str(root / "usr/lib/python3/dist-packages"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/no-bus",
+    }
+
+    def run(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        script = root / "usr/bin" / command
+        assert script.read_text().startswith("#!/usr/bin/python3\n")
+        return subprocess.run(["/usr/bin/python3", str(script), *args], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    plugins = run("latencyctl", "plugins")
+    assert plugins.returncode == 0, plugins.stderr
+    assert all(f"[{name}]" in plugins.stdout for name in ("sysctl", "irq", "shield", "cpu"))
+    page = run("latencyctl", "man", "latencyd")
+    assert page.returncode == 0 and ".SH OPTIONS" in page.stdout and "restore" in page.stdout
+    assert run("latencyctl", "status").returncode == 3  # dbus-python imported, no daemon
+    completion = run("latencyctl", "completion", "bash")
+    assert completion.returncode == 1 and "/usr/share/bash-completion" in completion.stderr
+    assert run("latencyd", "--help").returncode == 0
