@@ -10,7 +10,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 CPUIDLE_DRIVER := /sys/devices/system/cpu/cpuidle/current_driver
 
-.PHONY: setup run test check lint bench clean install install-system control-plane
+.PHONY: setup run test check lint bench clean install install-system control-plane test-lowest deb
 
 setup:
 	@bash scripts/setup.sh
@@ -25,9 +25,11 @@ pytest = status=0; $(1) || status=$$?; \
 	if [ "$$status" -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit "$$status"
 
-# Tests first (kernel and e2e tests need root), then lint. On a machine with a cpuidle
-# driver, the tests whose expectations depend on it run again as on a guest without one
-# (what that changes: scripts/without-cpuidle-driver.sh).
+# Tests first (kernel and e2e tests need root; tests/package builds the Debian package),
+# then lint. On a machine with a cpuidle driver, the tests whose expectations depend on
+# it run again as on a guest without one (what that changes:
+# scripts/without-cpuidle-driver.sh); the unit tests run again with the lowest supported
+# version of each dependency (test-lowest).
 # The fleet tests' kube-apiserver and etcd, built once per machine into a cache
 # (scripts/control-plane.sh: ~6-12 min the first time, seconds after).
 control-plane:
@@ -40,6 +42,7 @@ test: setup control-plane
 	    $(call pytest,bash scripts/without-cpuidle-driver.sh \
 	        $(PYTHON) -m pytest -m machine_kind -p no:cacheprovider); \
 	fi
+	@bash scripts/test-lowest.sh
 	@$(MAKE) --no-print-directory lint-only
 
 lint: setup
@@ -58,6 +61,12 @@ UNIT_SHARDS := unit-shard-0 unit-shard-1
 .PHONY: $(UNIT_SHARDS)
 $(UNIT_SHARDS): unit-shard-%:
 	@$(call pytest,$(PYTHON) -m pytest -q -p no:cacheprovider --confcutdir=tests/unit --shard=$*/2 tests/unit)
+
+# The unit tests against the lowest supported version of each run-time dependency
+# (requirements-lowest.txt: Debian 12's, which the Debian package depends on), in a venv
+# of their own, .venv-lowest (scripts/test-lowest.sh). `make test` runs it too.
+test-lowest: setup
+	@bash scripts/test-lowest.sh
 
 .PHONY: lint-only
 lint-only:
@@ -90,6 +99,13 @@ install:
 install-system:
 	@bash scripts/install-system.sh
 
+# The Debian package, built with dpkg-buildpackage from debian/ in a copy of the tree
+# under build/deb: build/latencyd_VERSION_all.deb (scripts/build-deb.sh). DEB_VERSION=X
+# builds version X (a higher one, to test an upgrade). Install: apt install ./build/latencyd_*.deb
+DEB_VERSION ?=
+deb:
+	@DEB_VERSION=$(DEB_VERSION) bash scripts/build-deb.sh
+
 clean:
-	rm -rf $(VENV) .perf-build build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-lowest .perf-build build *.egg-info .mypy_cache .ruff_cache .pytest_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

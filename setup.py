@@ -1,9 +1,9 @@
 # All metadata lives in pyproject.toml; this file only adds one build step.
 #
 # The man pages (latencyd(8), latencyctl(8), latencyd.profile(5)) and the bash and zsh
-# completions are generated from the code (latencyd/tools/manpages.py: the argparse parsers
-# through argparse-manpage and shtab, every plugin's option schema, the shipped profiles:
-# pyproject.toml's build-system requires both libraries), not kept in the repository. Each
+# completions are generated from the code (latencyd/tools/manpages.py: the argparse parsers,
+# the completions through shtab, every plugin's option schema, the shipped profiles:
+# pyproject.toml's build-system requires shtab), not kept in the repository. Each
 # build (`pip install .`, a wheel) writes them to build/share/, and data_files installs them
 # from there to <prefix>/share/{man,bash-completion,zsh}, with the README the pages name.
 # The build environment has neither latencyd nor its plugins installed, so the generator
@@ -44,8 +44,11 @@ class BuildPyAndDocs(build_py):
             shutil.copytree("profiles", os.path.join(stage, "profiles"))
             outdir = os.path.abspath(GENERATED)
             command = [sys.executable, "-m", "latencyd.tools.manpages", outdir]
-            # pip's isolated build environment reaches its packages (argparse-manpage and
-            # shtab) through PYTHONPATH: keep them, the staged package first.
+            # The Debian package's build: completion scripts made beforehand (debian/rules).
+            if os.environ.get("LATENCYD_COMPLETIONS"):
+                command += ["--completions-from", os.environ["LATENCYD_COMPLETIONS"]]
+            # pip's isolated build environment reaches its packages (shtab) through
+            # PYTHONPATH: keep them, the staged package first.
             path = os.pathsep.join(p for p in (stage, os.environ.get("PYTHONPATH")) if p)
             env = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
             done = subprocess.run(command, env=env, cwd=stage)  # cwd: not the source's latencyd/

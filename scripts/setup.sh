@@ -65,6 +65,10 @@ APT_PACKAGES=(
     prometheus
     # update-grub, grub-mkconfig: the bootloader test runs the real ones on a staged root.
     grub-common grub2-common
+    # The Debian package (make deb: debian/control's Build-Depends), what checks it, and its
+    # run-time dependencies (tests/package runs its commands on Debian's python3 with them).
+    debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools
+    lintian shellcheck python3-dbus python3-pyudev python3-prometheus-client
     # The fleet tests' control plane (scripts/control-plane.sh): its certificates, and
     # apt-get download of etcd-server (extracted, not installed).
     openssl

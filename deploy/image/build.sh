@@ -26,7 +26,7 @@ say "latencyd and its agent's dependencies, as requirements.lock pins them"
 mkdir -p "$ROOT/opt/install"
 cp "$WORK"/dist/latencyd-*.whl "$REPO/requirements.lock" "$ROOT/opt/install/"
 # dbus-python comes from Debian (python3-dbus: no compiler in the image); the rest from PyPI
-grep -E '^(lightkube|lightkube-models|httpx2|httpcore2|anyio|h11|h2|hpack|hyperframe|idna|msgspec|PyYAML|truststore|wsproto|typing_extensions|pyudev|prometheus_client|argparse-manpage|shtab)==' \
+grep -E '^(lightkube|lightkube-models|httpx2|httpcore2|anyio|h11|h2|hpack|hyperframe|idna|msgspec|PyYAML|truststore|wsproto|typing_extensions|pyudev|prometheus_client|shtab)==' \
     "$REPO/requirements.lock" > "$ROOT/opt/install/agent.lock"
 # fetched here, with this machine's pip and its trust settings; installed without network
 # (this machine's Python is 3.11 as Debian 12's: the wheels built or fetched here fit)

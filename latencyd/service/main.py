@@ -308,6 +308,12 @@ def arg_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start without applying any profile (restores what a previous run left)",
     )
+    parser.add_argument(
+        "--restore",
+        action="store_true",
+        help="put back every original a previous run left (its journal) and exit, without "
+        "D-Bus; only where no latencyd runs (the Debian package's prerm, on remove)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
 
@@ -339,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if os.geteuid() != 0 and args.root == "/":
         log.warning("not running as root: most settings will be refused")
+    if args.restore:
+        return restore_left(args, config, journal)
 
     # D-Bus is imported here, not at module level, so the Daemon logic is testable without it.
     import dbus.mainloop.glib
@@ -420,6 +428,23 @@ def main(argv: list[str] | None = None) -> int:
         loop.timeout_add(int(config.verify_interval_s * 1000), lambda: _tick(daemon, drift))
     loop.run()
     return 0
+
+
+def restore_left(args: argparse.Namespace, config: Config, journal: Journal) -> int:
+    """--restore: adopt what a previous run left in the journal, restore it and exit (1 if
+    a setting could not be restored). Nothing is applied and no bus is needed, so it runs
+    where the service does not: a package's removal after a stop that kept the tuning."""
+    try:
+        daemon = build(args, config, None, journal)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    daemon.start(None, resume=False)  # adopts the journal, and restores it with no profile
+    problems = daemon.stop()
+    for problem in problems:
+        log.error("not restored: %s", problem)
+    log.info("restored what a previous run left%s", " (with problems)" if problems else "")
+    return 1 if problems else 0
 
 
 def expose_metrics(

@@ -433,9 +433,13 @@ def cmd_man(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
+    from latencyd.errors import LatencydError
     from latencyd.tools.manpages import completion
 
-    sys.stdout.write(completion(args.shell))
+    try:
+        sys.stdout.write(completion(args.shell))
+    except LatencydError as exc:  # no shtab that writes working scripts
+        raise CliError(FAILED, str(exc)) from exc
     return OK
 
 

@@ -1,7 +1,9 @@
 """Man pages and shell completions, generated from the code; nothing generated is kept.
 
-argparse-manpage writes the pages (latencyctl(8), latencyd(8) from the parsers that make
-`--help`), shtab the completions. By hand, as no library does it: the sections a parser
+The pages (latencyctl(8), latencyd(8)) are written from the parsers that make `--help`
+(their usage, arguments and subcommands, walked here: argparse-manpage's API changed between
+Debian 12's 1.2.2 and 4.x, and the Debian package builds them with Debian's own packages),
+shtab writes the completions. By hand, as no library does it: the sections a parser
 does not hold (latencyd.profile(5)'s from the plugins' schemas, cpuset's notations and the
 shipped profiles: no library documents a file format), and PREAMBLE's shell functions,
 which shtab's hooks call on Tab for what only `latencyctl __complete KIND` knows. The README
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -77,46 +78,90 @@ def _items(items: dict[str, str]) -> list[str]:
     return [line for tag, text in items.items() for line in (".TP", tag, text_line(esc(text)))]
 
 
-# -- the pages: argparse-manpage, with sections by hand --------------------------------------
-def _shown(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The parser as its man page shows it: help as sentences, on one line each (roff fills
-    them; argparse would wrap at the terminal's width), hidden subcommands (added without
-    help, like `__complete`) left out, and the subcommands titled COMMANDS."""
-    parser.formatter_class = functools.partial(argparse.HelpFormatter, width=1 << 16)
+# -- the pages: the parsers' arguments, with sections by hand -------------------------------
+def _usage(parser: argparse.ArgumentParser) -> str:
+    """argparse's usage line, unwrapped, without its "usage: " and the program's name."""
+    usage = " ".join(parser.format_usage().split())
+    return usage.removeprefix("usage: ").removeprefix(parser.prog).strip()
+
+
+def _arguments(parser: argparse.ArgumentParser, titled: bool = True) -> list[str]:
+    """The parser's arguments, a tagged paragraph each, under its groups' titles (titled:
+    a subcommand's; OPTIONS has no title to add); --help left out (every command takes it,
+    DESCRIPTION says so)."""
+    out = []
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if a.help != argparse.SUPPRESS]
+        actions = [a for a in actions if not isinstance(a, argparse._HelpAction)]
+        if not actions:
+            continue
+        out += [".PP", f"{esc(group.title or '')}:", ".RS 7"] if titled else []
+        for action in actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            out += [".TP", _invocation(action)]
+            help_ = parser._get_formatter()._expand_help(action) if action.help else ""
+            out += [text_line(esc(sentence(help_)))] if help_ else []
+        out += [".RE"] if titled else []
+    return out if ".TP" in out else []
+
+
+def _invocation(action: argparse.Action) -> str:
+    """`--name ARG` as roff: the option in bold, its argument in italics."""
+    if not action.option_strings:
+        return bold(action.metavar if isinstance(action.metavar, str) else action.dest)
+    arg = ""
+    if action.nargs != 0:
+        metavar = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+        arg = f" \\fI{esc(metavar)}\\fR"
+    return ", ".join(bold(option) + arg for option in action.option_strings)
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    """Each visible subcommand: its help, usage and arguments (hidden ones, added without
+    help like `__complete`, left out)."""
+    out = []
     for action in parser._actions:
-        if action.help and action.help != argparse.SUPPRESS:
-            action.help = sentence(action.help)
-        if isinstance(action, argparse._SubParsersAction):
-            parser._positionals.title = "commands"
-            shown = {c.dest: c for c in action._choices_actions}
-            for name in set(action.choices) - set(shown):
-                del action.choices[name]
-            for name, choice in shown.items():
-                choice.help = sentence(choice.help or "")
-                _shown(action.choices[name])
-    return parser
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for choice in action._choices_actions:
+            sub = action.choices[choice.dest]
+            out += [f".SS {bold(sub.prog)}", text_line(esc(sentence(choice.help or "")))]
+            out += [".PP", text_line(esc(f"usage: {sub.prog} {_usage(sub)}".strip()))]
+            out += _arguments(sub)
+    return out
 
 
 def _manpage(parser: argparse.ArgumentParser, sections: dict[str, list[str]]) -> str:
-    """The parser's page by argparse-manpage, `sections` (roff) after its own; DESCRIPTION
-    is sections["description"] alone, and no COMMENTS (the epilog)."""
-    from argparse_manpage.manpage import Manpage
-
-    man = Manpage(_shown(parser), format="single-commands-section")
-    man.section, man.date, man.source = PAGES[parser.prog], "", f"latencyd {__version__}"
-    man.manual = "File Formats" if man.section == 5 else "System Administration"
-    man.description = (parser.description or "").rstrip(".").lower()  # for NAME
-    parser.description = parser.epilog = None
+    """The parser's page: NAME from its description, SYNOPSIS its usage, OPTIONS and
+    COMMANDS its arguments, then `sections` (roff; DESCRIPTION first) and SEE ALSO."""
+    section = PAGES[parser.prog]
+    manual = "File Formats" if section == 5 else "System Administration"
+    about = (parser.description or "").rstrip(".").lower()
     see = [", ".join(f"\\fB{name}\\fR({s})" for name, s in PAGES.items() if name != parser.prog)]
     see += [
         *sections.get("see also", []),
         ".PP",
-        f"{bold(README)} (under latencyd's prefix, often /usr/local): what the shipped "
-        "profiles bought, on which machines, and how to measure that on yours.",
+        f"{bold(README)} (under latencyd's prefix: /usr for the Debian package): what the "
+        "shipped profiles bought, on which machines, and how to measure that on yours.",
     ]
-    for heading, lines in (sections | {"see also": see}).items():
-        man.add_section(heading, ">", "\n".join(lines))
-    return esc(f"{NOTE.format(parser.prog)}\n{man}", hyphens=False)
+    options = _arguments(parser, titled=False)
+    lines = [
+        NOTE.format(parser.prog),
+        f'.TH {parser.prog.upper()} "{section}" "" "latencyd {__version__}" "{manual}"',
+        ".SH NAME",
+        f"{parser.prog} \\- {esc(about)}",
+    ]
+    usage = [f".B {parser.prog}", text_line(esc(_usage(parser)))]
+    lines += [".SH SYNOPSIS", *sections.get("synopsis", usage)]
+    lines += [".SH DESCRIPTION", *sections.get("description", [])]
+    lines += [".SH OPTIONS", *options] if options else []
+    commands = _commands(parser)
+    lines += [".SH COMMANDS", *commands] if commands else []
+    for heading, body in (sections | {"see also": see}).items():
+        if heading not in ("synopsis", "description"):
+            lines += [f".SH {heading.upper()}", *body]
+    return esc("\n".join(lines) + "\n", hyphens=False)
 
 
 def latencyctl_page() -> str:
@@ -317,10 +362,31 @@ def _hooked(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+# shtab's oldest version whose scripts complete as tests/unit/test_completion.py asks:
+# Debian 12's 1.5.5 completes only the first of a list of choices in bash (its
+# `${!name}` of an array), so the Debian package ships scripts made beforehand
+# (scripts/build-deb.sh, main's --completions-from).
+SHTAB_MIN = (1, 13)
+
+
 def completion(shell: str) -> str:
     """latencyctl's completion script for `shell` (bash or zsh)."""
-    import shtab
+    from latencyd.errors import LatencydError
 
+    have: tuple[int, ...]
+    try:
+        import shtab
+    except ImportError:
+        found, have = "no shtab", ()
+    else:
+        found = f"shtab {shtab.__version__}"
+        have = tuple(int(p) for p in re.findall(r"\d+", shtab.__version__)[:2])
+    if have < SHTAB_MIN:
+        installed = ", ".join(f"/usr/share/{rel}" for rel in SCRIPTS)
+        raise LatencydError(
+            f"writing the completion scripts needs shtab >= {'.'.join(map(str, SHTAB_MIN))} "
+            f"({found} here); the package installs them ready-made: {installed}"
+        )
     return shtab.complete(_hooked(cliparser.parser()), shell, preamble=PREAMBLE[shell])
 
 
@@ -362,14 +428,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     about = "Write the man pages and completions under OUTDIR, laid out as under share/."
     p = argparse.ArgumentParser("python -m latencyd.tools.manpages", description=about)
     p.add_argument("outdir", type=Path, help="e.g. build/share (setup.py) or /usr/local/share")
-    outdir = p.parse_args(argv).outdir
+    p.add_argument(
+        "--completions-from",
+        type=Path,
+        help="copy the completion scripts from this directory (laid out as under share/) "
+        "instead of writing them: where no shtab >= SHTAB_MIN is (the Debian package)",
+    )
+    args = p.parse_args(argv)
+    outdir, ready = args.outdir, args.completions_from
     from latencyd.core.plugin import ENTRY_POINT_GROUP, discover
 
     if not discover():  # a page without them would look fine and be wrong
         p.error(f"no plugins found (entry points {ENTRY_POINT_GROUP!r}): is latencyd installed?")
     for rel, name in SHARE.items():
         (outdir / rel).parent.mkdir(parents=True, exist_ok=True)
-        (outdir / rel).write_text(page(name) if name in PAGES else completion(name))
+        if name in PAGES:
+            text = page(name)
+        elif ready is not None:
+            text = (ready / rel).read_text()
+        else:
+            text = completion(name)
+        (outdir / rel).write_text(text)
         print(outdir / rel, file=sys.stderr)
     return 0
 

@@ -177,6 +177,25 @@ def test_kill9_then_restart_without_profile_leaves_originals(
     assert d.ctl("active").stdout.strip() == "none (all settings at their originals)"
 
 
+def test_restore_puts_back_what_a_killed_run_left_and_exits(
+    start_daemon: Callable[..., Latencyd],
+) -> None:
+    """`latencyd --restore` (the Debian package's prerm runs it on remove where the service
+    is not running): the journal a previous run left is restored, and the process exits."""
+    before = {k: sysctl(k) for k in TEST_A_KEYS}
+    d = start_daemon("test-a")
+    d.kill9()
+    assert sysctl("vm.swappiness") == "11"
+    d.profile = None
+    done = subprocess.run(
+        [*d.argv(), "--restore"], env=d.env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert {k: sysctl(k) for k in before} == before
+    assert not (d.state_dir / "journal.jsonl").exists()
+    assert "restored what a previous run left" in done.stderr
+
+
 def test_sigterm_restores_every_original(start_daemon: Callable[..., Latencyd]) -> None:
     before = {k: sysctl(k) for k in TEST_A_KEYS}
     d = start_daemon("test-a")

@@ -264,3 +264,26 @@ def test_zsh_completes(zsh_fpath: Path, line: str, check: Callable[[list[str]], 
 def test_zsh_completes_paths_in_the_command_a_profile_is_held_for(zsh_fpath: Path) -> None:
     got = zsh_complete(zsh_fpath, f"latencyctl hold balanced -- {zsh_fpath}/_latency")
     assert got == ["_latencyctl"], got
+
+
+def test_a_shtab_that_writes_broken_scripts_is_refused_with_where_the_ready_ones_are(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Debian 12's shtab 1.5.5 writes bash scripts that complete only the first choice;
+    `latencyctl completion` says so rather than print one, and names the package's."""
+    import shtab
+
+    from latencyd.errors import LatencydError
+
+    monkeypatch.setattr(shtab, "__version__", "1.5.5")
+    with pytest.raises(LatencydError, match=r"shtab >= 1\.13 \(shtab 1\.5\.5 here\)"):
+        completion("bash")
+    assert cli.main(["completion", "bash"]) == 1
+    # The generator copies ready-made scripts instead (the Debian package's build).
+    ready = tmp_path / "ready"
+    for rel in manpages.SCRIPTS:
+        (ready / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ready / rel).write_text(f"# {rel}\n")
+    assert manpages.main([str(tmp_path / "out"), "--completions-from", str(ready)]) == 0
+    for rel in manpages.SCRIPTS:
+        assert (tmp_path / "out" / rel).read_text() == f"# {rel}\n"

@@ -1,11 +1,14 @@
 """The venv holds exactly what requirements.lock pins: a fresh machine runs the suite
-against the versions this one did."""
+against the versions this one did. (In .venv-lowest, what scripts/test-lowest.sh pins
+instead, the file PIP_CONSTRAINT names.)"""
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from importlib import metadata
+from pathlib import Path
 
 from tests.harness import REPO
 
@@ -19,7 +22,8 @@ def canonical(name: str) -> str:
 
 def locked() -> dict[str, str]:
     pins = {}
-    for line in (REPO / "requirements.lock").read_text().splitlines():
+    lock = os.environ.get("PIP_CONSTRAINT") or REPO / "requirements.lock"
+    for line in Path(lock).read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
             name, sep, version = line.partition("==")

@@ -1,4 +1,4 @@
-"""The man pages: generated from latencyd's and latencyctl's parsers (by argparse-manpage),
+"""The man pages: generated from latencyd's and latencyctl's parsers (their arguments walked),
 every plugin's schema and the shipped profiles (latencyd/tools/manpages.py), rendered by the
 real `man` without a warning, and built and installed by setup.py's build step.
 
@@ -83,7 +83,7 @@ def test_every_latencyctl_subcommand_with_its_help_and_options_is_in_latencyctl_
     commands = subcommands(cli.parser())
     assert len(commands) >= 10
     for name, help_, actions in commands:
-        # argparse-manpage's subsection and usage line for each
+        # a subsection and usage line for each
         assert f".SS \\fBlatencyctl {esc(name)}\\fR\n" in roff, f"no section for latencyctl {name}"
         assert f"usage: latencyctl {name} [-h]" in text
         assert " ".join(help_.split()[:4]).lower() in text.lower(), f"{name}: help"

@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:  # `pytest` run without `python -m` from the repo 
     sys.path.insert(0, str(ROOT))
 
 from latencyd.service.dbus import READ_METHODS  # noqa: E402
+from latencyd.tools.manpages import PAGES, page  # noqa: E402
 from scripts.private_bus import PrivateBus, PrivateBusError  # noqa: E402
 
 SYSTEMD = ROOT / "systemd"
@@ -67,6 +68,11 @@ def _verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     unit_dir.mkdir()
     copy = unit_dir / "latencyd.service"
     copy.write_text(unit_text.replace("ExecStart=/usr/bin/latencyd", f"ExecStart={exe}"))
+    # Documentation=man:... is checked with `man`: the pages, as the package installs them.
+    man = tmp_path / "man"
+    for name, section in PAGES.items():
+        (man / f"man{section}").mkdir(parents=True, exist_ok=True)
+        (man / f"man{section}" / f"{name}.{section}").write_text(page(name))
     # verify loads units as systemd does, which marks the load in /run/systemd: on a
     # host whose systemd is not running, that file is ours to take away again.
     stamp_was_there = UNITS_LOAD_STAMP.exists()
@@ -75,6 +81,7 @@ def _verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
             ["systemd-analyze", "verify", str(copy)],
             capture_output=True,
             text=True,
+            env={**os.environ, "MANPATH": str(man)},
             timeout=TIMEOUT_S,
         )
     finally:

@@ -1,0 +1,159 @@
+"""The Debian package's facts, checked without building it (tests/package/test_deb.py
+builds it):
+
+- each run-time dependency in pyproject.toml (shtab aside, see NOT_FROM_DEBIAN) is a
+  Depends of debian/control, at the same
+  lowest version as requirements-lowest.txt pins (what `make test-lowest` runs) and as
+  pyproject.toml's lower bound, and apt's cache here has every Depends at that version
+  or later (Debian's own packages, no pip);
+- the config is the only file under /etc, so the only conffile;
+- each maintainer script passes `sh -n` and shellcheck, and holds #DEBHELPER# once, as
+  a line of its own (debhelper replaces it wherever it stands, comments included);
+- the prerm, on remove, has the running daemon restore everything (`latencyctl off`) or,
+  where none runs, `latencyd --restore`; on upgrade it runs nothing of latencyd's; both
+  commands exist as it calls them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from latencyd.service.main import arg_parser
+from latencyd.tools import cliparser
+from tests.harness import REPO
+from tests.unit.test_dependencies import canonical
+
+DEBIAN = REPO / "debian"
+# PyPI's name of each run-time dependency -> Debian's package of it.
+DEBIAN_NAMES = {
+    "dbus-python": "python3-dbus",
+    "pyudev": "python3-pyudev",
+    "prometheus-client": "python3-prometheus-client",
+}
+# Run-time dependencies Debian 12 has no working version of, and why.
+NOT_FROM_DEBIAN = {
+    "shtab": "1.5.5 completes only the first choice in bash: the package ships its scripts",
+}
+SCRIPTS = ("postinst", "prerm", "postrm")
+
+
+def lowest() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "requirements-lowest.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[canonical(name)] = version
+    return pins
+
+
+def runtime_lower_bounds() -> dict[str, str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    bounds = {}
+    for dep in project["dependencies"]:
+        name, _, version = dep.partition(">=")
+        bounds[canonical(name)] = version
+    return bounds
+
+
+def control_depends(package: str = "latencyd") -> dict[str, str]:
+    """The package's Depends: name -> its lowest version ("" when unversioned)."""
+    stanzas = (DEBIAN / "control").read_text().split("\n\n")
+    stanza = next(s for s in stanzas if re.search(rf"^Package: {package}$", s, re.M))
+    field = re.search(r"^Depends:(.*(?:\n .*)*)", stanza, re.M)
+    assert field
+    depends = {}
+    for item in field.group(1).split(","):
+        match = re.fullmatch(r"\s*([\w.+-]+|\$\{[\w:]+\})\s*(?:\(>= ([^)]+)\))?\s*", item)
+        assert match or not item.strip(), f"not a Depends item this test reads: {item!r}"
+        if match:
+            depends[match.group(1)] = match.group(2) or ""
+    return depends
+
+
+def test_every_runtime_dependency_is_a_debian_depends_at_the_lowest_tested_version() -> None:
+    bounds, pins, depends = runtime_lower_bounds(), lowest(), control_depends()
+    assert set(bounds) == set(DEBIAN_NAMES) | set(NOT_FROM_DEBIAN), "name its Debian package"
+    assert not {n for n in depends if "shtab" in n}
+    for name, version in bounds.items():
+        if name in NOT_FROM_DEBIAN:
+            continue
+        assert pins[name] == version, f"{name}: pyproject >= {version}, lowest tested {pins[name]}"
+        assert depends[DEBIAN_NAMES[name]] == version, f"{name}: debian/control"
+
+
+def test_apt_has_every_depends_at_the_lowest_version_or_later() -> None:
+    if not shutil.which("apt-cache"):
+        pytest.skip("no apt-cache: not a Debian machine")
+    wanted = {n: v for n, v in control_depends().items() if not n.startswith("${")}
+    policy = subprocess.run(
+        ["apt-cache", "policy", *wanted], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    candidates = dict(re.findall(r"^(\S+):\n(?:.*\n)*?\s+Candidate: (\S+)", policy, re.M))
+    for name, version in wanted.items():
+        candidate = candidates.get(name, "(none)")
+        assert candidate != "(none)", f"{name}: not in apt's cache (apt-get update?)"
+        if version:
+            ok = subprocess.run(["dpkg", "--compare-versions", candidate, "ge", version])
+            assert ok.returncode == 0, f"{name}: Debian has {candidate}, latencyd needs {version}"
+
+
+def test_the_config_is_the_only_file_under_etc() -> None:
+    """debhelper makes every file under /etc a conffile: only the config goes there (the
+    unit, the D-Bus policy and the tmpfiles entry go under /usr and /lib)."""
+    installed = [line.split() for line in (DEBIAN / "latencyd.install").read_text().splitlines()]
+    etc = [(source, target) for source, target in installed if target.startswith("etc/")]
+    assert etc == [("systemd/latencyd.conf", "etc/latencyd/")]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_maintainer_script_is_sound_shell(script: str) -> None:
+    path = DEBIAN / f"latencyd.{script}"
+    text = path.read_text()
+    assert text.startswith("#!/bin/sh\n") and "\nset -e\n" in text
+    assert text.count("#DEBHELPER#") == 1 and "\n#DEBHELPER#\n" in text
+    done = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    if shutil.which("shellcheck"):
+        done = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout
+
+
+def run_prerm(tmp_path: Path, *args: str, active: bool) -> list[str]:
+    """debian/latencyd.prerm with stand-ins for latencyd, latencyctl and systemctl first on
+    PATH, each writing its command line down: what the script ran."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    for name in ("latencyd", "latencyctl", "systemctl"):
+        status = 0 if name != "systemctl" or active else 3
+        (bin_ / name).write_text(f'#!/bin/sh\necho "{name} $*" >>"{calls}"\nexit {status}\n')
+        (bin_ / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["sh", str(DEBIAN / "latencyd.prerm"), *args], env=env, capture_output=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    return [c for c in calls.read_text().splitlines() if not c.startswith("systemctl ")]
+
+
+def test_prerm_restores_on_remove_and_leaves_the_tuning_on_upgrade(tmp_path: Path) -> None:
+    systemd = Path("/run/systemd/system").is_dir()  # the script asks only under systemd
+    assert run_prerm(tmp_path, "remove", active=True) == (
+        ["latencyctl off"] if systemd else ["latencyd --restore"]
+    )
+    assert run_prerm(tmp_path, "remove", active=False) == ["latencyd --restore"]
+    assert run_prerm(tmp_path, "upgrade", "0.1.1", active=True) == []
+    assert run_prerm(tmp_path, "upgrade", "0.1.1", active=False) == []
+    # What it calls exists: latencyctl off, latencyd --restore.
+    sub = next(a for a in cliparser.parser()._actions if a.dest == "command")
+    assert "off" in sub.choices  # type: ignore[attr-defined]
+    assert "--restore" in arg_parser()._option_string_actions
