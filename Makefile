@@ -48,10 +48,9 @@ lint: setup
 # The unit tests and lint, as any user: no root, no daemon, nothing of the kernel written
 # (the unit tests run on fake roots; --confcutdir leaves out tests/conftest.py, which
 # snapshots the machine for the kernel and e2e tests). The tests run in two shards beside
-# lint: many of them wait on a shell or a child. It runs the .venv as it is: `make setup`
-# installs Debian packages, which needs root.
-check:
-	@test -x $(PYTHON) || { echo "make check: no $(VENV) yet: run make setup (as root) first" >&2; exit 1; }
+# lint: many of them wait on a shell or a child. `make setup` runs as that user too: it
+# needs root only for Debian packages that are missing, and says which (scripts/setup.sh).
+check: setup
 	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-shard-0 unit-shard-1 lint-only
 
 UNIT_SHARDS := unit-shard-0 unit-shard-1
