@@ -1,7 +1,10 @@
 """attribute benchmark: how long `latencyctl measure --attribute` takes for the shipped
 `cpu-partitioning` under load with its control group (target: about 15 minutes on 2 CPUs,
 its default budget), and what it finds; with `--runs 2`, whether two runs agree (target:
-the same verdict for at least 90 % of the groups, and the control group `hurts` in each).
+the same verdict for at least 90 % of the groups, and the control group `hurts` in each);
+and what the control hog costs the measured CPUs once the daemon moved it there, the
+control group's added busy share at idle (target: over 30 %; the hog is busy 80 µs of
+every 100, and another task on the machine can take some of that from it).
 
     python -m bench attribute [--profile cpu-partitioning] [--runs 1] [--budget 15m]
                               [--json] [--quick]
@@ -22,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import arguments, not_root
+from latencyd.tools.attribute import CONTROL
 from latencyd.tools.cli import parse_duration
 from scripts.private_bus import PrivateBus
 from tests.harness import BIN, POLICY, REPO, Latencyd
 
 BUDGET_SLACK = 1.1  # a run may take its --budget and 10 % more
 AGREEMENT_TARGET = 0.9
+CONTROL_BUSY_TARGET_PCT = 30.0
 
 
 def attribute(d: Latencyd, profile: str, budget: str, quick: bool) -> tuple[dict[str, Any], float]:
@@ -40,6 +45,11 @@ def attribute(d: Latencyd, profile: str, budget: str, quick: bool) -> tuple[dict
     if out.returncode != 0:
         raise RuntimeError(f"latencyctl measure --attribute failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout), time.monotonic() - started
+
+
+def control_busy(result: dict[str, Any]) -> float | None:
+    """The control group's added busy share of the measured CPUs at idle, in %."""
+    return next((g["idle_busy_pct"] for g in result["groups"] if g["name"] == CONTROL), None)
 
 
 def main(argv: list[str]) -> int:
@@ -81,6 +91,8 @@ def main(argv: list[str]) -> int:
         "verdicts": verdicts,
         "same_verdict_share": same,
         "control_hurts": [v.get("control") == "hurts" for v in verdicts],
+        # the control hog's added busy % of the measured CPUs at idle (its duty cycle there)
+        "control_busy_pct": [control_busy(r) for r, _ in runs],
     }
     if args.json:
         print(json.dumps(summary))
@@ -97,6 +109,10 @@ def main(argv: list[str]) -> int:
     hurts = sum(summary["control_hurts"])
     print(f"  control group hurts in {hurts} of {len(runs)} runs  "
           f"[{'PASS' if hurts == len(runs) else 'MISS'}]")  # fmt: skip
+    for i, busy in enumerate(summary["control_busy_pct"]):
+        mark = "PASS" if busy is not None and busy > CONTROL_BUSY_TARGET_PCT else "MISS"
+        print(f"  run {i + 1}: the control hog adds {busy} % busy to the measured CPUs at "
+              f"idle  (target > {CONTROL_BUSY_TARGET_PCT:.0f} %)  [{mark}]")  # fmt: skip
     if same is not None:
         mark = "PASS" if same >= AGREEMENT_TARGET else "MISS"
         print(f"  runs 1 and 2 give the same verdict for {same:.0%} of the groups  "

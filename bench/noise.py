@@ -8,13 +8,17 @@ with a 1 s interval, this process kept on the other CPUs as the daemon is:
   quiet CPU and with ~10 kHz of injected interruptions (a task on the watched CPU
   sleeping 100 µs at a time: each wake-up is a timer interrupt and two task switches);
 - events decoded per second, and the decoding cost per event;
-- whether anything of the watch's own appears among the watched CPU's sources;
+- whether anything of the watch's own appears among the watched CPU's sources, and how
+  much noise (µs a second, every source's) the watched CPU took: the kernel's own work
+  there grows with the load on the other CPUs, which is why tests/e2e/test_noise.py
+  checks only who a quiet shielded CPU's reports name;
 - the daemon's own CPU share over `--seconds`, holding a profile with a [monitor]
   section on that CPU and the same profile without it (watch on vs off), quiet shield;
 - the time from an interruption (a task started with taskset on the watched CPU) to its
   appearance in `latencyctl top --once --json`, through a daemon on a private bus
   watching with the monitor section's default 1 s interval: at most an interval and a
-  poll, as the watch reports once an interval.
+  poll, as the watch reports once an interval (target: within two intervals and 1 s for
+  the polls, as tests/e2e/test_noise.py once asserted of its log line).
 
     python -m bench noise [--seconds 10] [--json] [--quick]
 
@@ -35,12 +39,15 @@ from typing import Any
 
 from bench import arguments, not_root
 from latencyd.cpuset import CpuSet
+from latencyd.kernel.noise import DEFAULT_INTERVAL_MS
 from latencyd.kernel.system import System
 from latencyd.service.noisewatch import NoiseWatch
 from scripts.private_bus import PrivateBus
 from tests.harness import POLICY, Latencyd
 
 TARGET_QUIET_PCT = 0.1
+INTERVAL_S = DEFAULT_INTERVAL_MS / 1000  # the [monitor] default, which to_top's daemon watches at
+TARGET_TO_TOP_S = 2 * INTERVAL_S + 1.0
 # A task that sleeps 100 µs at a time: ~10,000 wake-ups (timer interrupts) a second.
 TICKER = "import time\nwhile True:\n    time.sleep(0.0001)\n"
 
@@ -53,7 +60,7 @@ def cpu_seconds() -> float:
 def watch_for(watch: NoiseWatch, seconds: float, interval: float) -> dict[str, Any]:
     """Poll every `interval` for `seconds`: the reader's CPU share and what it saw."""
     watch.poll()
-    events, sources = 0, set()
+    events, sources, noise_ns = 0, set(), 0
     start, used = time.monotonic(), cpu_seconds()
     while time.monotonic() - start < seconds:
         time.sleep(interval)
@@ -61,9 +68,11 @@ def watch_for(watch: NoiseWatch, seconds: float, interval: float) -> dict[str, A
         events += seen.events
         for tallies in seen.cpus.values():
             sources |= set(tallies)
+            noise_ns += sum(t.total_ns for t in tallies.values())
     wall, used = time.monotonic() - start, cpu_seconds() - used
     return {
         "reader_cpu_pct": round(100 * used / wall, 3),
+        "noise_us_per_s": round(noise_ns / 1000 / wall),
         "events_per_s": round(events / wall),
         "us_per_event": round(1e6 * used / events, 2) if events else None,
         "own_among_sources": sorted(s for s in sources if s.startswith(f"task {os.getpid()} ")),
@@ -165,7 +174,8 @@ def main(argv: list[str]) -> int:
         "max_s": round(delays[-1], 3) if delays else None,
     }
     result = {"cpu": cpu, "quiet": quiet, "10khz": busy, "to_top": to_top_s, "daemon": daemon,
-              "target_quiet_pct": TARGET_QUIET_PCT}  # fmt: skip
+              "target_quiet_pct": TARGET_QUIET_PCT,
+              "target_to_top_s": TARGET_TO_TOP_S}  # fmt: skip
     if args.json:
         print(json.dumps(result))
         return 0
@@ -175,6 +185,7 @@ def main(argv: list[str]) -> int:
         print(
             f"  {name}: reader {r['reader_cpu_pct']:.3f} % of one CPU, "
             f"{r['events_per_s']:,} events/s, {r['us_per_event']} µs/event, "
+            f"noise on the CPU {r['noise_us_per_s']:,} µs/s, "
             f"own tasks among the watched CPU's sources: {r['own_among_sources'] or 'none'}"
         )
     print(f"  quiet target <= {TARGET_QUIET_PCT} %  [{mark}]")
@@ -182,9 +193,11 @@ def main(argv: list[str]) -> int:
         f"  the daemon over {seconds * 3:g} s, quiet shield: {daemon['on']:.3f} % of one CPU "
         f"watching, {daemon['off']:.3f} % with the same profile unwatched"
     )
+    late = to_top_s["max_s"] is None or to_top_s["max_s"] > TARGET_TO_TOP_S
     print(
-        f"  interruption -> latencyctl top --once --json (daemon, 1 s interval): "
+        f"  interruption -> latencyctl top --once --json (daemon, {INTERVAL_S:g} s interval): "
         f"p50 {to_top_s['p50_s']} s, max {to_top_s['max_s']} s over {to_top_s['samples']} tasks"
+        f"  (target max <= {TARGET_TO_TOP_S:g} s)  [{'MISS' if late else 'PASS'}]"
     )
     return 0
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Development/CI setup for latencyd (run by `make setup`).
+# Development/CI setup for latencyd (run by `make setup`, and by `make check`).
 #
 # Idempotent and quiet: a re-run with nothing to do prints nothing. Works
-# non-interactively (CI=true, no stdin, no terminal) on a fresh Debian 12 machine.
+# non-interactively (CI=true, no stdin, no terminal) on a fresh Debian 12 machine, as
+# root or as any user: only step 1 needs root (or sudo without a password), and only when
+# a package is missing; a user is told which, and the rest (the .venv, owned by them)
+# needs no root.
 #
 #   1. Debian packages (only when dpkg-query reports some missing)
 #   2. .venv with `pip install -e '.[dev]'`, every version pinned by requirements.lock
@@ -81,8 +84,12 @@ for pkg in "${APT_PACKAGES[@]}"; do
 done
 if ((${#missing[@]})); then
     SUDO=()
+    # Any user may set up: what is below needs no root once these packages are there.
     if ((EUID != 0)); then
-        command -v sudo >/dev/null || die "not root and no sudo; install: ${missing[*]}"
+        sudo -n true 2>/dev/null || die "these Debian packages are missing, and installing them \
+needs root: ${missing[*]}
+    as root:  apt-get install --no-install-recommends ${missing[*]}
+    then, as yourself, make setup (or make check) again: the rest needs no root"
         SUDO=(sudo -n)
     fi
     say "installing Debian packages: ${missing[*]}"
@@ -140,6 +147,8 @@ deps_ok() {
 }
 
 if [[ $want_stamp != "$have_stamp" ]] || ! deps_ok; then
+    [[ -w $VENV ]] || die "$VENV is out of date and not yours (owner: $(stat -c %U "$VENV")): \
+run make setup as its owner, or check out the repository as yourself"
     say "installing latencyd and its dependencies into .venv (pip install -e '.[dev]')"
     rm -f "$STAMP"
     "$VENV/bin/python" -m pip install -q -e '.[dev]' </dev/null
@@ -226,4 +235,8 @@ fi
 # --- 4. bytecode ----------------------------------------------------------------------
 # PYTHONDONTWRITEBYTECODE may be set (it is on these machines): compile the project's
 # own modules explicitly so latencyd and latencyctl do not recompile them on every start.
-"$VENV/bin/python" -m compileall -q -j0 latencyd plugins >/dev/null
+# Not in a tree another user owns (root's checkout, run by `make check` as another user):
+# its modules run as they are.
+if [[ -w latencyd && -w plugins ]]; then
+    "$VENV/bin/python" -m compileall -q -j0 latencyd plugins >/dev/null
+fi

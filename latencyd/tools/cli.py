@@ -333,7 +333,7 @@ def cmd_off(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from latencyd.kernel.noise import top_view
+    from latencyd.tools.top import top_view
 
     drifts = json.loads(str(_call("Verify")))
     status = json.loads(str(_call("Status")))
@@ -366,7 +366,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     """The watched CPUs' noise, refreshed each interval of the profile's [monitor]."""
     import time
 
-    from latencyd.kernel.noise import format_top, top_view
+    from latencyd.tools.top import format_top, top_view
 
     while True:
         view = top_view(json.loads(str(_call("Status"))))
@@ -737,7 +737,8 @@ def format_boot(status: dict[str, Any]) -> list[str]:
     """The isolation the machine booted with, what it gives the shielded CPUs, and the
     tick there as the noise watch counted it (what nohz_full would take away)."""
     from latencyd.cpuset import CpuSet
-    from latencyd.kernel.noise import TICK, top_view
+    from latencyd.kernel.noise import TICK
+    from latencyd.tools.top import top_view
 
     boot = status.get("boot")
     if not boot:

@@ -2,7 +2,7 @@
 named, with its settings, effects and verdict), the control hog really moved onto the
 measured CPU by the daemon, and everything put back and removed, on success and on kill -9
 (by measure's guard). Never
-latency values."""
+latency values, nor any other figure the machine's load moves (bench attribute prints them)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from latencyd.tools.measure.load import CONTROL_HOG
 from latencyd.tools.measure.scratch import scratch_dir
 from tests.e2e.test_measure import netns_of_measure, running
 from tests.harness import BIN, Latencyd, wait_for
@@ -69,9 +70,12 @@ def test_a_short_attribution_names_every_group_and_puts_everything_back(
             for by_dir in per_pct.values():
                 assert set(by_dir) == {"leave_one_out", "add_one_in"}
         assert isinstance(g["idle_busy_pct"], float)
-    # The control hog was moved onto the measured CPU by the daemon: with no traffic, that
-    # CPU is busy most of the time it is there (the hog's duty cycle), and idle otherwise.
-    assert groups["control"]["idle_busy_pct"] > 30
+    # The control hog was moved onto the measured CPUs by the daemon, as it logs every
+    # move. (What the hog then costs there, its duty cycle read as the control group's
+    # added busy share, depends on what else runs: a figure, printed by bench attribute.)
+    app = data["measure"]["plan"]["app_cpus"]
+    moved = rf"user task {CONTROL_HOG} \(pid \d+, [^)]*\): CPUs \S+ -> {re.escape(app)}\n"
+    assert re.search(moved, daemon.log()), daemon.log()[-3000:]
     # Every scenario once a round; the baselines at the ends, swapped every other round.
     order = data["measure"]["round_order"]
     assert sorted(order[0]) == sorted(order[1]) and len(order[0]) == len(set(order[0])) == 10

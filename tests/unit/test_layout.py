@@ -5,8 +5,10 @@ journal, plugin contract), then `plugins` and `service`, and `tools` on top. Imp
 one way, and no module reaches itself through its imports. Every import counts, a
 function's lazy one and a type-checking one too: a wrong-way import that only runs late is
 still a wrong-way dependency. Beyond imports: kernel files are opened only in `kernel`,
-latencyd's own file locations are spelled only in `latencyd/paths.py`, and `core` holds
-only what more than one plugin uses (a helper of one plugin lives beside it)."""
+latencyd's own file locations are spelled only in `latencyd/paths.py`, `core` holds
+only what more than one plugin uses (a helper of one plugin lives beside it), and the
+rooms below the plugins name none of them, not even as a string (a Status section read
+by a plugin's name belongs to `service` or `tools`)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,16 @@ OPENING_MODULES = {"os", "glob", "pathlib", "shutil", "io"}  # any of their func
 KERNEL_PATHS = ("/sys", "/proc", "/dev/cpu", "/run/systemd")
 OWN_PATHS = ("/etc/latencyd", "/run/latencyd", "/usr/share/latencyd", "/var/lib/latencyd")
 PATHS_MODULE = "latencyd.paths"
+# The rooms the plugins build on: none of them names a plugin (a module of plugins/).
+BELOW_PLUGINS = {"latencyd", "kernel", "core"}
+# Words a plugin is named for that are the kernel's own words too, and where the kernel
+# layer says them as the kernel does: (module, word) -> what the kernel means by it.
+KERNEL_WORDS = {
+    ("latencyd.kernel.noise", "irq"): "tracefs's event system events/irq, and the irq field",
+    ("latencyd.kernel.procstat", "cpu"): "the head of /proc/stat's and schedstat's CPU lines",
+    ("latencyd.kernel.system", "sysfs"): "a file system's name (statfs's f_type)",
+    ("latencyd.kernel.cmdline", "kthread"): "a housekeeping type nohz_full takes (HK_TYPE_KTHREAD)",
+}
 
 
 def modules(repo: Path) -> dict[str, Path]:
@@ -99,6 +111,34 @@ def check(repo: Path) -> list[str]:
     problems += [f"circle: {' -> '.join(c)}" for c in circles(graph)]
     problems += opened_paths(repo, found, trees)
     problems += helpers_of_one_plugin(repo, found, graph)
+    problems += plugins_named_below(repo, found, trees)
+    return problems
+
+
+def plugin_names(found: dict[str, Path]) -> set[str]:
+    """The plugins' names: the modules (or packages) of plugins/."""
+    return {m.split(".")[2] for m in found if m.startswith("latencyd.plugins.")}
+
+
+def plugins_named_below(
+    repo: Path, found: dict[str, Path], trees: dict[str, ast.Module]
+) -> list[str]:
+    """Every string in the rooms below the plugins that is a plugin's name (file:line:
+    what), but for the kernel's own words (KERNEL_WORDS): an import of a plugin is caught
+    as a wrong-way import, a plugin named in a string is caught here."""
+    names = plugin_names(found)
+    problems = []
+    for module, path in found.items():
+        if room(module) not in BELOW_PLUGINS:
+            continue
+        for node in sorted(ast.walk(trees[module]), key=lambda n: getattr(n, "lineno", 0)):
+            if (
+                isinstance(node, ast.Constant)
+                and node.value in names
+                and (module, node.value) not in KERNEL_WORDS
+            ):
+                where = f"{path.relative_to(repo)}:{node.lineno}"
+                problems.append(f"{where}: names the plugin {node.value!r}")
     return problems
 
 
@@ -272,6 +312,58 @@ def test_the_check_catches_kernel_files_opened_past_the_facade_and_a_plugins_hel
         "latencyd/tools/cli.py:8: spells '/run/latencyd/bus-address' (see latencyd/paths.py)",
         "latencyd/core/ethtool.py: a helper of latencyd.plugins.net alone",
     ]
+
+
+def test_the_check_catches_a_plugin_named_below_the_plugins(tmp_path: Path) -> None:
+    files = {
+        "latencyd/__init__.py": "",
+        "latencyd/core/__init__.py": "",
+        "latencyd/core/engine.py": '''\
+            """Shared ownership: the shield's, and any plugin's that shares a setting."""
+            def apply(plugin):
+                return plugin.write()
+            ''',
+        "latencyd/kernel/__init__.py": "",
+        "latencyd/kernel/noise.py": 'EVENTS = (("irq", "irq_handler_entry"),)\n',  # the kernel's
+        "latencyd/tools/__init__.py": "",
+        "latencyd/tools/top.py": 'def moves(status):\n    return status["plugins"]["irq"]\n',
+        "plugins/__init__.py": "",
+        "plugins/irq.py": 'name = "irq"\n',
+        "plugins/shield/__init__.py": 'name = "shield"\n',
+        "plugins/shield/rules.py": "",
+    }
+    write(tmp_path, files)
+    assert check(tmp_path) == []
+    write(
+        tmp_path,
+        {
+            "latencyd/core/engine.py": """\
+                def apply(plugin):
+                    if plugin.name == "shield":
+                        return plugin.write_unless_changed()
+                    return plugin.write()
+                """,
+            "latencyd/kernel/irqs.py": 'SOURCES = {"irq": "a hardware interrupt"}\n',
+        },
+    )
+    assert check(tmp_path) == [
+        "latencyd/core/engine.py:2: names the plugin 'shield'",
+        "latencyd/kernel/irqs.py:1: names the plugin 'irq'",
+    ]
+
+
+def test_each_kernel_word_is_said_where_it_is_allowed() -> None:
+    # An allowance nothing uses any more would let a plugin's name back in unseen.
+    found = modules(REPO)
+    names = plugin_names(found)
+    trees = parsed({m: found[m] for m, _ in KERNEL_WORDS})
+    said = {
+        (m, node.value)
+        for m, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in names
+    }
+    assert set(KERNEL_WORDS) <= said
 
 
 def test_every_package_in_the_tree_is_installed() -> None:

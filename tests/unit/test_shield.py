@@ -33,10 +33,11 @@ from latencyd.core.plugin import (
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import SchemaError, validate
 from latencyd.errors import NotApplicable
-from latencyd.kernel.noise import LastInterval, Tally, top_view
+from latencyd.kernel.noise import LastInterval, Tally
 from latencyd.kernel.system import Machine
 from latencyd.service.daemon import Daemon
 from latencyd.tools.cli import format_status
+from latencyd.tools.top import top_view
 from tests.unit.fakesys import add_task
 from tests.unit.taskrig import ISOLATE, Counting, Machinery
 
