@@ -415,6 +415,12 @@ class System:
             self.exists("run/systemd/system"),
         )
 
+    def names_kthreads_at_fork(self) -> bool:
+        """Whether the kernel names a new kernel thread before its fork is reported (from
+        Linux 6.4, "kernel: Allow a kernel thread's name to be set in copy_process"),
+        instead of renaming it just after, which a rename event reports."""
+        return kernel_version(self.read_or_empty("proc/sys/kernel/osrelease")) >= (6, 4)
+
     def read_or_empty(self, rel: str) -> str:
         """A file's whole text as it is (unstripped), or "" where it cannot be read."""
         try:
