@@ -15,7 +15,8 @@ times, under each of: the shipped cpu-partitioning (no section follows renames: 
 drops them), a profile whose shield rule by name follows them (they reach the daemon), and
 the affinity shield under a hold with the renamer 60 generations down (each rename asked
 whether it descends from the holder). Figures: root's Off p50 and max (target: max <= 1 s;
-OFF_GIVE_UP_S if it got no answer at all), and the daemon's CPU while flooded.
+OFF_GIVE_UP_S if it got no answer at all), the same rounds without the flood first (what
+the machine gives an Off anyway), and the daemon's CPU while flooded.
 
     python -m bench flood [--threads 20000] [--clients 4] [--rounds 5] [--json] [--quick]
                           [--only calls|renames]
@@ -189,23 +190,28 @@ def rename_case(
         else:
             obj.get_dbus_method("SwitchProfile", INTERFACE)(profile, timeout=300)
 
-    if held:
-        apply()
-    off_s: list[float] = []
-    stalled = False
-    with renaming_as_nobody(depth):
-        time.sleep(1.0)
-        before, started = cpu_sample(d.proc.pid), time.monotonic()
+    def offs() -> tuple[list[float], bool]:
+        """Off then the profile again, `rounds` times: the seconds each Off took, and
+        whether one got no answer in OFF_GIVE_UP_S (the rounds end there)."""
+        took: list[float] = []
         for _ in range(rounds):
             time.sleep(1.0)
             t0 = time.monotonic()
             try:
                 obj.get_dbus_method("Off", INTERFACE)(timeout=OFF_GIVE_UP_S)
             except dbus.exceptions.DBusException:
-                stalled = True  # no answer in OFF_GIVE_UP_S
-                break
-            off_s.append(time.monotonic() - t0)
+                return took, True
+            took.append(time.monotonic() - t0)
             apply()
+        return took, False
+
+    if held:
+        apply()
+    quiet, _ = offs()  # the same rounds without the flood, to compare with
+    with renaming_as_nobody(depth):
+        time.sleep(1.0)
+        before, started = cpu_sample(d.proc.pid), time.monotonic()
+        off_s, stalled = offs()
         after, ended = cpu_sample(d.proc.pid), time.monotonic()
     root.close()
     busy = (after["ticks"] - before["ticks"]) / CLK_TCK / (ended - started) * 100
@@ -217,6 +223,8 @@ def rename_case(
         "stalled": stalled,  # an Off got no answer in OFF_GIVE_UP_S: the case ended there
         "off_p50_s": statistics.median(off_s) if off_s else None,
         "off_max_s": max(off_s) if off_s else None,
+        "quiet_off_p50_s": statistics.median(quiet) if quiet else None,
+        "quiet_off_max_s": max(quiet) if quiet else None,
         "daemon_cpu_pct": round(busy, 1),
     }
 
@@ -255,6 +263,9 @@ def print_renames(case: dict[str, Any]) -> None:
     if case["stalled"]:
         target = f"target <= {OFF_TARGET_S:g} s: MISS"
         print(f"  root's Off: no answer in {OFF_GIVE_UP_S:g} s ({target})")
+    if case["quiet_off_p50_s"] is not None:
+        print(f"  without the flood: p50 {case['quiet_off_p50_s']:.3f} s, "
+              f"max {case['quiet_off_max_s']:.3f} s")  # fmt: skip
     print(f"  daemon CPU while flooded: {case['daemon_cpu_pct']} %")
 
 
