@@ -2,14 +2,17 @@
 
 Sources, best first (measured with bench/kthread.py, see bench/README.md):
 - proc connector: netlink process events on a raw socket with a classic-BPF socket
-  filter, so the kernel drops what we do not need (user forks, exits) before it
-  wakes us: a fork storm costs the daemon ~0 CPU. (pyroute2's ProcEventSocket
+  filter, so the kernel drops what we do not need (user forks, exits, renames no
+  section follows) before it wakes us: a fork storm or a rename loop costs the daemon
+  ~0 CPU. (pyroute2's ProcEventSocket
   buffers internally, which delayed and lost events under select(); one datagram
   per event needs no buffering.)
 - perf: a dummy software event with task=1, comm=1 on every CPU, read from the
   mmap ring. Delivery is faster (20-50 µs after the fork) but perf cannot filter
-  side-band records, so every fork, exec and exit on the machine wakes the daemon
-  (~90 µs of daemon CPU per user fork+exec here).
+  side-band records, so every fork, exec, rename and exit on the machine wakes the
+  daemon (~90 µs of daemon CPU per user fork+exec here).
+Either way a read takes at most READ_BUDGET records: whatever comes faster than the
+daemon handles it waits for the next turn of the main loop, after D-Bus's.
 - none: the plugins' periodic rescan is all there is.
 On this kernel a new kthread shows only as a FORK from kthreadd, already named;
 older kernels name it later with a COMM event. Consumers handle both.
