@@ -241,7 +241,7 @@ def main(argv: list[str]) -> int:
     if args.quick:
         args.threads, args.clients, args.rounds = 2000, 2, 2
     out = run(args.threads, args.clients, args.rounds) if args.only != "renames" else None
-    renamed = renames(args.rounds) if args.only != "calls" else []
+    renamed = renames(1 if args.quick else args.rounds) if args.only != "calls" else []
     if args.json:
         print(json.dumps({"calls": out, "renames": renamed}))
         return 0
