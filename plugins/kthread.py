@@ -286,6 +286,10 @@ class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules]):
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[KthreadRules]:
         return run_to_end(self.expand_steps(options, owned))
 
+    def follows_renames(self, options: Options) -> bool:
+        """Kernels before 6.4 name a new kthread after its fork: the rename says its name."""
+        return not self.system.names_kthreads_at_fork()
+
     def on_task(
         self, rules: KthreadRules | None, event: TaskEvent, owned: Mapping[Target, Value]
     ) -> Settings:

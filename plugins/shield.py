@@ -87,6 +87,8 @@ from latencyd.kernel.owners import CPUS, Claim
 from latencyd.kernel.system import System, Task
 
 THREAD_CHUNK = 1024  # threads of one task read per piece of an expansion (expand_steps)
+ANCESTRY_DEPTH = 64  # generations under_hold walks up at most (a loop cannot trap it)
+MAX_VERDICTS = 65536  # under_hold's verdicts kept, past which they are judged afresh
 BORN_NARROWED_DEPTH = 8  # generations born_narrowed walks up to a narrowed ancestor
 MECHANISMS = ("auto", "cpuset", "affinity")
 CGROUP_TASK_CHUNK = 256  # tasks judged per piece of a cpuset expansion
@@ -561,6 +563,10 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         super().__init__(system)
         self.every_cpu: str | None = None  # the online CPUs, within a step
         self.just_narrowed: set[int] = set()  # processes whose new settings await "applied"
+        # Whether a task is under a hold (under_hold): pid -> (start time, verdict), valid
+        # for the holders in verdicts_for.
+        self.verdicts: dict[int, tuple[int, bool]] = {}
+        self.verdicts_for: frozenset[int] = frozenset()
 
     # -- which mechanism keeps the shield ------------------------------------------------
     def mechanism(self, options: Options) -> Chosen:
@@ -876,9 +882,40 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         """Why the shield leaves a user task alone wherever it runs, or None."""
         if any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow):
             return "allowed by name ([shield] allow)"
-        if self.exempt_pids and self.exempt_pids.intersection(self.system.ancestors(task.pid)):
+        if self.exempt_pids and self.under_hold(task):
             return "started under a hold (latencyctl hold)"  # the application itself
         return None
+
+    def under_hold(self, task: Task) -> bool:
+        """Whether the task is a holder (exempt_pids) or descends from one. Each task's
+        verdict is kept, by pid and start time, for as long as the holders are the same:
+        the walk up the parents stops at the first one already judged, so a process 60
+        generations down renaming itself in a loop costs no look at the machine per
+        rename, and a new task one look (its parent's start time, which tells a pid
+        reused from the one judged). A task moved to another parent keeps the verdict it
+        was given (what a hold started stays the hold's when a shell between exits)."""
+        if self.verdicts_for != self.exempt_pids or len(self.verdicts) > MAX_VERDICTS:
+            self.verdicts, self.verdicts_for = {}, self.exempt_pids
+        chain: list[Task] = []
+        current: Task | None = task
+        verdict = False
+        for _ in range(ANCESTRY_DEPTH):
+            if current is None:
+                break
+            known = self.verdicts.get(current.pid)
+            if known is not None and known[0] == current.start_time:
+                verdict = known[1]
+                break
+            chain.append(current)
+            if current.pid in self.exempt_pids:
+                verdict = True
+                break
+            if current.ppid <= 1:
+                break
+            current = self.system.task(current.ppid)
+        for member in chain:
+            self.verdicts[member.pid] = (member.start_time, verdict)
+        return verdict
 
     def thread_ids(self, pid: int) -> Iterator[int]:
         """The process's threads, as the kernel lists them (lazily: 20,000 take a while)."""
@@ -941,6 +978,12 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             return self.mechanism(options).mechanism == "affinity"
         except NotApplicable:
             return False
+
+    def follows_renames(self, options: Options) -> bool:
+        """Rules match a process's name, which it may change (prctl PR_SET_NAME) as TuneD's
+        scheduler groups follow; the rest of the shield judges a task at its exec (its
+        CPUs do not change with its name) and the application by what it execs."""
+        return bool(options.get("rule"))
 
     def on_task(
         self, rules: ShieldRules | None, event: TaskEvent, owned: Mapping[Target, Value]

@@ -45,6 +45,26 @@ time.sleep(3600)
 """
 
 
+# Profiles under which a rename flood reaches the daemon (issue 50): a shield rule by
+# name follows renames (the kernel does not drop them), and the affinity shield under a
+# hold asks of each renamed task whether it descends from the holder.
+RENAMES_FOLLOWED = """[main]
+summary = "cpu-partitioning with a shield rule by name: renames are followed"
+include = ["cpu-partitioning"]
+
+[[shield.rule]]
+match = "^no-such-task$"
+cpus = "0"
+"""
+HELD_CHASE = """[main]
+summary = "the affinity shield, renames followed, held by an application"
+include = ["renames-followed"]
+
+[shield]
+mechanism = "affinity"
+"""
+
+
 @contextlib.contextmanager
 def idle_threads(n: int) -> Iterator[subprocess.Popen[str]]:
     """One process holding `n` idle threads (a JVM's worth), allowed on every CPU; killed

@@ -6,10 +6,15 @@ imports and drops privileges, instead of exec'ing a new interpreter.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+PR_SET_NAME = 15  # linux/prctl.h
 
 # A policy that lets anyone call anything: the daemon's own uid check must still hold.
 PERMISSIVE_POLICY = """<!DOCTYPE busconfig PUBLIC
@@ -58,3 +63,35 @@ def cli_as_nobody(address: str, *args: str, capture: Path) -> int:
         return as_nobody(run)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def renaming_as_nobody(depth: int = 0) -> Iterator[int]:
+    """A process of nobody's renaming itself (prctl PR_SET_NAME) as fast as it can until
+    the block ends, `depth` generations below the one forked here (each parent waiting
+    for its child), as any local user can. Yields the process group, killed on leaving."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            for _ in range(depth):
+                if os.fork():
+                    os.wait()
+                    os._exit(0)
+            names = [b"rename-a", b"rename-b"]
+            while True:
+                for name in names:
+                    libc.prctl(PR_SET_NAME, name)
+        finally:
+            os._exit(0)
+    with contextlib.suppress(PermissionError):  # the child may have done it first
+        os.setpgid(pid, pid)
+    try:
+        yield pid
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

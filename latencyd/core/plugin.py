@@ -590,6 +590,13 @@ class Plugin(Generic[T, R]):
         """Whether this section needs exec events of user tasks, not just new kthreads."""
         return False
 
+    def follows_renames(self, options: Options) -> bool:
+        """Whether this section needs to hear of tasks renamed (prctl PR_SET_NAME, or a
+        kernel naming its new kthreads after the fork). Any user may rename a task as
+        fast as a CPU allows: where no section follows renames, the kernel drops them
+        before they reach the daemon."""
+        return False
+
     # -- monitoring -------------------------------------------------------------------------
     def on_applied(self, rules: R | None) -> None:
         """The section was just applied: reset monitoring baselines ("since applied")."""

@@ -438,6 +438,12 @@ class System:
             self.exists("run/systemd/system"),
         )
 
+    def names_kthreads_at_fork(self) -> bool:
+        """Whether the kernel names a new kernel thread before its fork is reported (from
+        Linux 6.4, "kernel: Allow a kernel thread's name to be set in copy_process"),
+        instead of renaming it just after, which a rename event reports."""
+        return kernel_version(self.read_or_empty("proc/sys/kernel/osrelease")) >= (6, 4)
+
     def read_or_empty(self, rel: str) -> str:
         """A file's whole text as it is (unstripped), or "" where it cannot be read."""
         try:
@@ -563,19 +569,6 @@ class System:
         except (IndexError, ValueError):
             return None
         return pid if pid > 0 and self.is_root_process(pid, comm) else None
-
-    def ancestors(self, pid: int) -> list[int]:
-        """pid, its parent, and so on up to init (bounded: a loop cannot trap us)."""
-        chain = []
-        for _ in range(64):
-            task = self.task(pid)
-            if task is None or pid in chain:
-                break
-            chain.append(pid)
-            if task.ppid <= 1:
-                break
-            pid = task.ppid
-        return chain
 
     def children(self, pid: int) -> list[int]:
         """The processes `pid`'s threads started (proc/PID/task/TID/children, where the

@@ -48,6 +48,7 @@ from latencyd.errors import (
 from latencyd.kernel.boot import BootState, booted, compare, unmet
 from latencyd.kernel.owners import Owner, OwnerIndex, read_owners
 from latencyd.kernel.system import System
+from latencyd.service.taskevents import coalesce
 from latencyd.text import printable
 
 log = logging.getLogger("latencyd")
@@ -161,6 +162,7 @@ class Daemon:
         self._deferred: list[Callable[[], object]] = []
         # Other tuners running when the daemon started (latencyd.service.main says them).
         self.tuners: list[dict[str, Any]] = []
+        self._waiting_tasks: list[TaskEvent] = []  # task events kept for _tasks_waited
         # How the machine booted: read once, it changes only with a reboot.
         self.boot = read_boot(system)
         # Applied settings the next boot brings into effect (Engine.pending), followed
@@ -578,7 +580,8 @@ class Daemon:
 
     def on_task_events(self, events: list[TaskEvent]) -> None:
         """New or renamed threads: give them their settings now; lost events mean rescan."""
-        if self.deferred(lambda: self.on_task_events(events)):
+        if self.busy is not None:
+            self._wait_for_change(events)
             return
         if self.active is None:
             return
@@ -622,6 +625,25 @@ class Daemon:
             for event in timed:
                 if event.time_ns:
                     self.delays.setdefault(name, Delays()).add(now - event.time_ns)
+
+    def _wait_for_change(self, events: list[TaskEvent]) -> None:
+        """Task events while a change runs: kept in one list for one handler (at the place
+        of the first in the order events came), one per task and kind (the handler reads
+        each task as it is by then), at most MAX_DEFERRED; past that, a rescan once the
+        change is over, as lost events ask. A rename flood during a long switch then
+        costs memory bounded by that, not by batches times their size."""
+        if self._tasks_waited not in self._deferred:  # the first, or dropped for a refresh
+            self._waiting_tasks = []
+            self.deferred(self._tasks_waited)
+        waiting = coalesce(self._waiting_tasks + events)
+        if len(waiting) > MAX_DEFERRED:
+            waiting = [TaskEvent("lost", 0, 0, lost=True)]
+        self._waiting_tasks = waiting
+
+    def _tasks_waited(self) -> None:
+        events, self._waiting_tasks = self._waiting_tasks, []
+        if events:
+            self.on_task_events(events)
 
     def machine_changed(self) -> None:
         """CPUs went on/offline: re-resolve the profile's CPU lists ("all") and re-apply."""

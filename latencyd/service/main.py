@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from latencyd.core.engine import Engine, SettingId, section_schemas
 from latencyd.core.journal import Journal
-from latencyd.core.plugin import load_plugins
+from latencyd.core.plugin import TaskEvent, load_plugins
 from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.errors import ConfigError, LatencydError
 from latencyd.kernel.owners import overlap, running_tuners
@@ -28,13 +30,23 @@ from latencyd.service.config import (
     search_path,
 )
 from latencyd.service.daemon import Daemon
-from latencyd.service.mainloop import PRIORITY_HIGH, MainLoop
+from latencyd.service.mainloop import PRIORITY_DEFAULT, PRIORITY_HIGH, MainLoop
 from latencyd.service.noisewatch import ShieldWatch
 from latencyd.service.sdnotify import FdStore, restart_pending
-from latencyd.service.taskevents import TaskSource
+from latencyd.service.taskevents import (
+    READ_BUDGET,
+    RescanPace,
+    TaskSource,
+    coalesce,
+    open_task_source,
+)
 from latencyd.service.watchers import FileWatcher, UdevWatcher
 
 log = logging.getLogger("latencyd")
+
+# Task events at D-Bus's priority: a turn of the main loop dispatches both, so however
+# fast events come (any user can rename a process in a loop), calls are answered.
+PRIORITY_TASKS = PRIORITY_DEFAULT
 
 
 class DeviceWatch:
@@ -83,16 +95,32 @@ class DeviceWatch:
 
 class TaskWatch:
     """Task events, open only while the profile has a section for a plugin that follows
-    threads: otherwise every fork on the machine would wake the daemon for nothing."""
+    threads: otherwise every fork on the machine would wake the daemon for nothing.
 
-    def __init__(self, daemon: Daemon, loop: MainLoop, preference: str) -> None:
+    Whatever any user can make happen as fast as a CPU allows (renaming a process in a
+    loop) must not keep the daemon from answering: the kernel drops the events no section
+    follows (renames, unless one does), a wake-up reads at most READ_BUDGET of them and
+    hands on one per task and kind (coalesce), at D-Bus's own priority so calls are
+    answered between wake-ups, and the rescans lost events ask for are paced (RescanPace)."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        loop: MainLoop,
+        preference: str,
+        opener: Callable[[str, bool, bool], TaskSource | None] = open_task_source,
+    ) -> None:
         self.daemon = daemon
         self.loop = loop
         self.preference = preference
+        self.opener = opener  # (preference, user_execs, renames) -> the source, or None
         self.source: TaskSource | None = None
         self.opened = False
         self.user_execs = False
+        self.renames = False
         self.watches: list[int] = []
+        self.pace = RescanPace()
+        self.rescan_timer: int | None = None
         daemon.before_apply.append(self.sync)
 
     def sync(self, profile: Profile | None) -> None:
@@ -104,41 +132,78 @@ class TaskWatch:
         user_execs = profile is not None and any(
             p.follows_user_tasks(profile.sections[p.name]) for p in followers
         )
-        if self.opened and (not followers or user_execs != self.user_execs):
+        renames = profile is not None and any(
+            p.follows_renames(profile.sections[p.name]) for p in followers
+        )
+        wanted = (user_execs, renames)
+        if self.opened and (not followers or wanted != (self.user_execs, self.renames)):
             self._close()
         if followers and not self.opened:
-            self.user_execs = user_execs
+            self.user_execs, self.renames = wanted
             self._open()
             for plugin in followers:
                 plugin.rescan_interval_s = 60.0 if self.source else 0.0
 
     def _open(self) -> None:
-        from latencyd.service.taskevents import open_task_source
-
         self.opened = True
-        source = open_task_source(self.preference, self.user_execs)
+        source = self.opener(self.preference, self.user_execs, self.renames)
         self.daemon.task_source = source.name if source else "none (periodic rescan)"
-        log.info("task events from %s", self.daemon.task_source)
+        log.info(
+            "task events from %s%s",
+            self.daemon.task_source,
+            " (renames dropped in the kernel: no section follows them)" * (not self.renames),
+        )
         if source is None:
             return
-
-        def readable() -> bool:
-            events = source.read()
-            if events and log.isEnabledFor(logging.DEBUG):  # --verbose: what each wake-up read
-                kinds = collections.Counter(e.kind for e in events)
-                kthreads = [e.pid for e in events if e.kind == "fork" and e.ppid == 2]
-                said = ", ".join(f"{n} {k}" for k, n in kinds.items())
-                log.debug("task events: %s%s", said, f" (new kthreads {kthreads})" * bool(kthreads))
-            self.daemon.on_task_events(events)
-            return True
-
         self.source = source
-        self.watches = [self.loop.fd_add(fd, readable, PRIORITY_HIGH) for fd in source.filenos()]
+        self.watches = [self.loop.fd_add(fd, self._readable, PRIORITY_TASKS)
+                        for fd in source.filenos()]  # fmt: skip
+
+    def _readable(self) -> bool:
+        if self.source is None:
+            return False
+        events = coalesce(self.source.read(READ_BUDGET))
+        if events and log.isEnabledFor(logging.DEBUG):  # --verbose: what each wake-up read
+            kinds = collections.Counter(e.kind for e in events)
+            kthreads = [e.pid for e in events if e.kind == "fork" and e.ppid == 2]
+            said = ", ".join(f"{n} {k}" for k, n in kinds.items())
+            log.debug("task events: %s%s", said, f" (new kthreads {kthreads})" * bool(kthreads))
+        if any(e.lost for e in events):
+            events = [e for e in events if not e.lost]
+            self._rescan_when_due()
+        if events:
+            self.daemon.on_task_events(events)
+        return True
+
+    def _rescan_when_due(self) -> None:
+        """Events were lost: a rescan now, or one when the pace allows (only one waits)."""
+        if self.rescan_timer is not None:
+            return
+        wait = self.pace.wait(time.monotonic())
+        if wait <= 0:
+            self._rescan()
+            return
+        self.rescan_timer = self.loop.timeout_add(
+            max(1, math.ceil(wait * 1000)), self._rescan_timed, PRIORITY_TASKS
+        )
+
+    def _rescan_timed(self) -> bool:
+        self.rescan_timer = None
+        self._rescan()
+        return False
+
+    def _rescan(self) -> None:
+        started = time.monotonic()
+        self.daemon.on_task_events([TaskEvent("lost", 0, 0, lost=True)])
+        self.pace.ran(started, time.monotonic())
 
     def _close(self) -> None:
         for watch in self.watches:
             self.loop.source_remove(watch)
         self.watches = []
+        if self.rescan_timer is not None:
+            self.loop.source_remove(self.rescan_timer)
+            self.rescan_timer = None
         if self.source is not None:
             self.source.close()
             self.source = None

@@ -75,6 +75,11 @@ class MainLoop:
         while _glib.g_main_context_iteration(None, 0):
             pass
 
+    def dispatch_once(self) -> None:
+        """One turn of the loop: wait for a source to be ready, dispatch those of the
+        highest priority ready (outside run())."""
+        _glib.g_main_context_iteration(None, 1)
+
     def timeout_add(self, ms: int, fn: Callable[[], bool], priority: int = PRIORITY_DEFAULT) -> int:
         """Call fn every `ms` milliseconds while it returns True."""
         return self._add(

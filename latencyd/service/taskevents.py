@@ -2,14 +2,17 @@
 
 Sources, best first (measured with bench/kthread.py, see bench/README.md):
 - proc connector: netlink process events on a raw socket with a classic-BPF socket
-  filter, so the kernel drops what we do not need (user forks, exits) before it
-  wakes us: a fork storm costs the daemon ~0 CPU. (pyroute2's ProcEventSocket
+  filter, so the kernel drops what we do not need (user forks, exits, renames no
+  section follows) before it wakes us: a fork storm or a rename loop costs the daemon
+  ~0 CPU. (pyroute2's ProcEventSocket
   buffers internally, which delayed and lost events under select(); one datagram
   per event needs no buffering.)
 - perf: a dummy software event with task=1, comm=1 on every CPU, read from the
   mmap ring. Delivery is faster (20-50 µs after the fork) but perf cannot filter
-  side-band records, so every fork, exec and exit on the machine wakes the daemon
-  (~90 µs of daemon CPU per user fork+exec here).
+  side-band records, so every fork, exec, rename and exit on the machine wakes the
+  daemon (~90 µs of daemon CPU per user fork+exec here).
+Either way a read takes at most READ_BUDGET records: whatever comes faster than the
+daemon handles it waits for the next turn of the main loop, after D-Bus's.
 - none: the plugins' periodic rescan is all there is.
 On this kernel a new kthread shows only as a FORK from kthreadd, already named;
 older kernels name it later with a COMM event. Consumers handle both.
@@ -26,6 +29,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from latencyd.core.plugin import TaskEvent
@@ -33,14 +37,59 @@ from latencyd.core.plugin import TaskEvent
 log = logging.getLogger(__name__)
 
 
+# Records read per wake-up at most: the rest waits for the next turn of the main loop,
+# which gives D-Bus its own first (a rename flood must not keep `off` from an answer).
+READ_BUDGET = 256
+
+
+# Rescans after lost events: at least this long apart, and the daemon's time spent in
+# them kept to this share (a 2 s rescan of 50,000 tasks waits 18 s for the next).
+RESCAN_MIN_GAP_S = 1.0
+RESCAN_MAX_SHARE = 0.1
+
+
+@dataclass
+class RescanPace:
+    """When the next rescan may run. A source that overflows asks for one each time (a
+    flood can overflow it a hundred times a second); each is a walk of every task on the
+    machine, so they are coalesced: asked for early, one runs when its turn comes."""
+
+    min_gap_s: float = RESCAN_MIN_GAP_S
+    max_share: float = RESCAN_MAX_SHARE
+    next_at: float = float("-inf")
+
+    def wait(self, now: float) -> float:
+        """Seconds from `now` until a rescan may run (0: now)."""
+        return max(0.0, self.next_at - now)
+
+    def ran(self, started: float, ended: float) -> None:
+        took = max(0.0, ended - started)
+        self.next_at = ended + max(self.min_gap_s, took * (1 / self.max_share - 1))
+
+
 class TaskSource(Protocol):
     name: str
 
     def filenos(self) -> list[int]: ...
 
-    def read(self) -> list[TaskEvent]: ...
+    def read(self, budget: int = READ_BUDGET) -> list[TaskEvent]: ...
 
     def close(self) -> None: ...
+
+
+def coalesce(events: list[TaskEvent]) -> list[TaskEvent]:
+    """One event per task and kind in a batch: the consumers read the task as it is when
+    they handle the batch, so a task renamed 256 times asks for what one rename asks
+    (a process renaming itself in a loop costs one look per wake-up). Order is kept, by
+    first occurrence; "lost" events become one."""
+    seen: set[tuple[str, int, int]] = set()
+    out: list[TaskEvent] = []
+    for event in events:
+        key = ("lost", 0, 0) if event.lost else (event.kind, event.pid, event.tid)
+        if key not in seen:
+            seen.add(key)
+            out.append(event)
+    return out
 
 
 @contextlib.contextmanager
@@ -112,13 +161,15 @@ class PerfTaskSource:
     def filenos(self) -> list[int]:
         return [f.fileno() for f in self._files]
 
-    def read(self) -> list[TaskEvent]:
+    def read(self, budget: int = READ_BUDGET) -> list[TaskEvent]:
         events = []
+        taken = 0
         for cpu in self.cpus:
-            while True:
+            while taken < budget:
                 ev = self.evlist.read_on_cpu(cpu)
                 if ev is None:
                     break
+                taken += 1
                 kind = self._types.get(ev.type)
                 if kind is not None:
                     ppid = ev.ppid if kind == "fork" else 0
@@ -191,10 +242,11 @@ def _net32(value: int) -> int:
     return int.from_bytes(struct.pack("=I", value), "big")
 
 
-def kernel_filter(user_execs: bool) -> list[tuple[int, int, int, int]]:
-    """Keep forks by kthreadd (new kernel threads), COMM renames (older kernels name
-    kthreads after the fork) and, if wanted, execs; drop the rest — exits and every
-    other fork — before they wake the daemon: a user fork storm then costs it nothing."""
+def kernel_filter(user_execs: bool, renames: bool) -> list[tuple[int, int, int, int]]:
+    """Keep forks by kthreadd (new kernel threads) and, if wanted, execs and renames
+    (PROC_EVENT_COMM: prctl(PR_SET_NAME), and older kernels naming kthreads after the
+    fork); drop the rest — exits, every other fork, renames nobody follows — before they
+    wake the daemon: a user's fork storm or rename loop then costs it nothing."""
     accept, drop = 0xFFFF, 0
     # Jumps are relative: the target is pc + 1 + jt (if equal) or pc + 1 + jf.
     return [
@@ -202,7 +254,7 @@ def kernel_filter(user_execs: bool) -> list[tuple[int, int, int, int]]:
         (_BPF_JEQ_K, 0, 2, _net32(PROC_EVENT_FORK)),  # 1: fork -> 2, else -> 4
         (_BPF_LD_W_ABS, 0, 0, _FORK_PARENT_TGID_AT),  # 2: parent tgid
         (_BPF_JEQ_K, 2, 3, _net32(2)),  # 3: kthreadd -> accept, else -> drop
-        (_BPF_JEQ_K, 1, 0, _net32(PROC_EVENT_COMM)),  # 4: comm -> accept, else -> 5
+        (_BPF_JEQ_K, 1 if renames else 2, 0, _net32(PROC_EVENT_COMM)),  # 4: comm, else 5
         (_BPF_JEQ_K, 0 if user_execs else 1, 1, _net32(PROC_EVENT_EXEC)),  # 5: exec
         (_BPF_RET_K, 0, 0, accept),  # 6
         (_BPF_RET_K, 0, 0, drop),  # 7
@@ -212,11 +264,11 @@ def kernel_filter(user_execs: bool) -> list[tuple[int, int, int, int]]:
 class ProcConnectorSource:
     name = "proc-connector"
 
-    def __init__(self, user_execs: bool = True) -> None:
+    def __init__(self, user_execs: bool = True, renames: bool = True) -> None:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            self._attach(sock, kernel_filter(user_execs))
+            self._attach(sock, kernel_filter(user_execs, renames))
             sock.bind((0, CN_IDX_PROC))  # 0: the kernel picks a unique port id
             op = struct.pack("=I", PROC_CN_MCAST_LISTEN)
             cn = _CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, 0, 0, len(op), 0)
@@ -237,9 +289,10 @@ class ProcConnectorSource:
     def filenos(self) -> list[int]:
         return [self.sock.fileno()]
 
-    def read(self) -> list[TaskEvent]:
+    def read(self, budget: int = READ_BUDGET) -> list[TaskEvent]:
+        """Up to `budget` datagrams: a flood faster than the daemon must not keep it here."""
         events: list[TaskEvent] = []
-        while True:
+        for _ in range(budget):
             try:
                 data = self.sock.recv(256)
             except BlockingIOError:
@@ -252,15 +305,20 @@ class ProcConnectorSource:
             event = parse_proc_event(data)
             if event is not None:
                 events.append(event)
+        return events
 
     def close(self) -> None:
         self.sock.close()
 
 
-def open_task_source(preference: str = "auto", user_execs: bool = True) -> TaskSource | None:
+def open_task_source(
+    preference: str = "auto", user_execs: bool = True, renames: bool = True
+) -> TaskSource | None:
     """The best available source: "auto" tries the proc connector, then perf; "none" opts out.
 
-    `user_execs`: also deliver exec events of user tasks (for shielding CPUs from them).
+    `user_execs`: also deliver exec events of user tasks (for shielding CPUs from them);
+    `renames`: also renames (the proc connector drops them in the kernel otherwise; perf
+    cannot filter, its read budget is what bounds a flood).
     """
     order = {
         "auto": ["proc-connector", "perf"],
@@ -272,7 +330,7 @@ def open_task_source(preference: str = "auto", user_execs: bool = True) -> TaskS
         try:
             if name == "perf":
                 return PerfTaskSource()
-            return ProcConnectorSource(user_execs)
+            return ProcConnectorSource(user_execs, renames)
         except ImportError as exc:
             log.info("task events: perf python bindings not importable (%s)", exc)
         except OSError as exc:

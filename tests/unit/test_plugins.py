@@ -627,3 +627,32 @@ def test_events_kept_for_a_long_change_are_bounded(tmp_path: Path, machine: Mach
     assert len(ran) < daemon_module.MAX_DEFERRED
     assert read_sysctl(root, "vm/swappiness") == "10"
     assert daemon.off() == []
+
+
+def test_task_events_kept_for_a_long_change_are_one_bounded_list(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """Issue 50: batches of task events arriving while a change runs (a rename flood
+    during a long switch) wait as one list, one event per task and kind, at most
+    MAX_DEFERRED, not as a kept batch each (MAX_DEFERRED batches of 256)."""
+    root = make_fake_root(tmp_path)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "swap.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
+    system = System(root)
+    plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
+    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+    daemon.switch("swap")
+    daemon.busy = "switch to swap"
+    for _ in range(3):  # the same task renamed over and over: one event waits
+        daemon.on_task_events([TaskEvent("comm", 7, 7)] * 256)
+    assert len(daemon._deferred) == 1 and daemon._waiting_tasks == [TaskEvent("comm", 7, 7)]
+    for batch in range(3 * daemon_module.MAX_DEFERRED // 256):  # distinct tasks
+        daemon.on_task_events([TaskEvent("comm", 1000 + 256 * batch + n, 1) for n in range(256)])
+    assert len(daemon._deferred) == 1
+    assert daemon._waiting_tasks == [TaskEvent("lost", 0, 0, lost=True)]  # a rescan after
+    daemon.busy = None
+    daemon.run_deferred()
+    assert daemon._waiting_tasks == [] and daemon._deferred == []
+    assert daemon.off() == []

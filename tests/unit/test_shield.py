@@ -763,3 +763,46 @@ def test_a_placed_hold_that_needs_no_cpus_is_kept_off_another_holds_shield(
     assert m.sched.affinity[400] == {0, 2, 3}
     assert [h["cpus"] for h in daemon.status()["holds"]] == ["1", ""]
     assert daemon.engine.off() == []
+def test_a_rename_deep_down_under_a_hold_walks_the_parents_once(
+    m: Machinery, machine: Machine
+) -> None:
+    """Issue 50: with a hold in force each rename of a task asked whether it descends from
+    the holder, a walk of /proc up 60 generations per rename (675 µs). Judged once, the
+    verdict stands while the holders are the same: a rename loop costs one look each."""
+    system = Counting(m.root, m.sched)
+    plugin = ShieldPlugin(system)
+    rules = plugin.expand(validate(plugin.schema, ISOLATE, machine), {}).rules
+    plugin.exempt_pids = frozenset({300})  # sshd holds a profile
+    ppid = 1
+    for n in range(60):
+        add_task(m.root, 2000 + n, "deep", ppid=ppid, start_time=20000 + n)
+        m.sched.add(2000 + n)
+        ppid = 2000 + n
+
+    def rename(pid: int) -> dict[Target, Value]:
+        return plugin.on_task(rules, TaskEvent("comm", pid, pid), {})
+
+    narrowed = {TaskAffinity(2059, 20059, 2059): "0,2-3"}
+    system.looks = 0
+    assert rename(2059) == narrowed  # not under the hold: kept off CPU 1
+    assert system.looks >= 60  # judged by walking up to init
+    for _ in range(100):
+        system.looks = 0
+        assert rename(2059) == narrowed
+        assert system.looks == 1  # the task itself, nothing above it
+    # A new task below a judged one: its parent is looked at, no further.
+    add_task(m.root, 2100, "deeper", ppid=2059, start_time=21000)
+    m.sched.add(2100)
+    system.looks = 0
+    assert rename(2100) == {TaskAffinity(2100, 21000, 2100): "0,2-3"}
+    assert system.looks == 2
+    # Under the hold: left alone, and judged afresh when the holders change.
+    add_task(m.root, 3000, "held-child", ppid=300, start_time=30000)
+    m.sched.add(3000)
+    assert rename(3000) == {}
+    plugin.exempt_pids = frozenset({2030})  # a process half-way up the chain holds now
+    assert rename(2059) == {}
+    assert rename(2010) == {TaskAffinity(2010, 20010, 2010): "0,2-3"}  # above it: not held
+    # A pid reused by another task is not taken for the one judged.
+    add_task(m.root, 2059, "deep", ppid=1, start_time=29999)
+    assert rename(2059) == {TaskAffinity(2059, 29999, 2059): "0,2-3"}

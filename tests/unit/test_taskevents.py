@@ -14,8 +14,12 @@ from latencyd.service.taskevents import (
     PROC_EVENT_EXEC,
     PROC_EVENT_EXIT,
     PROC_EVENT_FORK,
+    READ_BUDGET,
     ProcConnectorSource,
+    RescanPace,
     TaskEvent,
+    coalesce,
+    kernel_filter,
     parse_proc_event,
 )
 
@@ -133,3 +137,86 @@ def test_proc_connector_read_drains_the_socket() -> None:
         source.read()
     source.close()
     assert sock.closed
+
+
+def test_a_read_takes_at_most_its_budget_and_leaves_the_rest() -> None:
+    # A flood faster than the daemon: the socket is never empty, the read still returns.
+    source = ProcConnectorSource.__new__(ProcConnectorSource)
+    source.sock = FakeSocket([fork(2, 2, 100 + n, 100 + n) for n in range(10)])  # type: ignore[assignment]
+    assert [e.pid for e in source.read(4)] == [100, 101, 102, 103]
+    assert [e.pid for e in source.read(100)] == list(range(104, 110))
+    assert source.read(100) == []
+
+
+def test_an_overflow_counts_against_the_budget() -> None:
+    source = ProcConnectorSource.__new__(ProcConnectorSource)
+    overflows: list[bytes | OSError] = [OSError(errno.ENOBUFS, "No buffer space")] * 5
+    source.sock = FakeSocket(overflows)  # type: ignore[assignment]
+    assert len(source.read(3)) == 3
+    assert len(source.read(3)) == 2
+
+
+def test_coalesce_keeps_one_event_per_task_and_kind_in_order() -> None:
+    events = [
+        TaskEvent("comm", 7, 7, 0, 1),
+        TaskEvent("fork", 9, 9, 2, 2),
+        TaskEvent("comm", 7, 7, 0, 3),  # the same process renamed again
+        TaskEvent("comm", 7, 8, 0, 4),  # another of its threads
+        TaskEvent("lost", 0, 0, lost=True),
+        TaskEvent("comm", 7, 7, 0, 5),
+        TaskEvent("lost", 0, 0, lost=True),
+    ]
+    assert coalesce(events) == [
+        TaskEvent("comm", 7, 7, 0, 1),
+        TaskEvent("fork", 9, 9, 2, 2),
+        TaskEvent("comm", 7, 8, 0, 4),
+        TaskEvent("lost", 0, 0, lost=True),
+    ]
+    flood = [TaskEvent("comm", 7, 7, 0, n) for n in range(READ_BUDGET)]
+    assert coalesce(flood) == [TaskEvent("comm", 7, 7, 0, 0)]
+
+
+def test_rescans_are_paced() -> None:
+    pace = RescanPace(min_gap_s=1.0, max_share=0.1)
+    assert pace.wait(100.0) == 0.0  # the first runs at once
+    pace.ran(100.0, 100.05)  # a short one: the minimum gap
+    assert pace.wait(100.5) == pytest.approx(0.55)
+    assert pace.wait(101.05) == 0.0
+    pace.ran(200.0, 202.0)  # 2 s of rescan: 18 s until the next, 10 % of the time
+    assert pace.wait(202.0) == pytest.approx(18.0)
+    assert pace.wait(220.0) == 0.0
+
+
+def run_filter(prog: list[tuple[int, int, int, int]], packet: bytes) -> int:
+    """The classic BPF the program uses (ld word abs, jeq k, ret k), run on a datagram as
+    the kernel runs it: word loads in network order. Returns what the program returns."""
+    pc = acc = 0
+    while True:
+        code, jt, jf, k = prog[pc]
+        if code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            acc = int.from_bytes(packet[k : k + 4], "big")
+            pc += 1
+        elif code == 0x15:  # BPF_JMP | BPF_JEQ | BPF_K
+            pc += 1 + (jt if acc == k else jf)
+        elif code == 0x06:  # BPF_RET | BPF_K
+            return k
+        else:
+            raise AssertionError(f"instruction {code:#x} not modelled")
+
+
+@pytest.mark.parametrize("execs", [True, False])
+@pytest.mark.parametrize("renames", [True, False])
+def test_kernel_filter_keeps_what_is_followed(execs: bool, renames: bool) -> None:
+    prog = kernel_filter(execs, renames)
+    kept = {
+        "kthread fork": fork(2, 2, 50, 50),
+        "user fork": fork(300, 300, 301, 301),
+        "exec": datagram(PROC_EVENT_EXEC, struct.pack("=II", 301, 301)),
+        "rename": datagram(PROC_EVENT_COMM, struct.pack("=II16s", 301, 301, b"x")),
+        "exit": datagram(PROC_EVENT_EXIT, struct.pack("=IIIIII", 301, 301, 0, 0, 300, 300)),
+        "uid": datagram(PROC_EVENT_UID, struct.pack("=IIII", 301, 301, 0, 0)),
+    }
+    expected = (
+        {"kthread fork"} | ({"exec"} if execs else set()) | ({"rename"} if renames else set())
+    )
+    assert {what for what, packet in kept.items() if run_filter(prog, packet)} == expected
