@@ -161,6 +161,17 @@ class BootloaderPlugin(Plugin[BootArguments, BootRules]):
         change = self.loader.apply(read_record(self.system)[0], wanted.added, wanted.removed)
         write_record(self.system, change, wanted.removed)
 
+    def needs_boot(self, rules: BootRules | None) -> list[str]:
+        """The section's arguments the running kernel did not boot with (written or not):
+        what a plan says a reboot would need."""
+        if rules is None:
+            return []
+        try:
+            cmdline = self.system.read("proc/cmdline")
+        except LatencydError:
+            return []
+        return in_effect(Change(rules.added, rules.remove), cmdline)
+
     def pending(self, target: BootArguments, value: Value) -> str | None:
         """Written, not booted: which arguments the running kernel lacks."""
         try:
