@@ -208,13 +208,15 @@ def plan(
     """Pure diff: restore what is no longer wanted, apply what is new or different.
 
     `scope` limits which plugins' applied settings may be restored (None: all; an empty
-    scope only adds settings for new targets); `restore` names more to restore.
+    scope only adds settings for new targets); `restore` names more to restore. Restores
+    come newest first, as `off` gives them back: a task is moved out of a cgroup before
+    the cgroup goes, each move its own (written, reported and planned as one).
     """
     result = Plan()
     # An empty scope (new targets: a thread, a NIC) looks only at what it names, so the
     # step costs what it changes, not what is owned.
     candidates = applied if scope is None or scope else [s for s in restore if s in applied]
-    for sid in candidates:
+    for sid in reversed(list(candidates)):
         if sid not in wanted and (scope is None or sid[0] in scope or sid in restore):
             result.restore.append(sid)
     for sid, value in wanted.items():

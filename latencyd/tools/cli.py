@@ -1,7 +1,7 @@
 """latencyctl: drive latencyd over D-Bus, and explain profiles without it.
 
-Exit codes: 0 ok, 1 verify found drift (or an apply failed), 2 usage or bad
-profile, 3 daemon unreachable, 4 permission denied.
+Exit codes: 0 ok, 1 verify found drift (or an apply failed, or a plan would change
+something), 2 usage or bad profile, 3 daemon unreachable, 4 permission denied.
 """
 
 from __future__ import annotations

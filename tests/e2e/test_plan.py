@@ -15,7 +15,7 @@ import pytest
 
 from latencyd.paths import shipped_profiles_dir
 from tests.harness import Latencyd
-from tests.machine_state import differences, snapshot
+from tests.machine_state import differences, exited, snapshot
 
 SHIPPED = sorted(p.stem for p in shipped_profiles_dir().glob("*.toml"))
 # Sysctl trees a shipped profile sets keys in; what is in them changes only by a write,
@@ -75,7 +75,7 @@ def tasks() -> dict[str, tuple[str, int, int]]:
             continue
         for tid in tids:
             stat = _read(proc / "task" / str(tid) / "stat")
-            if not stat:
+            if not stat or exited(proc / "task" / str(tid)):
                 continue
             start = stat.rsplit(")", 1)[1].split()[19]
             try:

@@ -218,7 +218,7 @@ def test_plan_is_a_pure_diff() -> None:
     snapshot = (dict(applied), dict(wanted))
     result = plan(applied, wanted)
     assert result == Plan(
-        restore=[("p", gone), ("q", other)],
+        restore=[("q", other), ("p", gone)],  # newest first, as off gives them back
         apply={("p", diff): 2, ("p", new): 3},
         keep=[("p", same)],
     )
