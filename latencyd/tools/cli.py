@@ -808,6 +808,13 @@ def format_plan(plan: dict[str, Any]) -> list[str]:
         f"{plan['would_change']:,} would change, {plan['unchanged']:,} unchanged, "
         f"{plan['not_applicable']:,} not applicable",
     ]
+    kinds: dict[str, int] = {}
+    for r in plan["settings"]:
+        if r["action"] == "change":
+            what = f"[{r['plugin']}] {r['target']['kind']}"
+            kinds[what] = kinds.get(what, 0) + 1
+    if kinds:  # which tasks, IRQs, NICs... would move, at a glance
+        out.append("would change: " + ", ".join(f"{n:,} {what}" for what, n in kinds.items()))
     if plan.get("held"):
         out.append(plan["held"])
     plugins = dict.fromkeys(
