@@ -101,7 +101,10 @@ def machine(state_dir: Path) -> dict[str, Any]:
 
 
 def changed_by_plan(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    diffs = differences(before["snapshot"], after["snapshot"])
+    # What systemd's tools leave in /run/systemd (the units-load stamp of another
+    # session's systemd-analyze) is no setting, and comes and goes without the lock.
+    diffs = [d for d in differences(before["snapshot"], after["snapshot"])
+             if not d.startswith("run_systemd:")]  # fmt: skip
     for what in ("sysctls", "state"):
         b, a = before[what], after[what]
         diffs += [f"{what} {k}: {b.get(k)!r} -> {a.get(k)!r}"
