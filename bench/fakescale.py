@@ -3,8 +3,9 @@ in the unit rig's style (a /proc + /sys tree in a temp dir, FakeSched, FakeEthto
 multiple of a base size, and the engine's operations timed on it.
 
 Base size (x1): 4 CPUs, 64 IRQs, 1 NIC, 782 tasks; x64 is 256 CPUs, 4,096 IRQs, 64 NICs
-and 50,048 tasks. Timed per size: load the profile, expand it, apply it, switch to a
-second profile (other isolated CPUs), verify, off; and one event each: a kernel thread
+and 50,048 tasks. Timed per size: load the profile, expand it, plan it (nothing
+written), apply it, plan the switch to a second profile (other isolated CPUs), switch
+to it, verify, off; and one event each: a kernel thread
 forked, an IRQ appearing (its device added), a NIC appearing (the median of EVENTS each).
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
-from latencyd.core.plugin import DeviceEvent, TaskEvent, load_plugins
+from latencyd.core.plugin import DeviceEvent, TaskEvent, in_one_go, load_plugins
 from latencyd.core.profile import ProfileLibrary
 from latencyd.kernel.system import System
 from latencyd.service.daemon import Daemon
@@ -169,7 +170,9 @@ def _measure(server: FakeServer, tmp: Path) -> dict[str, float]:
     out["load"] = timed(lambda: library.load("a"))
     a = library.load("a")
     out["expand"] = timed(lambda: engine.expand(a))
+    out["plan"] = timed(lambda: in_one_go(daemon.plan_steps)("a"))
     out["apply"] = timed(lambda: daemon.switch("a"))
+    out["plan of the switch"] = timed(lambda: in_one_go(daemon.plan_steps)("b"))
     out["switch"] = timed(lambda: daemon.switch("b"))
     out["verify"] = timed(engine.verify)
     # Each event EVENTS times, the median printed: the first after a big step also pays

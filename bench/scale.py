@@ -4,10 +4,11 @@ issue 19's table.
 
 Per size (extra threads, all allowed on every CPU) and per profile (the shipped
 cpu-partitioning, whose shield is a cpuset where the machine has one, and the same with
-the affinity chase): `latencyctl switch PROFILE`
-(the call's round trip), the time until every thread is off the isolated CPU (from the
-start of the switch), the daemon's CPU while it holds the profile (nanosecond schedstat
-over `--hold` seconds, all its threads) and its RSS, `latencyctl verify`, and
+the affinity chase): `latencyctl plan PROFILE` (its round trip: what the switch would
+do, nothing written), `latencyctl switch PROFILE` (the call's round trip), the time
+until every thread is off the isolated CPU (from the start of the switch), the
+daemon's CPU while it holds the profile (nanosecond schedstat over `--hold` seconds,
+all its threads) and its RSS, `latencyctl verify`, and
 `latencyctl off` with every thread allowed on every CPU again. TuneD (where installed,
 not with --quick), at the same sizes: until it says the profile is applied, until every
 thread is off the isolated CPU, its CPU while holding and RSS, and its stop (rollback)
@@ -118,10 +119,10 @@ def holding(pid: int, seconds: float) -> float:
     return 100.0 * (cpu_ns(pid) - before) / ((time.monotonic() - t0) * 1e9)
 
 
-def timed(d: Latencyd, *args: str) -> float:
+def timed(d: Latencyd, *args: str, ok: tuple[int, ...] = (0,)) -> float:
     t0 = time.monotonic()
     r = d.ctl(*args)
-    if r.returncode != 0:
+    if r.returncode not in ok:
         raise RuntimeError(f"latencyctl {' '.join(args)}: {r.stderr.strip()}")
     return time.monotonic() - t0
 
@@ -162,10 +163,11 @@ def latencyd_at(
     with idle_threads(n) as app:
         each: list[dict[str, Any]] = []
         for r in range(rounds):
+            plan = timed(d, "plan", profile, ok=(0, 1))  # 1: the switch would change things
             t0 = time.monotonic()
             switch = timed(d, "switch", profile)
             narrowed = time.monotonic() - t0 if wait_until(lambda: all_off(app.pid), 120) else None
-            one: dict[str, Any] = {"switch_s": switch, "all_narrowed_s": narrowed}
+            one: dict[str, Any] = {"plan_s": plan, "switch_s": switch, "all_narrowed_s": narrowed}
             if r == 0:
                 one["cpu_holding_pct"] = round(holding(d.proc.pid, hold), 3)
                 one["rss_mib"] = round(rss_mib(d.proc.pid), 1)
@@ -176,7 +178,7 @@ def latencyd_at(
             each.append(one)
         row: dict[str, Any] = {
             key: _median([e[key] for e in each])
-            for key in ("switch_s", "all_narrowed_s", "verify_s", "status_s", "off_s")
+            for key in ("plan_s", "switch_s", "all_narrowed_s", "verify_s", "status_s", "off_s")
         }
         row |= {"cpu_holding_pct": each[0]["cpu_holding_pct"], "rss_mib": each[0]["rss_mib"]}
         row["all_back"] = all(e["all_back"] for e in each)
@@ -267,13 +269,14 @@ def report(r: dict[str, Any]) -> str:
         lines += [
             f"latencyd {profile} beside one process's idle threads (this machine; "
             "medians of the rounds):",
-            f"  {'threads':>8} {'switch s':>9} {'narrowed s':>11} {'CPU holding %':>14} "
-            f"{'RSS MiB':>8} {'verify s':>9} {'status s':>9} {'off s':>7} all back  "
+            f"  {'threads':>8} {'plan s':>7} {'switch s':>9} {'narrowed s':>11} "
+            f"{'CPU holding %':>14} {'RSS MiB':>8} {'verify s':>9} {'status s':>9} "
+            f"{'off s':>7} all back  "
             "switched again, Status polled: switch s, slowest Status ms (replies)",
         ]
         for n, row in rows.items():
             lines.append(
-                f"  {n:>8} {row['switch_s']:>9} {row['all_narrowed_s']!s:>11} "
+                f"  {n:>8} {row['plan_s']!s:>7} {row['switch_s']:>9} {row['all_narrowed_s']!s:>11} "
                 f"{row['cpu_holding_pct']:>14} {row['rss_mib']:>8} {row['verify_s']:>9} "
                 f"{row['status_s']:>9} {row['off_s']:>7} {row['all_back']!s:<8}  "
                 f"{row['switch_polled_s']}, {row['status_during_switch_ms']!s} "

@@ -208,6 +208,17 @@ class BootloaderPlugin(Plugin[BootArguments, BootRules]):
         off even when the journal has lost it."""
         return {} if read_record(self.system).empty else {BootArguments(): ""}
 
+    def needs_boot(self, rules: BootRules | None) -> list[str]:
+        """The section's arguments the running kernel did not boot with (written or not):
+        what a plan says a reboot would need."""
+        if rules is None:
+            return []
+        try:
+            cmdline = self.system.read("proc/cmdline")
+        except LatencydError:
+            return []
+        return in_effect(Change(rules.added, rules.remove), cmdline)
+
     def pending(self, target: BootArguments, value: Value) -> str | None:
         """Written, not booted: which arguments the running kernel lacks."""
         try:

@@ -58,6 +58,14 @@ class IrqAffinity(CpuListFile):
     def rel(self) -> str:
         return f"proc/irq/{self.irq}/smp_affinity_list"
 
+    def lacking(self, system: System) -> str | None:
+        """An IRQ user space may not move (kernel-managed, or its chip cannot) has its
+        affinity files made read-only by the kernel (kernel/irq/proc.c, register_irq_proc):
+        not applicable before any write is tried, so a plan says so as the switch does."""
+        if system.read_only(self.rel):
+            return f"{self.refusal_means}: the kernel made {self.rel} read-only"
+        return None
+
     def watch_files(self, system: System) -> tuple[str, ...]:
         # The mask can be written in either form.
         return (self.rel, f"proc/irq/{self.irq}/smp_affinity")

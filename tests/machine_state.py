@@ -154,16 +154,27 @@ def cgroup_state() -> dict[str, object]:
 
 
 def task_cpusets() -> dict[str, str]:
-    """Each process's cpuset cgroup (v1, or v2 when cpuset is bound there)."""
+    """Each process's cpuset cgroup (v1, or v2 when cpuset is bound there). A zombie is
+    left out: once it has exited the kernel shows it in the root cgroup, a move no one
+    made."""
     found: dict[str, str] = {}
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and (text := _read(proc / "cgroup")) is not None:
+        if not proc.name.isdigit() or exited(proc):
+            continue
+        if (text := _read(proc / "cgroup")) is not None:
             lines = [line.split(":", 2) for line in text.splitlines()]
             cpuset = [p for _, c, p in lines if "cpuset" in c.split(",")]
             found[proc.name] = (
                 cpuset[0] if cpuset else next((p for n, c, p in lines if n == "0"), "?")
             )
     return found
+
+
+def exited(task: Path) -> bool:
+    """Whether a /proc/PID (or its task/TID) is a task that has exited (a zombie, or dead
+    and not yet gone); a missing one counts as exited."""
+    stat = _read(task / "stat")
+    return stat is None or stat.rsplit(")", 1)[1].split()[0] in ("Z", "X", "x")
 
 
 def differences(before: dict[str, object], after: dict[str, object]) -> list[str]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from latencyd.core.journal import Journal, JournalKey, JournalState, key_of
+from latencyd.core.planning import CHANGE, NOT_APPLICABLE, UNCHANGED, PlannedSetting, SwitchPlan
 from latencyd.core.plugin import (
     Expansion,
     Options,
@@ -208,13 +209,15 @@ def plan(
     """Pure diff: restore what is no longer wanted, apply what is new or different.
 
     `scope` limits which plugins' applied settings may be restored (None: all; an empty
-    scope only adds settings for new targets); `restore` names more to restore.
+    scope only adds settings for new targets); `restore` names more to restore. Restores
+    come newest first, as `off` gives them back: a task is moved out of a cgroup before
+    the cgroup goes, each move its own (written, reported and planned as one).
     """
     result = Plan()
     # An empty scope (new targets: a thread, a NIC) looks only at what it names, so the
     # step costs what it changes, not what is owned.
     candidates = applied if scope is None or scope else [s for s in restore if s in applied]
-    for sid in candidates:
+    for sid in reversed(list(candidates)):
         if sid not in wanted and (scope is None or sid[0] in scope or sid in restore):
             result.restore.append(sid)
     for sid, value in wanted.items():
@@ -307,10 +310,12 @@ class Engine:
         return Owned(self, name)
 
     def expand_steps(
-        self, profile: Profile, only: Iterable[str] | None = None
+        self, profile: Profile, only: Iterable[str] | None = None, fresh: Collection[str] = ()
     ) -> Steps[dict[str, Expansion[Any]]]:
         """Each section's expansion (reads the machine, changes nothing), giving control
-        back every slice (Plugin.expand_steps); its Progress counts no settings yet."""
+        back every slice (Plugin.expand_steps); its Progress counts no settings yet.
+        Sections in `fresh` are expanded as if their plugin owned nothing (a plan of a
+        section that starts afresh)."""
         names = (
             list(profile.sections) if only is None else [n for n in only if n in profile.sections]
         )
@@ -319,7 +324,8 @@ class Engine:
         for name in names:
             try:
                 options = plugin_options(profile.sections[name])
-                steps = self.plugins[name].expand_steps(options, self.owned(name))
+                owned = {} if name in fresh else self.owned(name)
+                steps = self.plugins[name].expand_steps(options, owned)
                 while True:
                     try:
                         next(steps)
@@ -341,19 +347,11 @@ class Engine:
         control back every slice (see switch_steps). A section whose plugin must start
         afresh (Plugin.starts_afresh) has what it owns given back in a step of its own
         first, so its expansion reads the machine as that left it."""
-        afresh = [
-            name
-            for name, options in profile.sections.items()
-            if (only is None or name in only)
-            and name in self.plugins
-            and self.owned_count.get(name)
-            and self.plugins[name].starts_afresh(options, self.owned(name))
-        ]
+        afresh = self._afresh(profile, only)
         if afresh:
             yield from self.switch_steps({}, self.profile, scope=afresh)
         expansions = yield from self.expand_steps(profile, only)
-        wanted = {(n, t): v for n, e in expansions.items() for t, v in e.settings.items()}
-        current = {(n, t): v for n, e in expansions.items() for t, v in e.current.items()}
+        wanted, current = _wanted(expansions)
         scope = None if only is None else set(only)
         self._rules_ahead = {name: exp.rules for name, exp in expansions.items()}
         try:
@@ -367,6 +365,112 @@ class Engine:
         for name, exp in expansions.items():
             self.sections[name] = Section(profile.sections[name], exp)
         return report
+
+    def _afresh(self, profile: Profile, only: Collection[str] | None) -> list[str]:
+        """Sections whose plugin must give back what it owns before they are expanded
+        again (Plugin.starts_afresh)."""
+        return [
+            name
+            for name, options in profile.sections.items()
+            if (only is None or name in only)
+            and name in self.plugins
+            and self.owned_count.get(name)
+            and self.plugins[name].starts_afresh(options, self.owned(name))
+        ]
+
+    # -- a plan: what apply_steps would do, nothing written ---------------------
+    def plan_steps(self, profile: Profile) -> Steps[SwitchPlan]:
+        """What apply_steps(profile) would do to each setting, from what is owned and what
+        the kernel holds now: the same expansion and the same diff (plan), each setting
+        judged as _capture_originals, _apply_one and _restore_one judge it, with nothing
+        written, journaled or held. A section that starts afresh is planned as given back
+        whole, then expanded as if nothing were owned (the give-back itself is not done,
+        so what its expansion reads is the machine as it is now)."""
+        with self.stepping():
+            afresh = self._afresh(profile, None)
+            expansions = yield from self.expand_steps(profile, fresh=afresh)
+            wanted, current = _wanted(expansions)
+            applied = {sid: v for sid, v in self.applied.items() if sid[0] not in afresh}
+            step = plan(applied, wanted)
+            result = SwitchPlan(profile.name, self.profile, afresh=afresh)
+            restores = [*(sid for sid in self.applied if sid[0] in afresh), *step.restore]
+            slices = Slices(len(restores) + len(step.apply))
+            for sid in restores:
+                if slices.due():
+                    yield from self._turn(slices.progress)
+                planned = self._plan_restore(sid)
+                if planned is not None:
+                    result.settings.append(planned)
+            for sid in step.keep:
+                value = wanted[sid]
+                result.settings.append(PlannedSetting(*sid, UNCHANGED, "keep", value, value))
+            for sid, value in step.apply.items():
+                if slices.due():
+                    yield from self._turn(slices.progress)
+                rules = expansions[sid[0]].rules
+                planned = self._plan_apply(sid, value, sid in applied, current, rules)
+                if planned is not None:
+                    result.settings.append(planned)
+            for name, exp in expansions.items():
+                if exp.refused:
+                    result.refused[name] = dict(exp.refused)
+                if exp.rules is not None and (needs := self.plugins[name].needs_boot(exp.rules)):
+                    result.needs_boot[name] = needs
+        return result
+
+    plan_profile = in_one_go(plan_steps)
+
+    def _plan_apply(
+        self,
+        sid: SettingId,
+        value: Value,
+        owned: bool,
+        current: Mapping[SettingId, Value],
+        rules: Any,
+    ) -> PlannedSetting | None:
+        """A setting the step would apply, judged as _capture_originals and _apply_one do;
+        None where the step would drop it (gone, or someone else's)."""
+        plugin, target = self.plugins[sid[0]], sid[1]
+        if owned:  # re-applied with another value: written, unless adopted and as wanted
+            now = self.applied[sid]
+            if now is not ADOPTED:
+                return PlannedSetting(*sid, CHANGE, "apply", now, value)
+        try:
+            now = current[sid] if sid in current and not owned else plugin.read(target)
+        except (KernelRefused, NotApplicable) as exc:
+            if not plugin.exists(target):
+                return None  # gone between expand and now: nothing to tune
+            if _not_applicable(target, exc):
+                return PlannedSetting(
+                    *sid, NOT_APPLICABLE, "apply", None, value, _reason(target, exc)
+                )
+            raise ApplyFailed(
+                f"[{sid[0]}] cannot read {plugin.describe(target, value)} before changing it: {exc}"
+            ) from exc
+        theirs = not owned and _hands_over(plugin) and sid not in current
+        if theirs and plugin.handed_over(rules, target, now):
+            return None  # someone else's: the step leaves it alone
+        action = UNCHANGED if plugin.same(target, value, now) else CHANGE
+        return PlannedSetting(*sid, action, "apply", now, value)
+
+    def _plan_restore(self, sid: SettingId) -> PlannedSetting | None:
+        """An owned setting the step would give back, judged as _restore_one does; None
+        where its target is gone."""
+        plugin, target = self.plugins[sid[0]], sid[1]
+        if not plugin.exists(target):
+            return None
+        original, applied = self.originals[sid], self.applied[sid]
+        try:
+            now = plugin.read(target)
+        except LatencydError:
+            return PlannedSetting(*sid, CHANGE, "restore", None, original)  # the write says why
+        if plugin.same(target, original, now):
+            return PlannedSetting(*sid, UNCHANGED, "restore", now, original)
+        if _hands_over(plugin) and applied is not ADOPTED and not plugin.same(target, applied, now):
+            section = self.sections.get(sid[0])
+            if plugin.handed_over(section.expansion.rules if section else None, target, now):
+                return PlannedSetting(*sid, UNCHANGED, "restore", now, now)  # left as they set it
+        return PlannedSetting(*sid, CHANGE, "restore", now, original)
 
     # -- one transaction ------------------------------------------------------
     def switch_steps(
@@ -969,6 +1073,15 @@ class Engine:
             else:
                 drops.append(key)
         self.journal.record(updates, drops, self.profile)
+
+
+def _wanted(
+    expansions: Mapping[str, Expansion[Any]],
+) -> tuple[dict[SettingId, Value], dict[SettingId, Value]]:
+    """What the expansions want, and what they read of it on the way (Expansion.current)."""
+    wanted = {(n, t): v for n, e in expansions.items() for t, v in e.settings.items()}
+    current = {(n, t): v for n, e in expansions.items() for t, v in e.current.items()}
+    return wanted, current
 
 
 def _what(plugin: Plugin[Any, Any], target: Target, value: Value) -> str:

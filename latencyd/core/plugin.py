@@ -543,6 +543,12 @@ class Plugin(Generic[T, R]):
         boot), or None: it acts now. Pending is not drift: the setting is as wanted."""
         return None
 
+    def needs_boot(self, rules: R | None) -> list[str]:
+        """What of the section, expanded to `rules`, only a boot brings that the running
+        kernel lacks (kernel arguments), whether or not it is written: a plan names them.
+        Default: nothing."""
+        return []
+
     def describe(self, target: T, value: Value) -> str:
         """The setting in words (status, logs, errors)."""
         return target.describe(value)

@@ -266,6 +266,15 @@ class System:
     def exists(self, rel: str) -> bool:
         return os.path.exists(self.fspath(rel))
 
+    def read_only(self, rel: str) -> bool:
+        """Whether the file's mode lets no one write it: procfs makes a setting the kernel
+        takes from no one read-only (a kernel-managed IRQ's affinity), which root could
+        still open for writing, to be refused at the write. False if it is missing."""
+        try:
+            return not os.stat(self.fspath(rel)).st_mode & 0o222
+        except OSError:
+            return False
+
     def realpath(self, rel: str) -> str:
         """Where a symlink (a device's sysfs link) leads, as an absolute path."""
         return os.path.realpath(self.path(rel))

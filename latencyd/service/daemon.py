@@ -23,6 +23,7 @@ from latencyd.core.engine import (
     StepReport,
     Steps,
 )
+from latencyd.core.planning import SwitchPlan
 from latencyd.core.plugin import (
     DeviceEvent,
     PlacesApplications,
@@ -459,6 +460,11 @@ class Daemon:
         if had:
             self._changed("")
         return problems
+
+    def plan_steps(self, ref: str, caller: Caller = ROOT) -> Steps[SwitchPlan]:
+        """What switching to `ref` would change now, loaded as the switch would load it,
+        from what the engine holds (Engine.plan_steps): nothing written, journaled or held."""
+        return (yield from self.engine.plan_steps(self.load(ref, caller)))
 
     def reload_steps(self) -> Steps[None]:
         """Re-read profiles; re-apply the one in force incrementally if its files changed."""

@@ -30,6 +30,8 @@ import dbus.service
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 from latencyd.core.engine import StepReport, Steps
+from latencyd.core.planning import SwitchPlan
+from latencyd.core.plugin import encode_target
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.errors import Internal, LatencydError, Location, PermissionDenied, ProfileError
 from latencyd.kernel.noise import Breach
@@ -40,11 +42,14 @@ from latencyd.service.operations import Operation, Operations
 from latencyd.text import printable
 
 log = logging.getLogger("latencyd.service.dbus")
+# Settings a switch's reply lists one by one (the rest counted): a shield's first switch
+# beside 50,000 tasks would otherwise answer with megabytes.
+REPORTED_CHANGES = 10_000
 ANSWER_REUSE_S = 1.0  # how old a Status or Verify answer a caller who only reads may get
 PROPERTIES = "org.freedesktop.DBus.Properties"
 # Open to every caller (the policy file allows exactly these); every other method of
 # the interface changes state and checks the caller.
-READ_METHODS = frozenset({"ListProfiles", "ActiveProfile", "Status", "Verify"})
+READ_METHODS = frozenset({"ListProfiles", "ActiveProfile", "Status", "Verify", "Plan"})
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 T = TypeVar("T")
 
@@ -327,6 +332,44 @@ class Service(dbus.service.Object):
 
         self.operations.read(Operation("verify", start, answer, failed))
 
+    @dbus.service.method(
+        INTERFACE,
+        in_signature="s",
+        out_signature="s",
+        async_callbacks=("reply", "error"),
+        sender_keyword="sender",
+    )
+    def Plan(
+        self,
+        name: str,
+        reply: Callable[[str], None],
+        error: Callable[[Exception], None],
+        sender: str | None = None,
+    ) -> None:
+        """JSON: what SwitchProfile(name) would do to each setting now, from what the daemon
+        holds (latencyd.core.planning.SwitchPlan); nothing is written, journaled or held.
+        Open to every caller; other users' tasks for root and the admin group only. Waits
+        for the change in progress, like Verify; the same caller's same plans are shared."""
+        caller, privileged = _answer(lambda: self._caller(sender))
+
+        def planned(switch_plan: SwitchPlan) -> str:
+            out = switch_plan.as_json(self.daemon.plugins, show_tasks=privileged)
+            if self.daemon.holds:
+                out["held"] = (
+                    f"{self.daemon.in_force()} is held: a switch now only sets the base "
+                    "profile, applied as planned here once the holds end"
+                )
+            return json.dumps(out)
+
+        def start() -> Steps[str]:
+            return planned((yield from self.daemon.plan_steps(str(name), caller)))
+
+        def failed(exc: Exception) -> None:
+            error(_error_reply(exc))
+
+        who = "root" if caller.is_root else f"uid {caller.uid}{' (admin)' * privileged}"
+        self.operations.read(Operation(f"plan of {name} for {who}", start, reply, failed))
+
     # -- changes: each runs as an operation (latencyd.service.operations) and replies when done ----
     @_change("s", "s")
     def SwitchProfile(
@@ -489,6 +532,7 @@ class Service(dbus.service.Object):
                 "not_applicable": [
                     {
                         "plugin": p,
+                        "target": encode_target(t),
                         "setting": self.daemon.plugins[p].describe(t, r.wanted),
                         "reason": r.reason,
                     }
@@ -496,6 +540,7 @@ class Service(dbus.service.Object):
                 ],
                 "apply_ms": round(report.seconds * 1000, 3),
             }
+            out |= _written(report)
         return out
 
     @dbus.service.method(INTERFACE, in_signature="", out_signature="", sender_keyword="sender")
@@ -602,6 +647,21 @@ class Service(dbus.service.Object):
             signal(*args)
         except dbus.DBusException as exc:
             log.debug("signal not sent: %s", exc)
+
+
+def _written(report: StepReport) -> dict[str, Any]:
+    """What a step wrote, setting by setting ("changed": plugin, target, before, after),
+    at most REPORTED_CHANGES of them ("changed_left_off": how many more): what a plan
+    (Plan) said it would change, to compare."""
+    changed = [
+        {"plugin": p, "target": encode_target(t), "before": before, "after": after}
+        for p, changes in report.changes.items()
+        for t, before, after in changes
+    ]
+    return {
+        "changed": changed[:REPORTED_CHANGES],
+        "changed_left_off": max(0, len(changed) - REPORTED_CHANGES),
+    }
 
 
 def _user_name(uid: int) -> str:

@@ -1,7 +1,7 @@
 """latencyctl: drive latencyd over D-Bus, and explain profiles without it.
 
-Exit codes: 0 ok, 1 verify found drift (or an apply failed), 2 usage or bad
-profile, 3 daemon unreachable, 4 permission denied.
+Exit codes: 0 ok, 1 verify found drift (or an apply failed, or a plan would change
+something), 2 usage or bad profile, 3 daemon unreachable, 4 permission denied.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from latencyd.tools.cliparser import parser
 
 OK, DRIFT, USAGE, UNREACHABLE, DENIED = 0, 1, 2, 3, 4
 PENDING = 5  # verify: as the profile wants, but part of it takes effect at the next boot
+WOULD_CHANGE = 1  # plan: the switch would change something (a canary's "not yet")
 FAILED = 1  # the daemon tried and the kernel refused: like drift, the machine is not as asked
 
 _UNREACHABLE = {
@@ -172,7 +173,16 @@ def cmd_active(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """What a switch would do, nothing written: exit 0 if nothing would change, else 1."""
+    plan = json.loads(str(_call_showing_progress("Plan", args.profile)))
+    _emit(args, plan, format_plan(plan))
+    return OK if plan["would_change"] == 0 else WOULD_CHANGE
+
+
 def cmd_switch(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return cmd_plan(args)
     report = json.loads(str(_call_showing_progress("SwitchProfile", args.profile)))
     if report["held"]:
         held = (
@@ -830,6 +840,64 @@ def format_status(status: dict[str, Any]) -> list[str]:
     return out
 
 
+PLAN_ORDER = ("change", "not applicable", "unchanged")  # latencyd.core.planning.ACTIONS
+
+
+def format_plan(plan: dict[str, Any]) -> list[str]:
+    """A plan (D-Bus Plan) as a table: per plugin, each setting (those of one group alike
+    in what would happen as one row: the threads of a process), what its section cannot
+    take, and what a reboot would need."""
+    out = [
+        f"plan: {plan['from'] or 'nothing applied'} -> {plan['profile']} (nothing was changed)",
+        f"{plan['would_change']:,} would change, {plan['unchanged']:,} unchanged, "
+        f"{plan['not_applicable']:,} not applicable",
+    ]
+    kinds: dict[str, int] = {}
+    for r in plan["settings"]:
+        if r["action"] == "change":
+            what = f"[{r['plugin']}] {r['target']['kind']}"
+            kinds[what] = kinds.get(what, 0) + 1
+    if kinds:  # which tasks, IRQs, NICs... would move, at a glance
+        out.append("would change: " + ", ".join(f"{n:,} {what}" for what, n in kinds.items()))
+    if plan.get("held"):
+        out.append(plan["held"])
+    plugins = dict.fromkeys(
+        [r["plugin"] for r in plan["settings"]]
+        + [r["plugin"] for r in plan["sections_not_applicable"]]
+        + list(plan["hidden"])
+    )
+    for name in plugins:
+        anew = "  (all it holds given back first, then made anew)" * (name in plan["made_anew"])
+        out += ["", f"[{name}]{anew}"]
+        out += _plan_rows([r for r in plan["settings"] if r["plugin"] == name])
+        out += [f"  {'not applicable':<15} {r['what']}: {r['reason']}"
+                for r in plan["sections_not_applicable"] if r["plugin"] == name]  # fmt: skip
+        if n := plan["hidden"].get(name, 0):
+            out.append(f"  ({n:,} setting{'s' * (n != 1)} of tasks: {ROOT_AND_ADMINS})")
+    for need in plan["needs_boot"]:
+        out += ["", f"a reboot would need ([{need['plugin']}]): {' '.join(need['arguments'])}"]
+    return out
+
+
+def _plan_rows(rows: list[dict[str, Any]]) -> list[str]:
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for n, r in enumerate(sorted(rows, key=lambda r: PLAN_ORDER.index(r["action"]))):
+        alike = (r["action"], r["step"], repr(r["now"]), repr(r["would_be"]), r["reason"])
+        groups.setdefault((*alike, r["group"] if r["group"] is not None else n), []).append(r)
+    out = []
+    for members in groups.values():
+        r = members[0]
+        more = f" and {len(members) - 1:,} more like it" if len(members) > 1 else ""
+        if r["action"] == "change":
+            verb = "restore" if r["step"] == "restore" else "change"
+            out.append(f"  {verb:<15} {r['setting']}{more}   (now: {_short(r['now'])})")
+        elif r["action"] == "not applicable":
+            out.append(f"  {'not applicable':<15} {r['setting']}{more}: {r['reason']}")
+        else:
+            out.append(f"  {'unchanged':<15} {r['setting']}{more}")
+    return out
+
+
 def format_tables(tables: list[dict[str, Any]]) -> list[str]:
     """Monitoring tables (latencyd.core.plugin.Table as JSON), columns right-aligned."""
     out = []
@@ -891,6 +959,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": cmd_list,
     "active": cmd_active,
     "switch": cmd_switch,
+    "plan": cmd_plan,
     "hold": cmd_hold,
     "run": cmd_run,
     "release": cmd_release,

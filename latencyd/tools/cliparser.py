@@ -14,7 +14,7 @@ from pathlib import Path
 # What each exit status means (cli.py returns them; the epilog and latencyctl(8) list them).
 EXIT_CODES = {
     0: "ok",
-    1: "drift or apply failed",
+    1: "drift, apply failed, or plan: something would change",
     2: "usage or bad profile",
     3: "daemon unreachable",
     4: "permission denied",
@@ -61,7 +61,20 @@ def parser() -> argparse.ArgumentParser:
 
     add("list", "list profiles (invalid ones with their error)")
     add("active", "print the active profile")
-    add("switch", "apply a profile (incrementally)").add_argument("profile")
+    switch = add("switch", "apply a profile (incrementally)")
+    switch.add_argument("profile")
+    switch.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="change nothing: show what the switch would do (as plan; exit 1 if it would "
+        "change anything)",
+    )
+    add(
+        "plan",
+        "what switching to a profile would change now, setting by setting (now -> would be, "
+        "unchanged, not applicable and why; what a reboot would need); nothing is written. "
+        "Exit 0: nothing would change, 1: something would",
+    ).add_argument("profile")
     hold = add(
         "hold",
         "hold a profile while a command runs: hold PROFILE -- CMD ARGS "

@@ -218,7 +218,7 @@ def test_plan_is_a_pure_diff() -> None:
     snapshot = (dict(applied), dict(wanted))
     result = plan(applied, wanted)
     assert result == Plan(
-        restore=[("p", gone), ("q", other)],
+        restore=[("q", other), ("p", gone)],  # newest first, as off gives them back
         apply={("p", diff): 2, ("p", new): 3},
         keep=[("p", same)],
     )
@@ -871,3 +871,99 @@ def test_a_drift_of_a_task_is_named_only_to_who_may_see_tasks() -> None:
     assert "4242" not in hidden and "secret-job" not in hidden and "0-1" not in hidden
     assert task.as_json(show_tasks=False)["plugin"] == "kthread"
     assert sysctl.as_json(show_tasks=False) == sysctl.as_json()
+
+
+# -- a plan: what a switch would do, nothing written ---------------------------------
+
+
+def _profile(name: str, sections: dict[str, dict[str, Any]]) -> Any:
+    from latencyd.core.profile import Profile
+
+    return Profile(name, Path(f"/nowhere/{name}.toml"), "", sections, {})
+
+
+def _planned(switch_plan: Any) -> dict[tuple[str, Target], tuple[str, str, Any, Any]]:
+    return {
+        (s.plugin, s.target): (s.action, s.step, s.now, s.would_be) for s in switch_plan.settings
+    }
+
+
+def _written(report: Any) -> dict[tuple[str, Target], Any]:
+    return {(p, t): after for p, changes in report.changes.items() for t, _, after in changes}
+
+
+def test_a_plan_writes_nothing_and_lists_what_the_switch_then_does(rig: Rig) -> None:
+    """From nothing and from another profile: every setting the plan says would change
+    is what the switch then writes, with the value it writes; the rest unchanged or not
+    applicable alike; the plan itself writes nothing and journals nothing."""
+    a = _profile("a", {"sysctl": {"vm.swappiness": 10, "vm.stat_interval": 10},
+                       "fake": {"a": "1", "b": "1", "d": "0"}})  # fmt: skip
+    b = _profile("b", {"sysctl": {"vm.swappiness": 10, "vm.stat_interval": 5},
+                       "fake": {"a": "1", "c": "2", "na": "4"}})  # fmt: skip
+    rig.plugins["fake"].refuse_read["na"] = NotApplicable("no such knob here")
+    for first, then in ((None, a), (a, b), (b, a)):
+        if first is not None:
+            rig.engine.apply(first)
+        journal = (rig.state_dir / "journal.jsonl").read_bytes() if first else None
+        before = rig.values()
+        rig.reset_writes()
+        switch_plan = rig.engine.plan_profile(then)
+        assert rig.system.writes == [] and rig.fake.writes == []
+        assert rig.values() == before
+        if journal is not None:
+            assert (rig.state_dir / "journal.jsonl").read_bytes() == journal
+        assert switch_plan.profile == then.name
+        assert switch_plan.current == (first.name if first else None)
+        planned = _planned(switch_plan)
+        report = rig.engine.apply(then)
+        changes = {sid: p[3] for sid, p in planned.items() if p[0] == "change"}
+        assert changes == _written(report), (first, then)
+        assert {sid for sid, p in planned.items() if p[0] == "not applicable"} == set(
+            report.not_applicable
+        )
+        unchanged = [sid for sid, p in planned.items() if p[0] == "unchanged"]
+        assert len(unchanged) == report.unchanged + sum(
+            1 for p in planned.values() if p[:2] == ("unchanged", "restore")
+        )
+    # From a to b: swappiness is kept, stat_interval 10 -> 5, b given back, d was as wanted.
+    rig.engine.apply(a)
+    planned = _planned(rig.engine.plan_profile(b))
+    assert planned[("sysctl", SWAP)] == ("unchanged", "keep", "10", "10")
+    assert planned[("sysctl", STAT)] == ("change", "apply", "10", "5")
+    assert planned[("fake", KB)] == ("change", "restore", "1", "0")
+    assert planned[("fake", Knob("d"))] == ("unchanged", "restore", "0", "0")
+    assert planned[("fake", KC)] == ("change", "apply", "0", "2")
+    assert planned[("fake", Knob("na"))] == ("not applicable", "apply", None, "4")
+
+
+def test_a_plan_from_the_same_profile_would_change_nothing(rig: Rig) -> None:
+    a = _profile("a", {"sysctl": {"vm.swappiness": 10}, "fake": {"a": "1"}})
+    rig.engine.apply(a)
+    switch_plan = rig.engine.plan_profile(a)
+    assert switch_plan.changes == 0
+    assert {s.action for s in switch_plan.settings} == {"unchanged"}
+
+
+def test_a_plan_hides_tasks_from_who_may_not_see_them(rig: Rig) -> None:
+    from latencyd.plugins.shield import TaskAffinity
+
+    from latencyd.core.planning import PlannedSetting, SwitchPlan
+
+    task = TaskAffinity(4242, 7, 4242)
+    switch_plan = SwitchPlan("p", None, [
+        PlannedSetting("shield", task, "change", "apply", "0-1", "0"),
+        PlannedSetting("sysctl", SWAP, "change", "apply", "60", "10"),
+    ])  # fmt: skip
+
+    class Shield(FakePlugin):
+        def describe(self, target: Any, value: Any) -> str:
+            return f"pid {target.pid} on {value}"
+
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": Shield(rig.system), **rig.plugins}
+    shown = switch_plan.as_json(plugins, show_tasks=True)
+    assert [r["plugin"] for r in shown["settings"]] == ["shield", "sysctl"]
+    assert shown["would_change"] == 2 and shown["hidden"] == {}
+    hidden = switch_plan.as_json(plugins, show_tasks=False)
+    assert [r["plugin"] for r in hidden["settings"]] == ["sysctl"]
+    assert hidden["would_change"] == 2 and hidden["hidden"] == {"shield": 1}
+    assert "4242" not in json.dumps(hidden)

@@ -934,3 +934,23 @@ def test_schema_defaults_and_errors(plugin: IrqPlugin, machine: Machine) -> None
         section(plugin, machine, {"on_drift": "ignore"})
     with pytest.raises(SchemaError, match="unknown option 'on_drift'"):
         validate(plugin.schema, {"on_drift": "report"}, machine)
+
+
+def test_an_irq_whose_affinity_the_kernel_made_read_only_is_not_applicable_before_a_write(
+    tmp_path: Path, root: Path, plugin: IrqPlugin, machine: Machine
+) -> None:
+    """procfs makes a kernel-managed IRQ's affinity files read-only: the IRQ is not
+    applicable when read, before any write is tried (root could still open the file, for
+    the write to be refused), so a plan says what the switch then says."""
+    managed = root / "proc/irq/41/smp_affinity_list"
+    managed.chmod(0o444)
+    engine = engine_for(tmp_path, plugin)
+    p = profile(plugin, machine, "p", {"isolate": "1"})
+    switch_plan = engine.plan_profile(p)
+    planned = {s.target: (s.action, s.reason) for s in switch_plan.settings}
+    why = f"{NOT_MOVABLE}: the kernel made proc/irq/41/smp_affinity_list read-only"
+    assert planned[IrqAffinity(41)] == ("not applicable", why)
+    report = engine.apply(p)
+    assert report.not_applicable == {("irq", IrqAffinity(41)): Refused("0,2-3", why)}
+    assert managed.read_text().strip() == "0-3"  # never written
+    assert engine.verify() == []

@@ -255,3 +255,34 @@ def test_an_error_the_daemon_sends_is_one_line_on_stderr(
     monkeypatch.setattr(cli, "_call", refuse)
     assert cli.main(["switch", f"p{FORGER}{CLEAR}"]) == cli.USAGE
     assert capsys.readouterr().err == "latencyctl: no profile named px\\n<0>pwned\\x1b[2J\n"
+
+
+def test_a_plan_shows_task_names_escaped_moves_nothing_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`latencyctl plan`: the shield would narrow the three hostile tasks, said escaped
+    (the JSON as it is); the plan itself narrows none; exit 1 since something would
+    change. Hidden from who may not see tasks: counted, never named."""
+    from latencyd.core.plugin import in_one_go
+
+    daemon = shield_among_hostile_names(tmp_path)
+    sched = daemon.system.sched
+    before = dict(sched.affinity)
+    switch_plan = in_one_go(daemon.plan_steps)("p")
+    assert dict(sched.affinity) == before
+    assert not [call for call, _ in sched.calls if call.startswith("sched_set")]
+    assert not (tmp_path / "state" / "journal.jsonl").exists()
+    answering(monkeypatch, Plan=switch_plan.as_json(daemon.plugins))
+    assert cli.main(["plan", "p"]) == cli.WOULD_CHANGE
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.isprintable() for line in lines), lines
+    assert "plan: nothing applied -> p (nothing was changed)" in lines
+    assert (
+        "  change          user task x\\n<0>pwned (pid 4242, thread 4242) CPUs = 0,2-3   (now: 0-3)"
+        in lines
+    )
+    assert cli.main(["--json", "plan", "p"]) == cli.WOULD_CHANGE
+    data = json.loads(capsys.readouterr().out)
+    assert any(FORGER in row["setting"] for row in data["settings"])
+    hidden = switch_plan.as_json(daemon.plugins, show_tasks=False)
+    assert hidden["hidden"] == {"shield": 3} and FORGER not in json.dumps(hidden)
