@@ -579,6 +579,19 @@ class System:
             return None
         return pid if pid > 0 and self.is_root_process(pid, comm) else None
 
+    def ancestors(self, pid: int) -> list[int]:
+        """pid, its parent, and so on up to init (bounded: a loop cannot trap us)."""
+        chain = []
+        for _ in range(64):
+            task = self.task(pid)
+            if task is None or pid in chain:
+                break
+            chain.append(pid)
+            if task.ppid <= 1:
+                break
+            pid = task.ppid
+        return chain
+
     def children(self, pid: int) -> list[int]:
         """The processes `pid`'s threads started (proc/PID/task/TID/children, where the
         kernel has CONFIG_PROC_CHILDREN; [] where it has not, or the process is gone)."""

@@ -763,6 +763,8 @@ def test_a_placed_hold_that_needs_no_cpus_is_kept_off_another_holds_shield(
     assert m.sched.affinity[400] == {0, 2, 3}
     assert [h["cpus"] for h in daemon.status()["holds"]] == ["1", ""]
     assert daemon.engine.off() == []
+
+
 def test_a_rename_deep_down_under_a_hold_walks_the_parents_once(
     m: Machinery, machine: Machine
 ) -> None:
