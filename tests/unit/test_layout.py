@@ -48,6 +48,14 @@ KERNEL_WORDS = {
     ("latencyd.kernel.procstat", "cpu"): "the head of /proc/stat's and schedstat's CPU lines",
     ("latencyd.kernel.system", "sysfs"): "a file system's name (statfs's f_type)",
     ("latencyd.kernel.cmdline", "kthread"): "a housekeeping type nohz_full takes (HK_TYPE_KTHREAD)",
+    # The other owners of a setting, in their own words: TuneD's plugins (its profiles'
+    # sections), the sysctl tool and systemd-sysctl, sysfs paths.
+    ("latencyd.kernel.owners", "sysctl"): "the sysctl tool, systemd-sysctl, TuneD's [sysctl]",
+    ("latencyd.kernel.owners", "sysfs"): "TuneD's [sysfs] plugin",
+    ("latencyd.kernel.owners", "cpu"): "TuneD's [cpu] plugin",
+    ("latencyd.kernel.owners", "irq"): "TuneD's [irq] plugin",
+    ("latencyd.kernel.owners", "net"): "TuneD's [net] plugin",
+    ("latencyd.kernel.owners", "bootloader"): "TuneD's [bootloader] plugin",
 }
 
 
