@@ -34,8 +34,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--reverse"):
         items.reverse()
+    # The VM tier (tests/vm) boots QEMU for minutes: it runs only when asked for by its
+    # marker (`-m vm`, `make test-vm`; `make test` runs it after the main suite).
+    if "vm" not in (config.getoption("markexpr") or ""):
+        tier = [item for item in items if "vm" in Path(str(item.fspath)).parts]
+        if tier:
+            config.hook.pytest_deselected(items=tier)
+            items[:] = [item for item in items if "vm" not in Path(str(item.fspath)).parts]
     for item in items:
         path = Path(str(item.fspath))
+        if "vm" in path.parts:
+            item.add_marker(pytest.mark.vm)
+            if not IS_ROOT:
+                item.add_marker(pytest.mark.skip(reason="the VM's image cache is root's"))
         if "kernel" in path.parts:
             item.add_marker(pytest.mark.kernel)
         if "e2e" in path.parts:
