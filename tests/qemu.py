@@ -47,7 +47,12 @@ IMAGE = CACHE / "image"
 KEY = CACHE / "id"
 # What the guest kernel prints when the emulator flake hits (see the module's docstring).
 FLAKES = ("Oops: int3",)
-BOOT_TIMEOUT = 300.0
+# Power-on to ssh takes ~40 s on an idle 2-CPU machine and many minutes on a loaded one
+# (every vCPU is a host thread emulating instructions): a boot is given up when its
+# console has been silent for STALL seconds without ssh answering (a hung kernel, or a
+# guest up without sshd), or after BOOT_TIMEOUT in all.
+STALL = 180.0
+BOOT_TIMEOUT = 900.0
 # The guest's own Python (Debian 12's 3.11), the one `make install` installs for: the
 # host's /usr/bin/python3 is the same, so the wheels built with it fit the guest.
 GUEST_PYTHON = "/usr/bin/python3"
@@ -103,7 +108,7 @@ def qemu_argv(shape: Shape, overlay: Path, port: int, serial: Path, monitor: Pat
         "-device", "virtio-net-pci,netdev=n0,mq=on,vectors=10",
         "-netdev", "user,id=n1,restrict=on", "-device", "e1000e,netdev=n1",
         "-serial", f"file:{serial}", "-monitor", f"unix:{monitor},server,nowait",
-        "-display", "none",
+        "-display", "none", "-nodefaults",
     ]  # fmt: skip
 
 
@@ -148,6 +153,7 @@ class Vm:
             except Flake as flake:
                 self.flakes.append(f"power-on: {flake}")
                 self._power_off()
+                self.serial.rename(self.dir / f"serial-attempt{attempt}.log")
                 if attempt == 2:
                     raise BootFailed(f"the emulator flake twice: {self.flakes}") from flake
         raise AssertionError("unreachable")
@@ -195,17 +201,26 @@ class Vm:
         self.qemu = None
 
     def _wait_up(self, serial_from: int, old_boot_id: str | None) -> None:
-        started = time.monotonic()
+        started = quiet_since = time.monotonic()
+        console_size = serial_from
         while time.monotonic() - started < BOOT_TIMEOUT:
             assert self.qemu is not None
             if self.qemu.poll() is not None:
                 raise BootFailed("QEMU exited:\n" + (self.dir / "qemu.log").read_text()[-3000:])
             with open(self.serial, "rb") as f:
                 f.seek(serial_from)
-                oops = flake_in(f.read().decode(errors="replace"))
-            if oops:
+                console = f.read()
+            if oops := flake_in(console.decode(errors="replace")):
                 raise Flake(oops)
-            probe = self.ssh("cat /proc/sys/kernel/random/boot_id", check=False, timeout=20)
+            if serial_from + len(console) != console_size:
+                console_size, quiet_since = serial_from + len(console), time.monotonic()
+            elif time.monotonic() - quiet_since > STALL:
+                raise Flake(f"no ssh, and the console silent for {STALL:.0f} s:\n"
+                            f"{self.console()[-2000:]}")  # fmt: skip
+            try:
+                probe = self.ssh("cat /proc/sys/kernel/random/boot_id", check=False, timeout=30)
+            except GuestCommandFailed:
+                continue  # sshd accepted but did not answer in time: still starting
             if probe.returncode == 0 and probe.stdout.strip() not in ("", old_boot_id):
                 self.boot_seconds.append(time.monotonic() - started)
                 return
