@@ -52,7 +52,7 @@ FLAKES = ("Oops: int3",)
 # console has been silent for STALL seconds without ssh answering (a hung kernel, or a
 # guest up without sshd), or after BOOT_TIMEOUT in all.
 STALL = 180.0
-BOOT_TIMEOUT = 900.0
+BOOT_TIMEOUT = 1800.0
 # The guest's own Python (Debian 12's 3.11), the one `make install` installs for: the
 # host's /usr/bin/python3 is the same, so the wheels built with it fit the guest.
 GUEST_PYTHON = "/usr/bin/python3"
@@ -325,7 +325,7 @@ def install_latencyd(vm: Vm) -> None:
     vm.put_tree(source, "/root/latencyd")
     vm.put_tree(tar_of(wheels(source)), "/root/wheels")
     vm.ssh("cd /root/latencyd && export PIP_NO_INDEX=1 PIP_FIND_LINKS=/root/wheels "
-           "&& make install && make install-system")  # fmt: skip
+           "&& make install && make install-system", timeout=BOOT_TIMEOUT)  # fmt: skip
 
 
 def guest_profile(vm: Vm, name: str, text: str) -> None:
