@@ -10,7 +10,7 @@ from tests.vm.profiles import DEFAULT_PROFILE
 def test_the_machine_is_like_a_users(vm: Vm) -> None:
     assert vm.ssh("stat -fc %T /sys/fs/cgroup").stdout.strip() == "cgroup2fs"
     assert vm.ssh("ps -o comm= -p 1").stdout.strip() == "systemd"
-    assert "cpuset" in vm.ssh("cat /sys/fs/cgroup/cgroup.subtree_control").stdout.split()
+    assert "cpuset" in vm.ssh("cat /sys/fs/cgroup/cgroup.controllers").stdout.split()
     assert vm.ssh("nproc").stdout.strip() == "4"
     # ssh's shells stay tasks of ssh.service (no libpam-systemd), as a service's commands do
     assert vm.ssh("cat /proc/self/cgroup").stdout.strip() == "0::/system.slice/ssh.service"
