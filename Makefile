@@ -10,7 +10,8 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 CPUIDLE_DRIVER := /sys/devices/system/cpu/cpuidle/current_driver
 
-.PHONY: setup run test check lint bench clean install install-system control-plane test-lowest deb
+.PHONY: setup run test test-vm check lint bench clean install install-system control-plane \
+	vm-image test-lowest deb
 
 setup:
 	@bash scripts/setup.sh
@@ -25,18 +26,33 @@ pytest = status=0; $(1) || status=$$?; \
 	if [ "$$status" -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit "$$status"
 
-# Tests first (kernel and e2e tests need root; tests/package builds the Debian package),
-# then lint. On a machine with a cpuidle driver, the tests whose expectations depend on
-# it run again as on a guest without one (what that changes:
-# scripts/without-cpuidle-driver.sh); the unit tests run again with the lowest supported
-# version of each dependency (test-lowest).
 # The fleet tests' kube-apiserver and etcd, built once per machine into a cache
 # (scripts/control-plane.sh: ~6-12 min the first time, seconds after).
 control-plane:
 	@bash scripts/control-plane.sh
 
-test: setup control-plane
+# The VM tier's Debian image (scripts/vm/build-image.sh), built once per machine into a
+# cache and again only when the recipe changes: ~6 min the first time, nothing after.
+# It needs root (mmdebstrap, a loop device); as another user it is left out, and the VM
+# tests skip.
+vm-image:
+	@if [ "$$(id -u)" = 0 ]; then bash scripts/vm/build-image.sh; \
+	else echo "vm-image: not root: not built (the VM tests skip without root)"; fi
+
+# The VM tier alone (tests/vm, the `vm` marker): a Debian VM under QEMU, latencyd installed
+# in it by `make install` + `make install-system` from the commit at HEAD.
+test-vm: setup vm-image
+	@$(call pytest,$(PYTHON) -m pytest -m vm tests/vm)
+
+# Tests first (kernel and e2e tests need root; tests/package builds the Debian package),
+# then the VM tier, then lint. On a machine with a cpuidle driver, the tests whose
+# expectations depend on it run again as on a guest without one (what that changes:
+# scripts/without-cpuidle-driver.sh); the unit tests run again with the lowest supported
+# version of each dependency (test-lowest).
+test: setup control-plane vm-image
 	@$(call pytest,$(PYTHON) -m pytest)
+	@echo "make test: the VM tier (tests/vm)"
+	@$(call pytest,$(PYTHON) -m pytest -m vm -p no:cacheprovider tests/vm)
 	@if [ "$$(id -u)" = 0 ] && grep -qvx none $(CPUIDLE_DRIVER) 2>/dev/null; then \
 	    echo "make test: the machine_kind tests as on a guest without a cpuidle driver"; \
 	    $(call pytest,bash scripts/without-cpuidle-driver.sh \

@@ -75,6 +75,11 @@ APT_PACKAGES=(
     # The fleet tests' control plane (scripts/control-plane.sh): its certificates, and
     # apt-get download of etcd-server (extracted, not installed).
     openssl
+    # The VM tier (tests/vm): the Debian image built with mmdebstrap, partitioned with
+    # sfdisk, GRUB's i386-pc core written into it (scripts/vm/build-image.sh); QEMU runs it
+    # (TCG: nested KVM does not run on these guests) over copy-on-write overlays (qemu-img);
+    # the tests reach it with ssh and scp.
+    mmdebstrap fdisk grub-pc-bin qemu-system-x86 qemu-utils openssh-client
 )
 
 missing=()

@@ -1,0 +1,359 @@
+"""A machine like our users' for the VM tier (tests/vm): the Debian 12 image that
+scripts/vm/build-image.sh builds once per machine, booted under QEMU as a copy-on-write
+overlay of it (the image itself is never written), with systemd as PID 1 on cgroup v2,
+GRUB, Debian's kernel 6.12, a multi-queue virtio-net NIC carrying ssh and an e1000e.
+
+QEMU runs with TCG, the software emulator (nested KVM does not run on the development
+guests): ~40 s from power-on to ssh with 4 vCPUs, ~60 s a reboot, timings inside 10-50x a
+real machine's. The tier checks behaviour and counts, never latency.
+
+Networking is QEMU's user mode with `restrict=on`: the guest reaches nothing outside,
+and only ssh is forwarded to it, from a free port on 127.0.0.1.
+
+The known emulator flake: multi-threaded TCG sometimes gets the guest kernel's live code
+patching (a static key flipped) wrong, and the kernel dies with `Oops: int3` on the serial
+console; or the guest never answers ssh. A boot that shows either is retried once (a fresh
+overlay at power-on; a reset of the same disk after a reboot, which keeps what the test
+wrote). QEMU dies with the process that started it (PR_SET_PDEATHSIG), and `stop` kills it.
+
+`python -m tests.qemu [--cpus N] [--numa-nodes N]` boots one for a developer
+(scripts/vm/boot.sh), prints how to reach it, and kills it at Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import io
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.harness import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("LATENCYD_VM_CACHE", "/var/cache/latencyd-test/vm"))
+IMAGE = CACHE / "image"
+KEY = CACHE / "id"
+# What the guest kernel prints when the emulator flake hits (see the module's docstring).
+FLAKES = ("Oops: int3",)
+# Power-on to ssh takes ~40 s on an idle 2-CPU machine and many minutes on a loaded one
+# (every vCPU is a host thread emulating instructions): a boot is given up when its
+# console has been silent for STALL seconds without ssh answering (a hung kernel, or a
+# guest up without sshd), or after BOOT_TIMEOUT in all.
+STALL = 180.0
+BOOT_TIMEOUT = 1800.0
+# The guest's own Python (Debian 12's 3.11), the one `make install` installs for: the
+# host's /usr/bin/python3 is the same, so the wheels built with it fit the guest.
+GUEST_PYTHON = "/usr/bin/python3"
+SSH_OPTIONS = (
+    "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+    "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+    "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",
+)  # fmt: skip
+
+
+class NotBuilt(RuntimeError):
+    pass
+
+
+class BootFailed(RuntimeError):
+    pass
+
+
+class Flake(RuntimeError):
+    """The emulator flake seen: the guest kernel died, or ssh never answered."""
+
+
+class GuestCommandFailed(AssertionError):
+    pass
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The VM's hardware: vCPUs, spread evenly over `numa_nodes` nodes, and memory."""
+
+    cpus: int = 4
+    numa_nodes: int = 1
+    memory_mb: int = 2048
+
+
+def qemu_argv(shape: Shape, overlay: Path, port: int, serial: Path, monitor: Path) -> list[str]:
+    """QEMU's command line for `shape`, its disk the qcow2 `overlay`, ssh on 127.0.0.1:port."""
+    if shape.cpus % shape.numa_nodes:
+        raise ValueError(f"{shape.cpus} vCPUs do not spread evenly over {shape.numa_nodes} nodes")
+    numa: list[str] = []
+    if shape.numa_nodes > 1:
+        per_node, memory = shape.cpus // shape.numa_nodes, shape.memory_mb // shape.numa_nodes
+        for n in range(shape.numa_nodes):
+            first = n * per_node
+            cpus = f"{first}-{first + per_node - 1}"
+            numa += ["-object", f"memory-backend-ram,id=mem{n},size={memory}M",
+                     "-numa", f"node,nodeid={n},cpus={cpus},memdev=mem{n}"]  # fmt: skip
+    return [
+        "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max",
+        "-smp", str(shape.cpus), "-m", f"{shape.memory_mb}M", *numa,
+        "-drive", f"file={overlay},format=qcow2,if=virtio",
+        "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
+        "-device", "virtio-net-pci,netdev=n0,mq=on,vectors=10",
+        "-netdev", "user,id=n1,restrict=on", "-device", "e1000e,netdev=n1",
+        "-serial", f"file:{serial}", "-monitor", f"unix:{monitor},server,nowait",
+        "-display", "none", "-nodefaults",
+    ]  # fmt: skip
+
+
+def flake_in(console: str) -> str | None:
+    """The line of the serial console that shows the emulator flake, if one does."""
+    for line in console.splitlines():
+        if any(f in line for f in FLAKES):
+            return line.strip()
+    return None
+
+
+def _die_with_parent() -> None:
+    """In QEMU's child process before exec: SIGKILL when the process that started it dies,
+    so a test run killed outright leaves no VM running."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Vm:
+    def __init__(self, shape: Shape = Shape()) -> None:
+        if not IMAGE.exists() or not KEY.exists():
+            raise NotBuilt(f"no VM image in {CACHE}: run make vm-image (make test does)")
+        self.shape = shape
+        self.dir = Path(tempfile.mkdtemp(prefix="latencyd-vm-"))
+        self.overlay = self.dir / "overlay.qcow2"
+        self.serial = self.dir / "serial.log"
+        self.monitor = self.dir / "monitor.sock"
+        self.port = 0
+        self.qemu: subprocess.Popen[bytes] | None = None
+        self.boot_seconds: list[float] = []  # power-on or reboot to ssh, each boot
+        self.flakes: list[str] = []  # the flakes seen and retried
+
+    # -- power -------------------------------------------------------------------------
+    def boot(self) -> Vm:
+        """Power on a fresh overlay of the image; returns when ssh answers. A flake on the
+        first attempt is retried once on a new overlay."""
+        for attempt in (1, 2):
+            self._power_on()
+            try:
+                self._wait_up(serial_from=0, old_boot_id=None)
+                return self
+            except Flake as flake:
+                self.flakes.append(f"power-on: {flake}")
+                self._power_off()
+                self.serial.rename(self.dir / f"serial-attempt{attempt}.log")
+                if attempt == 2:
+                    raise BootFailed(f"the emulator flake twice: {self.flakes}") from flake
+        raise AssertionError("unreachable")
+
+    def reboot(self) -> None:
+        """`systemctl reboot` in the guest; returns when the new boot answers ssh. A flake
+        is met with a reset of the same disk, once."""
+        old = self.boot_id()
+        serial_from = self.serial.stat().st_size
+        self.ssh("systemctl reboot", check=False)  # ssh may see the connection dropped
+        try:
+            self._wait_up(serial_from, old)
+        except Flake as flake:
+            self.flakes.append(f"reboot: {flake}")
+            serial_from = self.serial.stat().st_size
+            self._monitor("system_reset")
+            try:
+                self._wait_up(serial_from, old)
+            except Flake as again:
+                raise BootFailed(f"the emulator flake twice: {self.flakes}") from again
+
+    def stop(self) -> None:
+        """Kill QEMU (the overlay goes with the work directory)."""
+        self._power_off()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _power_on(self) -> None:
+        self.overlay.unlink(missing_ok=True)
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw",
+                        "-b", str(IMAGE.resolve()), str(self.overlay)], check=True)  # fmt: skip
+        self.serial.write_bytes(b"")
+        self.port = free_port()
+        argv = qemu_argv(self.shape, self.overlay, self.port, self.serial, self.monitor)
+        with open(self.dir / "qemu.log", "ab") as log:
+            self.qemu = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+
+    def _power_off(self) -> None:
+        if self.qemu is not None and self.qemu.poll() is None:
+            self.qemu.kill()
+        if self.qemu is not None:
+            self.qemu.wait()
+        self.qemu = None
+
+    def _wait_up(self, serial_from: int, old_boot_id: str | None) -> None:
+        started = quiet_since = time.monotonic()
+        console_size = serial_from
+        while time.monotonic() - started < BOOT_TIMEOUT:
+            assert self.qemu is not None
+            if self.qemu.poll() is not None:
+                raise BootFailed("QEMU exited:\n" + (self.dir / "qemu.log").read_text()[-3000:])
+            with open(self.serial, "rb") as f:
+                f.seek(serial_from)
+                console = f.read()
+            if oops := flake_in(console.decode(errors="replace")):
+                raise Flake(oops)
+            if serial_from + len(console) != console_size:
+                console_size, quiet_since = serial_from + len(console), time.monotonic()
+            elif time.monotonic() - quiet_since > STALL:
+                raise Flake(f"no ssh, and the console silent for {STALL:.0f} s:\n"
+                            f"{self.console()[-2000:]}")  # fmt: skip
+            try:
+                probe = self.ssh("cat /proc/sys/kernel/random/boot_id", check=False, timeout=30)
+            except GuestCommandFailed:
+                continue  # sshd accepted but did not answer in time: still starting
+            if probe.returncode == 0 and probe.stdout.strip() not in ("", old_boot_id):
+                self.boot_seconds.append(time.monotonic() - started)
+                return
+            time.sleep(2)
+        raise Flake(f"no ssh after {BOOT_TIMEOUT:.0f} s; console:\n{self.console()[-2000:]}")
+
+    def _monitor(self, command: str) -> None:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(self.monitor))
+            s.sendall(command.encode() + b"\n")
+            time.sleep(0.5)
+
+    # -- inside ------------------------------------------------------------------------
+    def ssh_argv(self, command: str) -> list[str]:
+        return ["ssh", *SSH_OPTIONS, "-i", str(KEY), "-p", str(self.port), "root@127.0.0.1",
+                command]  # fmt: skip
+
+    def ssh(
+        self, command: str, *, check: bool = True, timeout: float = 600, stdin: bytes = b""
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a shell command in the guest as root (in a session of ssh.service)."""
+        try:
+            done = subprocess.run(self.ssh_argv(command), input=stdin, capture_output=True,
+                                  timeout=timeout)  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise GuestCommandFailed(f"{command!r} did not end in {timeout:.0f} s") from exc
+        result = subprocess.CompletedProcess(
+            done.args, done.returncode, done.stdout.decode(errors="replace"),
+            done.stderr.decode(errors="replace"),
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise GuestCommandFailed(
+                f"in the VM: {command!r} exited {result.returncode}\n"
+                f"stdout: {result.stdout[-3000:]}\nstderr: {result.stderr[-3000:]}"
+            )
+        return result
+
+    def as_user(
+        self, user: str, command: str, *, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a shell command in the guest as `user` (runuser from root's ssh session)."""
+        return self.ssh(f"runuser -u {user} -- sh -c {shlex.quote(command)}", check=check)
+
+    def boot_id(self) -> str:
+        return self.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+    def put_tree(self, tar: bytes, into: str) -> None:
+        """Unpack the tar archive `tar` into the guest's directory `into`."""
+        self.ssh(f"mkdir -p {shlex.quote(into)} && tar -x -C {shlex.quote(into)}", stdin=tar)
+
+    def console(self) -> str:
+        return self.serial.read_text(errors="replace") if self.serial.exists() else ""
+
+
+# -- latencyd into the guest, as a user installs it ---------------------------------------
+def source_archive() -> bytes:
+    """The repository at HEAD, as `git archive` gives it (what a user's checkout holds)."""
+    return subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "HEAD"],
+                          check=True, capture_output=True).stdout  # fmt: skip
+
+
+def wheels(source: bytes) -> Path:
+    """Wheels of everything `make install` needs that the guest lacks (its runtime
+    dependencies and its build back-end), at requirements.lock's versions, built on the
+    host with the guest's Python: the guest has no network to PyPI. Cached under CACHE by
+    the hash of the files that name them."""
+    lock, pyproject = REPO / "requirements.lock", REPO / "pyproject.toml"
+    key = hashlib.sha256(lock.read_bytes() + pyproject.read_bytes()).hexdigest()[:16]
+    done = CACHE / f"wheels-{key}"
+    if done.is_dir():
+        return done
+    build_requires = tomllib.loads(pyproject.read_text())["build-system"]["requires"]
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        src, out = Path(tmp) / "src", Path(tmp) / "wheels"
+        src.mkdir()
+        with tarfile.open(fileobj=io.BytesIO(source)) as t:
+            t.extractall(src, filter="data")
+        env = {**os.environ, "PIP_CONSTRAINT": str(lock), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        subprocess.run([GUEST_PYTHON, "-m", "pip", "wheel", "-q", "--no-input", "-w", str(out),
+                        str(src), *build_requires], check=True, env=env,
+                       stdin=subprocess.DEVNULL)  # fmt: skip
+        for own in out.glob("latencyd-*.whl"):
+            own.unlink()  # `make install` builds latencyd itself, from the source
+        for stale in CACHE.glob("wheels-*"):
+            shutil.rmtree(stale)
+        out.rename(done)
+    return done
+
+
+def tar_of(directory: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for path in sorted(directory.iterdir()):
+            t.add(path, arcname=path.name)
+    return buf.getvalue()
+
+
+def install_latencyd(vm: Vm) -> None:
+    """`make install` and `make install-system` in a copy of the repository at HEAD, pip
+    finding the host's wheels (PIP_NO_INDEX: nothing is fetched)."""
+    source = source_archive()
+    vm.put_tree(source, "/root/latencyd")
+    vm.put_tree(tar_of(wheels(source)), "/root/wheels")
+    vm.ssh("cd /root/latencyd && export PIP_NO_INDEX=1 PIP_FIND_LINKS=/root/wheels "
+           "&& make install && make install-system", timeout=BOOT_TIMEOUT)  # fmt: skip
+
+
+def guest_profile(vm: Vm, name: str, text: str) -> None:
+    """A profile into the guest's /etc/latencyd/profiles, re-read by its daemon."""
+    vm.ssh(f"cat > /etc/latencyd/profiles/{name}.toml && latencyctl reload", stdin=text.encode())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Boot the VM tier's machine until Ctrl-C.")
+    parser.add_argument("--cpus", type=int, default=4)
+    parser.add_argument("--numa-nodes", type=int, default=1)
+    parser.add_argument("--memory-mb", type=int, default=2048)
+    parser.add_argument("--install", action="store_true", help="make install + install-system")
+    args = parser.parse_args()
+    vm = Vm(Shape(args.cpus, args.numa_nodes, args.memory_mb))
+    try:
+        vm.boot()
+        if args.install:
+            install_latencyd(vm)
+        print(f"up after {vm.boot_seconds[-1]:.0f} s; console: {vm.serial}")
+        print(shlex.join(vm.ssh_argv("")[:-1]))
+        print("Ctrl-C powers it off")
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        vm.stop()
+
+
+if __name__ == "__main__":
+    main()

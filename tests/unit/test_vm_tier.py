@@ -1,0 +1,45 @@
+"""The VM tier's pure parts (tests/qemu.py): QEMU's command line for a shape, and the
+emulator flake told from the serial console."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.qemu import Shape, flake_in, qemu_argv
+
+OOPS = (
+    "[   41.113342] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n"
+    "[   41.113871] RIP: 0010:hrtimer_start_range_ns+0x2f/0x3c0\n"
+)
+
+
+def argv(shape: Shape) -> list[str]:
+    return qemu_argv(shape, Path("/o.qcow2"), 40022, Path("/serial"), Path("/mon"))
+
+
+def test_two_numa_nodes_split_the_cpus_and_memory() -> None:
+    a = argv(Shape(cpus=8, numa_nodes=2, memory_mb=2048))
+    nodes = [a[i + 1] for i, arg in enumerate(a) if arg == "-numa"]
+    assert nodes == ["node,nodeid=0,cpus=0-3,memdev=mem0", "node,nodeid=1,cpus=4-7,memdev=mem1"]
+    assert "memory-backend-ram,id=mem1,size=1024M" in a
+
+
+def test_one_node_has_no_numa_options_and_ssh_only_on_loopback() -> None:
+    a = argv(Shape())
+    assert "-numa" not in a
+    assert a[a.index("-smp") + 1] == "4"
+    netdevs = [a[i + 1] for i, arg in enumerate(a) if arg == "-netdev"]
+    assert netdevs == ["user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:40022-:22",
+                       "user,id=n1,restrict=on"]  # fmt: skip
+
+
+def test_uneven_nodes_refused() -> None:
+    with pytest.raises(ValueError, match="evenly"):
+        argv(Shape(cpus=6, numa_nodes=4))
+
+
+def test_the_flake_is_told_from_the_console() -> None:
+    assert flake_in("[    1.0] booting\n" + OOPS) == OOPS.splitlines()[0].strip()
+    assert flake_in("[    1.0] booting\nvm login: ") is None
