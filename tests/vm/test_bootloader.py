@@ -12,10 +12,6 @@ ARGUMENTS = ("nohz_full=2-3", "rcu_nocbs=2-3", "isolcpus=managed_irq,domain,2-3"
 
 
 @pytest.mark.leaves_boot_changed
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 51 finding 4a: the daemon's stop at shutdown undoes the arguments it wrote",
-)
 def test_switch_to_a_written_profile_then_reboot(vm: Vm) -> None:
     assert not set(ARGUMENTS) & set(vm.ssh("cat /proc/cmdline").stdout.split())
     guest_profile(vm, "vm-realtime-written", REALTIME_WRITTEN)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from tests.qemu import Vm, guest_profile
 from tests.vm.profiles import DEFAULT_PROFILE, PARTITIONING
 
@@ -14,10 +12,6 @@ RAN = "/root/run-ran"
 SHOW = f"grep Cpus_allowed_list /proc/self/status; cat /proc/self/cgroup; touch {RAN}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 51 finding 2: run from a service's shell places nothing and exits 0",
-)
 def test_run_from_a_service_places_the_command_or_says_why(vm: Vm) -> None:
     guest_profile(vm, "vm-partitioning", PARTITIONING)
     vm.ssh("latencyctl switch vm-partitioning")
