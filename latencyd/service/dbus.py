@@ -49,7 +49,9 @@ ANSWER_REUSE_S = 1.0  # how old a Status or Verify answer a caller who only read
 PROPERTIES = "org.freedesktop.DBus.Properties"
 # Open to every caller (the policy file allows exactly these); every other method of
 # the interface changes state and checks the caller.
-READ_METHODS = frozenset({"ListProfiles", "ActiveProfile", "Status", "Verify", "Plan"})
+READ_METHODS = frozenset(
+    {"ListProfiles", "ProfileFile", "ActiveProfile", "Status", "Verify", "Plan"}
+)
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 T = TypeVar("T")
 

@@ -268,6 +268,8 @@ class Fake(dbus.service.Object):
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
     def Plan(self): return "ok"
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
+    def ProfileFile(self): return "ok"
+    @dbus.service.method(IFACE, in_signature="", out_signature="s")
     def SwitchProfile(self): return "ok"
     @dbus.service.method(IFACE, in_signature="", out_signature="s")
     def Off(self): return "ok"
