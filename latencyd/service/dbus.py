@@ -94,9 +94,11 @@ def _error_reply(exc: Exception) -> dbus.DBusException:
     return ServiceError(internal.dbus_name, str(internal))
 
 
-def _change(in_signature: str, out_signature: str) -> Callable[[Callable[..., None]], Any]:
-    """A method that changes state: the caller is named (`sender`), and it replies through
-    `reply`/`error` once the change has run (Service._run), not when the method returns."""
+def _operation(in_signature: str, out_signature: str) -> Callable[[Callable[..., None]], Any]:
+    """A method run as an operation (latencyd.service.operations): the caller is named
+    (`sender`), and it replies through `reply`/`error` once the operation has run (a
+    change, Service._run; a read that waits for the change in progress, Verify and Plan),
+    not when the method returns."""
     decorator: Callable[[Callable[..., None]], Any] = dbus.service.method(
         INTERFACE,
         in_signature=in_signature,
@@ -293,13 +295,7 @@ class Service(dbus.service.Object):
 
         return _answer(answer)
 
-    @dbus.service.method(
-        INTERFACE,
-        in_signature="",
-        out_signature="s",
-        async_callbacks=("reply", "error"),
-        sender_keyword="sender",
-    )
+    @_operation("", "s")
     def Verify(
         self,
         reply: Callable[[str], None],
@@ -334,13 +330,7 @@ class Service(dbus.service.Object):
 
         self.operations.read(Operation("verify", start, answer, failed))
 
-    @dbus.service.method(
-        INTERFACE,
-        in_signature="s",
-        out_signature="s",
-        async_callbacks=("reply", "error"),
-        sender_keyword="sender",
-    )
+    @_operation("s", "s")
     def Plan(
         self,
         name: str,
@@ -373,7 +363,7 @@ class Service(dbus.service.Object):
         self.operations.read(Operation(f"plan of {name} for {who}", start, reply, failed))
 
     # -- changes: each runs as an operation (latencyd.service.operations) and replies when done ----
-    @_change("s", "s")
+    @_operation("s", "s")
     def SwitchProfile(
         self,
         name: str,
@@ -393,7 +383,7 @@ class Service(dbus.service.Object):
             error,
         )
 
-    @_change("ss", "u")
+    @_operation("ss", "u")
     def HoldProfile(
         self,
         name: str,
@@ -406,7 +396,7 @@ class Service(dbus.service.Object):
         The hold also ends when the caller leaves the bus (exits or crashes)."""
         self._hold(name, reason, reply, error, sender, "HoldProfile", placed=False)
 
-    @_change("ss", "u")
+    @_operation("ss", "u")
     def HoldAndPlace(
         self,
         name: str,
@@ -419,7 +409,7 @@ class Service(dbus.service.Object):
         the shield's cpuset, or on its CPUs): what it starts next is born there."""
         self._hold(name, reason, reply, error, sender, "HoldAndPlace", placed=True)
 
-    @_change("sss", "u")
+    @_operation("sss", "u")
     def HoldAndPlaceOn(
         self,
         name: str,
@@ -466,7 +456,7 @@ class Service(dbus.service.Object):
             error,
         )
 
-    @_change("u", "")
+    @_operation("u", "")
     def ReleaseProfile(
         self,
         cookie: int,
@@ -558,7 +548,7 @@ class Service(dbus.service.Object):
 
         _answer(run)
 
-    @_change("", "")
+    @_operation("", "")
     def Reload(
         self,
         reply: Callable[[], None],
