@@ -6,13 +6,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from latencyd.plugins.sysctl import SysctlPlugin
+
 from latencyd.core.engine import Engine, plugin_options, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Expansion, Plugin
-from latencyd.core.profile import Profile
+from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.core.schema import validate
 from latencyd.kernel.system import Machine, System
-from tests.unit.fakesys import tree_bytes
+from latencyd.service.daemon import Daemon
+from tests.unit.fakesys import make_fake_root, tree_bytes
+
+
+def swap_daemon(tmp_path: Path, machine: Machine) -> tuple[Path, Daemon]:
+    """A daemon on a fake root with the sysctl plugin and one profile, `swap`
+    (vm.swappiness = 10): the daemon's own behaviour, with a plugin to apply."""
+    root = make_fake_root(tmp_path)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "swap.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
+    system = System(root)
+    plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
+    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+    return root, Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
 
 
 class PluginRig:

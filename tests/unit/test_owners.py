@@ -11,13 +11,9 @@ from typing import Any
 import pytest
 from latencyd.plugins.irq import IrqAffinity
 from latencyd.plugins.shield import UnitCpus
-from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
+from latencyd.plugins.sysctl import Sysctl
 from latencyd.plugins.writeback import DirtyLimit, VmKnob
 
-from latencyd.core.engine import Engine, section_schemas
-from latencyd.core.journal import Journal
-from latencyd.core.plugin import Plugin
-from latencyd.core.profile import ProfileLibrary
 from latencyd.kernel.owners import (
     CPUS,
     IRQS,
@@ -32,12 +28,12 @@ from latencyd.kernel.owners import (
     sysctl_key,
 )
 from latencyd.kernel.system import Machine, System
-from latencyd.service.daemon import Daemon
 from latencyd.service.main import say_other_tuners
 from latencyd.text import printable
 from latencyd.tools.cli import format_explain, format_status
 from latencyd.tools.explain import other_owners
 from tests.unit.fakesys import add_task, make_fake_root
+from tests.unit.pluginrig import swap_daemon
 
 SWAP = Claim(SYSCTL, "vm/swappiness")
 
@@ -263,19 +259,8 @@ def test_owners_of_answers_for_a_batch_of_targets(tmp_path: Path) -> None:
     }
 
 
-def daemon_on(tmp_path: Path, machine: Machine) -> tuple[Path, Daemon]:
-    root = make_fake_root(tmp_path)
-    pdir = tmp_path / "profiles"
-    pdir.mkdir()
-    (pdir / "swap.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
-    system = System(root)
-    plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
-    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
-    return root, Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
-
-
 def test_status_names_each_settings_other_owners(tmp_path: Path, machine: Machine) -> None:
-    root, daemon = daemon_on(tmp_path, machine)
+    root, daemon = swap_daemon(tmp_path, machine)
     put(root, "etc/sysctl.d/90-swap\x1b[2J.conf", "vm.swappiness = 60\n")
     daemon.start("swap")
     sysctl = daemon.status()["plugins"]["sysctl"]
@@ -292,7 +277,7 @@ def test_status_names_each_settings_other_owners(tmp_path: Path, machine: Machin
 def test_drift_repair_names_the_fragment_whose_value_it_was(
     tmp_path: Path, machine: Machine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    root, daemon = daemon_on(tmp_path, machine)
+    root, daemon = swap_daemon(tmp_path, machine)
     put(root, "etc/sysctl.d/90-swap.conf", "vm.swappiness = 60\n")
     daemon.start("swap")
     told: list[list[dict[str, Any]]] = []
@@ -314,7 +299,7 @@ def test_drift_repair_names_the_fragment_whose_value_it_was(
 def test_the_start_says_a_running_tuned_and_what_both_set(
     tmp_path: Path, machine: Machine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    root, daemon = daemon_on(tmp_path, machine)
+    root, daemon = swap_daemon(tmp_path, machine)
     tuned_profile(root)
     add_task(root, 812, "tuned")
     put(root, "run/tuned/tuned.pid", "812\n")  # as TuneD writes it
@@ -334,7 +319,7 @@ def test_the_start_says_a_running_tuned_and_what_both_set(
 
 
 def test_explain_names_the_other_owners(tmp_path: Path, machine: Machine) -> None:
-    root, daemon = daemon_on(tmp_path, machine)
+    root, daemon = swap_daemon(tmp_path, machine)
     put(root, "etc/sysctl.d/90-swap.conf", "vm.swappiness = 60\n")
     profile = daemon.library.load("swap")
     found = other_owners(profile, daemon.system)
@@ -354,7 +339,7 @@ def test_status_names_an_owner_of_many_settings_once(tmp_path: Path, machine: Ma
     """Server size: an owner of many settings (one irqbalance for 4,096 IRQs; here a
     glob) is one entry of the plugin's owners, each row an index into it, and named once
     by latencyctl's status."""
-    root, daemon = daemon_on(tmp_path, machine)
+    root, daemon = swap_daemon(tmp_path, machine)
     (tmp_path / "profiles/two.toml").write_text(
         '[sysctl]\n"vm.swappiness" = 10\n"vm.stat_interval" = 2\n'
     )

@@ -45,6 +45,7 @@ from tests.unit.fakesys import (
     tree_values,
     write_sysctl,
 )
+from tests.unit.pluginrig import swap_daemon
 
 ROOT_ONLY_KEYS = {
     "kernel/core_pattern": "core",
@@ -607,14 +608,7 @@ def test_events_kept_for_a_long_change_are_bounded(tmp_path: Path, machine: Mach
     """Issue 37: a fork storm while a change runs a slice at a time keeps at most
     MAX_DEFERRED events; past that, every section is re-expanded once the change is over
     (what the events would have done, as after lost events)."""
-    root = make_fake_root(tmp_path)
-    pdir = tmp_path / "profiles"
-    pdir.mkdir()
-    (pdir / "swap.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
-    system = System(root)
-    plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
-    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
-    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+    root, daemon = swap_daemon(tmp_path, machine)
     daemon.switch("swap")
     ran: list[int] = []
     daemon.busy = "switch to swap"
@@ -635,14 +629,7 @@ def test_task_events_kept_for_a_long_change_are_one_bounded_list(
     """Issue 50: batches of task events arriving while a change runs (a rename flood
     during a long switch) wait as one list, one event per task and kind, at most
     MAX_DEFERRED, not as a kept batch each (MAX_DEFERRED batches of 256)."""
-    root = make_fake_root(tmp_path)
-    pdir = tmp_path / "profiles"
-    pdir.mkdir()
-    (pdir / "swap.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
-    system = System(root)
-    plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
-    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
-    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+    _, daemon = swap_daemon(tmp_path, machine)
     daemon.switch("swap")
     daemon.busy = "switch to swap"
     for _ in range(3):  # the same task renamed over and over: one event waits
