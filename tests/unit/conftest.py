@@ -40,6 +40,14 @@ def fake_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def pdir(tmp_path: Path) -> Path:
+    """An empty profile directory of the test's own."""
+    d = tmp_path / "profiles"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
 def machine() -> Machine:
     return Machine(CpuSet.from_list("0-3"), 8 << 30)
 

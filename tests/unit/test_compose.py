@@ -23,13 +23,6 @@ MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)
 
 
 @pytest.fixture
-def pdir(tmp_path: Path) -> Path:
-    d = tmp_path / "profiles"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
 def lib(tmp_path: Path, pdir: Path) -> ProfileLibrary:
     plugins = load_plugins(System(make_fake_root(tmp_path)))
     return ProfileLibrary([pdir, shipped_profiles_dir()], section_schemas(plugins), MACHINE)

@@ -47,13 +47,6 @@ AFFINITY = Schema(
 
 
 @pytest.fixture
-def pdir(tmp_path: Path) -> Path:
-    d = tmp_path / "profiles"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
 def lib(tmp_path: Path, pdir: Path) -> ProfileLibrary:
     system = System(make_fake_root(tmp_path))
     schemas = {
