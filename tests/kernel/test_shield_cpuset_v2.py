@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,7 +50,25 @@ def cpuset_on_v2() -> Iterator[None]:
             child.rmdir()
         if "cpuset" in (UNIFIED / "cgroup.subtree_control").read_text().split():
             (UNIFIED / "cgroup.subtree_control").write_text("-cpuset")
-        subprocess.run(["mount", "-t", "cgroup", "-o", "cpuset", "cgroup", str(V1)], check=True)
+        _bind_back_to_v1()
+
+
+def _bind_back_to_v1(timeout: float = 120.0) -> None:
+    """Mounts the v1 cpuset hierarchy again. The kernel frees the controller's v2 state
+    (the removed cgroups' cpusets) only after an RCU grace period, and until then the mount
+    fails EBUSY (mount(8) says "cgroup already mounted on /sys/fs/cgroup/cpu"): CI's run of
+    2026-11-29 failed so and left the machine without its cpuset hierarchy. Retried."""
+    deadline = time.monotonic() + timeout
+    while True:
+        mount = subprocess.run(
+            ["mount", "-t", "cgroup", "-o", "cpuset", "cgroup", str(V1)], capture_output=True,
+            text=True,
+        )  # fmt: skip
+        if mount.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"cpuset not mounted back at {V1}: {mount.stderr.strip()}")
+        time.sleep(0.1)
 
 
 def test_one_partition_write_takes_the_cpu_from_every_task_outside(
