@@ -38,7 +38,7 @@ from latencyd.kernel.cgroups import (
 from latencyd.kernel.trust import untrusted
 
 KERNEL_SETTINGS = ("/proc/", "/sys/")  # where System.write may write
-CGROUP_DRAIN_ROUNDS = 16  # rounds of moving a cgroup's tasks out before removing it
+CGROUP_DRAIN_SECONDS = 5.0  # how long a cgroup's tasks are moved out before removing it gives up
 
 if TYPE_CHECKING:
     from latencyd.kernel.ethtool import Ethtool
@@ -502,10 +502,14 @@ class System:
     def remove_cgroup(self, rel: str) -> None:
         """Remove a cgroup latencyd made, moving what runs in it to its parent first
         (a task born there after latencyd moved its parent in came from the parent's
-        cgroup too). Tasks forking meanwhile are moved on the next round."""
+        cgroup too). Tasks forking or exiting meanwhile are moved on a later round: rounds
+        go on while the budget lasts, not for a count (16 rounds back to back ran out on a
+        loaded machine, CI of 2026-11-29); a refusal names the tasks left and why."""
         where = self._cgroup_path(rel, "removing")
         parent = posixpath.dirname(where)
-        for _ in range(CGROUP_DRAIN_ROUNDS):
+        deadline = time.monotonic() + CGROUP_DRAIN_SECONDS
+        left: dict[str, str] = {}  # pid -> why its last move failed ("" if it did not)
+        while True:
             try:
                 self._rmdir_cgroup(where)
                 return
@@ -514,10 +518,26 @@ class System:
             except OSError as exc:
                 if exc.errno != errno.EBUSY:
                     raise KernelRefused(f"removing cgroup {where}", describe_oserror(exc)) from exc
+            if time.monotonic() > deadline:
+                break
+            left = {}
             for pid in self.read_or_empty(f"{where}/cgroup.procs").split():
-                with contextlib.suppress(KernelRefused):  # exited meanwhile
+                try:
                     self.write(f"{parent}/cgroup.procs", pid)
-        raise KernelRefused(f"removing cgroup {where}", "its tasks kept coming back")
+                    left[pid] = ""
+                except KernelRefused as exc:  # exited meanwhile, or the kernel refused it
+                    left[pid] = exc.reason
+            time.sleep(0.001 if not left else 0.02)  # an exiting task leaves in its own time
+        named = ", ".join(
+            f"{pid} ({self.read_or_empty(f'proc/{pid}/comm').strip()})"
+            + (f": {why}" if why else "")
+            for pid, why in list(left.items())[:5]
+        )
+        raise KernelRefused(
+            f"removing cgroup {where}",
+            f"its tasks kept coming back for {CGROUP_DRAIN_SECONDS:.0f} s"
+            + (f" (last seen: {named})" if named else ""),
+        )
 
     def _rmdir_cgroup(self, where: str) -> None:
         """rmdir(2) of a cgroup: EBUSY while tasks are in it (a fake root overrides it)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,10 @@ from latencyd.kernel.system import System
 from tests.harness import Latencyd, wait_for
 
 SHIELDED = 1  # cpu-partitioning's isolated_cores on any machine
-SPIN = "import time\nend = time.monotonic() + 8\nwhile time.monotonic() < end: pass\n"
+# Spins until its argument names a file that exists: the hold lasts until the test has
+# read status (a fixed spin ended under load before status was read, and took the hold
+# with it: CI's fresh-clone run of 2026-11-29 read `shielded` as '').
+SPIN = "import os, sys\nwhile not os.path.exists(sys.argv[1]): pass\n"
 
 
 def status(d: Latencyd) -> dict[str, Any]:
@@ -29,7 +31,7 @@ def status(d: Latencyd) -> dict[str, Any]:
 
 
 def test_status_says_what_a_reboot_would_add_and_counts_the_tick(
-    start_daemon: Callable[..., Latencyd],
+    start_daemon: Callable[..., Latencyd], tmp_path: Path
 ) -> None:
     if SHIELDED not in System("/").online_cpus():
         pytest.skip("needs CPU 1")
@@ -37,13 +39,23 @@ def test_status_says_what_a_reboot_would_add_and_counts_the_tick(
     # The application, held and placed on the shielded CPU: one task running there is
     # what nohz_full would let run without the tick.
     app = d.spawn_ctl("hold", "cpu-partitioning", "--", "taskset", "-c", str(SHIELDED),
-                      sys.executable, "-c", SPIN)  # fmt: skip
+                      sys.executable, "-c", SPIN, str(tmp_path / "done"))  # fmt: skip
     try:
-        wait_for(lambda: status(d)["active_profile"] == "cpu-partitioning", timeout=15)
-        time.sleep(2.5)  # two intervals of the noise watch
-        data = status(d)
-        text = d.ctl("status").stdout
+        wait_for(lambda: status(d)["active_profile"] == "cpu-partitioning", timeout=30)
+        # Read until the noise watch has counted an interval (1 s each; later under load)
+        # or the tick is booted off: then there is nothing to count.
+        read: dict[str, Any] = {}
+
+        def counted() -> bool:
+            read["data"], read["text"] = status(d), d.ctl("status").stdout
+            return (
+                f"ticks on CPU {SHIELDED}" in read["text"] or "tick, CPUs 1: booted" in read["text"]
+            )
+
+        wait_for(counted, timeout=30)
+        data, text = read["data"], read["text"]
     finally:
+        (tmp_path / "done").touch()
         app.wait(timeout=30)
     boot = data["boot"]
     assert boot["shielded"] == str(SHIELDED)

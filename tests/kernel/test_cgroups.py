@@ -70,6 +70,30 @@ def test_removing_a_cgroup_moves_its_tasks_to_the_parent(v1: System) -> None:
         task.wait()
 
 
+def test_a_cgroup_whose_tasks_fork_all_along_is_removed(v1: System) -> None:
+    """Four shells in the cgroup, each forking and exiting children without pause (the
+    housekeeping cpuset of a busy machine: builds, CI jobs): every round of moves leaves
+    children born meanwhile, and exiting ones that cannot be moved; the cgroup is still
+    removed, and every task of the storm ends up in the parent."""
+    v1.make_cgroup(GROUP)
+    v1.write(f"{GROUP}/cpuset.cpus", "0")
+    v1.write(f"{GROUP}/cpuset.mems", v1.read(f"{V1}/cpuset.effective_mems"))
+    storm = [
+        subprocess.Popen(["sh", "-c", "while :; do /bin/true; sh -c /bin/true; done"])
+        for _ in range(4)
+    ]
+    try:
+        for shell in storm:
+            v1.write(f"{GROUP}/cgroup.procs", str(shell.pid))
+        v1.remove_cgroup(GROUP)
+        assert not Path("/", GROUP).exists()
+        assert {v1.task_cgroup(shell.pid) for shell in storm} == {"/"}
+    finally:
+        for shell in storm:
+            shell.kill()
+            shell.wait()
+
+
 def test_only_cgroups_below_a_hierarchy_are_made_or_removed(v1: System) -> None:
     for where in ("sys/fs/cgroup/cpuset", "sys/fs/cgroup/../../etc/x", "proc/x/y/z/w"):
         with pytest.raises(KernelRefused, match="not a cgroup under /sys/fs/cgroup"):

@@ -60,9 +60,12 @@ def test_a_pods_task_stays_where_the_kubelet_put_it(
         assert os.sched_getaffinity(pod_task) == before
         # v1 refuses an exclusive shield on a CPU the kubelet's cpuset has: said, with
         # whose cpuset it is, and not mended by moving the pod
-        (refused,) = engine.not_applicable.values()
-        assert "also in /kubepods (kubelet (pod cgroup /kubepods): CPUs 0-1)" in refused.reason
-        assert 'mechanism = "affinity"' in refused.reason
+        # (Other tasks' entries may be there too: a task of a busy machine that exited
+        # while the shield narrowed it is one. CI's run of 2026-11-29 had two.)
+        reasons = [na.reason for na in engine.not_applicable.values()]
+        (refused,) = [r for r in reasons if "/kubepods" in r] or [reasons]
+        assert "also in /kubepods (kubelet (pod cgroup /kubepods): CPUs 0-1)" in refused
+        assert 'mechanism = "affinity"' in refused
         assert not (V1 / "latencyd-shield").exists()  # none half made
     finally:
         assert engine.off() == []
