@@ -69,6 +69,8 @@ from latencyd.kernel.cgroups import (
     APP_SLICE,
     CGROUP_FILES,
     CGROUP_ROOT,
+    ISOLATED_FILE,
+    PARTITION_FILE,
     PREFIX,
     SHIELD,
     SYSTEMD_CONFINED,
@@ -77,6 +79,7 @@ from latencyd.kernel.cgroups import (
     app_scope,
     choose,
     owner,
+    partition_says,
     placement,
     systemd_placement,
     unit_of,
@@ -439,7 +442,58 @@ class UnitCpus(Target):
         return f"systemd unit {self.unit}: AllowedCPUs={value or ' (not set)'}"
 
 
-ShieldTarget = TaskAffinity | Cgroup | RootFile | Controller | TaskCgroup | UnitCpus | TaskUnit
+@dataclass(frozen=True)
+class SlicePartition(Target):
+    """latencyd.slice as an isolated partition: its cpuset.cpus.partition, the one file of
+    a systemd unit latencyd writes (the slice it started; systemd 252 has no setting for
+    it: latencyd.kernel.cgroups says why no other way runs). "isolated", or "member" (None
+    while the slice is not there). The kernel's refusal is said, not failed: the shield
+    holds by AllowedCPUs= without it."""
+
+    kind: ClassVar[str] = "systemd_slice_partition"
+    refusal_means: ClassVar[str | None] = "no isolated partition here"
+    hierarchy: str
+
+    def problem(self) -> str | None:
+        return _hierarchy_problem(self.hierarchy)
+
+    @property
+    def path(self) -> str:
+        return f"{self.hierarchy}/{APP_SLICE}/{PARTITION_FILE}"
+
+    def read(self, system: System) -> Value:
+        return system.read(self.path) if system.exists(self.path) else None
+
+    def write(self, system: System, value: Value) -> None:
+        if value is None or value == "member":
+            if system.exists(self.path):  # a stopped slice took its partition with it
+                system.write(self.path, "member")
+            return
+        if not system.exists(self.path):
+            raise KernelRefused(f"making /{APP_SLICE} an isolated partition", "it is not there")
+        system.write(self.path, str(value))
+        got = system.read(self.path)
+        if got != value:
+            # "isolated invalid (reason)" takes the CPUs from no one: back to member
+            system.write(self.path, "member")
+            raise KernelRefused(f"making /{APP_SLICE} an isolated partition", got)
+
+    def describe(self, value: Value) -> str:
+        if value is None:
+            return f"cgroup /{APP_SLICE} absent"
+        return f"cgroup /{APP_SLICE}: {PARTITION_FILE} = {value}"
+
+
+ShieldTarget = (
+    TaskAffinity
+    | Cgroup
+    | RootFile
+    | Controller
+    | TaskCgroup
+    | UnitCpus
+    | TaskUnit
+    | SlicePartition
+)
 
 
 def _cgroup_of(value: Value) -> str:
@@ -487,7 +541,9 @@ def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
 class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"
-    targets = (TaskAffinity, Cgroup, RootFile, Controller, TaskCgroup, UnitCpus, TaskUnit)
+    targets = (
+        TaskAffinity, Cgroup, RootFile, Controller, TaskCgroup, UnitCpus, TaskUnit, SlicePartition,
+    )  # fmt: skip
     # Journals of versions where [kthread] moved user tasks hold ("kthread", task_affinity).
     took_over: ClassVar[Mapping[str, str]] = {"task_affinity": "kthread"}
     example: ClassVar[dict[str, Any]] = {
@@ -697,6 +753,8 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             settings[UnitCpus(APP_SLICE)] = rules.cpus.to_list()
             housekeeping = (self.system.online_cpus() - rules.cpus).to_list()
             settings.update({UnitCpus(unit): housekeeping for unit in SYSTEMD_CONFINED})
+            # Once every other unit is off the shielded CPUs, the slice can have them alone.
+            settings[SlicePartition(hierarchy)] = "isolated"
             if rules.allow:
                 refused["allow"] = (
                     f"AllowedCPUs= of {', '.join(SYSTEMD_CONFINED)} keeps every task in them "
@@ -1197,7 +1255,23 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             return Monitor(facts=facts)
         if choice.mechanism == "affinity":
             return Monitor((self.mechanisms(rules), self.shielded_tasks(rules)), facts)
-        return Monitor((self.mechanisms(rules), self.inside(rules), self.others(rules)), facts)
+        tables = [self.mechanisms(rules), self.inside(rules), self.others(rules)]
+        if choice.mechanism == "cpuset-systemd":
+            tables.insert(1, self.partition(rules))
+        return Monitor(tuple(tables), facts)
+
+    def partition(self, rules: ShieldRules) -> Table:
+        """What the isolated partition adds here, read back from the kernel, or why none."""
+        hierarchy = rules.choice.hierarchy or ""
+        state = SlicePartition(hierarchy).read(self.system)
+        isolated_at = f"{hierarchy}/{ISOLATED_FILE}"
+        isolated = self.system.read(isolated_at) if self.system.exists(isolated_at) else None
+        rows = (
+            (f"/{APP_SLICE} {PARTITION_FILE}", state if state is not None else "(no slice)"),
+            (f"/ {ISOLATED_FILE}", isolated if isolated is not None else "(not in this kernel)"),
+            ("adds here", partition_says(state, isolated, rules.cpus)),
+        )
+        return Table("Isolated partition (read back from the kernel)", ("", "here"), rows)
 
     @staticmethod
     def mechanisms(rules: ShieldRules) -> Table:

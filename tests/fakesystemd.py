@@ -134,6 +134,9 @@ class Manager(dbus.service.Object):
         cgroup = self.rig.cgroup(name)
         cgroup.mkdir(parents=True, exist_ok=True)
         (cgroup / "cpuset.cpus").write_text(self.units[name]["cpus"])
+        partition = cgroup / "cpuset.cpus.partition"  # the kernel's, kept by no unit setting
+        if not partition.exists():
+            partition.write_text("member")
 
     @dbus.service.method(MANAGER, in_signature="s", out_signature="o")
     def GetUnit(self, name: str) -> str:

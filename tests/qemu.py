@@ -79,6 +79,10 @@ class GuestCommandFailed(AssertionError):
     pass
 
 
+class GuestLost(GuestCommandFailed):
+    """ssh lost the guest (exit 255): not the command's exit status."""
+
+
 @dataclass(frozen=True)
 class Shape:
     """The VM's hardware: vCPUs, spread evenly over `numa_nodes` nodes, and memory."""
@@ -118,6 +122,24 @@ def flake_in(console: str) -> str | None:
         if any(f in line for f in FLAKES):
             return line.strip()
     return None
+
+
+SSH_LOST = 255  # ssh's own exit status: no connection, or the connection dropped
+
+
+def why_lost(console: str, qemu_exit: int | None) -> str:
+    """Why ssh lost the guest (exit SSH_LOST), from the serial console written since the
+    command started and QEMU's exit status (None: still running): the emulator flake,
+    QEMU gone, or neither seen (the guest silent for ssh's keep-alive, 60 s)."""
+    if oops := flake_in(console):
+        return f"the emulator flake (see the module's docstring): {oops}"
+    if qemu_exit is not None:
+        return f"QEMU exited ({qemu_exit})"
+    tail = "\n".join(console.splitlines()[-20:]) or "(nothing)"
+    return (
+        "no flake on the console and QEMU running: the guest did not answer ssh's "
+        f"keep-alive for 60 s, or sshd dropped the connection; console since:\n{tail}"
+    )
 
 
 def _die_with_parent() -> None:
@@ -163,7 +185,9 @@ class Vm:
         is met with a reset of the same disk, once."""
         old = self.boot_id()
         serial_from = self.serial.stat().st_size
-        self.ssh("systemctl reboot", check=False)  # ssh may see the connection dropped
+        self.ssh(
+            "systemctl reboot", check=False, lost_ok=True
+        )  # ssh may see the connection dropped
         try:
             self._wait_up(serial_from, old)
         except Flake as flake:
@@ -218,7 +242,9 @@ class Vm:
                 raise Flake(f"no ssh, and the console silent for {STALL:.0f} s:\n"
                             f"{self.console()[-2000:]}")  # fmt: skip
             try:
-                probe = self.ssh("cat /proc/sys/kernel/random/boot_id", check=False, timeout=30)
+                probe = self.ssh(
+                    "cat /proc/sys/kernel/random/boot_id", check=False, timeout=30, lost_ok=True
+                )
             except GuestCommandFailed:
                 continue  # sshd accepted but did not answer in time: still starting
             if probe.returncode == 0 and probe.stdout.strip() not in ("", old_boot_id):
@@ -239,9 +265,18 @@ class Vm:
                 command]  # fmt: skip
 
     def ssh(
-        self, command: str, *, check: bool = True, timeout: float = 600, stdin: bytes = b""
+        self,
+        command: str,
+        *,
+        check: bool = True,
+        timeout: float = 600,
+        stdin: bytes = b"",
+        lost_ok: bool = False,
     ) -> subprocess.CompletedProcess[str]:
-        """Run a shell command in the guest as root (in a session of ssh.service)."""
+        """Run a shell command in the guest as root (in a session of ssh.service). ssh
+        losing the guest raises GuestLost saying why (why_lost), check or not, unless
+        `lost_ok` (a reboot, a probe while the guest boots)."""
+        console_from = self.serial.stat().st_size if self.serial.exists() else 0
         try:
             done = subprocess.run(self.ssh_argv(command), input=stdin, capture_output=True,
                                   timeout=timeout)  # fmt: skip
@@ -251,6 +286,15 @@ class Vm:
             done.args, done.returncode, done.stdout.decode(errors="replace"),
             done.stderr.decode(errors="replace"),
         )  # fmt: skip
+        if result.returncode == SSH_LOST and not lost_ok and self.qemu is not None:
+            with open(self.serial, "rb") as f:
+                f.seek(console_from)
+                since = f.read().decode(errors="replace")
+            why = why_lost(since, self.qemu.poll())
+            raise GuestLost(
+                f"in the VM: {command!r}: ssh lost the guest (exit {SSH_LOST}): {why}\n"
+                f"stderr: {result.stderr[-2000:]}"
+            )
         if check and result.returncode != 0:
             raise GuestCommandFailed(
                 f"in the VM: {command!r} exited {result.returncode}\n"

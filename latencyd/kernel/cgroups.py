@@ -20,6 +20,18 @@ cpusets.rst; checked on Linux 6.18):
   machine lives in (init.scope, system.slice, user.slice), and a slice of latencyd's for
   the application, whose processes systemd itself moves (a transient scope; back with
   AttachProcessesToUnit). No cgroup file of systemd's is written behind its back.
+- An isolated partition's parent must be a partition root (a local partition), or every
+  cgroup between it and the root must have `cpuset.cpus.exclusive` (a remote one, 6.7+);
+  every child of the root is a systemd unit under systemd, and a unit's own cgroup files
+  stay systemd's when it is delegated (Delegate=yes hands over what is below it only).
+  systemd 252 has no setting for either file (CPUSetPartition= came much later), never
+  writes nor resets them (`daemon-reload`, `set-property` keep them); so the one file of a
+  unit latencyd writes is `cpuset.cpus.partition` of latencyd.slice, the slice it started
+  itself: the application's slice becomes an isolated partition (checked on Debian's 6.12
+  in the VM tier: a delegated scope's child reads "isolated invalid (Invalid cpu list in
+  cpuset.cpus.exclusive)" without it, and a sibling's `cpuset.cpus.exclusive` is refused
+  beside latencyd.slice's AllowedCPUs=). The root's `cpuset.cpus.isolated` then lists
+  the CPUs, which have no scheduler domain: no load balancing across them.
 - Moving a task between cpusets sets its CPUs to the cpuset's, intersected with what its
   user asked with sched_setaffinity (Linux >= 6.2 keeps that mask): moved back, a task
   gets its own affinity back from the kernel. sched_setaffinity outside the task's
@@ -281,6 +293,37 @@ def placement(
 
 
 # -- under systemd ---------------------------------------------------------------------
+PARTITION_FILE = "cpuset.cpus.partition"
+ISOLATED_FILE = "cpuset.cpus.isolated"  # the root's: the CPUs isolated partitions hold (6.7+)
+PARTITION_ADDS = (
+    "no load balancing across them, unbound workqueues kept off, and the kernel's "
+    "cpu_is_isolated() users (vmstat updates, memcg stock draining) leaving them alone"
+)
+
+
+def partition_says(state: str | None, isolated: str | None, shield: CpuSet) -> str:
+    """What the isolated partition adds here, from what the kernel reads back: latencyd.slice's
+    cpuset.cpus.partition (None: no slice) and the root's cpuset.cpus.isolated (None: a
+    kernel without it)."""
+    if state is None:
+        return "none: latencyd.slice is not there"
+    if state != "isolated":
+        # A refused write is put back to member: the kernel's reason is the setting's,
+        # shown under "not applicable"; an invalid partition a change made since says it.
+        why = state.partition("(")[2].rstrip(")") if "(" in state else f"it reads {state!r}"
+        return (
+            f"none: the kernel did not make latencyd.slice an isolated partition: {why} "
+            "(the kernel's reason for a refusal is under not applicable)"
+        )
+    try:
+        held = CpuSet.from_list(isolated) if isolated else CpuSet()
+    except ValueError:
+        held = CpuSet()
+    if isolated is not None and not shield.issubset(held):
+        return f"none: the kernel isolates CPUs {held.to_list() or 'none'}, not {shield}"
+    return f"CPUs {shield} isolated by the kernel: {PARTITION_ADDS}"
+
+
 def unit_of(path: str) -> tuple[str, str] | None:
     """The system manager's unit a v2 cgroup belongs to, and the sub-cgroup of it the
     path names ("" for the unit's own): the outermost service or scope (below it is

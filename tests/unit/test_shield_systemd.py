@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from latencyd.plugins.shield import ShieldPlugin, TaskUnit, UnitCpus
+from latencyd.plugins.shield import ShieldPlugin, SlicePartition, TaskUnit, UnitCpus
 
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
@@ -26,6 +26,7 @@ from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import validate
 from latencyd.cpuset import CpuSet
 from latencyd.errors import NotPlaced
+from latencyd.kernel.cgroups import PARTITION_FILE, partition_says
 from latencyd.kernel.system import Machine
 from latencyd.service.daemon import Daemon
 from tests.harness import wait_for
@@ -103,8 +104,15 @@ def test_the_shield_is_set_through_systemd_and_off_gives_every_unit_back(
     assert system.read(f"{V2}/latencyd.slice/cpuset.cpus") == "1"
     assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
     assert system.task_cgroup(300) == "/system.slice/ssh.service"  # confined, not moved
-    assert [w for w in system.writes if w[0].startswith("sys/fs/cgroup")] == []
+    # The one file of a unit's latencyd writes: its own slice's partition (cgroups.py, why).
+    partition = f"{V2}/latencyd.slice/cpuset.cpus.partition"
+    assert [w for w in system.writes if w[0].startswith("sys/fs/cgroup")] == [
+        (partition, "isolated")
+    ]
     rules = m.plugin.expand(options, engine.owned("shield")).rules
+    said = dict(m.plugin.partition(rules).rows)
+    assert said[f"/latencyd.slice {PARTITION_FILE}"] == "isolated"
+    assert said["adds here"].startswith("CPUs 1 isolated by the kernel")
     others = m.plugin.others(rules)
     assert [row[:3] for row in others.rows] == [(600, "qemu", "/machine.slice/vm.scope")]
     inside = m.plugin.inside(rules)
@@ -213,3 +221,35 @@ def test_a_holder_systemd_keeps_in_its_service_is_refused_with_what_to_do(
     run_to_end(daemon.hold_steps("iso", "sleep 60", ":1.9", pid=300, placed=True))
     assert system.task_cgroup(300) == "/latencyd.slice/latencyd-app-300.scope"
     assert daemon.engine.off() == []
+
+
+def test_a_partition_the_kernel_refuses_is_said_and_the_shield_holds_without_it(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    m, system = systemd_rig
+    put(m.root, f"{V2}/machine.slice/cpuset.cpus", "1-2")  # a VM's slice given CPU 1 too
+    before = files(m)
+    engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
+    options = validate(m.plugin.schema, {"cpus": "1"}, machine)
+    report = engine.switch(wanted(m, machine, {"cpus": "1"}), "p")
+    refused = {sid[1]: r for sid, r in report.not_applicable.items()}
+    assert list(refused) == [SlicePartition(V2)]
+    assert "not exclusive" in refused[SlicePartition(V2)].reason, refused
+    assert system.read(f"{V2}/latencyd.slice/cpuset.cpus.partition") == "member"
+    assert system.read(f"{V2}/system.slice/cpuset.cpus") == "0,2-3"  # the shield holds
+    rules = m.plugin.expand(options, engine.owned("shield")).rules
+    said = dict(m.plugin.partition(rules).rows)["adds here"]
+    assert said.startswith("none: the kernel did not make latencyd.slice an isolated partition")
+    assert engine.off() == []
+    assert files(m) == before
+
+
+def test_what_the_partition_adds_is_read_from_the_kernel() -> None:
+    shield = CpuSet.from_list("2-3")
+    assert partition_says("isolated", "2-3", shield).startswith("CPUs 2-3 isolated by the kernel")
+    assert partition_says("isolated", None, shield).startswith("CPUs 2-3 isolated")  # < 6.7
+    assert partition_says("isolated", "", shield) == "none: the kernel isolates CPUs none, not 2-3"
+    assert "partition: it reads 'member'" in partition_says("member", "", shield)
+    invalid = partition_says("isolated invalid (Parent is not a partition root)", "", shield)
+    assert "partition: Parent is not a partition root" in invalid
+    assert partition_says(None, "", shield) == "none: latencyd.slice is not there"

@@ -1,5 +1,5 @@
-"""The VM tier's pure parts (tests/qemu.py): QEMU's command line for a shape, and the
-emulator flake told from the serial console."""
+"""The VM tier's pure parts (tests/qemu.py): QEMU's command line for a shape, the
+emulator flake told from the serial console, and why ssh lost the guest."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.qemu import Shape, flake_in, qemu_argv
+from tests.qemu import Shape, flake_in, qemu_argv, why_lost
 
 OOPS = (
     "[   41.113342] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n"
@@ -43,3 +43,11 @@ def test_uneven_nodes_refused() -> None:
 def test_the_flake_is_told_from_the_console() -> None:
     assert flake_in("[    1.0] booting\n" + OOPS) == OOPS.splitlines()[0].strip()
     assert flake_in("[    1.0] booting\nvm login: ") is None
+
+
+def test_ssh_losing_the_guest_is_said_with_its_cause() -> None:
+    assert why_lost("[  300.0] random: crng\n" + OOPS, None).startswith("the emulator flake")
+    assert "Oops: int3" in why_lost(OOPS, None)
+    assert why_lost("", -9) == "QEMU exited (-9)"
+    quiet = why_lost("[  300.0] e1000e: link up\n", None)
+    assert "no flake" in quiet and "e1000e: link up" in quiet

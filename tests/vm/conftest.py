@@ -43,7 +43,11 @@ class Machines:
     def get(self, shape: Shape) -> Vm:
         if self.current is not None:
             same = self.current.vm.shape == shape
-            if same and self.current.vm.ssh(BASELINE, check=False).stdout == self.current.baseline:
+            if (
+                same
+                and self.current.vm.ssh(BASELINE, check=False, lost_ok=True).stdout
+                == self.current.baseline
+            ):
                 return self.current.vm
             self.close()
         vm = Vm(shape)
