@@ -26,13 +26,19 @@ UPDATE_GRUB = "pgrep -x 'update-grub|grub-mkconfig'"
 
 def as_a_debian_machine(vm: Vm) -> None:
     """The boot configuration as on a user's Debian machine: grub.cfg update-grub's output
-    (the image's first one is its recipe's, so any update-grub rewrites it), the default
-    kernel named by its title, which update-grub here keeps (the recipe's entry id it
-    does not: its entries came out without the file system's UUID, and the RT kernel,
-    the first entry, booted instead)."""
-    title = f"Debian GNU/Linux, with Linux {vm.ssh('uname -r').stdout.strip()}"
-    vm.ssh(f"sed -i 's|^GRUB_DEFAULT=.*|GRUB_DEFAULT=\"{title}\"|' /etc/default/grub "
-           "&& update-grub", timeout=900)  # fmt: skip
+    (the image's first one is its recipe's, so any update-grub rewrites it), its default
+    the running kernel's entry by the id update-grub gives it here. The recipe's
+    GRUB_DEFAULT id does not survive update-grub in the VM: its entries came out with
+    root=/dev/vda1 and no file system UUID in their ids, so no entry had the default's id
+    and the first, the PREEMPT_RT kernel, booted (a title is no way out: grub-mkconfig
+    rewrites a title default into a submenu path, which the recipe's flat menu lacks)."""
+    vm.ssh(
+        "update-grub && "
+        'id=$(grep -o "gnulinux-$(uname -r)-advanced-[^\']*" /boot/grub/grub.cfg | head -1) && '
+        '[ -n "$id" ] && sed -i "s|^GRUB_DEFAULT=.*|GRUB_DEFAULT=$id|" /etc/default/grub && '
+        "update-grub",
+        timeout=1200,
+    )
 
 
 def booted_args(vm: Vm) -> set[str]:
