@@ -16,11 +16,16 @@ DEFAULT_STATE_DIR = Path("/run/latencyd")
 # mounts the parent (it swaps in a new set beside it), and must not see the journal.
 CLUSTER_PROFILES = Path("/run/latencyd-cluster/profiles")
 KUBELET_CONFIG = Path("/var/lib/kubelet/config.yaml")
+# What outlasts a reboot (StateDirectory= of the unit): the base profile the last `switch`
+# or `off` chose, which every start resumes (latencyd.core.journal.BASE_FILE in it, as
+# TuneD keeps /etc/tuned/active_profile), and the boot record below. The daemon's
+# --keep-dir.
+DEFAULT_KEEP_DIR = Path("/var/lib/latencyd")
 # What latencyd wrote to the boot configuration (kernel arguments) and any write of it in
 # progress: on disk, not in /run, since the arguments outlast a reboot and so must the
 # record of them (latencyd.kernel.bootloaders). Its first line is latencyd's arguments,
 # for a boot configuration to include where no bootloader tool is found.
-BOOT_RECORD = Path("/var/lib/latencyd/bootcmdline")
+BOOT_RECORD = DEFAULT_KEEP_DIR / "bootcmdline"
 
 
 def shipped_profiles_dir() -> Path:

@@ -104,7 +104,7 @@ Ctrl-C stops latencyd (it restores everything first), then the bus.
 
 EOF
 
-"$LATENCYD" --state-dir "$DEV_DIR/state" --profile-dir "$ROOT/profiles" "$@" </dev/null &
+"$LATENCYD" --state-dir "$DEV_DIR/state" --keep-dir "$DEV_DIR/keep" --profile-dir "$ROOT/profiles" "$@" </dev/null &
 daemon_pid=$!
 
 # Once latencyd answers on the bus (its profile is applied by then), show its status.

@@ -129,6 +129,8 @@ class Latencyd:
             str(BIN / "latencyd"),
             "--state-dir",
             str(self.state_dir),
+            "--keep-dir",  # never the machine's /var/lib/latencyd
+            str(self.workdir / "keep"),
             "--config",
             str(self.config),
         ]

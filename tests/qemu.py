@@ -181,8 +181,9 @@ class Vm:
         raise AssertionError("unreachable")
 
     def reboot(self) -> None:
-        """`systemctl reboot` in the guest; returns when the new boot answers ssh. A flake
-        is met with a reset of the same disk, once."""
+        """`systemctl reboot` in the guest; returns when the new boot answers ssh and
+        systemd has finished starting it (latencyd is ready: Type=dbus, or has failed). A
+        flake is met with a reset of the same disk, once."""
         old = self.boot_id()
         serial_from = self.serial.stat().st_size
         self.ssh(
@@ -198,6 +199,8 @@ class Vm:
                 self._wait_up(serial_from, old)
             except Flake as again:
                 raise BootFailed(f"the emulator flake twice: {self.flakes}") from again
+        # ssh answers before every unit has started: wait for the start-up jobs to end.
+        self.ssh("systemctl is-system-running --wait", check=False, timeout=BOOT_TIMEOUT)
 
     def stop(self) -> None:
         """Kill QEMU (the overlay goes with the work directory)."""

@@ -31,7 +31,7 @@ from latencyd.kernel.system import read_regular_at, replace_at, write_all
 from latencyd.kernel.trust import open_private_dir
 
 JOURNAL_FILE = "journal.jsonl"  # in the state directory (--state-dir)
-BASE_FILE = "base.json"  # the base profile a restart resumes
+BASE_FILE = "base.json"  # the base profile the next start resumes (in the keep directory)
 # A journal file larger than this is not read: ~300 bytes an entry, so beyond a million
 # owned settings (50,000 tasks own about 100,000).
 MAX_FILE_BYTES = 256 * 1024 * 1024
@@ -178,9 +178,14 @@ class Journal:
     """The journal in `state_dir`, a directory only this user can change (trust.py):
     every file in it is opened relative to the directory, without following symlinks."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, keep_dir: Path | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / JOURNAL_FILE
+        # Where the base profile is noted (BASE_FILE): a directory a reboot does not empty
+        # (latencyd.paths.DEFAULT_KEEP_DIR), unlike the journal's, which /run is. None:
+        # the state directory (tests, and a daemon whose choice need not outlast a boot).
+        self.keep_dir = Path(keep_dir) if keep_dir is not None else self.state_dir
+        self._keep_fd: int | None = None
         # What the journal holds (as loaded, then as written); `_fresh` when the file is a
         # snapshot we wrote followed by our appends, so a delta may be appended to it.
         self._written = JournalState()
@@ -198,10 +203,11 @@ class Journal:
             raise JournalError(f"the journal's state directory: {exc}") from exc
 
     def close(self) -> None:
-        """Let go of the state directory (reopened, and checked again, when next used)."""
-        if self._dir_fd is not None:
-            os.close(self._dir_fd)
-            self._dir_fd = None
+        """Let go of the directories (reopened, and checked again, when next used)."""
+        for fd in (self._dir_fd, self._keep_fd):
+            if fd is not None:
+                os.close(fd)
+        self._dir_fd = self._keep_fd = None
 
     @property
     def _dir(self) -> int:
@@ -209,6 +215,15 @@ class Journal:
         if self._dir_fd is None:
             self._dir_fd = open_private_dir(self.state_dir)
         return self._dir_fd
+
+    @property
+    def _keep(self) -> int:
+        """The keep directory's descriptor (UnsafePath if it cannot be trusted)."""
+        if self.keep_dir == self.state_dir:
+            return self._dir
+        if self._keep_fd is None:
+            self._keep_fd = open_private_dir(self.keep_dir)
+        return self._keep_fd
 
     # -- reading ------------------------------------------------------------------
     def _read(self, name: str) -> bytes | None:
@@ -417,33 +432,29 @@ class Journal:
         self._lines = 0
         return self.state_dir / aside
 
-    # -- the base profile, so a restart resumes it ---------------------------------
+    # -- the base profile, so the next start resumes it -----------------------------
     def save_base(self, ref: str | None) -> None:
-        """Note the base profile (None: switched off) for the next start of this boot: a
-        restart or a crash resumes it instead of the configured default. Written like a
-        snapshot; a failure only loses the resume, so it is logged by the caller, not
-        fatal."""
+        """Note the base profile (None: switched off) for every later start, a reboot's
+        included, as `tuned-adm profile` is kept: the next start resumes it instead of the
+        configured default. Written like a snapshot; a failure only loses the resume, so it
+        is logged by the caller, not fatal."""
+        path = self.keep_dir / BASE_FILE
         try:
-            self._replace(BASE_FILE, (json.dumps({"base": ref}) + "\n").encode())
+            replace_at(self._keep, BASE_FILE, (json.dumps({"base": ref}) + "\n").encode(),
+                       "base.tmp", 0o600)  # fmt: skip
         except (OSError, UnsafePath) as exc:
-            raise JournalError(f"cannot write {self.state_dir / BASE_FILE}: {_why(exc)}") from exc
+            raise JournalError(f"cannot write {path}: {_why(exc)}") from exc
 
     def load_base(self) -> tuple[bool, str | None]:
-        """(found, ref) of the base profile a previous run of this boot left in force."""
+        """(found, ref) of the base profile a previous run left noted."""
         try:
-            data = _parse((self._read(BASE_FILE) or b"").decode())
+            data = read_regular_at(self._keep, self.keep_dir / BASE_FILE, MAX_FILE_BYTES, False,
+                                   "journal file")  # fmt: skip
+            parsed = _parse(data.decode())
         except (OSError, ValueError, UnsafePath, FileRefused):
             return False, None
-        ref = data.get("base") if isinstance(data, dict) else None
-        return isinstance(data, dict) and "base" in data, ref if isinstance(ref, str) else None
-
-    def forget_base(self) -> None:
-        """After a stop that restored everything: the next start begins from the default."""
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(BASE_FILE, dir_fd=self._dir)
-        except (OSError, UnsafePath) as exc:
-            raise JournalError(f"cannot remove {self.state_dir / BASE_FILE}: {_why(exc)}") from exc
+        ref = parsed.get("base") if isinstance(parsed, dict) else None
+        return isinstance(parsed, dict) and "base" in parsed, ref if isinstance(ref, str) else None
 
 
 def _why(exc: Exception) -> str:

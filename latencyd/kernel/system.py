@@ -62,14 +62,22 @@ class Tracefs:
     release: Callable[[], object]  # gives back what `tracefs()` took (nothing, if found)
 
 
+# How long a bootloader tool may run: update-grub probing many kernels (or os-prober many
+# disks) takes minutes, and more under load.
+TOOL_TIMEOUT_S = 600.0
+
+
 class KeptFds(Protocol):
-    """Where open fds outlive the process (systemd's fd store: latencyd.service.sdnotify)."""
+    """Where open fds outlive the process (systemd's fd store: latencyd.service.sdnotify),
+    and the service manager that keeps them, which gives a start or stop only so long."""
 
     def take(self, prefix: str) -> list[tuple[str, int]]: ...
 
     def store(self, fd: int, name: str) -> bool: ...
 
     def remove(self, name: str) -> bool: ...
+
+    def extend_timeout(self, seconds: float) -> bool: ...
 
 
 class PmQos:
@@ -232,6 +240,7 @@ class System:
         self._prefix = str(self.root).rstrip("/") + "/"
         self.sched = sched
         self.pmqos = PmQos(self.path("dev/cpu_dma_latency"), fdstore)
+        self.service_manager = fdstore
         self._ethtool = ethtool
 
     @property
@@ -710,13 +719,19 @@ class System:
         return result.returncode == 0
 
     def run_tool(self, argv: list[str], env: dict[str, str] | None = None,
-                 timeout_s: float = 120.0) -> str:  # fmt: skip
+                 timeout_s: float = TOOL_TIMEOUT_S) -> str:  # fmt: skip
         """Run a tool of the machine's own (kernel-install, grubby, update-grub) and give
         its output; KernelRefused saying what it printed when it fails. `env` is added to
-        the daemon's environment."""
+        the daemon's environment. Under systemd, a start or stop that runs one is given
+        the tool's time on top of its own (EXTEND_TIMEOUT_USEC): a start that finishes a
+        boot write cut short, or takes out arguments, runs update-grub, which takes
+        minutes on some machines, and a start killed at TimeoutStartSec= leaves that write
+        unfinished again for the next, also killed, in a loop."""
         import subprocess
 
         what = " ".join(argv)
+        if self.service_manager is not None:
+            self.service_manager.extend_timeout(timeout_s + 30)
         try:
             result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                                     env={**os.environ, **(env or {})}, check=False)  # fmt: skip

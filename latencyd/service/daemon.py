@@ -176,13 +176,17 @@ class Daemon:
     def start(self, profile: str | None, resume: bool = False) -> None:
         """Adopt what a previous run left in the journal, then apply the start-up profile
         incrementally: a restart changes only what the profile wants differently. With
-        `resume`, the base profile a previous run of this boot left in force (a restart,
-        a crash; `switch` changed it) is applied instead of `profile`."""
+        `resume`, the base profile the last `switch` or `off` chose is applied instead of
+        `profile` (the configured default), after a restart, a crash, a stop or a reboot
+        alike, as TuneD keeps `tuned-adm profile`: a boot into the kernel arguments a
+        switch wrote finds them wanted, not taken out again. A noted profile that no
+        longer loads gives way to `profile`."""
         adopted = self.engine.adopt() is not None
+        default = profile
         if resume:
             found, kept = self.engine.journal.load_base()
             if found and kept != profile:
-                log.info("resuming %s, the profile in force before the restart", kept or "none")
+                log.info("resuming %s, the profile the last switch chose", kept or "none")
                 profile = kept
         if profile:
             try:
@@ -191,6 +195,10 @@ class Daemon:
                 # A bad start-up profile must not keep the daemon (and latencyctl) away.
                 self.last_error = str(exc)
                 log.error("start-up profile %s not applied: %s", profile, exc)
+                if default and default != profile:
+                    log.info("applying the default profile %s instead", default)
+                    with contextlib.suppress(LatencydError):  # said by switch's own log
+                        self.switch(default)
         if adopted and self.active is None:
             problems = self.engine.off()
             log.warning(
@@ -203,11 +211,9 @@ class Daemon:
         """Restore everything but the boot configuration (the default), or leave the tuning
         and the journal in place for the next start to adopt (on_stop = "keep"). Kernel
         arguments for the next boot stay either way: a stop is often a shutdown, and the
-        reboot is what they were written for; only off or a switch away takes them out."""
+        reboot is what they were written for; only off or a switch away takes them out.
+        The base profile stays noted: the next start (a reboot's) resumes it."""
         problems = self.engine.off(stopping=True) if restore else []
-        if restore:
-            with contextlib.suppress(LatencydError):  # only the resume is lost
-                self.engine.journal.forget_base()
         for plugin in self.plugins.values():
             plugin.close()
         return problems
@@ -309,7 +315,7 @@ class Daemon:
         try:
             self.engine.journal.save_base(self.base)
         except LatencydError as exc:
-            log.warning("%s: a restart will apply the default profile", exc)
+            log.warning("%s: the next start will apply the default profile", exc)
 
     def hold_steps(
         self,

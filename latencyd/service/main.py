@@ -21,7 +21,7 @@ from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.errors import ConfigError, LatencydError
 from latencyd.kernel.owners import overlap, running_tuners
 from latencyd.kernel.system import System
-from latencyd.paths import CONFIG_FILE, DEFAULT_STATE_DIR
+from latencyd.paths import CONFIG_FILE, DEFAULT_KEEP_DIR, DEFAULT_STATE_DIR
 from latencyd.service.config import (
     Config,
     cluster_allowed,
@@ -339,7 +339,7 @@ def build(
         fixed=fixed_options(config, schemas, machine),  # ConfigError: its line
         cluster_dir=config.cluster_profiles,
     )
-    engine = Engine(plugins, journal or Journal(args.state_dir))
+    engine = Engine(plugins, journal or Journal(args.state_dir, args.keep_dir))
     daemon = Daemon(system, plugins, library, engine)
     daemon.cluster_allow_root = cluster_allowed(config, plugins, args.config)
     return daemon
@@ -363,6 +363,13 @@ def arg_parser() -> argparse.ArgumentParser:
         type=Path,
         default=DEFAULT_STATE_DIR,
         help=f"where the journal of original values lives ({DEFAULT_STATE_DIR})",
+    )
+    parser.add_argument(
+        "--keep-dir",
+        type=Path,
+        default=DEFAULT_KEEP_DIR,
+        help=f"where the profile the last switch chose is kept for every later start, "
+        f"a reboot's included ({DEFAULT_KEEP_DIR})",
     )
     parser.add_argument(
         "--config", type=Path, default=CONFIG_FILE, help=f"configuration file ({CONFIG_FILE})"
@@ -403,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         # A state directory another user could change is refused before anything is
         # tuned: its journal's "originals" are what a restore writes.
-        journal = Journal(args.state_dir)
+        journal = Journal(args.state_dir, args.keep_dir)
         journal.open()
     except LatencydError as exc:
         log.error("%s", exc)

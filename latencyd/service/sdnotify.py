@@ -82,6 +82,11 @@ class FdStore:
     def remove(self, name: str) -> bool:
         return self._send(f"FDSTOREREMOVE=1\nFDNAME={name}", [])
 
+    def extend_timeout(self, seconds: float) -> bool:
+        """Ask for `seconds` more before the start (or stop) in progress times out; while
+        running, a no-op (the unit sets no RuntimeMaxSec=). sd_notify(3)."""
+        return self._send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}", [])
+
     def _send(self, message: str, fds: list[int]) -> bool:
         address = self.notify_socket
         if address.startswith("@"):

@@ -181,9 +181,15 @@ def latencyctl_page() -> str:
 
 
 def latencyd_page() -> str:
-    from latencyd.core.journal import JOURNAL_FILE
+    from latencyd.core.journal import BASE_FILE, JOURNAL_FILE
     from latencyd.core.plugin import discover
-    from latencyd.paths import BOOT_RECORD, CONFIG_FILE, DEFAULT_STATE_DIR, ETC_PROFILES
+    from latencyd.paths import (
+        BOOT_RECORD,
+        CONFIG_FILE,
+        DEFAULT_KEEP_DIR,
+        DEFAULT_STATE_DIR,
+        ETC_PROFILES,
+    )
     from latencyd.service.config import DOCS, Config
     from latencyd.service.main import arg_parser
     from latencyd.service.metrics import HELP, NAMES
@@ -206,6 +212,8 @@ def latencyd_page() -> str:
         str(CONFIG_FILE): "Configuration.",
         str(ETC_PROFILES): "Local profiles, searched before the shipped ones.",
         f"{DEFAULT_STATE_DIR}/{JOURNAL_FILE}": "Each original value, kept before it changes.",
+        f"{DEFAULT_KEEP_DIR}/{BASE_FILE}": "The profile the last switch or off chose, which "
+        "every later start resumes, a reboot's included (the default profile until then).",
         str(BOOT_RECORD): "The kernel arguments latencyd wrote for the next boot, and a "
         "write of them in progress: kept across reboots.",
     }

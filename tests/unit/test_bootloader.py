@@ -47,6 +47,9 @@ from latencyd.kernel.bootloaders import (
 from latencyd.kernel.cmdline import Change, rewritten, unsafe
 from latencyd.kernel.system import Machine, System
 from latencyd.service.daemon import Caller, Daemon
+from latencyd.service.sdnotify import FdStore
+from tests.fdstore import FdStoreStandIn
+from tests.harness import wait_for
 from tests.unit.fakesys import make_fake_root
 
 VERSION = "0.0.0-latencyd-test"  # a kernel no host has: kernel-install's plugins skip it
@@ -757,3 +760,28 @@ def test_the_daemons_stop_leaves_kernel_arguments_and_restores_the_rest(tmp_path
     assert {k: v for k, v in tree(system.root).items() if not k.startswith(("proc/", "sys/"))} == {
         k: v for k, v in before.items() if not k.startswith(("proc/", "sys/"))
     }
+
+
+def test_a_tool_run_under_systemd_asks_for_its_time_before_it_starts(tmp_path: Path) -> None:
+    """A start that runs update-grub (taking out arguments, finishing a write kill -9 cut
+    short) took longer than TimeoutStartSec= on the VM tier's machine: systemd killed it,
+    the write was left unfinished for the next start, which it killed too. The daemon asks
+    systemd (its notify socket, as with the fd store) for the tool's time before running
+    it, and the tool runs only once asked."""
+    stand_in = FdStoreStandIn(tmp_path)
+    try:
+        store = FdStore(str(stand_in.path), {})
+        root = make_fake_root(tmp_path / "root")
+        system = System(root, fdstore=store)
+        seen = tmp_path / "seen-by-the-tool"
+        tool(root, "update-grub", f"open({str(seen)!r}, 'w').write('ran')\n")
+        system.run_tool([str(root / "usr/sbin/update-grub")], timeout_s=90)
+        assert seen.read_text() == "ran"
+
+        def asked() -> list[str]:
+            return [m for m in stand_in.messages if m.startswith("EXTEND_TIMEOUT_USEC=")]
+
+        wait_for(lambda: bool(asked()), timeout=10)  # the stand-in's thread receives it
+        assert asked() == [f"EXTEND_TIMEOUT_USEC={(90 + 30) * 1_000_000}"]
+    finally:
+        stand_in.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -377,22 +378,26 @@ def test_daemon_applies_root_only_sections_only_for_root(tmp_path: Path, machine
     assert read_sysctl(root, "kernel/core_pattern") == "core"
 
 
-def test_a_restart_resumes_the_switched_profile_a_stop_does_not(
+def test_the_switched_profile_is_resumed_by_every_later_start_a_reboots_included(
     tmp_path: Path, machine: Machine
 ) -> None:
-    """`switch` survives a restart or a crash of this boot (the base profile is noted in
-    the state dir); a stop that restored everything, or `off`, is what the next start sees."""
+    """`switch` and `off` are kept in the keep directory (/var/lib/latencyd), as `tuned-adm
+    profile` is: a restart, a crash, a stop and a reboot (which empties the journal's /run)
+    all resume the choice; an explicit --profile wins; a noted profile that no longer loads
+    gives way to the default. Issue 51: a boot into arguments a switch wrote started the
+    default profile, which took them out again."""
     root = make_fake_root(tmp_path)
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "default.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
     (pdir / "other.toml").write_text('[sysctl]\n"vm.swappiness" = 20\n')
     system = System(root)
+    state, keep = tmp_path / "run/latencyd", tmp_path / "var/lib/latencyd"
 
     def new_daemon() -> Daemon:
         plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
         library = ProfileLibrary([pdir], section_schemas(plugins), machine)
-        return Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+        return Daemon(system, plugins, library, Engine(plugins, Journal(state, keep)))
 
     first = new_daemon()
     first.start("default", resume=True)
@@ -411,11 +416,19 @@ def test_a_restart_resumes_the_switched_profile_a_stop_does_not(
     fourth.start("default", resume=True)  # switched off before the restart: stays off
     assert fourth.active is None
     fourth.switch("other")
-    fourth.stop()  # restores everything and forgets the choice
+    fourth.stop()  # a shutdown: every original back, the choice kept
+    assert read_sysctl(root, "vm/swappiness") == "60"
+    shutil.rmtree(state)  # the reboot: /run is empty again
     fifth = new_daemon()
     fifth.start("default", resume=True)
-    assert fifth.active is not None and fifth.active.name == "default"
+    assert fifth.active is not None and fifth.active.name == "other"
+    assert read_sysctl(root, "vm/swappiness") == "20"
     fifth.stop()
+    (pdir / "other.toml").unlink()  # the noted profile is gone: the default instead
+    sixth = new_daemon()
+    sixth.start("default", resume=True)
+    assert sixth.active is not None and sixth.active.name == "default"
+    sixth.stop()
     assert read_sysctl(root, "vm/swappiness") == "60"
 
 
