@@ -2,7 +2,8 @@
 (the VM tier's 4 vCPUs, systemd as PID 1 on cgroup v2: the shield is `cpuset-systemd`).
 
 Each application reports, every 10 ms, the CPU it runs on, its affinity and its cgroup
-(from its own /proc). A on CPU 1 and B on CPU 2 (`latencyctl run --cpus`) hold the same
+(from its own /proc). A on CPU 1 and B on CPU 2 (`latencyctl run --cpus`, each started in
+a scope of its own from a shell of ssh.service, as the README says) hold the same
 profile; every sample of each is on its own CPU, none on the other's or on housekeeping
 (0 and 3); a hold asking one sysctl otherwise is refused with the reason and changes
 nothing; A's end releases its hold: B is not moved (its samples unchanged through it) and
@@ -72,13 +73,19 @@ def samples(vm: Vm, name: str) -> list[Sample]:
 
 
 def start_app(vm: Vm, name: str, cpus: str) -> None:
-    """`latencyctl run --cpus` as a service of its own starts it (the application a unit
-    starts, as in production; its holder is moved into latencyd's slice)."""
+    """`latencyctl run --cpus` from a shell of a service (ssh), in a scope of its own as
+    the README says (`systemd-run --scope`): the daemon moves it into a scope of its own
+    in latencyd's slice, and its command is born there."""
     vm.ssh(
-        f"rm -f /root/{name}.samples /root/{name}.stop; systemd-run --unit=latencyd-test-{name} "
-        f"--collect latencyctl run --profile vm-app --cpus {cpus} --reason app-{name} -- "
-        f"python3 /root/reporter.py /root/{name}.samples {SECONDS} /root/{name}.stop"
+        f"rm -f /root/{name}.samples /root/{name}.stop; setsid systemd-run --scope "
+        f"--unit=latencyd-test-{name} latencyctl run --profile vm-app --cpus {cpus} "
+        f"--reason app-{name} -- python3 /root/reporter.py /root/{name}.samples {SECONDS} "
+        f"/root/{name}.stop > /root/{name}.out 2>&1 < /dev/null &"
     )
+
+
+def said(vm: Vm, name: str) -> str:
+    return vm.ssh(f"cat /root/{name}.out", check=False).stdout
 
 
 def holds(vm: Vm) -> list[tuple[str, str]]:
@@ -86,10 +93,12 @@ def holds(vm: Vm) -> list[tuple[str, str]]:
     return [(h["reason"], h["cpus"]) for h in status["holds"]]
 
 
-def wait_until(what: str, done: Callable[[], bool], timeout: float) -> None:
+def wait_until(
+    what: str, done: Callable[[], bool], timeout: float, why: Callable[[], str] = str
+) -> None:
     deadline = time.monotonic() + timeout
     while not done():
-        assert time.monotonic() < deadline, f"not in {timeout:.0f} s: {what}"
+        assert time.monotonic() < deadline, f"not in {timeout:.0f} s: {what}\n{why()}"
         time.sleep(1)
 
 
@@ -123,9 +132,11 @@ def test_two_applications_each_on_its_own_cpu_and_a_release_moves_not_the_other(
     vm.ssh("cat > /root/reporter.py", stdin=REPORTER.encode())
     try:
         start_app(vm, "a", "1")
-        wait_until("A placed and reporting", lambda: len(samples(vm, "a")) > 10, 300)
+        wait_until("A placed and reporting", lambda: len(samples(vm, "a")) > 10, 300,
+                   lambda: said(vm, "a"))  # fmt: skip
         start_app(vm, "b", "2")
-        wait_until("B placed and reporting", lambda: len(samples(vm, "b")) > 10, 300)
+        wait_until("B placed and reporting", lambda: len(samples(vm, "b")) > 10, 300,
+                   lambda: said(vm, "b"))  # fmt: skip
         assert holds(vm) == [("app-a", "1"), ("app-b", "2")]
         both = kernel_view(vm)
         assert both["latencyd.slice"][0] == "1-2"  # type: ignore[index]
@@ -158,8 +169,8 @@ def test_two_applications_each_on_its_own_cpu_and_a_release_moves_not_the_other(
         vm.ssh("touch /root/b.stop")
         wait_until("B's hold released", lambda: holds(vm) == [], 120)
     finally:
-        vm.ssh("touch /root/a.stop /root/b.stop; systemctl stop latencyd-test-a "
-               "latencyd-test-b 2>/dev/null || true", check=False)  # fmt: skip
+        vm.ssh("touch /root/a.stop /root/b.stop", check=False)
+        wait_until("both holds ended", lambda: holds(vm) == [], 120)
 
     a, b = samples(vm, "a"), samples(vm, "b")
     print(f"A: {len(a)} samples over {a[-1].at - a[0].at:.1f} s; "
