@@ -178,12 +178,14 @@ def test_two_applications_each_on_its_own_cpu_and_a_release_moves_not_the_other(
     assert a[-1].at - a[0].at >= SECONDS and b[-1].at - b[0].at >= SECONDS
     assert {s.cpu for s in a} == {1}, sorted({s.cpu for s in a})  # 0 on CPU 2 or 0, 3
     assert {s.cpu for s in b} == {2}, sorted({s.cpu for s in b})  # 0 on CPU 1 or 0, 3
+    # A through B's hold starting, B through A's ending: neither moved, not for a moment
+    # (one affinity and one cgroup in every sample), each in a scope of its own.
     assert {s.affinity for s in a} == {"1"}
-    # B through A's start-up, its run and its release: not moved, not even for a moment.
     assert {s.affinity for s in b} == {"2"}
-    (cgroup,) = {s.cgroup for s in b}
-    assert cgroup.startswith("/latencyd.slice/latencyd-app-"), cgroup
-    assert {s.cgroup for s in a} != {cgroup}  # each application in a scope of its own
+    (a_cgroup,) = {s.cgroup for s in a}
+    (b_cgroup,) = {s.cgroup for s in b}
+    assert a_cgroup.startswith("/latencyd.slice/latencyd-app-"), a_cgroup
+    assert b_cgroup.startswith("/latencyd.slice/latencyd-app-") and b_cgroup != a_cgroup
     assert json.loads(vm.ssh("latencyctl status --json").stdout)["active_profile"] == (
         DEFAULT_PROFILE
     )
