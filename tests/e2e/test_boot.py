@@ -363,8 +363,13 @@ def test_a_running_tuned_service_is_named_at_start(booted: Booted) -> None:
         wait_for(lambda: booted.ctl("active").returncode == 0, timeout=60)  # its name claimed
         said = (f"TuneD is running (pid {pid}, tuned.service, profile latency-performance): "
                 "it and latencyd both set ")  # fmt: skip
-        lines = [str(e.get("MESSAGE", "")) for e in booted.journal("-u", "latencyd-by-hand")]
-        (line,) = [m for m in lines if m.startswith(said)]
+
+        def lines() -> list[str]:
+            entries = booted.journal("-u", "latencyd-by-hand")
+            return [m for e in entries if (m := str(e.get("MESSAGE", ""))).startswith(said)]
+
+        wait_for(lambda: bool(lines()), timeout=10)  # said before the name (journald's pace)
+        (line,) = lines()
         # TuneD's own profile, key by key with its file and line
         assert "sysctl vm.swappiness (/usr/lib/tuned/latency-performance/tuned.conf:" in line
         assert line.endswith("they will undo each other's writes: stop one of them"), line
