@@ -6,7 +6,8 @@ Its settings are the step's own diff (latencyd.core.engine.plan): a setting the 
 would write ("change": now -> would be), one already as wanted ("unchanged"), or one this
 machine cannot take ("not applicable", with the reason), each with the step it belongs
 to: "apply" (the profile wants it), "restore" (owned, no longer wanted: its original
-back) or "keep" (owned, as wanted).
+back) or "keep" (owned, as wanted). Beside each setting, its other owners
+(latencyd.kernel.owners): what else sets it, and when, so a plan says what would undo it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latencyd.core.plugin import Plugin, Target, Value, encode_target, names_a_task
+from latencyd.kernel.owners import Owner, OwnerIndex
 
 CHANGE, UNCHANGED, NOT_APPLICABLE = "change", "unchanged", "not applicable"
 ACTIONS = (CHANGE, NOT_APPLICABLE, UNCHANGED)  # in the order the table shows them
@@ -52,11 +54,17 @@ class SwitchPlan:
         return sum(1 for s in self.settings if s.action == CHANGE)
 
     def as_json(
-        self, plugins: dict[str, Plugin[Any, Any]], show_tasks: bool = True
+        self,
+        plugins: dict[str, Plugin[Any, Any]],
+        show_tasks: bool = True,
+        owners: OwnerIndex | None = None,
     ) -> dict[str, Any]:
         """The plan for the D-Bus API; the settings of tasks (names_a_task) only with
-        `show_tasks` (root and the admin group), else counted per plugin ("hidden")."""
+        `show_tasks` (root and the admin group), else counted per plugin ("hidden"). With
+        `owners`, each row's other owners are indices into the plan's "owners" table (one
+        irqbalance named once, not once for each of 4,096 IRQs), as in status."""
         rows: list[dict[str, Any]] = []
+        table: dict[Owner, int] = {}
         hidden: dict[str, int] = {}
         counts = dict.fromkeys(ACTIONS, 0)
         for s in self.settings:
@@ -76,6 +84,10 @@ class SwitchPlan:
                     "setting": _described(plugin, s.target, s.would_be),
                     "reason": s.reason,
                     "group": _group_key(plugin, s.target),
+                    "owners": [
+                        table.setdefault(o, len(table))
+                        for o in (owners.of(s.target.claims()) if owners else ())
+                    ],
                 }
             )
         return {
@@ -95,6 +107,7 @@ class SwitchPlan:
             ],
             "made_anew": self.afresh,
             "hidden": hidden,
+            "owners": [o.as_json() for o in table],
         }
 
 

@@ -335,6 +335,19 @@ def unit_of(path: str) -> tuple[str, str] | None:
     return None
 
 
+def systemd_unit(proc_cgroup: str) -> str | None:
+    """The systemd unit a task runs in, from /proc/PID/cgroup: its path in the unified
+    hierarchy (or systemd's own named v1 one, on a legacy layout); None outside any unit
+    (a slice, the root: no systemd runs it)."""
+    for line in proc_cgroup.splitlines():
+        number, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if (number == "0" and controllers == "") or controllers == "name=systemd":
+            unit = unit_of(path)
+            return unit[0] if unit else None
+    return None
+
+
 def app_scope(pid: int) -> str:
     """The transient scope latencyd places an application's process in."""
     return f"{PREFIX}app-{pid}.scope"

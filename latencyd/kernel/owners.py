@@ -20,6 +20,7 @@ The parsers are pure (text in, lines out); only `read_owners` and `running_tuner
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import os
 import re
@@ -632,9 +633,10 @@ class Tuner:
     pid: int
     profile: str  # what it says it applies ("" unknown)
     claims: tuple[tuple[Claim, str], ...]  # what it sets, and where it is told to
+    unit: str | None = None  # the systemd unit it runs in ("tuned.service"), if any
 
     def as_json(self) -> dict[str, object]:
-        return {"name": self.name, "pid": self.pid, "profile": self.profile}
+        return {"name": self.name, "pid": self.pid, "profile": self.profile, "unit": self.unit}
 
 
 TUNER_COMMS = {"tuned": "TuneD", "latencyd": "another latencyd"}
@@ -642,7 +644,7 @@ TUNER_COMMS = {"tuned": "TuneD", "latencyd": "another latencyd"}
 
 def running_tuners(system: System, own_pid: int) -> list[Tuner]:
     """TuneD or another latencyd running as root now (one scan of /proc, at start), and
-    TuneD by its pid file."""
+    TuneD by its pid file; each with the systemd unit it runs in (tuned.service), if any."""
     pids: dict[int, str] = {}
     pid = system.root_process_by_pidfile(TUNED_PID, "tuned")
     if pid is not None:
@@ -660,9 +662,10 @@ def running_tuners(system: System, own_pid: int) -> list[Tuner]:
                 for k in read_tuned_profile(system, names)
                 for c in tuned_claims(k)
             )
-            out.append(Tuner(TUNER_COMMS[comm], pid, " ".join(names), claims))
+            tuner = Tuner(TUNER_COMMS[comm], pid, " ".join(names), claims)
         else:
-            out.append(Tuner(TUNER_COMMS[comm], pid, "", ()))
+            tuner = Tuner(TUNER_COMMS[comm], pid, "", ())
+        out.append(dataclasses.replace(tuner, unit=system.task_unit(pid)))
     return out
 
 

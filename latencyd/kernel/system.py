@@ -33,6 +33,7 @@ from latencyd.kernel.cgroups import (
     CgroupFacts,
     kernel_version,
     parse_mountinfo,
+    systemd_unit,
     task_cgroup,
 )
 from latencyd.kernel.trust import untrusted
@@ -474,6 +475,14 @@ class System:
         has exited."""
         try:
             return task_cgroup(_read_text(self.fspath(f"proc/{pid}/cgroup")))
+        except OSError:
+            return None
+
+    def task_unit(self, pid: int) -> str | None:
+        """The systemd unit the process runs in (latencyd.kernel.cgroups.systemd_unit);
+        None outside one, or once it has exited."""
+        try:
+            return systemd_unit(_read_text(self.fspath(f"proc/{pid}/cgroup")))
         except OSError:
             return None
 

@@ -472,6 +472,18 @@ class Daemon:
         from what the engine holds (Engine.plan_steps): nothing written, journaled or held."""
         return (yield from self.engine.plan_steps(self.load(ref, caller)))
 
+    def plan_json(self, switch_plan: SwitchPlan, show_tasks: bool = True) -> dict[str, Any]:
+        """A plan as D-Bus's Plan answers it: each setting with its other owners (what
+        else sets it, and when: one read of the machine's configuration), and under holds,
+        that a switch now only sets the base profile."""
+        out = switch_plan.as_json(self.plugins, show_tasks, read_owners(self.system))
+        if self.holds:
+            out["held"] = (
+                f"{self.in_force()} is held: a switch now only sets the base "
+                "profile, applied as planned here once the holds end"
+            )
+        return out
+
     def reload_steps(self) -> Steps[None]:
         """Re-read profiles; re-apply the one in force incrementally if its files changed."""
         if self.active_ref is not None:

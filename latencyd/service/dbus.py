@@ -345,13 +345,7 @@ class Service(dbus.service.Object):
         caller, privileged = _answer(lambda: self._caller(sender))
 
         def planned(switch_plan: SwitchPlan) -> str:
-            out = switch_plan.as_json(self.daemon.plugins, show_tasks=privileged)
-            if self.daemon.holds:
-                out["held"] = (
-                    f"{self.daemon.in_force()} is held: a switch now only sets the base "
-                    "profile, applied as planned here once the holds end"
-                )
-            return json.dumps(out)
+            return json.dumps(self.daemon.plan_json(switch_plan, show_tasks=privileged))
 
         def start() -> Steps[str]:
             return planned((yield from self.daemon.plan_steps(str(name), caller)))

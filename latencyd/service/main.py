@@ -313,10 +313,12 @@ def say_other_tuners(daemon: Daemon) -> None:
     for tuner in running_tuners(daemon.system, os.getpid()):
         fights = overlap(tuner, ours)
         profile = f", profile {tuner.profile}" if tuner.profile else ""
+        unit = f", {tuner.unit}" if tuner.unit else ""
         log.warning(
-            "%s is running (pid %d%s): it and latencyd both set %s; they will undo each "
+            "%s is running (pid %d%s%s): it and latencyd both set %s; they will undo each "
             "other's writes: stop one of them",
-            tuner.name, tuner.pid, profile, "; ".join(fights) or "nothing latencyd applies now",
+            tuner.name, tuner.pid, unit, profile,
+            "; ".join(fights) or "nothing latencyd applies now",
         )  # fmt: skip
         daemon.tuners.append(tuner.as_json() | {"overlap": fights})
 

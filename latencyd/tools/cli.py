@@ -811,6 +811,7 @@ def format_status(status: dict[str, Any]) -> list[str]:
     out.extend(format_boot(status))
     for t in status.get("other_tuners") or []:
         profile = f", profile {t['profile']}" if t.get("profile") else ""
+        profile = (f", {t['unit']}" if t.get("unit") else "") + profile
         fights = "; ".join(t.get("overlap") or []) or "nothing latencyd applies"
         out.append(f"also running at start: {t['name']} (pid {t['pid']}{profile}), "
                    f"setting what latencyd sets: {fights}")  # fmt: skip
@@ -823,10 +824,9 @@ def format_status(status: dict[str, Any]) -> list[str]:
             out.append(f"  {item['text']}{note}   (original: {_short(item['original'])})")
             # Each other owner once, under the first of its settings (one irqbalance for
             # every IRQ); how many more settings it also sets, after the section's rows.
-            mine = item.get("owners", [])
-            out.extend(format_owners([table[i] for i in mine if i not in named]))
-            more += bool(mine) and set(mine) <= named
-            named.update(mine)
+            lines, again = owners_once(item.get("owners", []), table, named)
+            out.extend(lines)
+            more += again
         if more:
             out.append(f"  (the other owners named above also set {more} more of these)")
         for item in info.get("not_applicable", []):
@@ -866,10 +866,11 @@ def format_plan(plan: dict[str, Any]) -> list[str]:
         + [r["plugin"] for r in plan["sections_not_applicable"]]
         + list(plan["hidden"])
     )
+    table, named = plan.get("owners", []), set[int]()
     for name in plugins:
         anew = "  (all it holds given back first, then made anew)" * (name in plan["made_anew"])
         out += ["", f"[{name}]{anew}"]
-        out += _plan_rows([r for r in plan["settings"] if r["plugin"] == name])
+        out += _plan_rows([r for r in plan["settings"] if r["plugin"] == name], table, named)
         out += [f"  {'not applicable':<15} {r['what']}: {r['reason']}"
                 for r in plan["sections_not_applicable"] if r["plugin"] == name]  # fmt: skip
         if n := plan["hidden"].get(name, 0):
@@ -879,12 +880,17 @@ def format_plan(plan: dict[str, Any]) -> list[str]:
     return out
 
 
-def _plan_rows(rows: list[dict[str, Any]]) -> list[str]:
+def _plan_rows(
+    rows: list[dict[str, Any]], owners: list[dict[str, Any]], named: set[int]
+) -> list[str]:
+    """One plugin's rows, each followed by its other owners not yet named above (each
+    owner once, as status does; how many more settings they also set, at the end)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for n, r in enumerate(sorted(rows, key=lambda r: PLAN_ORDER.index(r["action"]))):
-        alike = (r["action"], r["step"], repr(r["now"]), repr(r["would_be"]), r["reason"])
+        alike = (r["action"], r["step"], repr(r["now"]), repr(r["would_be"]), r["reason"],
+                 tuple(r.get("owners", ())))  # fmt: skip
         groups.setdefault((*alike, r["group"] if r["group"] is not None else n), []).append(r)
-    out = []
+    out, also = [], 0
     for members in groups.values():
         r = members[0]
         more = f" and {len(members) - 1:,} more like it" if len(members) > 1 else ""
@@ -895,6 +901,11 @@ def _plan_rows(rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"  {'not applicable':<15} {r['setting']}{more}: {r['reason']}")
         else:
             out.append(f"  {'unchanged':<15} {r['setting']}{more}")
+        lines, again = owners_once(r.get("owners", []), owners, named)
+        out.extend(lines)
+        also += again
+    if also:
+        out.append(f"  (the other owners named above also set {also} more of these)")
     return out
 
 
@@ -917,6 +928,17 @@ def format_tables(tables: list[dict[str, Any]]) -> list[str]:
         for r in rows:
             out.append("    " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
     return out
+
+
+def owners_once(
+    mine: list[int], table: list[dict[str, Any]], named: set[int]
+) -> tuple[list[str], bool]:
+    """A setting's other owners (indices into `table`) not yet `named` above, as lines,
+    and whether all of them were (the setting is one more they also set)."""
+    lines = format_owners([table[i] for i in mine if i not in named])
+    again = bool(mine) and set(mine) <= named
+    named.update(mine)
+    return lines, again
 
 
 def format_owners(owners: list[dict[str, Any]]) -> list[str]:

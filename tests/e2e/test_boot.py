@@ -343,6 +343,46 @@ def test_starting_it_stops_tuned_and_they_never_fight(booted: Booted) -> None:
     booted.ensure_default()
 
 
+def test_a_running_tuned_service_is_named_at_start(booted: Booted) -> None:
+    """Issue 52: latencyd started beside a running tuned.service (by hand: its own unit
+    would stop TuneD first, Conflicts=) says so at start, naming TuneD's pid, its unit and
+    its profile, and what both set; status keeps it."""
+    booted.ensure_default()
+    assert booted.systemctl("stop", "latencyd").returncode == 0
+    limits = DirtyLimits(System("/"))  # what TuneD's rollback cannot restore (as above)
+    before = limits.read()
+    try:
+        assert booted.systemctl("start", "tuned").returncode == 0
+        wait_for(lambda: host_sysctl("vm.dirty_ratio") == "10", timeout=30)  # TuneD's
+        pid = int(booted.show("MainPID", "tuned"))
+        # A plain service (systemd lets one unit only watch a bus name: latencyd.service's).
+        by_hand = booted.container.run(
+            "systemd-run", "--unit=latencyd-by-hand", "/usr/local/bin/latencyd", timeout=120
+        )
+        assert by_hand.returncode == 0, by_hand.stderr
+        wait_for(lambda: booted.ctl("active").returncode == 0, timeout=60)  # its name claimed
+        said = (f"TuneD is running (pid {pid}, tuned.service, profile latency-performance): "
+                "it and latencyd both set ")  # fmt: skip
+
+        def lines() -> list[str]:
+            entries = booted.journal("-u", "latencyd-by-hand")
+            return [m for e in entries if (m := str(e.get("MESSAGE", ""))).startswith(said)]
+
+        wait_for(lambda: bool(lines()), timeout=10)  # said before the name (journald's pace)
+        (line,) = lines()
+        # TuneD's own profile, key by key with its file and line
+        assert "sysctl vm.swappiness (/usr/lib/tuned/latency-performance/tuned.conf:" in line
+        assert line.endswith("they will undo each other's writes: stop one of them"), line
+        (tuner,) = booted.status()["other_tuners"]
+        assert (tuner["name"], tuner["pid"], tuner["unit"]) == ("TuneD", pid, "tuned.service")
+        assert "also running at start: TuneD (pid " in booted.ctl("status").stdout
+    finally:
+        booted.systemctl("stop", "latencyd-by-hand")
+        booted.systemctl("stop", "tuned")
+        limits.put_back(before)
+        booted.ensure_default()
+
+
 def test_restarting_systemd_sysctl_is_drift_naming_the_fragment(booted: Booted) -> None:
     """Issue 52: an admin's sysctl.d fragment setting what the profile sets is named in
     status with its file:line, and `systemctl restart systemd-sysctl` applying it again is

@@ -1,5 +1,5 @@
 """The other owners of a setting, named by the real daemon: a sysctl.d fragment in
-status with its file:line, the real systemd-sysctl applying it seen as drift naming it,
+status and plan with its file:line, the real systemd-sysctl applying it seen as drift naming it,
 and a real TuneD running at start said with what both set.
 
 The daemon runs in a private mount namespace where a staged directory is bound over
@@ -77,6 +77,13 @@ def test_status_names_the_fragment_and_its_line(
     text = d.ctl("status").stdout
     assert "also set by systemd-sysctl /etc/sysctl.d/90-swap.conf:2: vm.swappiness = 60" in text
     assert "at boot (systemd-sysctl.service)" in text
+    # and in a plan: what else would set what the switch sets, and when
+    plan = d.ctl("plan", "swap10")
+    assert plan.returncode == 0, plan.stderr  # already applied: nothing would change
+    assert (
+        "      also set by systemd-sysctl /etc/sysctl.d/90-swap.conf:2: vm.swappiness = 60, "
+        "at boot (systemd-sysctl.service)" in plan.stdout
+    ), plan.stdout
 
 
 def test_systemd_sysctl_applying_it_is_drift_naming_the_fragment(

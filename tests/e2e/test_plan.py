@@ -37,6 +37,24 @@ SYSFS = (
     "/sys/kernel/mm/transparent_hugepage/enabled",
     "/sys/kernel/mm/transparent_hugepage/defrag",
 )
+# The cpu plugin's sysfs files (plugins/cpu.py) and the cgroup files the shield writes.
+CPU_FILES = (
+    "cpufreq/policy*/scaling_governor",
+    "cpufreq/policy*/energy_performance_preference",
+    "cpufreq/policy*/scaling_min_freq",
+    "cpufreq/policy*/scaling_max_freq",
+    "cpufreq/policy*/boost",
+    "cpufreq/boost",
+    "cpu[0-9]*/power/energy_perf_bias",
+)
+CGROUP_FILES = (
+    "cpuset.cpus",
+    "cpuset.mems",
+    "cpuset.cpu_exclusive",
+    "cpuset.sched_load_balance",
+    "cpuset.cpus.partition",
+    "cgroup.subtree_control",
+)
 Key = tuple[str, str]  # (plugin, target as canonical JSON)
 
 
@@ -60,6 +78,22 @@ def sysctls() -> dict[str, str | None]:
     found |= {p: _read(Path(p)) for p in SYSFS}
     for p in sorted(Path("/sys/devices/system/machinecheck").glob("machinecheck*/ignore_ce")):
         found[str(p)] = _read(p)
+    cpu = Path("/sys/devices/system/cpu")
+    for pattern in CPU_FILES:  # the cpu plugin's, where this machine has them
+        found |= {str(p): _read(p) for p in sorted(cpu.glob(pattern))}
+    return found
+
+
+def cgroup_files() -> dict[str, str | None]:
+    """What the shield's cgroups hold, not only that they exist (the snapshot's): each v1
+    cpuset's and each latencyd v2 cgroup's CPUs, memory nodes and flags."""
+    found: dict[str, str | None] = {}
+    for top in (Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup/unified")):
+        groups = [top, *sorted(p for p in top.rglob("*") if p.is_dir())] if top.is_dir() else []
+        for group in groups:
+            for name in CGROUP_FILES:
+                if (group / name).exists():
+                    found[str(group / name)] = _read(group / name)
     return found
 
 
@@ -90,11 +124,13 @@ def tasks() -> dict[str, tuple[str, int, int]]:
 def machine(state_dir: Path) -> dict[str, Any]:
     """What a plan must leave byte-identical: the suite's snapshot (IRQ masks, cpuidle,
     PM QoS holders, NICs, workqueues, cgroups and each process's cpuset), every sysctl of
-    the trees profiles set, the sysfs files they set, every thread's affinity and policy,
-    and the daemon's state directory (its journal)."""
+    the trees profiles set, the sysfs files they set (the cpu plugin's included), what
+    each cgroup of the cpuset hierarchies holds, every thread's affinity and policy, and
+    the daemon's state directory (its journal)."""
     return {
         "snapshot": snapshot(),
         "sysctls": sysctls(),
+        "cgroups": cgroup_files(),
         "tasks": tasks(),
         "state": {str(p): p.read_bytes() for p in sorted(state_dir.rglob("*")) if p.is_file()},
     }
@@ -105,7 +141,7 @@ def changed_by_plan(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     # session's systemd-analyze) is no setting, and comes and goes without the lock.
     diffs = [d for d in differences(before["snapshot"], after["snapshot"])
              if not d.startswith("run_systemd:")]  # fmt: skip
-    for what in ("sysctls", "state"):
+    for what in ("sysctls", "cgroups", "state"):
         b, a = before[what], after[what]
         diffs += [f"{what} {k}: {b.get(k)!r} -> {a.get(k)!r}"
                   for k in sorted(set(b) | set(a)) if b.get(k) != a.get(k)]  # fmt: skip

@@ -14,6 +14,8 @@ from latencyd.plugins.shield import UnitCpus
 from latencyd.plugins.sysctl import Sysctl
 from latencyd.plugins.writeback import DirtyLimit, VmKnob
 
+from latencyd.core.plugin import in_one_go
+from latencyd.kernel.cgroups import systemd_unit
 from latencyd.kernel.owners import (
     CPUS,
     IRQS,
@@ -30,7 +32,7 @@ from latencyd.kernel.owners import (
 from latencyd.kernel.system import Machine, System
 from latencyd.service.main import say_other_tuners
 from latencyd.text import printable
-from latencyd.tools.cli import format_explain, format_status
+from latencyd.tools.cli import format_explain, format_plan, format_status
 from latencyd.tools.explain import other_owners
 from tests.unit.fakesys import add_task, make_fake_root
 from tests.unit.pluginrig import swap_daemon
@@ -354,3 +356,90 @@ def test_status_names_an_owner_of_many_settings_once(tmp_path: Path, machine: Ma
     lines = format_status(status)
     assert sum("also set by" in line for line in lines) == 1
     assert "  (the other owners named above also set 1 more of these)" in lines
+
+
+def test_plan_names_each_settings_other_owners_and_when_they_act(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """`latencyctl plan` beside each setting: what else sets it and when (the owners'
+    table of the plan, each row's indices into it), an owner of many settings named once;
+    a setting the switch would give back (restore) keeps its owners too."""
+    root, daemon = swap_daemon(tmp_path, machine)
+    (tmp_path / "profiles/two.toml").write_text(
+        '[sysctl]\n"vm.swappiness" = 10\n"vm.stat_interval" = 2\n'
+    )
+    put(root, "etc/sysctl.d/90-swap.conf", "vm.swappiness = 60\n")
+    put(root, "etc/sysctl.d/95-vm.conf", "vm.stat_interval = 1\nvm.dirty_ratio = 5\n")
+    put(root, "etc/udev/rules.d/99-vm.rules",
+        'SUBSYSTEM=="net", RUN+="/lib/systemd/systemd-sysctl --prefix=/vm"\n')  # fmt: skip
+    data = daemon.plan_json(in_one_go(daemon.plan_steps)("two"))
+    by_key = {r["target"]["key"]: [data["owners"][i] for i in r["owners"]]
+              for r in data["settings"]}  # fmt: skip
+    assert {k: [(o["who"], o["where"], o["value"]) for o in v] for k, v in by_key.items()} == {
+        "vm.swappiness": [("systemd-sysctl", "/etc/sysctl.d/90-swap.conf:1", "60")],
+        "vm.stat_interval": [("systemd-sysctl", "/etc/sysctl.d/95-vm.conf:1", "1")],
+    }
+    when = by_key["vm.swappiness"][0]["when"]
+    assert when.startswith("at boot (systemd-sysctl.service)")
+    assert "when a network interface appears (/etc/udev/rules.d/99-vm.rules:1)" in when
+    lines = format_plan(data)
+    assert (
+        "      also set by systemd-sysctl /etc/sysctl.d/90-swap.conf:1: vm.swappiness = 60, " + when
+    ) in lines
+    assert sum("also set by" in line for line in lines) == 2
+    # From a profile applied: the plan of a switch to `swap` gives vm.stat_interval back,
+    # and says who else sets it.
+    daemon.start("two")
+    data = daemon.plan_json(in_one_go(daemon.plan_steps)("swap"))
+    (restore,) = [r for r in data["settings"] if r["step"] == "restore"]
+    assert [data["owners"][i]["where"] for i in restore["owners"]] == ["/etc/sysctl.d/95-vm.conf:1"]
+
+
+def test_plan_names_an_owner_of_many_settings_once(tmp_path: Path, machine: Machine) -> None:
+    root, daemon = swap_daemon(tmp_path, machine)
+    (tmp_path / "profiles/two.toml").write_text(
+        '[sysctl]\n"vm.swappiness" = 10\n"vm.stat_interval" = 2\n'
+    )
+    put(root, "etc/sysctl.d/90.conf", "vm.* = 1\n")
+    data = daemon.plan_json(in_one_go(daemon.plan_steps)("two"))
+    assert [r["owners"] for r in data["settings"]] == [[0], [0]]
+    lines = format_plan(data)
+    assert sum("also set by" in line for line in lines) == 1
+    assert "  (the other owners named above also set 1 more of these)" in lines
+
+
+def test_a_tuner_started_by_systemd_is_named_with_its_unit(
+    tmp_path: Path, machine: Machine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """tuned.service running at latencyd's start: said with its unit, so the admin knows
+    what to stop (or disable)."""
+    root, daemon = swap_daemon(tmp_path, machine)
+    tuned_profile(root)
+    add_task(root, 812, "tuned")
+    put(root, "proc/812/cgroup", "12:cpuset:/\n0::/system.slice/tuned.service\n")
+    put(root, "run/tuned/tuned.pid", "812\n")
+    daemon.start("swap")
+    with caplog.at_level(logging.WARNING):
+        say_other_tuners(daemon)
+    assert "TuneD is running (pid 812, tuned.service, profile mine): it and latencyd" in (
+        caplog.text
+    )
+    status = daemon.status()
+    assert [(t["pid"], t["unit"]) for t in status["other_tuners"]] == [(812, "tuned.service")]
+    assert any(line.startswith("also running at start: TuneD (pid 812, tuned.service, "
+                               "profile mine)") for line in format_status(status))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("proc_cgroup", "unit"),
+    [
+        ("0::/system.slice/tuned.service\n", "tuned.service"),
+        ("12:cpuset:/\n1:name=systemd:/system.slice/tuned.service\n", "tuned.service"),
+        ("0::/user.slice/user-0.slice/session-3.scope\n", "session-3.scope"),
+        ("0::/\n", None),
+        ("0::/system.slice\n", None),
+        ("", None),
+    ],
+)
+def test_the_unit_a_task_runs_in(proc_cgroup: str, unit: str | None) -> None:
+    assert systemd_unit(proc_cgroup) == unit
