@@ -337,6 +337,14 @@ def install_latencyd(vm: Vm) -> None:
 # install needs are fetched on the host by `apt-get download` (cached under CACHE/debs)
 # and copied to where the index says they are.
 GUEST_MIRROR = "/srv/debian"
+# The copy holds each index uncompressed only (the host's apt keeps them recompressed, as
+# lz4, so the .xz and .gz that InRelease names are not at hand): apt is told every
+# compression type's tool is missing ("false"), and so fetches the uncompressed one.
+MIRROR_CONF = "/etc/apt/apt.conf.d/50latencyd-vm-mirror"
+MIRROR_APT_CONF = "".join(
+    f'Acquire::CompressionTypes::{kind} "false";\n'
+    for kind in ("xz", "bz2", "lzma", "gz", "lz4", "zst")
+)
 DEBS = CACHE / "debs"
 
 
@@ -353,7 +361,7 @@ def _host_indexes() -> dict[str, tuple[Path, str]]:
     """The host apt's Packages indexes: each suite's base URI -> (the local file, its key
     in the suite's InRelease, e.g. main/binary-amd64/Packages)."""
     listing = subprocess.run(
-        ["apt-get", "indextargets", "--format", "$(BASE-URI) $(FILENAME) $(METAKEY)",
+        ["apt-get", "indextargets", "--format", "$(BASE_URI) $(FILENAME) $(METAKEY)",
          "Identifier: Packages"], check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     found: dict[str, tuple[Path, str]] = {}
@@ -371,7 +379,7 @@ def _in_mirror(uri: str) -> str:
 def serve_debian_index(vm: Vm) -> None:
     """The guest's apt sources served from the host's copy of Debian's index (see above),
     then `apt-get update` in the guest, which fails on anything it cannot verify."""
-    wanted = vm.ssh("apt-get indextargets --format '$(BASE-URI)' 'Identifier: Packages'")
+    wanted = vm.ssh("apt-get indextargets --format '$(BASE_URI)' 'Identifier: Packages'")
     host = _host_indexes()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
@@ -392,8 +400,9 @@ def serve_debian_index(vm: Vm) -> None:
                 info.size, info.mode = len(data), 0o644
                 tar.addfile(info, io.BytesIO(data))
     vm.ssh("tar -xz -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
-    vm.ssh(f"sed -i 's#http://#file:{GUEST_MIRROR}/#' /etc/apt/sources.list "
-           "&& apt-get update --error-on=any", timeout=BOOT_TIMEOUT)  # fmt: skip
+    vm.ssh(f"cat > {MIRROR_CONF} && sed -i 's#http://#file:{GUEST_MIRROR}/#' "
+           "/etc/apt/sources.list && apt-get update --error-on=any",
+           stdin=MIRROR_APT_CONF.encode(), timeout=BOOT_TIMEOUT)  # fmt: skip
 
 
 def pool_files(vm: Vm, install: str) -> list[PoolFile]:
@@ -401,6 +410,8 @@ def pool_files(vm: Vm, install: str) -> list[PoolFile]:
     out = vm.ssh(f"apt-get install --print-uris -qq -y {install}").stdout
     files = []
     for line in out.splitlines():
+        if len(line.split()) < 4:
+            continue  # a local file given to the install (./latencyd_*.deb): no hash
         uri, name, _size, checksum = line.split()
         algorithm, _, digest = checksum.partition(":")
         assert algorithm == "SHA256", line
