@@ -23,6 +23,7 @@ import subprocess
 import tarfile
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -168,7 +169,7 @@ def test_the_package_from_install_through_upgrade_to_purge(
     done = vm.ssh(f"apt install -y {install}", timeout=BOOT_TIMEOUT)
     assert "cannot be authenticated" not in done.stdout + done.stderr
     added = packages(vm) - packages_before
-    from_debian = {f.name.split("_")[0] + "=" + f.name.split("_")[1] for f in needed}
+    from_debian = {"=".join(map(unquote, f.name.split("_")[:2])) for f in needed}
     assert added == {f"latencyd={VERSION}"} | from_debian, done.stdout
     files_of_latencyd = vm.ssh("dpkg -L latencyd").stdout.splitlines()
     assert vm.ssh("systemctl is-active latencyd").stdout.strip() == "active"
