@@ -6,6 +6,8 @@ A test may change the machine (a profile, the boot configuration); the next test
 for a machine gets the same one only if it still reads as it did after that first boot
 (`Baseline`), else a fresh one. Tests that leave boot arguments behind therefore cost a new
 VM for whichever test follows them: `pytest_collection_modifyitems` runs them last.
+A test that installs latencyd its own way (the Debian package) asks for `fresh_vm`: the
+image as it boots, without `make install`, powered off after it; such tests run first.
 """
 
 from __future__ import annotations
