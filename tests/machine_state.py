@@ -107,6 +107,13 @@ def snapshot() -> dict[str, object]:
     wq = Path("/sys/devices/virtual/workqueue")
     for p in [wq / "cpumask", *sorted(wq.glob("*/cpumask"))]:
         files[str(p)] = _read(p)
+    # Where /sys/fs/cgroup is the unified hierarchy itself (systemd's default, the VM tier's
+    # machine): each cgroup's cpuset and the controllers it hands down.
+    if (UNIFIED_ROOT / "cgroup.controllers").exists():
+        for cgroup in [UNIFIED_ROOT, *sorted(p for p in UNIFIED_ROOT.rglob("*") if p.is_dir())]:
+            for name in V2_FILES:
+                if (cgroup / name).exists():
+                    files[str(cgroup / name)] = _read(cgroup / name)
     # TuneD (benchmarks run it) notes its state in /etc/tuned and may write /etc/modprobe.d.
     for etc in (Path("/etc/tuned"), Path("/etc/modprobe.d")):
         for conf in sorted(etc.rglob("*")) if etc.is_dir() else []:
@@ -138,6 +145,14 @@ def snapshot() -> dict[str, object]:
 
 CPUSET_V1 = Path("/sys/fs/cgroup/cpuset")
 UNIFIED = Path("/sys/fs/cgroup/unified")
+UNIFIED_ROOT = Path("/sys/fs/cgroup")
+V2_FILES = (
+    "cgroup.subtree_control",
+    "cpuset.cpus",
+    "cpuset.cpus.effective",
+    "cpuset.cpus.partition",
+    "cpuset.mems",
+)
 
 
 def cgroup_state() -> dict[str, object]:

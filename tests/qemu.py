@@ -38,6 +38,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from tests.harness import free_port
 
@@ -373,6 +374,117 @@ def install_latencyd(vm: Vm) -> None:
     vm.put_tree(tar_of(wheels(source)), "/root/wheels")
     vm.ssh("cd /root/latencyd && export PIP_NO_INDEX=1 PIP_FIND_LINKS=/root/wheels "
            "&& make install && make install-system", timeout=BOOT_TIMEOUT)  # fmt: skip
+
+
+# -- Debian's archive for a guest without a network ---------------------------------------
+# The guest reaches no mirror. Its apt sources are pointed at a copy of Debian's index as
+# the host's apt fetched it (each suite's signed InRelease and its Packages), under
+# GUEST_MIRROR as file: sources: the guest's apt checks that copy against Debian's key
+# itself (`apt-get update`), and each package file against the index. The package files an
+# install needs are fetched on the host by `apt-get download` (cached under CACHE/debs)
+# and copied to where the index says they are.
+GUEST_MIRROR = "/srv/debian"
+# The copy holds each index uncompressed only (the host's apt keeps them recompressed, as
+# lz4, so the .xz and .gz that InRelease names are not at hand): apt is told every
+# compression type's tool is missing ("false"), and so fetches the uncompressed one.
+MIRROR_CONF = "/etc/apt/apt.conf.d/50latencyd-vm-mirror"
+MIRROR_APT_CONF = "".join(
+    f'Acquire::CompressionTypes::{kind} "false";\n'
+    for kind in ("xz", "bz2", "lzma", "gz", "lz4", "zst")
+)
+DEBS = CACHE / "debs"
+
+
+@dataclass(frozen=True)
+class PoolFile:
+    """A package file apt would fetch: where (in the guest's mirror), its name and hash."""
+
+    uri: str
+    name: str
+    sha256: str
+
+
+def _host_indexes() -> dict[str, tuple[Path, str]]:
+    """The host apt's Packages indexes: each suite's base URI -> (the local file, its key
+    in the suite's InRelease, e.g. main/binary-amd64/Packages)."""
+    listing = subprocess.run(
+        ["apt-get", "indextargets", "--format", "$(BASE_URI) $(FILENAME) $(METAKEY)",
+         "Identifier: Packages"], check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    found: dict[str, tuple[Path, str]] = {}
+    for line in listing.splitlines():
+        base, filename, metakey = line.split()
+        found.setdefault(base, (Path(filename), metakey))
+    return found
+
+
+def _in_mirror(uri: str) -> str:
+    """Where a source's URI (http://deb.debian.org/debian/...) lies under GUEST_MIRROR."""
+    return f"{GUEST_MIRROR}/{uri.split('://', 1)[1]}"
+
+
+def serve_debian_index(vm: Vm) -> None:
+    """The guest's apt sources served from the host's copy of Debian's index (see above),
+    then `apt-get update` in the guest, which fails on anything it cannot verify."""
+    wanted = vm.ssh("apt-get indextargets --format '$(BASE_URI)' 'Identifier: Packages'")
+    host = _host_indexes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for base in sorted(set(wanted.stdout.split())):
+            if base not in host:
+                raise NotBuilt(
+                    f"the host's apt has no index of {base}, which the VM's apt uses: "
+                    "add it to the host's sources and run apt-get update"
+                )
+            packages, metakey = host[base]
+            lists = packages.parent
+            release = lists / (base.split("://", 1)[1].replace("/", "_") + "InRelease")
+            index = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(packages)],
+                                   check=True, capture_output=True).stdout  # fmt: skip
+            into = _in_mirror(base).lstrip("/")
+            for name, data in (("InRelease", release.read_bytes()), (metakey, index)):
+                info = tarfile.TarInfo(f"{into}{name}")
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    vm.ssh("tar -xz -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
+    vm.ssh(f"cat > {MIRROR_CONF} && sed -i 's#http://#file:{GUEST_MIRROR}/#' "
+           "/etc/apt/sources.list && apt-get update --error-on=any",
+           stdin=MIRROR_APT_CONF.encode(), timeout=BOOT_TIMEOUT)  # fmt: skip
+
+
+def pool_files(vm: Vm, install: str) -> list[PoolFile]:
+    """The package files `apt-get install <install>` would fetch in the guest."""
+    out = vm.ssh(f"apt-get install --print-uris -qq -y {install}").stdout
+    files = []
+    for line in out.splitlines():
+        if len(line.split()) < 4:
+            continue  # a local file given to the install (./latencyd_*.deb): no hash
+        uri, name, _size, checksum = line.split()
+        algorithm, _, digest = checksum.partition(":")
+        assert algorithm == "SHA256", line
+        files.append(PoolFile(uri.strip("'"), name, digest))
+    return files
+
+
+def serve_pool_files(vm: Vm, files: list[PoolFile]) -> None:
+    """Each file fetched on the host (`apt-get download`, which checks it against the
+    host's index; kept in DEBS) and put in the guest's mirror where its URI points."""
+    DEBS.mkdir(exist_ok=True)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for f in files:
+            cached = DEBS / f.name
+            if not cached.exists():
+                package, version, _arch = f.name.removesuffix(".deb").split("_")
+                subprocess.run(["apt-get", "download", "-q", f"{package}={unquote(version)}"],
+                               cwd=DEBS, check=True, capture_output=True)  # fmt: skip
+            digest = hashlib.sha256(cached.read_bytes()).hexdigest()
+            if digest != f.sha256:
+                raise AssertionError(
+                    f"{cached}: sha256 {digest}, the guest's index says {f.sha256}"
+                )
+            tar.add(cached, arcname=f.uri.removeprefix("file:").lstrip("/"))
+    vm.ssh("tar -x -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
 
 
 def guest_profile(vm: Vm, name: str, text: str) -> None:

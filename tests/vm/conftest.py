@@ -6,6 +6,8 @@ A test may change the machine (a profile, the boot configuration); the next test
 for a machine gets the same one only if it still reads as it did after that first boot
 (`Baseline`), else a fresh one. Tests that leave boot arguments behind therefore cost a new
 VM for whichever test follows them: `pytest_collection_modifyitems` runs them last.
+A test that installs latencyd its own way (the Debian package) asks for `fresh_vm`: the
+image as it boots, without `make install`, powered off after it; such tests run first.
 """
 
 from __future__ import annotations
@@ -31,18 +33,20 @@ NUMA = Shape(cpus=8, numa_nodes=2, memory_mb=2048)
 class Booted:
     vm: Vm
     baseline: str
+    installed: bool  # latencyd put in by make install (else the image as built)
 
 
 class Machines:
-    """Hands out one installed VM of a shape, reused while its baseline holds."""
+    """Hands out one VM of a shape, with latencyd installed by `make install` or as the
+    image boots (`installed=False`), reused while its baseline holds."""
 
     def __init__(self) -> None:
         self.current: Booted | None = None
         self.log: list[str] = []  # what each machine cost, for the run's summary
 
-    def get(self, shape: Shape) -> Vm:
+    def get(self, shape: Shape, installed: bool = True) -> Vm:
         if self.current is not None:
-            same = self.current.vm.shape == shape
+            same = self.current.vm.shape == shape and self.current.installed == installed
             if (
                 same
                 and self.current.vm.ssh(BASELINE, check=False, lost_ok=True).stdout
@@ -53,10 +57,11 @@ class Machines:
         vm = Vm(shape)
         try:
             vm.boot()
-            install_latencyd(vm)
-            vm.reboot()  # systemd starts latencyd at boot, as on a user's server
+            if installed:
+                install_latencyd(vm)
+                vm.reboot()  # systemd starts latencyd at boot, as on a user's server
             vm.ssh("useradd --create-home alice")  # a plain user
-            self.current = Booted(vm, vm.ssh(BASELINE).stdout)
+            self.current = Booted(vm, vm.ssh(BASELINE).stdout, installed)
         except BaseException:
             self.log.append(f"{shape}: failed; console tail:\n{vm.console()[-3000:]}")
             vm.stop()
@@ -98,13 +103,25 @@ def vm_numa(machines: Machines) -> Vm:
     return machines.get(NUMA)
 
 
+@pytest.fixture
+def fresh_vm(machines: Machines) -> Iterator[Vm]:
+    """A 4-vCPU VM as the image boots, without latencyd (and the plain user alice), for a
+    test that installs it its own way; powered off after the test, never handed out again."""
+    yield machines.get(Shape(), installed=False)
+    machines.close()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that leave the machine changed for good (marked `leaves_boot_changed`) last,
     and those on the same machine shape together, so the fewest VMs are booted."""
 
-    def order(item: pytest.Item) -> tuple[bool, bool]:
-        wants_numa = "vm_numa" in getattr(item, "fixturenames", ())
-        return item.get_closest_marker("leaves_boot_changed") is not None, wants_numa
+    def order(item: pytest.Item) -> tuple[bool, bool, bool]:
+        fixtures = getattr(item, "fixturenames", ())
+        return (
+            "fresh_vm" not in fixtures,  # first: its machine is never reused
+            item.get_closest_marker("leaves_boot_changed") is not None,
+            "vm_numa" in fixtures,
+        )
 
     items.sort(key=order)
 

@@ -1,0 +1,236 @@
+"""The Debian package on a machine like our users' (issue 54), from install to purge, on a
+VM as the image boots (no `make install`):
+
+- `apt install ./latencyd_*.deb` pulls only Debian's packages: the guest has no network,
+  so its apt reads a copy of Debian's signed index and the files the install needs are
+  fetched on the host (tests/qemu.py: serve_debian_index, serve_pool_files);
+- after a reboot the service is active with the default profile before multi-user.target,
+  and `latencyctl status` answers root and a plain user;
+- an upgrade to a higher version under cpu-partitioning beside a running application
+  (a service in latencyd.slice): sampled through the upgrade, none of the application's
+  affinity samples off the shield and no setting the profile made seen with another value;
+- `apt purge latencyd`: the kernel's settings and cgroups as tests/machine_state.py reads
+  them, /etc and /boot, identical to before the install, and no file of latencyd left.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from tests.machine_state import differences
+from tests.qemu import (
+    BOOT_TIMEOUT,
+    GUEST_MIRROR,
+    REPO,
+    Vm,
+    guest_profile,
+    pool_files,
+    serve_debian_index,
+    serve_pool_files,
+)
+from tests.vm.profiles import DEFAULT_PROFILE, PARTITIONING
+
+CHANGELOG = REPO / "debian/changelog"
+VERSION = subprocess.run(["dpkg-parsechangelog", "-l", str(CHANGELOG), "-S", "Version"],
+                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+UPGRADE = f"{VERSION}+vmtest1"  # dpkg orders it after VERSION
+WORK = "/root/pkgtest"  # the test's own files in the guest, left out of every comparison
+# Where apt and dpkg keep their own records (what they installed, logs, caches): these
+# change with any install and are not latencyd's.
+BOOKKEEPING = ("/var/lib/dpkg/", "/var/lib/apt/", "/var/cache/apt/", "/var/log/",
+               "/var/cache/debconf/", "/var/cache/ldconfig/")  # fmt: skip
+APP = "vm-app"  # the application, a service in latencyd.slice
+APP_COMMAND = "python3 -c 'import time\nwhile True: time.sleep(0.01)'"
+ISOLATED = "2,3"  # PARTITIONING's isolated_cores, as an affinity reads
+
+
+@pytest.fixture(scope="module")
+def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """latencyd's package at debian/changelog's version and at a higher one (`make deb`)."""
+    built = {}
+    for version in (VERSION, UPGRADE):
+        out = tmp_path_factory.mktemp("deb")
+        done = subprocess.run(["make", "--no-print-directory", "deb", f"DEB_VERSION={version}"],
+                              cwd=REPO, env={**os.environ, "DEB_OUT": str(out)},
+                              capture_output=True, text=True, timeout=1800)  # fmt: skip
+        assert done.returncode == 0, done.stderr + done.stdout
+        built[version] = out / f"latencyd_{version}_all.deb"
+    return built
+
+
+def guest_tools() -> bytes:
+    """tests/machine_state.py (with the latencyd code it reads tracefs with) and the
+    sampler, for the guest's python3."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel in ("tests/__init__.py", "tests/machine_state.py", "tests/vm/guest_sampler.py"):
+            tar.add(REPO / rel, arcname=rel)
+        tar.add(REPO / "latencyd", arcname="latencyd",
+                filter=lambda t: None if "__pycache__" in t.name else t)  # fmt: skip
+    return buf.getvalue()
+
+
+def snapshot(vm: Vm) -> dict[str, object]:
+    """tests/machine_state.py's snapshot, taken in the guest."""
+    code = "import json; from tests.machine_state import snapshot; print(json.dumps(snapshot()))"
+    out = vm.ssh(f"cd {WORK} && python3 -c {shlex.quote(code)}", timeout=BOOT_TIMEOUT).stdout
+    found: dict[str, object] = json.loads(out)
+    return found
+
+
+def made_by_profile(
+    untuned: dict[str, object], tuned: dict[str, object]
+) -> tuple[list[str], list[int]]:
+    """The settings a profile made, from two snapshots: the files (cgroups among them) it
+    changed or made, and the kernel threads (pids) whose affinity or policy it changed."""
+    files_before, files_tuned = untuned["files"], tuned["files"]
+    threads_before, threads_tuned = untuned["kthreads"], tuned["kthreads"]
+    assert isinstance(files_before, dict) and isinstance(files_tuned, dict)
+    assert isinstance(threads_before, dict) and isinstance(threads_tuned, dict)
+    files = [k for k, v in files_tuned.items() if files_before.get(k) != v]
+    threads = [int(k.split(":")[0]) for k, v in threads_tuned.items()
+               if k in threads_before and threads_before[k] != v]  # fmt: skip
+    return files, threads
+
+
+def etc_and_boot(vm: Vm) -> dict[str, str]:
+    """Every path under /etc and /boot -> its type, mode, owner, link target and content hash."""
+    listing = vm.ssh("find /etc /boot -printf '%p\\t%M %u %g %l\\n'").stdout
+    hashes = vm.ssh("find /etc /boot -type f -exec sha256sum {} +").stdout
+    found = dict(line.split("\t", 1) for line in listing.splitlines())
+    for line in hashes.splitlines():
+        digest, path = line.split(None, 1)
+        found[path] += f" {digest}"
+    return found
+
+
+def every_path(vm: Vm) -> set[str]:
+    out = vm.ssh(f"find / /run -xdev \\( -path {WORK} -o -path /var/log/journal \\) -prune "
+                 "-o -print", timeout=BOOT_TIMEOUT).stdout  # fmt: skip
+    return set(out.splitlines())
+
+
+def packages(vm: Vm) -> set[str]:
+    return set(vm.ssh("dpkg-query -W -f '${Package}=${Version}\\n'").stdout.split())
+
+
+def owned(vm: Vm, paths: list[str]) -> dict[str, str]:
+    """path -> the installed packages `dpkg -S` names for it (paths it names none for left out)."""
+    if not paths:
+        return {}
+    out = vm.ssh("xargs -0 dpkg-query -S 2>/dev/null; true",
+                 stdin="\0".join(paths).encode()).stdout  # fmt: skip
+    found = {}
+    for line in out.splitlines():
+        names, _, path = line.partition(": ")
+        found[path] = names
+    return found
+
+
+def monotonic_active(vm: Vm, unit: str) -> int:
+    return int(vm.ssh(f"systemctl show -P ActiveEnterTimestampMonotonic {unit}").stdout)
+
+
+def main_pid(vm: Vm, unit: str) -> int:
+    return int(vm.ssh(f"systemctl show -P MainPID {unit}").stdout)
+
+
+def test_the_package_from_install_through_upgrade_to_purge(
+    debs: dict[str, Path], fresh_vm: Vm
+) -> None:
+    started = time.monotonic()
+    vm = fresh_vm
+    vm.put_tree(guest_tools(), WORK)
+    for deb in debs.values():
+        vm.ssh(f"cat > {WORK}/{deb.name}", stdin=deb.read_bytes())
+    serve_debian_index(vm)
+    before = snapshot(vm)
+    etc_boot_before = etc_and_boot(vm)
+    paths_before = every_path(vm)
+    packages_before = packages(vm)
+
+    # -- install: only Debian's packages -------------------------------------------------
+    install = f"{WORK}/latencyd_{VERSION}_all.deb"
+    needed = pool_files(vm, install)
+    assert needed, "nothing to fetch: the image already has latencyd's dependencies"
+    for f in needed:
+        assert f.uri.startswith(f"file:{GUEST_MIRROR}/deb.debian.org/debian"), f
+    serve_pool_files(vm, needed)
+    done = vm.ssh(f"apt install -y {install}", timeout=BOOT_TIMEOUT)
+    assert "cannot be authenticated" not in done.stdout + done.stderr
+    added = packages(vm) - packages_before
+    from_debian = {"=".join(map(unquote, f.name.split("_")[:2])) for f in needed}
+    assert added == {f"latencyd={VERSION}"} | from_debian, done.stdout
+    files_of_latencyd = vm.ssh("dpkg -L latencyd").stdout.splitlines()
+    assert vm.ssh("systemctl is-active latencyd").stdout.strip() == "active"
+
+    # -- a reboot: started before multi-user.target, with the default profile -------------
+    vm.reboot()
+    assert vm.ssh("systemctl is-enabled latencyd").stdout.strip() == "enabled"
+    assert vm.ssh("systemctl is-active latencyd").stdout.strip() == "active"
+    ready, multi_user = monotonic_active(vm, "latencyd"), monotonic_active(vm, "multi-user.target")
+    assert 0 < ready <= multi_user, f"latencyd ready at {ready} µs, multi-user.target {multi_user}"
+    assert vm.ssh("latencyctl active").stdout.strip() == DEFAULT_PROFILE
+    for out in (vm.ssh("latencyctl status").stdout,
+                vm.as_user("alice", "latencyctl status").stdout):  # fmt: skip
+        assert f"active profile: {DEFAULT_PROFILE}" in out
+
+    # -- an upgrade under cpu-partitioning beside a running application -------------------
+    guest_profile(vm, "vm-partitioning", PARTITIONING)
+    vm.ssh("latencyctl switch vm-partitioning")
+    vm.ssh(f"systemd-run --quiet --unit={APP} --slice=latencyd.slice {APP_COMMAND}")
+    app = main_pid(vm, APP)
+    assert vm.ssh(f"taskset -pc {app}").stdout.strip().endswith(f": {ISOLATED}")
+    files, kthreads = made_by_profile(before, snapshot(vm))
+    assert files and kthreads, "cpu-partitioning changed nothing to watch"
+    vm.ssh(f"cat > {WORK}/settings.json",
+           stdin=json.dumps({"files": files, "kthreads": kthreads}).encode())  # fmt: skip
+    vm.ssh(f"cd {WORK} && nohup python3 tests/vm/guest_sampler.py samples.json stop {app} "
+           "<settings.json >sampler.log 2>&1 &")  # fmt: skip
+    old_daemon = main_pid(vm, "latencyd")
+    upgrade = vm.ssh(f"apt install -y {WORK}/latencyd_{UPGRADE}_all.deb", timeout=BOOT_TIMEOUT)
+    assert vm.ssh("dpkg-query -W -f '${Version}' latencyd").stdout == UPGRADE
+    assert main_pid(vm, "latencyd") not in (0, old_daemon), "the upgrade did not restart it"
+    assert vm.ssh("latencyctl active").stdout.strip() == "vm-partitioning"
+    time.sleep(5)  # samples after the new daemon's start, too
+    vm.ssh(f"touch {WORK}/stop; while [ ! -s {WORK}/samples.json ]; do sleep 0.2; done")
+    sampled = json.loads(vm.ssh(f"cat {WORK}/samples.json").stdout)
+    seen: dict[str, dict[str, int]] = sampled["seen"]
+    print(f"upgrade sampled {sampled['samples']} times: app {seen['app']}")
+    assert set(seen["app"]) == {ISOLATED}, f"the application's affinity: {seen['app']}"
+    flipped = {k: v for k, v in seen.items() if k != "app" and len(v) > 1}
+    assert not flipped, f"settings flipped during the upgrade:\n{upgrade.stdout}\n{flipped}"
+
+    # -- purge: the machine as before the install ----------------------------------------
+    vm.ssh(f"systemctl stop {APP}; rm /etc/latencyd/profiles/vm-partitioning.toml")
+    vm.ssh("apt purge -y latencyd", timeout=BOOT_TIMEOUT)
+    assert vm.ssh("dpkg-query -W latencyd", check=False).returncode != 0
+    diffs = [d for d in differences(before, snapshot(vm)) if not d.startswith("pid ")]
+    assert not diffs, "the purge left the machine changed:\n" + "\n".join(diffs)
+    etc_boot_after = etc_and_boot(vm)
+    assert etc_boot_after == etc_boot_before, {
+        p: (etc_boot_before.get(p), etc_boot_after.get(p))
+        for p in set(etc_boot_before) ^ set(etc_boot_after)
+        | {p for p in etc_boot_before if etc_boot_after.get(p) not in (None, etc_boot_before[p])}
+    }
+    new = sorted(every_path(vm) - paths_before)
+    # Python's byte code, compiled by the postinst of a dependency into its own directory
+    compiled_in = {p: p.split("/__pycache__")[0] for p in new if "/__pycache__" in p}
+    owners = owned(vm, new + sorted(set(compiled_in.values())))
+    left = [p for p in new if p not in owners and not p.startswith(BOOKKEEPING)
+            and compiled_in.get(p) not in owners]  # fmt: skip
+    assert not left, f"left after the purge: {left}"
+    still = [p for p in files_of_latencyd if p not in paths_before and p in every_path(vm)]
+    assert not still, f"latencyd's files left: {still}"
+    assert not [p for p, names in owned(vm, files_of_latencyd).items() if "latencyd" in names]
+    print(f"install to purge: {time.monotonic() - started:.0f} s; boots {vm.boot_seconds}")
