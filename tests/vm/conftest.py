@@ -4,8 +4,10 @@ machine where systemd started latencyd at boot with its default profile.
 
 A test may change the machine (a profile, the boot configuration); the next test that asks
 for a machine gets the same one only if it still reads as it did after that first boot
-(`Baseline`), else a fresh one. Tests that leave boot arguments behind therefore cost a new
-VM for whichever test follows them: `pytest_collection_modifyitems` runs them last.
+(`BASELINE`), else a fresh one. A test asking for another shape (8 vCPUs on 2 NUMA nodes)
+gets the same disk powered on as that shape, which costs a boot, not an install. Tests
+that leave boot arguments behind therefore cost a new VM for whichever test follows them:
+`pytest_collection_modifyitems` runs them last.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import pytest
 
 from tests.qemu import CACHE, Shape, Vm, install_latencyd
 
-# What a machine reads right after its first boot with latencyd: the kernel's arguments,
-# the boot configuration, the service and its profile.
+# What a machine reads right after its first boot with latencyd, once systemd has finished
+# starting it: the kernel's arguments, the boot configuration, the service and its profile.
 BASELINE = (
+    "systemctl is-system-running --wait >/dev/null; "
     "cat /proc/cmdline; ls -A /etc/default/grub.d; sha256sum /boot/grub/grub.cfg; "
     "systemctl is-active latencyd || true; latencyctl active || true"
 )
@@ -42,9 +45,13 @@ class Machines:
 
     def get(self, shape: Shape) -> Vm:
         if self.current is not None:
-            same = self.current.vm.shape == shape
-            if same and self.current.vm.ssh(BASELINE, check=False).stdout == self.current.baseline:
-                return self.current.vm
+            vm, baseline = self.current.vm, self.current.baseline
+            if vm.ssh(BASELINE, check=False).stdout == baseline:
+                if vm.shape == shape:
+                    return vm
+                vm.power_cycle(shape)  # the same disk as another machine: no new install
+                if vm.ssh(BASELINE, check=False).stdout == baseline:
+                    return vm
             self.close()
         vm = Vm(shape)
         try:
@@ -96,11 +103,12 @@ def vm_numa(machines: Machines) -> Vm:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that leave the machine changed for good (marked `leaves_boot_changed`) last,
-    and those on the same machine shape together, so the fewest VMs are booted."""
+    those on the same machine shape together, the NUMA machine's first (its disk then
+    powered on as the 4-vCPU machine for the rest), so the fewest VMs are booted."""
 
     def order(item: pytest.Item) -> tuple[bool, bool]:
         wants_numa = "vm_numa" in getattr(item, "fixturenames", ())
-        return item.get_closest_marker("leaves_boot_changed") is not None, wants_numa
+        return item.get_closest_marker("leaves_boot_changed") is not None, not wants_numa
 
     items.sort(key=order)
 
