@@ -53,8 +53,9 @@ vm-tier: vm-image
 # kernel (QEMU's user-mode network, an overlay in a private directory), so it needs no
 # kernel lock; it runs at nice 10 so that the host's kernel and e2e tests keep the CPUs
 # they had before it joined (its guest only runs slower), and its output is shown once
-# it ends, after the host's. Together ~30-40 min on a 2-CPU machine instead of ~50-60 one
-# after the other (docs/architecture.md, the VM tier). Either failing fails `make test`.
+# it ends, after the host's. Never longer than one after the other (the CPUs are shared,
+# not lost; estimates and what was measured: docs/measurements.md, 2026-11-29, the VM tier
+# in make test). Either failing fails `make test`.
 test: setup control-plane
 	@tier_log=$$(mktemp); \
 	nice -n 10 $(MAKE) --no-print-directory vm-tier >"$$tier_log" 2>&1 & tier=$$!; \
