@@ -49,10 +49,13 @@ KEY = CACHE / "id"
 # What the guest kernel prints when the emulator flake hits (see the module's docstring).
 FLAKES = ("Oops: int3",)
 # Power-on to ssh takes ~40 s on an idle 2-CPU machine and many minutes on a loaded one
-# (every vCPU is a host thread emulating instructions): a boot is given up when its
-# console has been silent for STALL seconds without ssh answering (a hung kernel, or a
-# guest up without sshd), or after BOOT_TIMEOUT in all.
-STALL = 180.0
+# (every vCPU is a host thread emulating instructions; `make test` runs the tier at nice 10
+# beside the host suites, which then leave it little). A boot is given up (a hung kernel,
+# or a guest up without sshd) when its console has been silent without ssh answering
+# while QEMU had STALL_CPU seconds of host CPU, or for STALL seconds whatever it had (a
+# starved guest is slow, not hung), or after BOOT_TIMEOUT in all.
+STALL_CPU = 180.0
+STALL = 900.0
 BOOT_TIMEOUT = 1800.0
 # The guest's own Python (Debian 12's 3.11), the one `make install` installs for: the
 # host's /usr/bin/python3 is the same, so the wheels built with it fit the guest.
@@ -143,6 +146,42 @@ def why_lost(console: str, qemu_exit: int | None) -> str:
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """The host CPU time a process (all its threads: QEMU's vCPUs) has had so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0  # exited: the caller sees it
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def stalled(silent_seconds: float, cpu_while_silent: float) -> bool:
+    """Whether a boot whose console has been silent that long, while QEMU had that much
+    CPU, is given up (see STALL)."""
+    return cpu_while_silent >= STALL_CPU or silent_seconds >= STALL
+
+
+MONITOR_PROMPT = b"(qemu) "
+
+
+def _until_prompt(s: socket.socket) -> bytes:
+    got = b""
+    while not got.endswith(MONITOR_PROMPT):
+        chunk = s.recv(4096)
+        if not chunk:
+            raise BootFailed(f"QEMU's monitor closed: {got!r}")
+        got += chunk
+    return got
+
+
+def monitor_reply(raw: bytes) -> str:
+    """What QEMU's human monitor answered, from all it sent after a command up to its next
+    prompt: its line editor first redraws the line as each character arrives (escape
+    sequences, no newline), then ends it with CR LF; the answer follows."""
+    _, _, answer = raw.decode(errors="replace").partition("\r\n")
+    return answer.removesuffix(MONITOR_PROMPT.decode()).strip()
+
+
 def _die_with_parent() -> None:
     """In QEMU's child process before exec: SIGKILL when the process that started it dies,
     so a test run killed outright leaves no VM running."""
@@ -158,7 +197,7 @@ class Vm:
         self.dir = Path(tempfile.mkdtemp(prefix="latencyd-vm-"))
         self.overlay = self.dir / "overlay.qcow2"
         self.serial = self.dir / "serial.log"
-        self.monitor = self.dir / "monitor.sock"
+        self.monitor_socket = self.dir / "monitor.sock"
         self.port = 0
         self.qemu: subprocess.Popen[bytes] | None = None
         self.boot_seconds: list[float] = []  # power-on or reboot to ssh, each boot
@@ -208,13 +247,39 @@ class Vm:
         self._power_off()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def power_cycle(self, shape: Shape) -> None:
+        """`systemctl poweroff` in the guest, then power on again as `shape` on the same disk
+        (what was installed stays): another vCPU count or NUMA layout without another
+        install. A flake is met with one more power-on of the same disk."""
+        self.ssh("systemctl poweroff", check=False)  # ssh may see the connection dropped
+        assert self.qemu is not None
+        try:
+            self.qemu.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            self.flakes.append("power-off: QEMU still running after 600 s: killed")
+        self.shape = shape
+        for attempt in (1, 2):
+            self._power_off()
+            self.serial.rename(self.dir / f"serial-{len(self.boot_seconds)}-{attempt}.log")
+            self._start()
+            try:
+                self._wait_up(serial_from=0, old_boot_id=None)
+                return
+            except Flake as flake:
+                self.flakes.append(f"power-cycle: {flake}")
+                if attempt == 2:
+                    raise BootFailed(f"the emulator flake twice: {self.flakes}") from flake
+
     def _power_on(self) -> None:
         self.overlay.unlink(missing_ok=True)
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw",
                         "-b", str(IMAGE.resolve()), str(self.overlay)], check=True)  # fmt: skip
+        self._start()
+
+    def _start(self) -> None:
         self.serial.write_bytes(b"")
         self.port = free_port()
-        argv = qemu_argv(self.shape, self.overlay, self.port, self.serial, self.monitor)
+        argv = qemu_argv(self.shape, self.overlay, self.port, self.serial, self.monitor_socket)
         with open(self.dir / "qemu.log", "ab") as log:
             self.qemu = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -230,6 +295,8 @@ class Vm:
 
     def _wait_up(self, serial_from: int, old_boot_id: str | None) -> None:
         started = quiet_since = time.monotonic()
+        assert self.qemu is not None
+        quiet_cpu = cpu_seconds(self.qemu.pid)
         console_size = serial_from
         while time.monotonic() - started < BOOT_TIMEOUT:
             assert self.qemu is not None
@@ -242,8 +309,10 @@ class Vm:
                 raise Flake(oops)
             if serial_from + len(console) != console_size:
                 console_size, quiet_since = serial_from + len(console), time.monotonic()
-            elif time.monotonic() - quiet_since > STALL:
-                raise Flake(f"no ssh, and the console silent for {STALL:.0f} s:\n"
+                quiet_cpu = cpu_seconds(self.qemu.pid)
+            elif stalled(time.monotonic() - quiet_since, cpu_seconds(self.qemu.pid) - quiet_cpu):
+                raise Flake(f"no ssh, and the console silent for "
+                            f"{time.monotonic() - quiet_since:.0f} s:\n"
                             f"{self.console()[-2000:]}")  # fmt: skip
             try:
                 probe = self.ssh(
@@ -257,11 +326,21 @@ class Vm:
             time.sleep(2)
         raise Flake(f"no ssh after {BOOT_TIMEOUT:.0f} s; console:\n{self.console()[-2000:]}")
 
-    def _monitor(self, command: str) -> None:
+    def _monitor(self, command: str) -> str:
+        """A command to QEMU's human monitor; returns what it answered (empty when a
+        command such as device_add succeeded)."""
         with socket.socket(socket.AF_UNIX) as s:
-            s.connect(str(self.monitor))
+            s.settimeout(60)
+            s.connect(str(self.monitor_socket))
+            _until_prompt(s)  # the banner
             s.sendall(command.encode() + b"\n")
-            time.sleep(0.5)
+            return monitor_reply(_until_prompt(s))
+
+    def monitor(self, command: str) -> None:
+        """A command to QEMU's monitor (device_add, netdev_add, ...) that must succeed."""
+        reply = self._monitor(command)
+        if reply:
+            raise AssertionError(f"QEMU's monitor: {command!r}: {reply}")
 
     # -- inside ------------------------------------------------------------------------
     def ssh_argv(self, command: str) -> list[str]:

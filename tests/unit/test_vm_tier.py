@@ -51,3 +51,37 @@ def test_ssh_losing_the_guest_is_said_with_its_cause() -> None:
     assert why_lost("", -9) == "QEMU exited (-9)"
     quiet = why_lost("[  300.0] e1000e: link up\n", None)
     assert "no flake" in quiet and "e1000e: link up" in quiet
+
+
+def test_the_guard_leaves_out_only_what_the_vm_tiers_image_build_holds() -> None:
+    from tests.machine_state import not_the_vm_tiers
+
+    cache = Path("/var/cache/latencyd-test/vm")
+    lines = [
+        "/dev/loop0: [64769]:1836 (/var/cache/latencyd-test/vm/build.a1/disk.raw), offset 1048576",
+        "/dev/loop1: [64769]:77 (/tmp/latencyd-measure-x/disk.img)",
+        "/dev/loop0 /var/cache/latencyd-test/vm/build.a1/mnt ext4 rw,relatime 0 0",
+        "/dev/loop2 /var/cache/latencyd-test/vm-other/mnt ext4 rw 0 0",  # not the cache
+    ]
+    assert not_the_vm_tiers(lines, cache) == [lines[1], lines[3]]
+
+
+def test_the_monitors_answer_is_told_from_its_echo_of_the_command() -> None:
+    from tests.qemu import monitor_reply
+
+    # as QEMU 7.2's monitor sent them (the redraw shortened)
+    failed = (
+        b"d\x1b[K\x1b[Dde\x1b[K\x1b[D\x1b[Ddevice_add e1000e,netdev=nope,id=x\x1b[K\r\n"
+        b"Error: No 'PCI' bus found for device 'e1000e'\r\n(qemu) "
+    )
+    assert monitor_reply(failed) == "Error: No 'PCI' bus found for device 'e1000e'"
+    added = b"n\x1b[K\x1b[Dnetdev_add user,id=hot0,restrict=on\x1b[K\r\n(qemu) "
+    assert monitor_reply(added) == ""
+
+
+def test_a_starved_guest_is_slow_not_hung() -> None:
+    from tests.qemu import STALL, STALL_CPU, stalled
+
+    assert not stalled(silent_seconds=STALL / 2, cpu_while_silent=STALL_CPU / 10)  # starved
+    assert stalled(silent_seconds=STALL_CPU / 2, cpu_while_silent=STALL_CPU)  # had the CPUs
+    assert stalled(silent_seconds=STALL, cpu_while_silent=0.0)  # idle, no ssh: given up

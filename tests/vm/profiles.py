@@ -33,3 +33,21 @@ include = ["latency-performance"]
 driver = ["e1000e"]
 coalesce = { rx-usecs = 0 }
 """
+
+REALTIME = """\
+[main]
+summary = "realtime with CPUs 2-3 isolated, its boot arguments shown, not written (the VM tier)"
+include = ["realtime"]
+
+[variables]
+isolated_cores = "2-3"
+"""
+
+PARTITIONING_TWO_NODES = """\
+[main]
+summary = "cpu-partitioning with CPUs 2-3 and 6-7 isolated: two of each NUMA node (the VM tier)"
+include = ["cpu-partitioning"]
+
+[variables]
+isolated_cores = "2-3,6-7"
+"""
