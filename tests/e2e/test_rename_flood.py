@@ -12,8 +12,10 @@ figure: those are `python -m bench flood`'s), and the daemon must still be right
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,7 +52,11 @@ def holder(start_daemon: Callable[..., Latencyd]) -> Iterator[Callable[[Latencyd
         wait_for(lambda: bool(status(d)["holds"]), timeout=60)
 
     yield hold
-    for proc in held:
+    for proc in held:  # its command first: killed alone, latencyctl left it orphaned
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        for child in children.read_text().split() if proc.poll() is None else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(child), signal.SIGKILL)
         proc.kill()
         proc.wait()
 
