@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from latencyd.kernel import cgroups
 from latencyd.paths import shipped_profiles_dir
 from tests.harness import Latencyd
 from tests.machine_state import differences, exited, snapshot
@@ -47,14 +48,7 @@ CPU_FILES = (
     "cpufreq/boost",
     "cpu[0-9]*/power/energy_perf_bias",
 )
-CGROUP_FILES = (
-    "cpuset.cpus",
-    "cpuset.mems",
-    "cpuset.cpu_exclusive",
-    "cpuset.sched_load_balance",
-    "cpuset.cpus.partition",
-    "cgroup.subtree_control",
-)
+CGROUP_FILES = (*cgroups.CGROUP_FILES, "cgroup.subtree_control")
 Key = tuple[str, str]  # (plugin, target as canonical JSON)
 
 
