@@ -60,9 +60,12 @@ test: setup control-plane
 # package), then lint. On a machine with a cpuidle driver, the tests whose
 # expectations depend on it run again as on a guest without one (what that changes:
 # scripts/without-cpuidle-driver.sh); the unit tests run again with the lowest supported
-# version of each dependency (test-lowest).
+# version of each dependency (test-lowest). PYTEST_ARGS go to the main pytest run only:
+# `PYTEST_ARGS=--reverse CI=true bash .ci/run` is CI's run with the suite in reverse order
+# (a test must not depend on what ran before it; the unit runs have no such option).
+PYTEST_ARGS ?=
 test-host:
-	@$(call pytest,$(PYTHON) -m pytest)
+	@$(call pytest,$(PYTHON) -m pytest $(PYTEST_ARGS))
 	@if [ "$$(id -u)" = 0 ] && grep -qvx none $(CPUIDLE_DRIVER) 2>/dev/null; then \
 	    echo "make test: the machine_kind tests as on a guest without a cpuidle driver"; \
 	    $(call pytest,bash scripts/without-cpuidle-driver.sh \
