@@ -1204,7 +1204,19 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             self.system.set_affinity(target.tid, CpuSet.from_list(str(value)))
             return None
         cpus, judged_cpus = CpuSet.from_list(str(value)), CpuSet.from_list(str(judged))
-        found = self.system.set_affinity(target.tid, cpus, only_from=judged_cpus)
+        try:
+            found = self.system.set_affinity(target.tid, cpus, only_from=judged_cpus)
+        except KernelRefused as exc:
+            # A holder whose hold ended stays in latencyd's cgroup where systemd moves
+            # nothing back (a scope of `systemd-run --scope`) until it exits: the kernel
+            # keeps it on the cgroup's CPUs, and its CPUs from before are not among them.
+            cgroup = self.system.task_cgroup(target.pid) or ""
+            if cgroup.strip("/").split("/")[0] not in (SHIELD, APP_SLICE):
+                raise
+            raise NotApplicable(
+                f"pid {target.pid} stays in {cgroup}, whose CPUs do not include {value} "
+                f"({exc.reason}): it runs on that cgroup's CPUs until it leaves it or exits"
+            ) from exc
         return None if found is None else found.to_list()
 
     def report(self, changes: list[tuple[ShieldTarget, Value, Value]]) -> None:

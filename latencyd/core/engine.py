@@ -769,7 +769,12 @@ class Engine:
         current = self.applied[sid]
         if not plugin.exists(target):
             return
-        if self._give_back(sid, report) and current is not ADOPTED:
+        try:
+            gave = self._give_back(sid, report)
+        except NotApplicable as exc:
+            _not_restored(sid, plugin, self.originals[sid], exc)
+            return
+        if gave and current is not ADOPTED:
             undo.append(lambda: plugin.write(target, current))
 
     def _give_back(self, sid: SettingId, report: StepReport) -> bool:
@@ -823,6 +828,8 @@ class Engine:
                 continue
             try:
                 self._give_back(sid, report)
+            except NotApplicable as exc:
+                _not_restored(sid, plugin, self.originals[sid], exc)
             except Exception as exc:  # one bad setting must not keep the others changed
                 # Asked only when the restore failed (a stat per setting was a fifth of
                 # an off beside 20,000 threads): a target that is gone cannot be written.
@@ -1152,6 +1159,14 @@ def _reason(target: Target, exc: LatencydError) -> str:
     reason = exc.reason if isinstance(exc, KernelRefused) else str(exc)
     meaning = type(target).refusal_means
     return f"{meaning}: {reason}" if meaning else reason
+
+
+def _not_restored(
+    sid: SettingId, plugin: Plugin[Any, Any], original: Value, exc: NotApplicable
+) -> None:
+    """A restore the plugin says cannot apply where the target is now (a task kept in a
+    cgroup whose CPUs exclude its original ones): given up, not a failure of the step."""
+    log.info("[%s] %s: not restored: %s", sid[0], _what(plugin, sid[1], original), exc)
 
 
 def _quietly(action: Callable[[], object]) -> None:

@@ -950,6 +950,40 @@ class CgroupLikeSystem(System):
         )
         sched.affinity[pid] = frozenset(user & inside or inside)
 
+    def cpuset_cpus(self, pid: int) -> CpuSet | None:
+        """The CPUs the task's cpuset lets it run on: the nearest cpuset.cpus from its
+        cgroup up that is not empty (v2's empty one means its parent's); None at the root
+        or outside a cpuset."""
+        cgroup = self.task_cgroup(pid)
+        if cgroup is None:
+            return None
+        line = self.read(f"proc/{pid}/cgroup")
+        hierarchy = "sys/fs/cgroup/cpuset" if ":cpuset:" in line else "sys/fs/cgroup/unified"
+        folder = f"{hierarchy}{cgroup.rstrip('/')}"
+        while folder != hierarchy:
+            cpus = self.path(f"{folder}/cpuset.cpus")
+            if cpus.exists() and cpus.read_text().strip():
+                return CpuSet.from_list(cpus.read_text().strip())
+            folder = folder.rsplit("/", 1)[0]
+        return None
+
+    def set_affinity(
+        self, pid: int, cpus: CpuSet, only_from: CpuSet | None = None
+    ) -> CpuSet | None:
+        """As the kernel's sched_setaffinity: within the task's cpuset, which must allow
+        one of the CPUs asked for (else EINVAL)."""
+        if only_from is not None:
+            found = self.affinity(pid)
+            if found != only_from or found == cpus:
+                return found
+        allowed = self.cpuset_cpus(pid)
+        if allowed is not None and not cpus & allowed:
+            raise KernelRefused(
+                f"setting the CPU affinity of pid {pid} to {cpus}",
+                f"{os.strerror(errno.EINVAL)} (EINVAL)",
+            )
+        return super().set_affinity(pid, cpus)
+
     def place(self, pid: int, hierarchy: str, cgroup: str = "/") -> None:
         """Put a task in a cgroup as the kernel would show it."""
         procs = f"{hierarchy}{cgroup.rstrip('/')}/cgroup.procs"

@@ -193,6 +193,16 @@ def test_systemd_moves_nothing_back_into_a_login_session_and_off_says_so(
     assert system.read(f"{V2}/user.slice/cpuset.cpus") == ""
 
 
+def iso_daemon(m: Machinery, system: CgroupLikeSystem, machine: Machine, tmp_path: Path) -> Daemon:
+    """A daemon of the rig's shield with one profile, iso: the shield on CPU 1."""
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "iso.toml").write_text('[shield]\ncpus = "1"\n')
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+    return Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+
+
 def test_a_holder_systemd_keeps_in_its_service_is_refused_with_what_to_do(
     systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
 ) -> None:
@@ -201,12 +211,7 @@ def test_a_holder_systemd_keeps_in_its_service_is_refused_with_what_to_do(
     and what to do instead, and status lists it (issue 51: it printed `holding` and the
     command ran on the housekeeping CPUs)."""
     m, system = systemd_rig
-    pdir = tmp_path / "profiles"
-    pdir.mkdir()
-    (pdir / "iso.toml").write_text('[shield]\ncpus = "1"\n')
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
-    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
-    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+    daemon = iso_daemon(m, system, machine, tmp_path)
     with pytest.raises(NotPlaced) as refused:
         run_to_end(daemon.hold_steps("iso", "sleep 60", ":1.9", pid=300, placed=True))
     why = str(refused.value)
@@ -253,3 +258,27 @@ def test_what_the_partition_adds_is_read_from_the_kernel() -> None:
     invalid = partition_says("isolated invalid (Parent is not a partition root)", "", shield)
     assert "partition: Parent is not a partition root" in invalid
     assert partition_says(None, "", shield) == "none: latencyd.slice is not there"
+
+
+@pytest.mark.parametrize("systemd_rig", [False], indirect=True, ids=["scope not delegated"])
+def test_a_run_in_a_scope_ends_without_an_error_its_holder_kept_in_the_slice(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    """`systemd-run --scope latencyctl run -- CMD` (issue 51, seen in the VM): the holder
+    runs in a scope systemd moves nothing back into, so at the release it stays in
+    latencyd.slice, whose CPUs the kernel confines it to. Giving it back its CPUs from
+    before the hold (user.slice's) there is EINVAL: that restore is not applicable, not a
+    failure that rolls the release back; the holder keeps the slice's CPUs until it exits."""
+    m, system = systemd_rig
+    daemon = iso_daemon(m, system, machine, tmp_path)
+    run_to_end(daemon.switch_steps("iso"))
+    m.sched.affinity[400] = frozenset({0, 2, 3})  # what user.slice's AllowedCPUs= leaves it
+    cookie, _ = run_to_end(daemon.hold_steps("iso", "true", ":1.9", pid=400, placed=True))
+    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
+    assert m.sched.affinity[400] == {1}
+    run_to_end(daemon.release_steps(cookie))
+    assert daemon.last_error is None
+    assert daemon.status()["last_error"] is None
+    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
+    assert m.sched.affinity[400] == {1}
+    assert daemon.engine.verify() == []

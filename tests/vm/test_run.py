@@ -85,12 +85,6 @@ def test_a_service_given_the_slice_runs_on_the_shielded_cpus(shielded: Vm) -> No
         vm.ssh(f"systemctl stop {APP_SERVICE}; rm -f {out}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="seen at aeaae09 and after: when the scope's run ends, the hold's release gives "
-    "the holder back its CPUs 0-1 while it is still in latencyd.slice (systemd moves nothing "
-    "back into a scope that is not delegated): EINVAL, and the release's step is rolled back",
-)
 def test_a_scopes_run_ends_without_an_error(shielded: Vm) -> None:
     shielded.ssh("systemd-run --scope --quiet latencyctl run -- true")
     status = shielded.ssh("latencyctl status").stdout
