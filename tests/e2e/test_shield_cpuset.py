@@ -73,6 +73,21 @@ def test_run_starts_the_command_inside_the_shield_at_the_policy_asked(
         run.wait()
 
 
+def test_a_run_that_ends_gives_its_cpu_back_without_an_error(
+    start_daemon: Callable[..., Latencyd], profiles: Path
+) -> None:
+    """`run -- CMD` whose command ends (issue 51): the hold's release finds its holder in
+    the shield, where the kernel refuses it the housekeeping CPU it had before (EINVAL);
+    that is no error of the release, which moves it back to housekeeping."""
+    (profiles / "shield.toml").write_text(PROFILE)
+    d = start_daemon("shield")
+    out = d.ctl("run", "--", "true")
+    assert out.returncode == 0, out.stderr
+    assert "releasing hold" not in out.stderr, out.stderr
+    assert status(d)["last_error"] is None, d.log()
+    assert d.ctl("verify").returncode == 0, d.log()
+
+
 def test_run_refuses_cpus_outside_the_shield_in_words(
     start_daemon: Callable[..., Latencyd], profiles: Path
 ) -> None:
