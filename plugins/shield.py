@@ -200,7 +200,7 @@ class TaskUnit(ProcessCgroup):
     def _move(self, system: System, where: str) -> None:
         """Into the application's slice (a scope of its own), or back into the unit it
         came from with everything it started in that scope since."""
-        top = where.lstrip("/").split("/")[0]
+        top = top_cgroup(where)
         if where == f"/{APP_SLICE}/{app_scope(self.pid)}":
             scope = app_scope(self.pid)
             system.systemd.start_scope(scope, APP_SLICE, [self.pid], "latencyd: the application")
@@ -496,6 +496,12 @@ ShieldTarget = (
 )
 
 
+def top_cgroup(cgroup: str) -> str:
+    """The cgroup directly below the root that `cgroup` is in (or is): whose it is
+    (latencyd's shield or slice, or a systemd slice or scope)."""
+    return cgroup.strip("/").split("/")[0]
+
+
 def _cgroup_of(value: Value) -> str:
     """A task's cgroup as the shield may set it: the root, or one of latencyd's."""
     text = str(value)
@@ -716,11 +722,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         if affinity and affinity.issubset(own):
             return None
         cgroup = self.system.task_cgroup(pid)
-        if (
-            own == rules.cpus
-            and cgroup is not None
-            and cgroup.strip("/").split("/")[0] in (SHIELD, APP_SLICE)
-        ):
+        if own == rules.cpus and cgroup is not None and top_cgroup(cgroup) in (SHIELD, APP_SLICE):
             return None  # inside the shield's cgroup: the kernel keeps it on those CPUs
         why = next((w for p, _, _, w in rules.theirs if p == pid), None)
         where = f" in cgroup {cgroup}" if cgroup else ""
@@ -798,7 +800,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
                 settings[target] = owned[target]
             elif why:
                 theirs.append((task.pid, task.comm, cgroup, why))
-            inside = (where or cgroup).strip("/").split("/")[0] in (SHIELD, APP_SLICE)
+            inside = top_cgroup(where or cgroup) in (SHIELD, APP_SLICE)
             rule = self.user_rule(rules, task)
             if rule is None and inside and task.pid in self.placed_pids:
                 # Each hold's application on its own CPUs inside the shield, by an affinity
@@ -820,7 +822,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         assert mechanism is not None and hierarchy is not None
         if mechanism == "cpuset-systemd":
             unit_target = TaskUnit(hierarchy, task.pid, task.start_time)
-            confined = cgroup.lstrip("/").split("/")[0] in SYSTEMD_CONFINED
+            confined = top_cgroup(cgroup) in SYSTEMD_CONFINED
             cpus = self._users_cpus(task, owned) if confined else CpuSet()
             placed = self.placed(rules, task)
             # By name or under a hold; asked only where it decides (a walk up the parents).
@@ -1211,7 +1213,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             # nothing back (a scope of `systemd-run --scope`) until it exits: the kernel
             # keeps it on the cgroup's CPUs, and its CPUs from before are not among them.
             cgroup = self.system.task_cgroup(target.pid) or ""
-            if cgroup.strip("/").split("/")[0] not in (SHIELD, APP_SLICE):
+            if top_cgroup(cgroup) not in (SHIELD, APP_SLICE):
                 raise
             raise NotApplicable(
                 f"pid {target.pid} stays in {cgroup}, whose CPUs do not include {value} "
