@@ -734,8 +734,20 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
     def placed(self, rules: ShieldRules, task: Task) -> bool:
         """Whether the shield puts the task on the shielded CPUs: the application, by
         name or because it holds the profile (`latencyctl run`/`hold`, whose command is
-        then born there)."""
-        return task.pid in self.placed_pids or self.is_app(rules, task)
+        then born there), or a task a rule puts there."""
+        return (
+            task.pid in self.placed_pids
+            or self.is_app(rules, task)
+            or self.ruled_inside(rules, task)
+        )
+
+    def ruled_inside(self, rules: ShieldRules, task: Task) -> bool:
+        """Whether a rule puts the task on shielded CPUs only. Under a cpuset the kernel
+        lets a task have those CPUs only inside the shield's cgroup (elsewhere its affinity
+        is refused: EINVAL), so it is moved in as the application is: the rule is the
+        profile's, by name, as TuneD's scheduler groups are."""
+        rule = self.user_rule(rules, task)
+        return rule is not None and bool(rule.cpus) and rule.cpus.issubset(rules.cpus)
 
     # -- the cpuset mechanisms: the kernel keeps the shield ----------------------------------
     def cpuset_expand_steps(
@@ -1071,11 +1083,12 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
     def cpuset_task_settings(
         self, rules: ShieldRules, task: Task, tids: list[int], owned: Mapping[Target, Value]
     ) -> Settings:
-        """Under a cpuset, what an exec asks: the application moved into the shield (every
-        thread goes along), and a rule's CPUs; nothing for any other task."""
+        """Under a cpuset, what an exec asks: the application, and a task a rule puts on
+        shielded CPUs, moved into the shield (every thread goes along), then a rule's
+        CPUs; nothing for any other task."""
         settings: Settings = {}
         cgroup = self.system.task_cgroup(task.pid)
-        if cgroup is not None and self.is_app(rules, task):
+        if cgroup is not None and (self.is_app(rules, task) or self.ruled_inside(rules, task)):
             try:
                 target, where, _ = self.task_placement(rules, task, cgroup, owned)
             except KernelRefused:
@@ -1219,7 +1232,20 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
                 f"pid {target.pid} stays in {cgroup}, whose CPUs do not include {value} "
                 f"({exc.reason}): it runs on that cgroup's CPUs until it leaves it or exits"
             ) from exc
+        if found not in (None, cpus) and self._moved_inside(target.pid, judged_cpus, found):
+            self.system.set_affinity(target.tid, cpus)
+            return None
         return None if found is None else found.to_list()
+
+    def _moved_inside(self, pid: int, judged: CpuSet, found: CpuSet) -> bool:
+        """Whether a task a rule puts on shielded CPUs lost CPUs it held when judged by a
+        move into the shield's cgroup since (the move earlier in its step: the kernel gives
+        it the cgroup's CPUs). Inside, nothing else takes CPUs from a task but its user,
+        and the profile's rule is written over that, as over an exec's `taskset`."""
+        if judged.issubset(found):
+            return False
+        cgroup = self.system.task_cgroup(pid)
+        return cgroup is not None and top_cgroup(cgroup) in (SHIELD, APP_SLICE)
 
     def report(self, changes: list[tuple[ShieldTarget, Value, Value]]) -> None:
         """Every move of a user task is said: one line per process and move (name, pid,

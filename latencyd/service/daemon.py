@@ -631,14 +631,15 @@ class Daemon:
             if not settings:
                 continue
             try:
-                self.engine.extend(name, settings)
+                refused = dict(self.engine.extend(name, settings).not_applicable)
                 # What those tasks started before the write did not inherit it: asked now.
                 for _ in range(FOLLOW_UP_ROUNDS):
                     applied = TaskEvent("applied", 0, 0)
                     more = plugin.on_task(section.expansion.rules, applied, self.engine.owned(name))
                     if not more:
                         break
-                    self.engine.extend(name, more)
+                    refused.update(self.engine.extend(name, more).not_applicable)
+                self._say_refused(name, refused)
             except LatencydError as exc:
                 log.error("pinning new threads failed: %s", exc)
                 continue
@@ -649,6 +650,20 @@ class Daemon:
             for event in timed:
                 if event.time_ns:
                     self.delays.setdefault(name, Delays()).add(now - event.time_ns)
+
+    def _say_refused(self, name: str, refused: Mapping[SettingId, Refused]) -> None:
+        """New threads' settings the kernel refused, in one line (status lists each under
+        not applicable): what a profile asked for is never dropped unsaid."""
+        if not refused:
+            return
+        (target, first), more = next(iter(refused.items())), len(refused) - 1
+        log.warning(
+            "[%s] %s: not applicable: %s%s",
+            name,
+            self.plugins[name].describe(target[1], first.wanted),
+            first.reason,
+            f" (and {more} more setting(s) for new threads: status lists them)" if more else "",
+        )
 
     def _wait_for_change(self, events: list[TaskEvent]) -> None:
         """Task events while a change runs: kept in one list for one handler (at the place

@@ -122,6 +122,33 @@ def test_hold_places_its_command_and_apps_are_moved_in_as_they_start(
             proc.wait()
 
 
+def test_a_rule_onto_the_shielded_cpu_moves_its_tasks_inside(
+    start_daemon: Callable[..., Latencyd], profiles: Path, tmp_path: Path
+) -> None:
+    """A [[shield.rule]] naming the shielded CPU: the kernel refuses that affinity to a
+    task outside the shield's cpuset (EINVAL), so the task is moved inside, at the switch
+    and as it execs (measure --attribute --control's hog stayed on housekeeping, unsaid)."""
+    app = tmp_path / "ltdrule-app"
+    shutil.copy("/bin/sleep", app)
+    rule = '[[shield.rule]]\nmatch = "^ltdrule-app$"\ncpus = "1"\n'
+    (profiles / "shield.toml").write_text(PROFILE + rule)
+    before = subprocess.Popen([str(app), "30"])
+    d = start_daemon("shield")
+    after = subprocess.Popen(["taskset", "-c", "0", str(app), "30"])  # from housekeeping
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        for proc in (before, after):
+            wait_for(lambda p=proc: cpuset_of(p.pid) == "/latencyd-shield", timeout=5)
+            assert os.sched_getaffinity(proc.pid) == {1}
+        time.sleep(0.3)
+        assert cpuset_of(other.pid) == "/latencyd-housekeeping"
+        assert "not applicable" not in d.log(), d.log()
+    finally:
+        for proc in (before, after, other):
+            proc.kill()
+            proc.wait()
+
+
 def test_a_daemon_killed_with_the_shield_up_restores_it_on_restart(
     start_daemon: Callable[..., Latencyd], profiles: Path
 ) -> None:

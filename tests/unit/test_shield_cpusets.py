@@ -14,7 +14,7 @@ from latencyd.plugins.shield import Cgroup, ShieldPlugin, TaskAffinity, TaskCgro
 
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
-from latencyd.core.plugin import Plugin, decode_target, run_to_end, target_kinds
+from latencyd.core.plugin import Plugin, TaskEvent, decode_target, run_to_end, target_kinds
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import validate
 from latencyd.cpuset import CpuSet
@@ -291,3 +291,70 @@ def test_v1_a_shield_that_shrinks_is_written_before_housekeeping_takes_its_cpus(
     shrink = v1_groups(CpuSet.from_list("1"), CpuSet.from_list("0-3"), "0", CpuSet.from_list("1-2"))
     assert list(grow) == ["latencyd-housekeeping", "latencyd-shield"]
     assert list(shrink) == ["latencyd-shield", "latencyd-housekeeping"]
+
+
+def daemon_on(tmp_path: Path, m: Machinery, engine: Engine, match: str) -> Daemon:
+    """A daemon with a profile that shields CPUs 1-2 and puts tasks `match` names on
+    CPU 2 ([[shield.rule]]), switched to."""
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    rule = f'[[shield.rule]]\nmatch = {match}\ncpus = "2"\n'
+    (pdir / "p.toml").write_text('[shield]\ncpus = "1-2"\n' + rule)
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), m.system.machine())
+    daemon = Daemon(m.system, plugins, library, engine)
+    daemon.switch("p")
+    return daemon
+
+
+@pytest.mark.parametrize("v1", [True, False], ids=["cpuset-v1", "cpuset-v2"])
+def test_a_rule_onto_shielded_cpus_moves_its_task_inside_first(
+    tmp_path: Path, machine: Machine, v1: bool
+) -> None:
+    """A [[shield.rule]] whose CPUs are shielded ones: outside the shield's cpuset the
+    kernel refuses them (EINVAL), so the task goes inside and then gets the rule's CPUs,
+    those of the shield's it names, at the switch and as it execs later (the control hog
+    of `measure --attribute --control` stayed on housekeeping under a v1 cpuset, unsaid)."""
+    m, system, engine = rig(tmp_path, v1=v1, v2=not v1)
+    hierarchy = V1 if v1 else V2
+    before = tree_values(m.root)
+    daemon = daemon_on(tmp_path, m, engine, '"^(myapp|ltdm-hog)$"')
+    assert cgroup(system, 400) == "/latencyd-shield"
+    assert m.sched.affinity[400] == m.sched.affinity[401] == {2}
+    add_task(m.root, 500, "ltdm-hog", start_time=2000)  # execs in housekeeping
+    m.sched.add(500, {0, 3})
+    system.place(500, hierarchy, "/latencyd-housekeeping" if v1 else "/")
+    daemon.on_task_events([TaskEvent("comm", 500, 500)])
+    assert cgroup(system, 500) == "/latencyd-shield"
+    assert m.sched.affinity[500] == {2}
+    assert daemon.engine.not_applicable == {}
+    assert engine.verify() == []
+    assert engine.off() == []
+    assert cgroup(system, 500) == "/"  # v1: with the housekeeping cpuset it was born in
+    assert m.sched.affinity[400] == {0, 1, 2, 3}
+    after = tree_values(m.root)
+    procs = f"{hierarchy}/cgroup.procs"
+    assert after.pop(procs).split() == [*before.pop(procs).split(), "500"]
+    assert {k: v for k, v in after.items() if "proc/500/" not in k} == before
+
+
+def test_a_rule_the_kernel_refuses_for_a_new_task_is_said_in_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task of another manager's cpuset stays there, where the kernel refuses the CPUs
+    a rule names (EINVAL): when it execs, that refusal is logged, not only listed."""
+    m, system, engine = rig(tmp_path, v1=True, v2=False)
+    system.make_cgroup(f"{V1}/docker")
+    system.write(f"{V1}/docker/cpuset.cpus", "0,3")
+    daemon = daemon_on(tmp_path, m, engine, '"^ltdm-hog$"')
+    add_task(m.root, 500, "ltdm-hog", start_time=2000)
+    m.sched.add(500, {0, 3})
+    system.write(f"{V1}/docker/cgroup.procs", "500")
+    with caplog.at_level("WARNING"):
+        daemon.on_task_events([TaskEvent("comm", 500, 500)])
+    assert cgroup(system, 500) == "/docker"
+    (line,) = [r.getMessage() for r in caplog.records if "ltdm-hog" in r.getMessage()]
+    assert line.startswith("[shield] user task ltdm-hog (pid 500, thread 500) CPUs = 2: ")
+    assert "not applicable" in line and "EINVAL" in line, line
+    assert any(sid[1] == TaskAffinity(500, 2000, 500) for sid in daemon.engine.not_applicable)
+    assert engine.off() == []
