@@ -47,9 +47,14 @@ def attribute(d: Latencyd, profile: str, budget: str, quick: bool) -> tuple[dict
     return json.loads(out.stdout), time.monotonic() - started
 
 
-def control_busy(result: dict[str, Any]) -> float | None:
-    """The control group's added busy share of the measured CPUs at idle, in %."""
-    return next((g["idle_busy_pct"] for g in result["groups"] if g["name"] == CONTROL), None)
+def control_busy(result: dict[str, Any], profile: str) -> float | None:
+    """The control group's added busy share of the measured CPUs at idle, in %: added to
+    the profile (P+control against P). Not the group's own idle_busy_pct, which adds it
+    to the untuned machine: there the load already fills the measured CPUs, so it reads
+    0 whatever the hog does; the profile's shield keeps the load off them."""
+    busy = result["measure"].get("idle_busy_pct", {})
+    with_it, without = busy.get(f"{profile}+{CONTROL}"), busy.get(profile)
+    return None if with_it is None or without is None else round(with_it - without, 2)
 
 
 def main(argv: list[str]) -> int:
@@ -92,7 +97,7 @@ def main(argv: list[str]) -> int:
         "same_verdict_share": same,
         "control_hurts": [v.get("control") == "hurts" for v in verdicts],
         # the control hog's added busy % of the measured CPUs at idle (its duty cycle there)
-        "control_busy_pct": [control_busy(r) for r, _ in runs],
+        "control_busy_pct": [control_busy(r, args.profile) for r, _ in runs],
     }
     if args.json:
         print(json.dumps(summary))
