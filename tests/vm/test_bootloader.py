@@ -31,10 +31,12 @@ def as_a_debian_machine(vm: Vm) -> None:
     GRUB_DEFAULT id does not survive update-grub in the VM: its entries came out with
     root=/dev/vda1 and no file system UUID in their ids, so no entry had the default's id
     and the first, the PREEMPT_RT kernel, booted (a title is no way out: grub-mkconfig
-    rewrites a title default into a submenu path, which the recipe's flat menu lacks)."""
+    rewrites a title default into a submenu path, which the recipe's flat menu lacks).
+    The id is a menu entry's: grub.cfg's `set default="..."` names the stale one first."""
     vm.ssh(
         "update-grub && "
-        'id=$(grep -o "gnulinux-$(uname -r)-advanced-[^\']*" /boot/grub/grub.cfg | head -1) && '
+        r"""id=$(sed -n "s/.*menuentry_id_option '\(gnulinux-$(uname -r)-advanced-"""
+        r"""[^']*\)'.*/\1/p" /boot/grub/grub.cfg | head -1) && """
         '[ -n "$id" ] && sed -i "s|^GRUB_DEFAULT=.*|GRUB_DEFAULT=$id|" /etc/default/grub && '
         "update-grub",
         timeout=1200,
