@@ -502,6 +502,12 @@ def top_cgroup(cgroup: str) -> str:
     return cgroup.strip("/").split("/")[0]
 
 
+def inside_shield(cgroup: str) -> bool:
+    """Whether `cgroup` is (or is below) the shield's cgroup: latencyd's v1/v2 shield or,
+    under systemd, its slice; the kernel keeps a task there on the shielded CPUs."""
+    return top_cgroup(cgroup) in (SHIELD, APP_SLICE)
+
+
 def _cgroup_of(value: Value) -> str:
     """A task's cgroup as the shield may set it: the root, or one of latencyd's."""
     text = str(value)
@@ -722,7 +728,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         if affinity and affinity.issubset(own):
             return None
         cgroup = self.system.task_cgroup(pid)
-        if own == rules.cpus and cgroup is not None and top_cgroup(cgroup) in (SHIELD, APP_SLICE):
+        if own == rules.cpus and cgroup is not None and inside_shield(cgroup):
             return None  # inside the shield's cgroup: the kernel keeps it on those CPUs
         why = next((w for p, _, _, w in rules.theirs if p == pid), None)
         where = f" in cgroup {cgroup}" if cgroup else ""
@@ -812,7 +818,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
                 settings[target] = owned[target]
             elif why:
                 theirs.append((task.pid, task.comm, cgroup, why))
-            inside = top_cgroup(where or cgroup) in (SHIELD, APP_SLICE)
+            inside = inside_shield(where or cgroup)
             rule = self.user_rule(rules, task)
             if rule is None and inside and task.pid in self.placed_pids:
                 # Each hold's application on its own CPUs inside the shield, by an affinity
@@ -1226,7 +1232,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             # nothing back (a scope of `systemd-run --scope`) until it exits: the kernel
             # keeps it on the cgroup's CPUs, and its CPUs from before are not among them.
             cgroup = self.system.task_cgroup(target.pid) or ""
-            if top_cgroup(cgroup) not in (SHIELD, APP_SLICE):
+            if not inside_shield(cgroup):
                 raise
             raise NotApplicable(
                 f"pid {target.pid} stays in {cgroup}, whose CPUs do not include {value} "
@@ -1245,7 +1251,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         if judged.issubset(found):
             return False
         cgroup = self.system.task_cgroup(pid)
-        return cgroup is not None and top_cgroup(cgroup) in (SHIELD, APP_SLICE)
+        return cgroup is not None and inside_shield(cgroup)
 
     def report(self, changes: list[tuple[ShieldTarget, Value, Value]]) -> None:
         """Every move of a user task is said: one line per process and move (name, pid,
