@@ -240,9 +240,10 @@ def test_two_holds_each_application_on_its_own_cpus_and_a_release_moves_not_the_
     tmp_path: Path, mechanism: str
 ) -> None:
     """Issue 52: holds on CPUs 1 and 2 (HoldAndPlaceOn) of 4 compose: the shield is
-    both, each holder runs on its own CPU only (inside the shield's cpuset where there is
-    one), and releasing one gives its CPU back to housekeeping without moving the other
-    (no write to its cgroup or its CPUs; the shield changes in place)."""
+    both, each holder runs on its own CPU only (v1: in a cpuset of its own inside the
+    shield's, its hold's CPU; v2: inside the partition, by its affinity), and releasing
+    one gives its CPU back to housekeeping without moving the other (no write to its
+    cgroup or its CPUs; the shield changes in place; v1: the released one's cpuset gone)."""
     m, system, _ = rig(tmp_path, v1=mechanism == "cpuset-v1", v2=mechanism == "cpuset-v2")
     hierarchy = V1 if mechanism == "cpuset-v1" else V2
     pdir = tmp_path / "profiles"
@@ -265,23 +266,36 @@ def test_two_holds_each_application_on_its_own_cpus_and_a_release_moves_not_the_
         assert m.sched.affinity[1] == {0, 3}  # every other task off both
     if mechanism == "cpuset-v1":
         assert system.read(f"{V1}/latencyd-housekeeping/cpuset.cpus") == "0,3"
-    if mechanism != "affinity":
+    if mechanism == "cpuset-v1":
+        for pid, cpu in ((300, "1"), (400, "2")):
+            assert cgroup(system, pid) == f"/latencyd-shield/latencyd-app-{pid}"
+            assert system.read(f"{V1}/latencyd-shield/latencyd-app-{pid}/cpuset.cpus") == cpu
+            assert system.read(f"{V1}/latencyd-shield/latencyd-app-{pid}/cpuset.mems") == "0"
+    if mechanism == "cpuset-v2":
         assert cgroup(system, 300) == cgroup(system, 400) == "/latencyd-shield"
+    if mechanism != "affinity":
         assert system.read(f"{hierarchy}/latencyd-shield/cpuset.cpus") == "1-2"
     system.writes.clear()
     run_to_end(daemon.release_steps(cookie))
     assert m.sched.affinity[300] == {1}
-    mine = [w for w in system.writes if w[1] == "300"]
-    assert mine == []  # not moved, not even for a moment
-    if mechanism != "affinity":
+    mine = [w for w in system.writes if w[1] == "300" or "latencyd-app-300" in w[0]]
+    assert mine == []  # not moved, not even for a moment; its cpuset untouched
+    if mechanism == "cpuset-v1":
+        assert cgroup(system, 300) == "/latencyd-shield/latencyd-app-300"
+        assert system.read(f"{V1}/latencyd-shield/latencyd-app-300/cpuset.cpus") == "1"
+        assert not (m.root / V1 / "latencyd-shield/latencyd-app-400").exists()
+    if mechanism == "cpuset-v2":
         assert cgroup(system, 300) == "/latencyd-shield"
+    if mechanism != "affinity":
         assert system.read(f"{hierarchy}/latencyd-shield/cpuset.cpus") == "1"
-        assert cgroup(system, 400) != "/latencyd-shield"
+        assert not cgroup(system, 400).startswith("/latencyd-shield")
     if mechanism == "cpuset-v1":
         assert system.read(f"{V1}/latencyd-housekeeping/cpuset.cpus") == "0,2-3"
     else:
         assert 2 in m.sched.affinity[400]
     assert daemon.engine.off() == []
+    if mechanism == "cpuset-v1":
+        assert cgroup(system, 300) == "/" and not (m.root / V1 / "latencyd-shield").exists()
 
 
 def test_v1_a_shield_that_shrinks_is_written_before_housekeeping_takes_its_cpus() -> None:
@@ -358,3 +372,41 @@ def test_a_rule_the_kernel_refuses_for_a_new_task_is_said_in_the_log(
     assert "not applicable" in line and "EINVAL" in line, line
     assert any(sid[1] == TaskAffinity(500, 2000, 500) for sid in daemon.engine.not_applicable)
     assert engine.off() == []
+
+
+def test_a_rule_leaves_a_held_applications_task_in_its_own_cpuset(tmp_path: Path) -> None:
+    """Holds on CPUs 1 and 2 (v1): a task the first holder started, born in its own
+    cpuset (CPU 1), execs under a name a [[shield.rule]] puts on CPU 2 (the other hold's).
+    It is inside already, as in its scope under systemd: it stays in its application's
+    cpuset on its hold's CPU, not moved into the shield's (where the kernel would give
+    it both holds' CPUs); on shielded CPUs already, it is left as it is, as a task inside
+    the shield's is (handed_over): nothing refused, nothing of it owned."""
+    m, system, _ = rig(tmp_path, v1=True, v2=False)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "app.toml").write_text(
+        '[variables]\nisolated_cores = "1"\n[shield]\ncpus = "${isolated_cores}"\n'
+        '[[shield.rule]]\nmatch = "^worker$"\ncpus = "2"\n'
+    )
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), system.machine())
+    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(m.state_dir)))
+    run_to_end(
+        daemon.hold_steps("app", "md", ":1.1", pid=300, placed=True, cpus=CpuSet.from_list("1"))
+    )
+    run_to_end(
+        daemon.hold_steps("app", "gw", ":1.2", pid=400, placed=True, cpus=CpuSet.from_list("2"))
+    )
+    own = "/latencyd-shield/latencyd-app-300"
+    add_task(m.root, 500, "worker", ppid=300, start_time=2000)  # born in its cpuset
+    m.sched.add(500, {1})
+    system.place(500, V1, own)
+    system.writes.clear()
+    daemon.on_task_events([TaskEvent("comm", 500, 500)])
+    assert cgroup(system, 500) == own
+    assert m.sched.affinity[500] == {1}
+    assert [w for w in system.writes if w[1] == "500"] == []  # not moved, not for a moment
+    assert TaskAffinity(500, 2000, 500) not in daemon.engine.owned("shield")
+    assert TaskCgroup(V1, 500, 2000) not in daemon.engine.owned("shield")
+    assert daemon.engine.not_applicable == {}
+    assert daemon.engine.verify() == []
