@@ -1423,17 +1423,17 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         return Table(f"Shield mechanism{hint}", ("mechanism", "here"), tuple(rows))
 
     def inside(self, rules: ShieldRules) -> Table:
-        """The tasks in the shield's cgroup: the application, and what its users put on
-        the shielded CPUs."""
+        """The tasks in the shield's cgroup and below it: the applications (each held one
+        in a cgroup of its own), and what their users put on the shielded CPUs."""
         rows = []
         inside = APP_SLICE if rules.choice.mechanism == "cpuset-systemd" else SHIELD
         for pid in self.system.cgroup_pids(f"{rules.choice.hierarchy}/{inside}"):
             task = self.system.task(pid)
             if task is not None:
-                rows.append((pid, task.comm))
+                rows.append((pid, task.comm, self.system.task_cgroup(pid) or ""))
         return Table(
             f"User tasks inside the shield (cgroup /{inside}, CPUs {rules.cpus})",
-            ("PID", "name"),
+            ("PID", "name", "cgroup"),
             tuple(rows),
             hide_tasks=lambda row: None,
         )

@@ -22,6 +22,7 @@ from latencyd.errors import NotApplicable
 from latencyd.kernel.cgroups import v1_groups
 from latencyd.kernel.system import PF_EXITING, Machine
 from latencyd.service.daemon import Daemon
+from latencyd.tools.cli import format_status
 from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, tree_values
 from tests.unit.taskrig import Machinery
 
@@ -275,6 +276,18 @@ def test_two_holds_each_application_on_its_own_cpus_and_a_release_moves_not_the_
         assert cgroup(system, 300) == cgroup(system, 400) == "/latencyd-shield"
     if mechanism != "affinity":
         assert system.read(f"{hierarchy}/latencyd-shield/cpuset.cpus") == "1-2"
+        # status: each hold's tasks with the cgroup each runs in, and the shield's tasks
+        status = daemon.status()
+        assert [h["cgroups"] for h in status["holds"]] == [
+            {str(pid): cgroup(system, pid)} for pid in (300, 400)
+        ]
+        shown = "\n".join(format_status(status))
+        assert f"CPUs 1, tasks 300 in {cgroup(system, 300)}" in shown
+        inside = status["plugins"]["shield"]["tables"][1]
+        assert inside["columns"][2] == "cgroup"
+        assert sorted(inside["rows"]) == [
+            [p, c, cgroup(system, p)] for p, c in ((300, "sshd"), (400, "myapp"))
+        ]
     system.writes.clear()
     run_to_end(daemon.release_steps(cookie))
     assert m.sched.affinity[300] == {1}
