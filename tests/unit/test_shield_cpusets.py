@@ -311,6 +311,32 @@ def test_two_holds_each_application_on_its_own_cpus_and_a_release_moves_not_the_
         assert cgroup(system, 300) == "/" and not (m.root / V1 / "latencyd-shield").exists()
 
 
+def test_v1_a_held_applications_own_cpuset_is_journaled_and_a_killed_run_removes_it(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """A held application's own cpuset is a setting like the shield's: journaled before it
+    is made, so the next start after a kill -9 moves the application and what it started
+    there out and removes it, and the machine is as found."""
+    m, system, engine = rig(tmp_path, v1=True, v2=False)
+    before = tree_values(m.root)
+    m.plugin.placed_pids, m.plugin.exempt_pids = {400: CpuSet.from_list("1")}, frozenset({400})
+    switch(m, engine, machine, {"cpus": "1-2"})
+    own = "/latencyd-shield/latencyd-app-400"
+    assert cgroup(system, 400) == own and system.read(f"{V1}{own}/cpuset.cpus") == "1"
+    assert system.read(f"{V1}{own}/cpuset.sched_load_balance") == "0"
+    add_task(m.root, 500, "worker", ppid=400, start_time=2000)  # born in its cpuset
+    system.place(500, V1, own)
+    again = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))
+    assert again.adopt() is not None  # as after kill -9
+    assert again.off() == []
+    assert cgroup(system, 400) == cgroup(system, 500) == "/"
+    after = tree_values(m.root)
+    assert after.pop(f"{V1}/cgroup.procs") == "1\n300\n400\n500"
+    assert {k: v for k, v in after.items() if "proc/500/" not in k} == {
+        k: v for k, v in before.items() if k != f"{V1}/cgroup.procs"
+    }
+
+
 def test_v1_a_shield_that_shrinks_is_written_before_housekeeping_takes_its_cpus() -> None:
     """An exclusive cpuset never overlaps its sibling (EINVAL): growing, housekeeping
     gives CPUs up first; shrinking, the shield does."""
