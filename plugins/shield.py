@@ -880,19 +880,19 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         # A hold's holder whose hold ended (placed no more, the CPUs it was given still
         # owned): judged as from the root, so it leaves the shield its CPUs were taken from.
         # Its own cpuset or the CPUs it was given tell it, whichever placed it.
+        in_own = target in owned and str(owned[target]).startswith(f"/{SHIELD}/")
         released = (
             not placed
             and cgroup != "/"
             and target in owned
-            and (
-                str(owned[target]).startswith(f"/{SHIELD}/")
-                or TaskAffinity(task.pid, task.start_time, task.pid) in owned
-            )
+            and (in_own or TaskAffinity(task.pid, task.start_time, task.pid) in owned)
             and self.user_rule(rules, task) is None
         )
         judged = "/" if released else cgroup
         allowed = judged == "/" and self.left_alone(rules, task) is not None
-        cpus = self._users_cpus(task, owned) if judged == "/" else CpuSet()
+        # Its CPUs now are its own cpuset's, not its user's: a holder is not judged by them.
+        users = judged == "/" and not (released and in_own)
+        cpus = self._users_cpus(task, owned) if users else CpuSet()
         into = placement(mechanism, judged, cpus, rules.cpus, placed, allowed)
         own = self.own_cgroup(rules, task.pid)
         if into == SHIELD and own is not None:

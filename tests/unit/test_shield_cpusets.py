@@ -337,6 +337,29 @@ def test_v1_a_held_applications_own_cpuset_is_journaled_and_a_killed_run_removes
     }
 
 
+def test_v1_a_holder_whose_hold_ends_leaves_for_housekeeping_not_the_shield(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """Two holds on CPU 1: the one released runs on CPU 1 because its own cpuset said so,
+    not because its user confined it there: it goes to housekeeping, its cpuset goes,
+    and the other's stays as it was."""
+    m, system, engine = rig(tmp_path, v1=True, v2=False)
+    one = CpuSet.from_list("1")
+    m.plugin.placed_pids = {300: one, 400: one}
+    m.plugin.exempt_pids = frozenset({300, 400})
+    options = validate(m.plugin.schema, {"cpus": "1"}, machine)
+    wanted = m.plugin.expand(options, engine.owned("shield")).settings
+    engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
+    assert m.sched.affinity[300] == m.sched.affinity[400] == {1}
+    m.plugin.placed_pids, m.plugin.exempt_pids = {400: one}, frozenset({400})
+    wanted = m.plugin.expand(options, engine.owned("shield")).settings
+    engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
+    assert cgroup(system, 300) == "/latencyd-housekeeping"
+    assert not (m.root / V1 / "latencyd-shield/latencyd-app-300").exists()
+    assert cgroup(system, 400) == "/latencyd-shield/latencyd-app-400"
+    assert engine.off() == []
+
+
 def test_v1_a_shield_that_shrinks_is_written_before_housekeeping_takes_its_cpus() -> None:
     """An exclusive cpuset never overlaps its sibling (EINVAL): growing, housekeeping
     gives CPUs up first; shrinking, the shield does."""
