@@ -897,11 +897,11 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         own = self.own_cgroup(rules, task.pid)
         if into == SHIELD and own is not None:
             return target, own, None  # a held application: into its own cpuset inside
-        if into == SHIELD and self.held_cgroup(rules, judged) and not self.is_app(rules, task):
-            # Put inside by a rule alone, and in a held application's own cpuset (born of
-            # it): inside already, as in its scope under systemd, on its hold's CPUs. Moved
-            # into the shield's it would have all the shield's (another hold's too), and on
-            # shielded CPUs already, it is left as it is (handed_over), rule or not.
+        if into == SHIELD and self.held_cgroup(rules, judged):
+            # Put inside by name (apps, a rule), and in a held application's own cpuset
+            # (born of it): inside already, as in its scope under systemd, on its hold's
+            # CPUs. Moved into the shield's it would have all the shield's (another hold's
+            # too), and on shielded CPUs already, it is left as it is (handed_over).
             return target, None, None
         where = f"/{into}" if into else ("/" if released else None)
         return target, where, owner(cgroup)

@@ -436,19 +436,14 @@ def test_a_rule_the_kernel_refuses_for_a_new_task_is_said_in_the_log(
     assert engine.off() == []
 
 
-def test_a_rule_leaves_a_held_applications_task_in_its_own_cpuset(tmp_path: Path) -> None:
-    """Holds on CPUs 1 and 2 (v1): a task the first holder started, born in its own
-    cpuset (CPU 1), execs under a name a [[shield.rule]] puts on CPU 2 (the other hold's).
-    It is inside already, as in its scope under systemd: it stays in its application's
-    cpuset on its hold's CPU, not moved into the shield's (where the kernel would give
-    it both holds' CPUs); on shielded CPUs already, it is left as it is, as a task inside
-    the shield's is (handed_over): nothing refused, nothing of it owned."""
+def two_holds_v1(tmp_path: Path, more: str) -> tuple[Machinery, CgroupLikeSystem, Daemon]:
+    """v1 cpusets, a profile shielding its isolated_cores (with `more` in its [shield]
+    section, TOML), held by 300 on CPU 1 and by 400 on CPU 2: each in its own cpuset."""
     m, system, _ = rig(tmp_path, v1=True, v2=False)
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "app.toml").write_text(
-        '[variables]\nisolated_cores = "1"\n[shield]\ncpus = "${isolated_cores}"\n'
-        '[[shield.rule]]\nmatch = "^worker$"\ncpus = "2"\n'
+        '[variables]\nisolated_cores = "1"\n[shield]\ncpus = "${isolated_cores}"\n' + more
     )
     plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
     library = ProfileLibrary([pdir], section_schemas(plugins), system.machine())
@@ -459,6 +454,17 @@ def test_a_rule_leaves_a_held_applications_task_in_its_own_cpuset(tmp_path: Path
     run_to_end(
         daemon.hold_steps("app", "gw", ":1.2", pid=400, placed=True, cpus=CpuSet.from_list("2"))
     )
+    return m, system, daemon
+
+
+def test_a_rule_leaves_a_held_applications_task_in_its_own_cpuset(tmp_path: Path) -> None:
+    """Holds on CPUs 1 and 2 (v1): a task the first holder started, born in its own
+    cpuset (CPU 1), execs under a name a [[shield.rule]] puts on CPU 2 (the other hold's).
+    It is inside already, as in its scope under systemd: it stays in its application's
+    cpuset on its hold's CPU, not moved into the shield's (where the kernel would give
+    it both holds' CPUs); on shielded CPUs already, it is left as it is, as a task inside
+    the shield's is (handed_over): nothing refused, nothing of it owned."""
+    m, system, daemon = two_holds_v1(tmp_path, '[[shield.rule]]\nmatch = "^worker$"\ncpus = "2"\n')
     own = "/latencyd-shield/latencyd-app-300"
     add_task(m.root, 500, "worker", ppid=300, start_time=2000)  # born in its cpuset
     m.sched.add(500, {1})
@@ -471,4 +477,25 @@ def test_a_rule_leaves_a_held_applications_task_in_its_own_cpuset(tmp_path: Path
     assert TaskAffinity(500, 2000, 500) not in daemon.engine.owned("shield")
     assert TaskCgroup(V1, 500, 2000) not in daemon.engine.owned("shield")
     assert daemon.engine.not_applicable == {}
+    assert daemon.engine.verify() == []
+
+
+def test_an_app_a_held_application_starts_stays_in_its_own_cpuset(tmp_path: Path) -> None:
+    """Holds on CPUs 1 and 2 (v1): a program [shield] apps names, started by the first
+    holder (born in its own cpuset, CPU 1), stays there on its hold's CPU, as it stays
+    in its application's scope under systemd: moved into the shield's cpuset it would
+    run on the other hold's CPU too (issue 52: each application on its own CPUs only)."""
+    m, system, daemon = two_holds_v1(tmp_path, 'apps = ["/opt/md/bin/*"]\n')
+    own = "/latencyd-shield/latencyd-app-300"
+    add_task(m.root, 500, "feed", ppid=300, start_time=2000, exe="/opt/md/bin/feed")
+    m.sched.add(500, {1})
+    system.place(500, V1, own)
+    system.writes.clear()
+    daemon.on_task_events([TaskEvent("comm", 500, 500)])
+    assert cgroup(system, 500) == own
+    assert m.sched.affinity[500] == {1}
+    assert [w for w in system.writes if w[1] == "500"] == []  # not moved, not for a moment
+    assert daemon.refresh(["shield"]) is not None  # a rescan: its expand judges it so too
+    assert cgroup(system, 500) == own
+    assert TaskCgroup(V1, 500, 2000) not in daemon.engine.owned("shield")
     assert daemon.engine.verify() == []
