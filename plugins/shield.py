@@ -573,6 +573,14 @@ def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
 
 
+def ruled_inside(rules: ShieldRules, rule: Rule | None) -> bool:
+    """Whether `rule` puts its tasks on shielded CPUs only. Under a cpuset the kernel
+    lets a task have those CPUs only inside the shield's cgroup (elsewhere its affinity
+    is refused: EINVAL), so it is moved in as the application is: the rule is the
+    profile's, by name, as TuneD's scheduler groups are."""
+    return rule is not None and bool(rule.cpus) and rule.cpus.issubset(rules.cpus)
+
+
 class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"
@@ -762,23 +770,12 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             f"shielded CPUs {own.to_list()}" + (f": {why}" if why else "")
         )
 
-    def placed(self, rules: ShieldRules, task: Task) -> bool:
+    def placed(self, rules: ShieldRules, task: Task, rule: Rule | None) -> bool:
         """Whether the shield puts the task on the shielded CPUs: the application, by
         name or because it holds the profile (`latencyctl run`/`hold`, whose command is
-        then born there), or a task a rule puts there."""
-        return (
-            task.pid in self.placed_pids
-            or self.is_app(rules, task)
-            or self.ruled_inside(rules, task)
-        )
-
-    def ruled_inside(self, rules: ShieldRules, task: Task) -> bool:
-        """Whether a rule puts the task on shielded CPUs only. Under a cpuset the kernel
-        lets a task have those CPUs only inside the shield's cgroup (elsewhere its affinity
-        is refused: EINVAL), so it is moved in as the application is: the rule is the
-        profile's, by name, as TuneD's scheduler groups are."""
-        rule = self.user_rule(rules, task)
-        return rule is not None and bool(rule.cpus) and rule.cpus.issubset(rules.cpus)
+        then born there), or a task its rule (user_rule, found once by the caller) puts
+        there."""
+        return task.pid in self.placed_pids or self.is_app(rules, task) or ruled_inside(rules, rule)
 
     # -- the cpuset mechanisms: the kernel keeps the shield ----------------------------------
     def cpuset_expand_steps(
@@ -833,8 +830,9 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             cgroup = self.system.task_cgroup(task.pid)
             if cgroup is None:
                 continue
+            rule = self.user_rule(rules, task)  # once per task: where it goes, then its CPUs
             try:
-                target, where, why = self.task_placement(rules, task, cgroup, owned)
+                target, where, why = self.task_placement(rules, task, cgroup, owned, rule)
             except KernelRefused:
                 continue  # exited meanwhile
             own = False
@@ -844,7 +842,6 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             elif why:
                 theirs.append((task.pid, task.comm, cgroup, why))
             inside = inside_shield(where or cgroup)
-            rule = self.user_rule(rules, task)
             if rule is None and inside and task.pid in self.placed_pids and not own:
                 # Each hold's application on its own CPUs inside the shield: in a cgroup of
                 # its own where the mechanism makes one (place), else by an affinity its
@@ -858,17 +855,23 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         return Expansion(settings, rules, refused=refused)
 
     def task_placement(
-        self, rules: ShieldRules, task: Task, cgroup: str, owned: Mapping[Target, Value]
+        self,
+        rules: ShieldRules,
+        task: Task,
+        cgroup: str,
+        owned: Mapping[Target, Value],
+        rule: Rule | None,
     ) -> tuple[TaskCgroup | TaskUnit, str | None, str | None]:
         """A user task's setting under a cpuset mechanism, the cgroup it must move to (None:
-        it stays) and, when it stays for another manager's sake, why."""
+        it stays) and, when it stays for another manager's sake, why. `rule`: its
+        user_rule, as the caller found it."""
         mechanism, hierarchy = rules.choice.mechanism, rules.choice.hierarchy
         assert mechanism is not None and hierarchy is not None
         if mechanism == "cpuset-systemd":
             unit_target = TaskUnit(hierarchy, task.pid, task.start_time)
             confined = top_cgroup(cgroup) in SYSTEMD_CONFINED
             cpus = self._users_cpus(task, owned) if confined else CpuSet()
-            placed = self.placed(rules, task)
+            placed = self.placed(rules, task, rule)
             # By name or under a hold; asked only where it decides (a walk up the parents).
             confined_there = bool(cpus) and cpus.issubset(rules.cpus)
             allowed = confined_there and self.left_alone(rules, task) is not None
@@ -876,7 +879,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             where = f"/{APP_SLICE}/{app_scope(task.pid)}" if into else None
             return unit_target, where, why
         target = TaskCgroup(hierarchy, task.pid, task.start_time)
-        placed = self.placed(rules, task)
+        placed = self.placed(rules, task, rule)
         # A hold's holder whose hold ended (placed no more, the CPUs it was given still
         # owned): judged as from the root, so it leaves the shield its CPUs were taken from.
         # Its own cpuset or the CPUs it was given tell it, whichever placed it.
@@ -886,7 +889,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             and cgroup != "/"
             and target in owned
             and (in_own or TaskAffinity(task.pid, task.start_time, task.pid) in owned)
-            and self.user_rule(rules, task) is None
+            and rule is None
         )
         judged = "/" if released else cgroup
         allowed = judged == "/" and self.left_alone(rules, task) is not None
@@ -1121,7 +1124,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         """The CPUs a user task is put on by name: its rule's, or, for the application
         (placed), the shielded CPUs; None: the shield judges it."""
         rule = self.user_rule(rules, task)
-        if rule is None and rules.cpus and self.placed(rules, task):
+        if rule is None and rules.cpus and self.placed(rules, task, rule):
             return Rule(PLACED, self.own_cpus(rules, task.pid))
         return rule
 
@@ -1180,14 +1183,15 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         CPUs; nothing for any other task."""
         settings: Settings = {}
         cgroup = self.system.task_cgroup(task.pid)
-        if cgroup is not None and (self.is_app(rules, task) or self.ruled_inside(rules, task)):
+        rule = self.user_rule(rules, task)
+        if cgroup is not None and (self.is_app(rules, task) or ruled_inside(rules, rule)):
             try:
-                target, where, _ = self.task_placement(rules, task, cgroup, owned)
+                target, where, _ = self.task_placement(rules, task, cgroup, owned, rule)
             except KernelRefused:
                 return {}  # exited meanwhile
             if where is not None:
                 self.place(rules, task, target, where, where, settings)
-        if (rule := self.user_rule(rules, task)) is not None:
+        if rule is not None:
             settings.update(self.user_rule_settings(rule, task, tids))
         return settings
 
