@@ -141,6 +141,12 @@ def test_a_killed_run_is_adopted_and_put_back(tmp_path: Path, machine: Machine) 
     assert again.adopt() is not None  # as after kill -9
     assert again.off() == []
     assert cgroup(system, 500) == "/"  # moved out with the cgroup it was born in
+    assert_as_found_but_task_500(m, before)
+
+
+def assert_as_found_but_task_500(m: Machinery, before: dict[str, str]) -> None:
+    """The v1 tree as `before`, but for task 500, started since, and the root cpuset's
+    tasks, which now list it too: every cpuset made gone, every task back."""
     after = tree_values(m.root)
     assert after.pop(f"{V1}/cgroup.procs") == "1\n300\n400\n500"
     assert {k: v for k, v in after.items() if "proc/500/" not in k} == {
@@ -330,11 +336,7 @@ def test_v1_a_held_applications_own_cpuset_is_journaled_and_a_killed_run_removes
     assert again.adopt() is not None  # as after kill -9
     assert again.off() == []
     assert cgroup(system, 400) == cgroup(system, 500) == "/"
-    after = tree_values(m.root)
-    assert after.pop(f"{V1}/cgroup.procs") == "1\n300\n400\n500"
-    assert {k: v for k, v in after.items() if "proc/500/" not in k} == {
-        k: v for k, v in before.items() if k != f"{V1}/cgroup.procs"
-    }
+    assert_as_found_but_task_500(m, before)
 
 
 def test_v1_a_holder_whose_hold_ends_leaves_for_housekeeping_not_the_shield(
@@ -457,45 +459,37 @@ def two_holds_v1(tmp_path: Path, more: str) -> tuple[Machinery, CgroupLikeSystem
     return m, system, daemon
 
 
-def test_a_rule_leaves_a_held_applications_task_in_its_own_cpuset(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("more", "comm", "exe"),
+    [
+        ('[[shield.rule]]\nmatch = "^worker$"\ncpus = "2"\n', "worker", None),
+        ('apps = ["/opt/md/bin/*"]\n', "feed", "/opt/md/bin/feed"),
+    ],
+    ids=["a rule onto the other hold's CPU", "apps"],
+)
+def test_a_task_placed_by_name_stays_in_its_held_applications_own_cpuset(
+    tmp_path: Path, more: str, comm: str, exe: str | None
+) -> None:
     """Holds on CPUs 1 and 2 (v1): a task the first holder started, born in its own
-    cpuset (CPU 1), execs under a name a [[shield.rule]] puts on CPU 2 (the other hold's).
-    It is inside already, as in its scope under systemd: it stays in its application's
-    cpuset on its hold's CPU, not moved into the shield's (where the kernel would give
-    it both holds' CPUs); on shielded CPUs already, it is left as it is, as a task inside
-    the shield's is (handed_over): nothing refused, nothing of it owned."""
-    m, system, daemon = two_holds_v1(tmp_path, '[[shield.rule]]\nmatch = "^worker$"\ncpus = "2"\n')
+    cpuset (CPU 1), execs as a program `apps` names or under a name a [[shield.rule]]
+    puts on CPU 2 (the other hold's). It is inside already, as in its scope under
+    systemd: it stays in its application's cpuset on its hold's CPU, not moved into the
+    shield's (where the kernel would give it both holds' CPUs: issue 52 wants each
+    application on its own only); on shielded CPUs already, it is left as it is, as a
+    task inside the shield's is (handed_over): nothing refused, nothing of it owned, at
+    its exec and at a rescan."""
+    m, system, daemon = two_holds_v1(tmp_path, more)
     own = "/latencyd-shield/latencyd-app-300"
-    add_task(m.root, 500, "worker", ppid=300, start_time=2000)  # born in its cpuset
+    add_task(m.root, 500, comm, ppid=300, start_time=2000, exe=exe)  # born in its cpuset
     m.sched.add(500, {1})
     system.place(500, V1, own)
     system.writes.clear()
     daemon.on_task_events([TaskEvent("comm", 500, 500)])
+    assert daemon.refresh(["shield"]) is not None  # a rescan: its expand judges it so too
     assert cgroup(system, 500) == own
     assert m.sched.affinity[500] == {1}
     assert [w for w in system.writes if w[1] == "500"] == []  # not moved, not for a moment
     assert TaskAffinity(500, 2000, 500) not in daemon.engine.owned("shield")
     assert TaskCgroup(V1, 500, 2000) not in daemon.engine.owned("shield")
     assert daemon.engine.not_applicable == {}
-    assert daemon.engine.verify() == []
-
-
-def test_an_app_a_held_application_starts_stays_in_its_own_cpuset(tmp_path: Path) -> None:
-    """Holds on CPUs 1 and 2 (v1): a program [shield] apps names, started by the first
-    holder (born in its own cpuset, CPU 1), stays there on its hold's CPU, as it stays
-    in its application's scope under systemd: moved into the shield's cpuset it would
-    run on the other hold's CPU too (issue 52: each application on its own CPUs only)."""
-    m, system, daemon = two_holds_v1(tmp_path, 'apps = ["/opt/md/bin/*"]\n')
-    own = "/latencyd-shield/latencyd-app-300"
-    add_task(m.root, 500, "feed", ppid=300, start_time=2000, exe="/opt/md/bin/feed")
-    m.sched.add(500, {1})
-    system.place(500, V1, own)
-    system.writes.clear()
-    daemon.on_task_events([TaskEvent("comm", 500, 500)])
-    assert cgroup(system, 500) == own
-    assert m.sched.affinity[500] == {1}
-    assert [w for w in system.writes if w[1] == "500"] == []  # not moved, not for a moment
-    assert daemon.refresh(["shield"]) is not None  # a rescan: its expand judges it so too
-    assert cgroup(system, 500) == own
-    assert TaskCgroup(V1, 500, 2000) not in daemon.engine.owned("shield")
     assert daemon.engine.verify() == []
