@@ -91,6 +91,7 @@ from latencyd.kernel.cgroups import (
 )
 from latencyd.kernel.owners import CPUS, Claim
 from latencyd.kernel.system import System, Task
+from latencyd.text import printable
 
 THREAD_CHUNK = 1024  # threads of one task read per piece of an expansion (expand_steps)
 ANCESTRY_DEPTH = 64  # generations under_hold walks up at most (a loop cannot trap it)
@@ -573,6 +574,14 @@ def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
 
 
+def by_name(rules: ShieldRules, task: Task) -> Rule | None:
+    """The first rule whose regex a user task's name matches (user_rule: the one it runs
+    by)."""
+    if task.is_kthread:
+        return None
+    return next((r for r in rules.rules if r.pattern.search(task.comm)), None)
+
+
 def ruled_inside(rules: ShieldRules, rule: Rule | None) -> bool:
     """Whether `rule` puts its tasks on shielded CPUs only. Under a cpuset the kernel
     lets a task have those CPUs only inside the shield's cgroup (elsewhere its affinity
@@ -726,8 +735,11 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             choice,
         )
         if choice.mechanism == "affinity":
-            return (yield from self.affinity_expand_steps(rules, owned))
-        return (yield from self.cpuset_expand_steps(rules, owned))
+            expansion = yield from self.affinity_expand_steps(rules, owned)
+        else:
+            expansion = yield from self.cpuset_expand_steps(rules, owned)
+        expansion.refused.update(self.given_way(rules))
+        return expansion
 
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[ShieldRules]:
         return run_to_end(self.expand_steps(options, owned))
@@ -966,11 +978,40 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         return self.system.affinity(task.pid)
 
     # -- the affinity mechanism: deciding what a task wants --------------------------------
-    @staticmethod
-    def user_rule(rules: ShieldRules, task: Task) -> Rule | None:
-        if task.is_kthread:
-            return None
-        return next((r for r in rules.rules if r.pattern.search(task.comm)), None)
+    def user_rule(self, rules: ShieldRules, task: Task) -> Rule | None:
+        """The rule a user task runs by: the first whose regex its name matches, unless
+        that one gives way to the task's hold (gives_way)."""
+        rule = by_name(rules, task)
+        return None if self.gives_way(rules, task.pid, rule) else rule
+
+    def gives_way(self, rules: ShieldRules, pid: int, rule: Rule | None) -> bool:
+        """Whether `rule` gives way to the hold of the application `pid` holds: the hold
+        names the CPUs of that very process (HoldAndPlace), a rule any process of a name.
+        Moved by the rule, the holder would leave its hold's CPUs (for another hold's, or
+        housekeeping) and the hold be undone as not placed; a rule within them applies."""
+        return (
+            rule is not None
+            and bool(rules.cpus)
+            and pid in self.placed_pids
+            and not rule.cpus.issubset(self.own_cpus(rules, pid))
+        )
+
+    def given_way(self, rules: ShieldRules) -> dict[str, str]:
+        """The rules that give way to a hold for its holder, said as not applicable (what,
+        why): a few holders looked at, not every task. No pid nor name of the holder in
+        them: anyone may read them in status."""
+        said: dict[str, str] = {}
+        for pid in self.placed_pids:
+            task = self.system.task(pid)
+            rule = by_name(rules, task) if task is not None else None
+            if rule is not None and self.gives_way(rules, pid, rule):
+                said[f"rule {printable(rule.pattern.pattern)}"] = (
+                    f"not applied to a held application's process of that name: its hold "
+                    f"keeps it on its CPUs {self.own_cpus(rules, pid)}, which do not include "
+                    f"all of the rule's {rule.cpus} (a hold names the CPUs of that process, "
+                    "a rule any process of a name)"
+                )
+        return said
 
     @staticmethod
     def user_rule_settings(rule: Rule, task: Task, tids: list[int]) -> Settings:

@@ -438,10 +438,16 @@ def test_a_rule_the_kernel_refuses_for_a_new_task_is_said_in_the_log(
     assert engine.off() == []
 
 
-def two_holds_v1(tmp_path: Path, more: str) -> tuple[Machinery, CgroupLikeSystem, Daemon]:
-    """v1 cpusets, a profile shielding its isolated_cores (with `more` in its [shield]
-    section, TOML), held by 300 on CPU 1 and by 400 on CPU 2: each in its own cpuset."""
-    m, system, _ = rig(tmp_path, v1=True, v2=False)
+def two_holds(
+    tmp_path: Path,
+    more: str,
+    mechanism: str = "cpuset-v1",
+    holds: tuple[tuple[int, str], ...] = ((300, "1"), (400, "2")),
+) -> tuple[Machinery, CgroupLikeSystem, Daemon]:
+    """A profile shielding its isolated_cores (with `more` in its [shield] section,
+    TOML), held by 300 on CPU 1 and by 400 on CPU 2 (or `holds`, in that order), each
+    holder placed (on v1 cpusets: each in its own cpuset)."""
+    m, system, _ = rig(tmp_path, v1=mechanism == "cpuset-v1", v2=mechanism == "cpuset-v2")
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "app.toml").write_text(
@@ -450,12 +456,12 @@ def two_holds_v1(tmp_path: Path, more: str) -> tuple[Machinery, CgroupLikeSystem
     plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
     library = ProfileLibrary([pdir], section_schemas(plugins), system.machine())
     daemon = Daemon(system, plugins, library, Engine(plugins, Journal(m.state_dir)))
-    run_to_end(
-        daemon.hold_steps("app", "md", ":1.1", pid=300, placed=True, cpus=CpuSet.from_list("1"))
-    )
-    run_to_end(
-        daemon.hold_steps("app", "gw", ":1.2", pid=400, placed=True, cpus=CpuSet.from_list("2"))
-    )
+    for pid, cpus in holds:
+        run_to_end(
+            daemon.hold_steps(
+                "app", "x", f":1.{pid}", pid=pid, placed=True, cpus=CpuSet.from_list(cpus)
+            )
+        )
     return m, system, daemon
 
 
@@ -478,7 +484,7 @@ def test_a_task_placed_by_name_stays_in_its_held_applications_own_cpuset(
     application on its own only); on shielded CPUs already, it is left as it is, as a
     task inside the shield's is (handed_over): nothing refused, nothing of it owned, at
     its exec and at a rescan."""
-    m, system, daemon = two_holds_v1(tmp_path, more)
+    m, system, daemon = two_holds(tmp_path, more)
     own = "/latencyd-shield/latencyd-app-300"
     add_task(m.root, 500, comm, ppid=300, start_time=2000, exe=exe)  # born in its cpuset
     m.sched.add(500, {1})
@@ -493,3 +499,33 @@ def test_a_task_placed_by_name_stays_in_its_held_applications_own_cpuset(
     assert TaskCgroup(V1, 500, 2000) not in daemon.engine.owned("shield")
     assert daemon.engine.not_applicable == {}
     assert daemon.engine.verify() == []
+
+
+@pytest.mark.parametrize("mechanism", ["cpuset-v1", "cpuset-v2", "affinity"])
+@pytest.mark.parametrize(
+    "holds",
+    [((400, "2"), (300, "1")), ((300, "1"), (400, "2"))],
+    ids=["its hold second", "its hold first"],
+)
+def test_a_holders_hold_wins_over_a_rule_its_name_matches(
+    tmp_path: Path, mechanism: str, holds: tuple[tuple[int, str], ...]
+) -> None:
+    """Holds on CPUs 1 (300, named sshd) and 2 (400), a [[shield.rule]] putting sshd on
+    CPU 2: the hold names the CPUs of that very process, the rule any process of a name.
+    On every mechanism the holder runs on its hold's CPU and its hold stands; the rule
+    is said not applicable to it. (It moved the holder onto the other hold's CPU: on v2
+    and the chase its hold was undone as not placed, or, held first, it was moved there
+    when the other hold began; v1's own cpuset kept it, the rule refused unsaid.)"""
+    m, system, daemon = two_holds(
+        tmp_path, '[[shield.rule]]\nmatch = "^sshd$"\ncpus = "2"\n', mechanism, holds
+    )
+    assert len(daemon.holds) == 2
+    assert m.sched.affinity[300] == {1} and m.sched.affinity[400] == {2}
+    if mechanism == "cpuset-v1":
+        assert cgroup(system, 300) == "/latencyd-shield/latencyd-app-300"
+    (said,) = [n for n in daemon.status()["plugins"]["shield"]["not_applicable"]]
+    assert said["target"] is None and said["text"] == "rule ^sshd$"
+    assert "hold keeps it on its CPUs 1" in said["reason"], said
+    assert daemon.engine.not_applicable == {}
+    assert daemon.engine.verify() == []
+    assert daemon.engine.off() == []
