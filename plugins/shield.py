@@ -76,18 +76,22 @@ from latencyd.kernel.cgroups import (
     SYSTEMD_CONFINED,
     V1_ROOT_FILES,
     Chosen,
+    app_cgroup,
     app_scope,
     choose,
+    is_app_scope,
     owner,
     partition_says,
     placement,
     systemd_placement,
     unit_of,
+    v1_app_group,
     v1_groups,
     v2_groups,
 )
 from latencyd.kernel.owners import CPUS, Claim
 from latencyd.kernel.system import System, Task
+from latencyd.text import printable
 
 THREAD_CHUNK = 1024  # threads of one task read per piece of an expansion (expand_steps)
 ANCESTRY_DEPTH = 64  # generations under_hold walks up at most (a loop cannot trap it)
@@ -231,9 +235,10 @@ class TaskUnit(ProcessCgroup):
 
 @dataclass(frozen=True)
 class Cgroup(Target):
-    """A cgroup the shield makes (named latencyd-*): {file: value}, written in that order
-    once it is made, or None: not there (removed, what runs in it moved to its parent).
-    Made all or nothing: a cpuset the kernel would not finish goes."""
+    """A cgroup the shield makes (named latencyd-*, or a held application's own inside
+    the shield's: app_cgroup): {file: value}, written in that order once it is made, or
+    None: not there (removed, what runs in it moved to its parent). Made all or nothing:
+    a cpuset the kernel would not finish goes."""
 
     kind: ClassVar[str] = "cgroup"
     refusal_means: ClassVar[str | None] = "the kernel will not make this cpuset"
@@ -241,7 +246,7 @@ class Cgroup(Target):
     name: str
 
     def problem(self) -> str | None:
-        if not self.name.startswith(PREFIX) or not plain_path(self.name, 1):
+        if not _latencyds(self.name):
             return f"{self.name!r} is not a cgroup latencyd makes"
         return _hierarchy_problem(self.hierarchy)
 
@@ -389,14 +394,15 @@ class Controller(FileTarget):
 @dataclass(frozen=True)
 class UnitCpus(Target):
     """A systemd unit's AllowedCPUs= (a CPU list, "" when not set), set through systemd
-    for the running boot; latencyd's own slice is None while it is not there."""
+    for the running boot; latencyd's own slice, and a held application's own scope in it
+    (app_scope: its hold's CPUs), are None while they are not there."""
 
     kind: ClassVar[str] = "systemd_allowed_cpus"
     refusal_means: ClassVar[str | None] = "systemd will not set this unit's CPUs"
     unit: str
 
     def problem(self) -> str | None:
-        if self.unit in (*SYSTEMD_CONFINED, APP_SLICE):
+        if self.unit in (*SYSTEMD_CONFINED, APP_SLICE) or is_app_scope(self.unit):
             return None
         return f"{self.unit!r} is not a unit the shield confines"
 
@@ -410,8 +416,14 @@ class UnitCpus(Target):
     def write(self, system: System, value: Value) -> None:
         """AllowedCPUs= through systemd; latencyd's slice is started with it, and stopped
         (None) once nothing runs in it: a unit its user gave Slice=latencyd.slice keeps it,
-        with AllowedCPUs= unset, and the refusal says so."""
+        with AllowedCPUs= unset, and the refusal says so. An application's scope goes with
+        its processes (systemd's to collect): given back, its AllowedCPUs= is unset, so a
+        process it still holds has the slice's CPUs, as before it had its own."""
         systemd = system.systemd
+        if value is None and is_app_scope(self.unit):
+            if systemd.allowed_cpus(self.unit) is not None:
+                systemd.set_allowed_cpus(self.unit, CpuSet())
+            return
         if value is not None:
             cpus = CpuSet.from_list(str(value))
             if self.unit == APP_SLICE and systemd.allowed_cpus(APP_SLICE) is None:
@@ -508,10 +520,22 @@ def inside_shield(cgroup: str) -> bool:
     return top_cgroup(cgroup) in (SHIELD, APP_SLICE)
 
 
+def _latencyds(name: str) -> bool:
+    """Whether a cgroup's name (relative to its hierarchy) is one latencyd makes: one of
+    its own at the top, or a held application's inside the shield's (app_cgroup)."""
+    parts = name.split("/")
+    return (
+        plain_path(name)
+        and len(parts) <= 2
+        and all(part.startswith(PREFIX) for part in parts)
+        and (len(parts) == 1 or parts[0] == SHIELD)
+    )
+
+
 def _cgroup_of(value: Value) -> str:
     """A task's cgroup as the shield may set it: the root, or one of latencyd's."""
     text = str(value)
-    if text == "/" or (text.startswith(f"/{PREFIX}") and plain_path(text[1:], 1)):
+    if text == "/" or (text.startswith("/") and _latencyds(text[1:])):
         return text
     raise KernelRefused(f"moving a task to cgroup {text!r}", "not a cgroup the shield uses")
 
@@ -548,6 +572,22 @@ class ShieldRules:
 
 def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
+
+
+def by_name(rules: ShieldRules, task: Task) -> Rule | None:
+    """The first rule whose regex a user task's name matches (user_rule: the one it runs
+    by)."""
+    if task.is_kthread:
+        return None
+    return next((r for r in rules.rules if r.pattern.search(task.comm)), None)
+
+
+def ruled_inside(rules: ShieldRules, rule: Rule | None) -> bool:
+    """Whether `rule` puts its tasks on shielded CPUs only. Under a cpuset the kernel
+    lets a task have those CPUs only inside the shield's cgroup (elsewhere its affinity
+    is refused: EINVAL), so it is moved in as the application is: the rule is the
+    profile's, by name, as TuneD's scheduler groups are."""
+    return rule is not None and bool(rule.cpus) and rule.cpus.issubset(rules.cpus)
 
 
 class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
@@ -695,8 +735,11 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             choice,
         )
         if choice.mechanism == "affinity":
-            return (yield from self.affinity_expand_steps(rules, owned))
-        return (yield from self.cpuset_expand_steps(rules, owned))
+            expansion = yield from self.affinity_expand_steps(rules, owned)
+        else:
+            expansion = yield from self.cpuset_expand_steps(rules, owned)
+        expansion.refused.update(self.given_way(rules))
+        return expansion
 
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[ShieldRules]:
         return run_to_end(self.expand_steps(options, owned))
@@ -728,8 +771,10 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         if affinity and affinity.issubset(own):
             return None
         cgroup = self.system.task_cgroup(pid)
-        if own == rules.cpus and cgroup is not None and inside_shield(cgroup):
-            return None  # inside the shield's cgroup: the kernel keeps it on those CPUs
+        if cgroup is not None and (
+            cgroup == self.own_cgroup(rules, pid) or (own == rules.cpus and inside_shield(cgroup))
+        ):
+            return None  # in its own cgroup, or the shield's: the kernel keeps it on its CPUs
         why = next((w for p, _, _, w in rules.theirs if p == pid), None)
         where = f" in cgroup {cgroup}" if cgroup else ""
         return (
@@ -737,23 +782,12 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             f"shielded CPUs {own.to_list()}" + (f": {why}" if why else "")
         )
 
-    def placed(self, rules: ShieldRules, task: Task) -> bool:
+    def placed(self, rules: ShieldRules, task: Task, rule: Rule | None) -> bool:
         """Whether the shield puts the task on the shielded CPUs: the application, by
         name or because it holds the profile (`latencyctl run`/`hold`, whose command is
-        then born there), or a task a rule puts there."""
-        return (
-            task.pid in self.placed_pids
-            or self.is_app(rules, task)
-            or self.ruled_inside(rules, task)
-        )
-
-    def ruled_inside(self, rules: ShieldRules, task: Task) -> bool:
-        """Whether a rule puts the task on shielded CPUs only. Under a cpuset the kernel
-        lets a task have those CPUs only inside the shield's cgroup (elsewhere its affinity
-        is refused: EINVAL), so it is moved in as the application is: the rule is the
-        profile's, by name, as TuneD's scheduler groups are."""
-        rule = self.user_rule(rules, task)
-        return rule is not None and bool(rule.cpus) and rule.cpus.issubset(rules.cpus)
+        then born there), or a task its rule (user_rule, found once by the caller) puts
+        there."""
+        return task.pid in self.placed_pids or self.is_app(rules, task) or ruled_inside(rules, rule)
 
     # -- the cpuset mechanisms: the kernel keeps the shield ----------------------------------
     def cpuset_expand_steps(
@@ -808,23 +842,24 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             cgroup = self.system.task_cgroup(task.pid)
             if cgroup is None:
                 continue
+            rule = self.user_rule(rules, task)  # once per task: where it goes, then its CPUs
             try:
-                target, where, why = self.task_placement(rules, task, cgroup, owned)
+                target, where, why = self.task_placement(rules, task, cgroup, owned, rule)
             except KernelRefused:
                 continue  # exited meanwhile
-            if where is not None:
-                settings[target] = where
-            elif target in owned:
-                settings[target] = owned[target]
+            own = False
+            if where is not None or target in owned:
+                value = where if where is not None else owned[target]
+                own = self.place(rules, task, target, value, where or cgroup, settings)
             elif why:
                 theirs.append((task.pid, task.comm, cgroup, why))
             inside = inside_shield(where or cgroup)
-            rule = self.user_rule(rules, task)
-            if rule is None and inside and task.pid in self.placed_pids:
-                # Each hold's application on its own CPUs inside the shield, by an affinity
-                # its command inherits and the kernel keeps when the shield's CPUs change
-                # (the user-requested mask): another hold's CPUs joining or leaving the
-                # shield do not spread it over them.
+            if rule is None and inside and task.pid in self.placed_pids and not own:
+                # Each hold's application on its own CPUs inside the shield: in a cgroup of
+                # its own where the mechanism makes one (place), else by an affinity its
+                # command inherits and the kernel keeps when the shield's CPUs change (the
+                # user-requested mask): another hold's CPUs joining or leaving the shield
+                # do not spread it over them.
                 rule = Rule(PLACED, self.own_cpus(rules, task.pid))
             if rule is not None:  # after its move
                 settings.update(self.user_rule_settings(rule, task, [*self.thread_ids(task.pid)]))
@@ -832,17 +867,23 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         return Expansion(settings, rules, refused=refused)
 
     def task_placement(
-        self, rules: ShieldRules, task: Task, cgroup: str, owned: Mapping[Target, Value]
+        self,
+        rules: ShieldRules,
+        task: Task,
+        cgroup: str,
+        owned: Mapping[Target, Value],
+        rule: Rule | None,
     ) -> tuple[TaskCgroup | TaskUnit, str | None, str | None]:
         """A user task's setting under a cpuset mechanism, the cgroup it must move to (None:
-        it stays) and, when it stays for another manager's sake, why."""
+        it stays) and, when it stays for another manager's sake, why. `rule`: its
+        user_rule, as the caller found it."""
         mechanism, hierarchy = rules.choice.mechanism, rules.choice.hierarchy
         assert mechanism is not None and hierarchy is not None
         if mechanism == "cpuset-systemd":
             unit_target = TaskUnit(hierarchy, task.pid, task.start_time)
             confined = top_cgroup(cgroup) in SYSTEMD_CONFINED
             cpus = self._users_cpus(task, owned) if confined else CpuSet()
-            placed = self.placed(rules, task)
+            placed = self.placed(rules, task, rule)
             # By name or under a hold; asked only where it decides (a walk up the parents).
             confined_there = bool(cpus) and cpus.issubset(rules.cpus)
             allowed = confined_there and self.left_alone(rules, task) is not None
@@ -850,22 +891,82 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             where = f"/{APP_SLICE}/{app_scope(task.pid)}" if into else None
             return unit_target, where, why
         target = TaskCgroup(hierarchy, task.pid, task.start_time)
-        placed = self.placed(rules, task)
+        placed = self.placed(rules, task, rule)
         # A hold's holder whose hold ended (placed no more, the CPUs it was given still
         # owned): judged as from the root, so it leaves the shield its CPUs were taken from.
+        # Its own cpuset or the CPUs it was given tell it, whichever placed it.
+        in_own = target in owned and str(owned[target]).startswith(f"/{SHIELD}/")
         released = (
             not placed
             and cgroup != "/"
             and target in owned
-            and TaskAffinity(task.pid, task.start_time, task.pid) in owned
-            and self.user_rule(rules, task) is None
+            and (in_own or TaskAffinity(task.pid, task.start_time, task.pid) in owned)
+            and rule is None
         )
         judged = "/" if released else cgroup
         allowed = judged == "/" and self.left_alone(rules, task) is not None
-        cpus = self._users_cpus(task, owned) if judged == "/" else CpuSet()
+        # Its CPUs now are its own cpuset's, not its user's: a holder is not judged by them.
+        users = judged == "/" and not (released and in_own)
+        cpus = self._users_cpus(task, owned) if users else CpuSet()
         into = placement(mechanism, judged, cpus, rules.cpus, placed, allowed)
+        own = self.own_cgroup(rules, task.pid)
+        if into == SHIELD and own is not None:
+            return target, own, None  # a held application: into its own cpuset inside
+        if into == SHIELD and self.held_cgroup(rules, judged):
+            # Put inside by name (apps, a rule), and in a held application's own cpuset
+            # (born of it): inside already, as in its scope under systemd, on its hold's
+            # CPUs. Moved into the shield's it would have all the shield's (another hold's
+            # too), and on shielded CPUs already, it is left as it is (handed_over).
+            return target, None, None
         where = f"/{into}" if into else ("/" if released else None)
         return target, where, owner(cgroup)
+
+    def held_cgroup(self, rules: ShieldRules, cgroup: str) -> bool:
+        """Whether `cgroup` is a held application's own (own_cgroup) while its hold lasts:
+        once it ends, its cpuset goes and what runs in it is moved into the shield's.
+        Every own cgroup is inside the shield's (app_cgroup, app_scope): the holders are
+        looked through only for a task in there."""
+        return inside_shield(cgroup) and any(
+            self.own_cgroup(rules, pid) == cgroup for pid in self.placed_pids
+        )
+
+    def own_cgroup(self, rules: ShieldRules, pid: int) -> str | None:
+        """The cgroup a held application runs in on its hold's CPUs alone (placed_pids):
+        a cpuset of its own inside the shield's (v1), or a scope of its own in
+        latencyd.slice whose AllowedCPUs= are its CPUs (systemd); None: by an affinity
+        (the v2 partition, the chase) or on the whole shield (an application by name)."""
+        if pid not in self.placed_pids:
+            return None
+        if rules.choice.mechanism == "cpuset-v1":
+            return f"/{app_cgroup(pid)}"
+        if rules.choice.mechanism == "cpuset-systemd":
+            return f"/{APP_SLICE}/{app_scope(pid)}"
+        return None
+
+    def place(
+        self,
+        rules: ShieldRules,
+        task: Task,
+        target: TaskCgroup | TaskUnit,
+        value: Value,
+        lands: str,
+        settings: Settings,
+    ) -> bool:
+        """Set where a user task runs (`value`; `lands`: the cgroup it is in after the
+        step) and, when that is a held application's own cgroup (own_cgroup), that
+        cgroup's CPUs: its cpuset is made before the task moves in (v1), its scope's
+        AllowedCPUs= set once the move has made the scope (systemd). Whether it lands in
+        its own. Another hold's start or end writes nothing of it: its CPUs are its own."""
+        own = self.own_cgroup(rules, task.pid)
+        mine = own is not None and lands == own
+        hierarchy, cpus = rules.choice.hierarchy or "", self.own_cpus(rules, task.pid)
+        if own is not None and mine and rules.choice.mechanism == "cpuset-v1":
+            mems = self.system.read(f"{hierarchy}/cpuset.effective_mems")  # the shield's
+            settings[Cgroup(hierarchy, own.lstrip("/"))] = v1_app_group(cpus, mems)
+        settings[target] = value
+        if mine and rules.choice.mechanism == "cpuset-systemd":
+            settings[UnitCpus(app_scope(task.pid))] = cpus.to_list()
+        return mine
 
     def _users_cpus(self, task: Task, owned: Mapping[Target, Value]) -> CpuSet:
         """The CPUs the task's user gave it: what the chase narrowed is judged by its
@@ -877,11 +978,40 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         return self.system.affinity(task.pid)
 
     # -- the affinity mechanism: deciding what a task wants --------------------------------
-    @staticmethod
-    def user_rule(rules: ShieldRules, task: Task) -> Rule | None:
-        if task.is_kthread:
-            return None
-        return next((r for r in rules.rules if r.pattern.search(task.comm)), None)
+    def user_rule(self, rules: ShieldRules, task: Task) -> Rule | None:
+        """The rule a user task runs by: the first whose regex its name matches, unless
+        that one gives way to the task's hold (gives_way)."""
+        rule = by_name(rules, task)
+        return None if self.gives_way(rules, task.pid, rule) else rule
+
+    def gives_way(self, rules: ShieldRules, pid: int, rule: Rule | None) -> bool:
+        """Whether `rule` gives way to the hold of the application `pid` holds: the hold
+        names the CPUs of that very process (HoldAndPlace), a rule any process of a name.
+        Moved by the rule, the holder would leave its hold's CPUs (for another hold's, or
+        housekeeping) and the hold be undone as not placed; a rule within them applies."""
+        return (
+            rule is not None
+            and bool(rules.cpus)
+            and pid in self.placed_pids
+            and not rule.cpus.issubset(self.own_cpus(rules, pid))
+        )
+
+    def given_way(self, rules: ShieldRules) -> dict[str, str]:
+        """The rules that give way to a hold for its holder, said as not applicable (what,
+        why): a few holders looked at, not every task. No pid nor name of the holder in
+        them: anyone may read them in status."""
+        said: dict[str, str] = {}
+        for pid in self.placed_pids:
+            task = self.system.task(pid)
+            rule = by_name(rules, task) if task is not None else None
+            if rule is not None and self.gives_way(rules, pid, rule):
+                said[f"rule {printable(rule.pattern.pattern)}"] = (
+                    f"not applied to a held application's process of that name: its hold "
+                    f"keeps it on its CPUs {self.own_cpus(rules, pid)}, which do not include "
+                    f"all of the rule's {rule.cpus} (a hold names the CPUs of that process, "
+                    "a rule any process of a name)"
+                )
+        return said
 
     @staticmethod
     def user_rule_settings(rule: Rule, task: Task, tids: list[int]) -> Settings:
@@ -1035,7 +1165,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         """The CPUs a user task is put on by name: its rule's, or, for the application
         (placed), the shielded CPUs; None: the shield judges it."""
         rule = self.user_rule(rules, task)
-        if rule is None and rules.cpus and self.placed(rules, task):
+        if rule is None and rules.cpus and self.placed(rules, task, rule):
             return Rule(PLACED, self.own_cpus(rules, task.pid))
         return rule
 
@@ -1094,14 +1224,15 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         CPUs; nothing for any other task."""
         settings: Settings = {}
         cgroup = self.system.task_cgroup(task.pid)
-        if cgroup is not None and (self.is_app(rules, task) or self.ruled_inside(rules, task)):
+        rule = self.user_rule(rules, task)
+        if cgroup is not None and (self.is_app(rules, task) or ruled_inside(rules, rule)):
             try:
-                target, where, _ = self.task_placement(rules, task, cgroup, owned)
+                target, where, _ = self.task_placement(rules, task, cgroup, owned, rule)
             except KernelRefused:
                 return {}  # exited meanwhile
             if where is not None:
-                settings[target] = where
-        if (rule := self.user_rule(rules, task)) is not None:
+                self.place(rules, task, target, where, where, settings)
+        if rule is not None:
             settings.update(self.user_rule_settings(rule, task, tids))
         return settings
 
@@ -1192,7 +1323,9 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         """A task born narrowed (born_narrowed) gets its parent's original back. A cgroup
         named latencyd-* is latencyd's, even one a killed run left without a journal:
         given back, it is removed."""
-        if isinstance(target, Cgroup) or target == UnitCpus(APP_SLICE):
+        if isinstance(target, Cgroup) or (
+            isinstance(target, UnitCpus) and (target.unit == APP_SLICE or is_app_scope(target.unit))
+        ):
             return None
         if isinstance(target, TaskAffinity):
 
@@ -1335,17 +1468,17 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         return Table(f"Shield mechanism{hint}", ("mechanism", "here"), tuple(rows))
 
     def inside(self, rules: ShieldRules) -> Table:
-        """The tasks in the shield's cgroup: the application, and what its users put on
-        the shielded CPUs."""
+        """The tasks in the shield's cgroup and below it: the applications (each held one
+        in a cgroup of its own), and what their users put on the shielded CPUs."""
         rows = []
         inside = APP_SLICE if rules.choice.mechanism == "cpuset-systemd" else SHIELD
         for pid in self.system.cgroup_pids(f"{rules.choice.hierarchy}/{inside}"):
             task = self.system.task(pid)
             if task is not None:
-                rows.append((pid, task.comm))
+                rows.append((pid, task.comm, self.system.task_cgroup(pid) or ""))
         return Table(
             f"User tasks inside the shield (cgroup /{inside}, CPUs {rules.cpus})",
-            ("PID", "name"),
+            ("PID", "name", "cgroup"),
             tuple(rows),
             hide_tasks=lambda row: None,
         )

@@ -257,6 +257,20 @@ def v1_groups(
     return housekeeping | shielded
 
 
+def app_cgroup(pid: int) -> str:
+    """The cpuset of a held application's own, inside the shield's (v1): named for its
+    holder, as its scope is under systemd (app_scope)."""
+    return f"{SHIELD}/{PREFIX}app-{pid}"
+
+
+def v1_app_group(cpus: CpuSet, mems: str) -> dict[str, str]:
+    """A held application's own v1 cpuset inside the shield: its hold's CPUs, the
+    shield's memory nodes, and no load balancing, as in the shield (a child balancing
+    its CPUs would make them a scheduler domain of their own). Not exclusive: two holds
+    may share CPUs."""
+    return {"cpuset.cpus": cpus.to_list(), "cpuset.mems": mems, "cpuset.sched_load_balance": "0"}
+
+
 # The root cpuset stops balancing across all CPUs, or the shield's CPUs stay in its
 # scheduler domain (cpusets.rst: a cpuset's flag counts only if its parent's is off).
 V1_ROOT_FILES = {"cpuset.sched_load_balance": "0"}
@@ -351,6 +365,11 @@ def systemd_unit(proc_cgroup: str) -> str | None:
 def app_scope(pid: int) -> str:
     """The transient scope latencyd places an application's process in."""
     return f"{PREFIX}app-{pid}.scope"
+
+
+def is_app_scope(unit: str) -> bool:
+    """Whether `unit` names a scope app_scope makes."""
+    return re.fullmatch(rf"{PREFIX}app-[0-9]+\.scope", unit) is not None
 
 
 def systemd_placement(

@@ -853,9 +853,11 @@ class Daemon:
                     "since": h.since,
                     "cpus": h.cpus.to_list(),
                     # the application: the holder and the processes it started
-                    "tasks": self._tasks_of(h) if sees_tasks else None,
+                    "tasks": tasks if sees_tasks else None,
+                    # and the cpuset cgroup each runs in ({pid: cgroup}; "" once exited)
+                    "cgroups": self._cgroups_of(tasks) if sees_tasks else None,
                 }
-                for h in self.holds.values()
+                for h, tasks in ((h, self._tasks_of(h)) for h in self.holds.values())
             ],
             "last_error": self.last_error,
             # holds that asked to be placed and were refused (their holder's pid and
@@ -917,6 +919,10 @@ class Daemon:
         if hold.pid is None or not self._still_the_holder(hold):
             return []
         return [hold.pid, *self.system.children(hold.pid)]
+
+    def _cgroups_of(self, pids: list[int]) -> dict[str, str]:
+        """The cgroup each task runs in (its cpuset's, where the cpuset controller is)."""
+        return {str(pid): self.system.task_cgroup(pid) or "" for pid in pids}
 
     def _exempt(self) -> None:
         holders = [h for h in self.holds.values() if h.pid and self._still_the_holder(h)]

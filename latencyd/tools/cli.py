@@ -771,6 +771,12 @@ def format_boot(status: dict[str, Any]) -> list[str]:
     return out
 
 
+def _in_cgroup(pid: int, cgroups: dict[str, str]) -> str:
+    """A hold's task as status shows it: its pid, and the cgroup it runs in when known."""
+    cgroup = cgroups.get(str(pid))
+    return f"{pid} in {cgroup}" if cgroup else str(pid)
+
+
 def format_status(status: dict[str, Any]) -> list[str]:
     out = []
     name = status.get("active_profile") or ""
@@ -785,11 +791,11 @@ def format_status(status: dict[str, Any]) -> list[str]:
         out.append(f"base profile: {status.get('base_profile') or 'none'}")
         for h in status["holds"]:
             reason = "reason shown to root" if h["reason"] is None else h["reason"]
-            tasks = h.get("tasks")
+            tasks, cgroups = h.get("tasks"), h.get("cgroups") or {}
             out.append(
                 f"hold {h['cookie']}: {h['profile']} by {h['owner'] or '?'} "
                 f"({reason or 'no reason given'}), CPUs {h.get('cpus') or 'none'}"
-                + (f", tasks {', '.join(map(str, tasks))}" if tasks else "")
+                + (f", tasks {', '.join(_in_cgroup(t, cgroups) for t in tasks)}" if tasks else "")
             )
     if status.get("last_error"):
         out.append(f"last error: {status['last_error']}")

@@ -594,8 +594,9 @@ def test_kernel_arguments_are_written_under_the_units_sandbox(booted: Booted) ->
 # the real PID 1. The container's cgroups have no cpuset in v2 (the host's v1 holds it),
 # so systemd keeps AllowedCPUs= without the kernel acting on it: what this checks is the
 # bus API (every call's signature, the CPU mask's encoding as systemctl reads it, the
-# transient slice and scope, the move back, refused into a unit not delegated: what
-# tests/fakesystemd.py answers was taken from here), tests/unit/test_shield_systemd.py the rest.
+# transient slice and scope, a scope's own CPUs, the move back, refused into a unit not
+# delegated: what tests/fakesystemd.py answers was taken from here),
+# tests/unit/test_shield_systemd.py the rest.
 SYSTEMD_CLIENT = """
 import json, subprocess, sys
 from latencyd.cpuset import CpuSet
@@ -625,6 +626,9 @@ pid = int(subprocess.run(["systemctl", "show", "-p", "MainPID", "--value",
 seen["from"] = cgroup(pid)
 sd.start_scope(f"latencyd-app-{pid}.scope", "latencyd.slice", [pid], "latencyd test")
 seen["placed"] = cgroup(pid)
+sd.set_allowed_cpus(f"latencyd-app-{pid}.scope", CpuSet({1}))  # the application's own CPUs
+seen["own"] = (sd.allowed_cpus(f"latencyd-app-{pid}.scope").to_list(),
+               show(f"latencyd-app-{pid}.scope"))
 try:
     sd.attach("latencyd-test-plain.service", "", [pid])
 except Exception as exc:
@@ -648,6 +652,7 @@ def test_the_shields_systemd_client_against_the_real_manager(booted: Booted) -> 
     assert seen["slice"] == ["1", "1"]
     assert seen["from"] == "/system.slice/latencyd-test-sleep.service"
     assert seen["placed"].startswith("/latencyd.slice/latencyd-app-")
+    assert seen["own"] == ["1", "1"]  # a scope's AllowedCPUs=, as for a slice
     assert "non-delegated" in seen["refused"]  # so a login session's scope gets none back
     assert seen["back"] == seen["from"]  # a delegated unit does
     assert seen["gone"] is None

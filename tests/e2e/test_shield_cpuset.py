@@ -58,7 +58,10 @@ def test_run_starts_the_command_inside_the_shield_at_the_policy_asked(
     run = d.spawn_ctl("run", "--fifo", "5", "--", "sleep", "30")
     try:
         app = wait_for_child(run.pid, "sleep")
-        assert cpuset_of(app) == "/latencyd-shield" and os.sched_getaffinity(app) == {1}
+        # in a cpuset of its own inside the shield's, on its hold's CPUs (issue 52)
+        own = f"/latencyd-shield/latencyd-app-{run.pid}"
+        assert cpuset_of(app) == cpuset_of(run.pid) == own and os.sched_getaffinity(app) == {1}
+        assert (V1 / own.lstrip("/") / "cpuset.cpus").read_text().strip() == "1"
         assert os.sched_getscheduler(app) == os.SCHED_FIFO
         assert os.sched_getparam(app).sched_priority == 5
         # Only the command is RT: latencyctl gives its policy back once it has forked.
@@ -67,7 +70,10 @@ def test_run_starts_the_command_inside_the_shield_at_the_policy_asked(
         mechanism, inside, _ = shield["tables"]
         assert mechanism["rows"][0] == ["cpuset-v1", "in use on /sys/fs/cgroup/cpuset"]
         assert "latencyctl run" in mechanism["title"]  # what to use instead of taskset
-        assert app in [row[0] for row in inside["rows"]]
+        assert [app, "sleep", own] in inside["rows"]
+        (held,) = status(d)["holds"]
+        assert held["cgroups"] == {str(run.pid): own, str(app): own}
+        assert f"tasks {run.pid} in {own}, {app} in {own}" in d.ctl("status").stdout
     finally:
         run.kill()
         run.wait()
@@ -111,8 +117,9 @@ def test_hold_places_its_command_and_apps_are_moved_in_as_they_start(
     started = subprocess.Popen([str(app), "30"])  # from housekeeping, by name
     other = subprocess.Popen(["sleep", "30"])
     try:
-        assert cpuset_of(wait_for_child(held.pid, "sleep")) == "/latencyd-shield"
-        wait_for(lambda: cpuset_of(started.pid) == "/latencyd-shield", timeout=5)
+        own = f"/latencyd-shield/latencyd-app-{held.pid}"  # the holder's, inside the shield's
+        assert cpuset_of(wait_for_child(held.pid, "sleep")) == own
+        wait_for(lambda: cpuset_of(started.pid) == "/latencyd-shield", timeout=5)  # by name
         assert os.sched_getaffinity(started.pid) == {1}
         time.sleep(0.3)
         assert cpuset_of(other.pid) == "/latencyd-housekeeping"

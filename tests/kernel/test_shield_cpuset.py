@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.profile import ProfileLibrary
 from latencyd.core.schema import validate
+from latencyd.cpuset import CpuSet
 from latencyd.kernel.system import System
 from tests.harness import wait_for
 
@@ -137,3 +139,91 @@ def test_a_shield_moved_to_other_cpus_is_made_anew(
         assert engine.off() == []
     assert cpuset_of(free) == "/" and os.sched_getaffinity(free) == {0, 1}
     assert cpuset_of(confined) == "/" and os.sched_getaffinity(confined) == {1}
+
+
+# The application: waits for `go`, starts a child, then every 2 ms writes a line "cpuset
+# CPUs" read of itself, until `stop` exists.
+SAMPLER = r"""
+import os, subprocess, sys, time
+out, go, stop = sys.argv[1:4]
+while not os.path.exists(go):
+    time.sleep(0.005)
+child = subprocess.Popen(["sleep", "120"])
+with open(out, "w") as f:
+    f.write(f"child {child.pid}\n")
+    f.flush()
+    while not os.path.exists(stop):
+        with open("/proc/self/cpuset") as c:
+            cpuset = c.read().strip()
+        f.write(f"{cpuset} {','.join(map(str, sorted(os.sched_getaffinity(0))))}\n")
+        f.flush()
+        time.sleep(0.002)
+child.kill()
+child.wait()
+"""
+
+
+def hold(engine: Engine, system: System, holders: dict[int, str]) -> None:
+    """What the daemon does as holds start and end: each holder placed on its hold's CPUs
+    (placed_pids), the shield the union, and the plugin's settings switched to."""
+    plugin = engine.plugins["shield"]
+    plugin.placed_pids = {pid: CpuSet.from_list(cpus) for pid, cpus in holders.items()}
+    plugin.exempt_pids = frozenset(holders)
+    shielded = ",".join(sorted(set(holders.values()))) or "1"
+    options = validate(plugin.schema, {"cpus": shielded, "mechanism": "cpuset"}, system.machine())
+    wanted = plugin.expand(options, engine.owned("shield")).settings
+    engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
+
+
+def test_a_held_application_has_a_cpuset_of_its_own_another_holds_start_and_end_leave(
+    system: System, tmp_path: Path
+) -> None:
+    """Issue 52 on v1: the application of a hold on CPU 1 runs in a cpuset of its own
+    inside the shield's (CPUs 1, read back from the kernel), with what it starts; a
+    second hold's start and end make and remove that one's own and write nothing of the
+    first's: its samples of its own cpuset and CPUs, taken all along, never change. Its
+    own cpuset goes when its hold ends, and off leaves the machine as found."""
+    go, stop, out = tmp_path / "go", tmp_path / "stop", tmp_path / "samples"
+    app = subprocess.Popen([sys.executable, "-c", SAMPLER, str(out), str(go), str(stop)])
+    other = subprocess.Popen(["sleep", "120"])
+    engine = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))
+    mine, theirs = (
+        f"latencyd-shield/latencyd-app-{app.pid}",
+        f"latencyd-shield/latencyd-app-{other.pid}",
+    )
+    try:
+        hold(engine, system, {app.pid: "1"})
+        assert cpuset_of(app.pid) == f"/{mine}"
+        assert (V1 / mine / "cpuset.cpus").read_text().strip() == "1"
+        assert (V1 / mine / "cpuset.mems").read_text() == (V1 / "cpuset.mems").read_text()
+        assert os.sched_getaffinity(app.pid) == {1}
+        go.touch()
+        wait_for(lambda: out.exists() and len(out.read_text().splitlines()) > 2, 10)
+        child = int(out.read_text().splitlines()[0].split()[1])
+        assert cpuset_of(child) == f"/{mine}"  # born there
+        tasks = {int(t) for t in (V1 / mine / "tasks").read_text().split()}
+        assert {app.pid, child} <= tasks
+
+        hold(engine, system, {app.pid: "1", other.pid: "1"})  # a second hold starts
+        assert cpuset_of(other.pid) == f"/{theirs}"
+        assert (V1 / mine / "cpuset.cpus").read_text().strip() == "1"
+        assert cpuset_of(app.pid) == cpuset_of(child) == f"/{mine}"
+        assert engine.verify() == []
+        hold(engine, system, {app.pid: "1"})  # and ends
+        assert not (V1 / theirs).exists()
+        assert cpuset_of(other.pid) == "/latencyd-housekeeping"
+        assert cpuset_of(app.pid) == cpuset_of(child) == f"/{mine}"
+        assert (V1 / mine / "cpuset.cpus").read_text().strip() == "1"
+
+        stop.touch()
+        app.wait(10)
+        samples = out.read_text().splitlines()[1:]
+        assert samples and set(samples) == {f"/{mine} 1"}  # not moved, not for a moment
+        hold(engine, system, {})  # its hold ends: its own cpuset goes
+        assert not (V1 / mine).exists()
+    finally:
+        for proc in (app, other):
+            proc.kill()
+            proc.wait()
+        assert engine.off() == []
+    assert not any(p.is_dir() for p in V1.iterdir())

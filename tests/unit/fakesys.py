@@ -927,8 +927,10 @@ class CgroupLikeSystem(System):
     cgroup made has its controller's files, subtree_control takes +/- words, a task
     written to cgroup.procs leaves its old cgroup (its proc/PID/cgroup follows), an
     isolated partition whose CPUs a sibling also claims reads "isolated invalid (...)",
-    and a cgroup with tasks is not removed (EBUSY) until they are moved out (the facade's
-    remove_cgroup moves them)."""
+    and a cgroup with tasks or child cgroups is not removed (EBUSY) until they are moved
+    out (the facade's remove_cgroup moves the tasks). v1 cpusets nest as cpusets.rst
+    says: a child's CPUs within its parent's (EINVAL), a parent's not shrunk from under a
+    child's (EBUSY)."""
 
     def __init__(self, root: Path | str = "/", **backends: Any) -> None:
         super().__init__(root, **backends)
@@ -998,7 +1000,7 @@ class CgroupLikeSystem(System):
             return
         path.mkdir()
         parent = rel.rsplit("/", 1)[0]
-        if parent.endswith("cpuset"):
+        if parent.startswith("sys/fs/cgroup/cpuset"):
             files = V1_CPUSET_FILES
         elif "cpuset" in self.read(f"{parent}/cgroup.subtree_control").split():
             files = V2_CPUSET_FILES
@@ -1007,11 +1009,24 @@ class CgroupLikeSystem(System):
         for name, value in files.items():
             put(self.root, f"{rel}/{name}", value)
 
+    def _v1_nest(self, folder: str, cpus: CpuSet) -> None:
+        """v1's rules for a cpuset's new CPUs: within its parent's, around its children's."""
+        parent = folder.rsplit("/", 1)[0]
+        if parent != "sys/fs/cgroup/cpuset":
+            theirs = CpuSet.from_list(self.read(f"{parent}/cpuset.cpus"))
+            if not cpus.issubset(theirs):
+                raise KernelRefused(f"writing {cpus} to /{folder}/cpuset.cpus", refusal(22))
+        for child in self.path(folder).iterdir():
+            if child.is_dir() and not CpuSet.from_list(
+                (child / "cpuset.cpus").read_text().strip()
+            ).issubset(cpus):
+                raise KernelRefused(f"writing {cpus} to /{folder}/cpuset.cpus", refusal(16))
+
     def _rmdir_cgroup(self, where: str) -> None:
         path = self.path(where)
         if not path.exists():
             raise FileNotFoundError(errno.ENOENT, "No such file or directory")
-        if self.read(f"{where}/cgroup.procs"):
+        if self.read(f"{where}/cgroup.procs") or any(c.is_dir() for c in path.iterdir()):
             raise OSError(errno.EBUSY, "Device or resource busy")
         for child in path.iterdir():
             child.unlink()
@@ -1037,6 +1052,9 @@ class CgroupLikeSystem(System):
                 procs.write_text("\n".join(p for p in procs.read_text().split() if p != value))
             self.place(int(value), hierarchy, folder[len(hierarchy) :] or "/")
             self._follow_cpus(int(value), folder, hierarchy)
+        elif name == "cpuset.cpus" and rel.startswith("sys/fs/cgroup/cpuset/"):
+            self._v1_nest(folder, CpuSet.from_list(value))
+            super().write(rel, value)
         elif name == "cpuset.cpus.partition" and value == "isolated":
             mine = self.read(f"{folder}/cpuset.cpus")
             siblings = [p for p in self.path(folder).parent.glob("*/cpuset.cpus")

@@ -22,6 +22,7 @@ from latencyd.errors import NotApplicable
 from latencyd.kernel.cgroups import v1_groups
 from latencyd.kernel.system import PF_EXITING, Machine
 from latencyd.service.daemon import Daemon
+from latencyd.tools.cli import format_status
 from tests.unit.fakesys import CgroupLikeSystem, add_cgroups, add_task, tree_values
 from tests.unit.taskrig import Machinery
 
@@ -140,6 +141,12 @@ def test_a_killed_run_is_adopted_and_put_back(tmp_path: Path, machine: Machine) 
     assert again.adopt() is not None  # as after kill -9
     assert again.off() == []
     assert cgroup(system, 500) == "/"  # moved out with the cgroup it was born in
+    assert_as_found_but_task_500(m, before)
+
+
+def assert_as_found_but_task_500(m: Machinery, before: dict[str, str]) -> None:
+    """The v1 tree as `before`, but for task 500, started since, and the root cpuset's
+    tasks, which now list it too: every cpuset made gone, every task back."""
     after = tree_values(m.root)
     assert after.pop(f"{V1}/cgroup.procs") == "1\n300\n400\n500"
     assert {k: v for k, v in after.items() if "proc/500/" not in k} == {
@@ -240,9 +247,10 @@ def test_two_holds_each_application_on_its_own_cpus_and_a_release_moves_not_the_
     tmp_path: Path, mechanism: str
 ) -> None:
     """Issue 52: holds on CPUs 1 and 2 (HoldAndPlaceOn) of 4 compose: the shield is
-    both, each holder runs on its own CPU only (inside the shield's cpuset where there is
-    one), and releasing one gives its CPU back to housekeeping without moving the other
-    (no write to its cgroup or its CPUs; the shield changes in place)."""
+    both, each holder runs on its own CPU only (v1: in a cpuset of its own inside the
+    shield's, its hold's CPU; v2: inside the partition, by its affinity), and releasing
+    one gives its CPU back to housekeeping without moving the other (no write to its
+    cgroup or its CPUs; the shield changes in place; v1: the released one's cpuset gone)."""
     m, system, _ = rig(tmp_path, v1=mechanism == "cpuset-v1", v2=mechanism == "cpuset-v2")
     hierarchy = V1 if mechanism == "cpuset-v1" else V2
     pdir = tmp_path / "profiles"
@@ -265,23 +273,93 @@ def test_two_holds_each_application_on_its_own_cpus_and_a_release_moves_not_the_
         assert m.sched.affinity[1] == {0, 3}  # every other task off both
     if mechanism == "cpuset-v1":
         assert system.read(f"{V1}/latencyd-housekeeping/cpuset.cpus") == "0,3"
-    if mechanism != "affinity":
+    if mechanism == "cpuset-v1":
+        for pid, cpu in ((300, "1"), (400, "2")):
+            assert cgroup(system, pid) == f"/latencyd-shield/latencyd-app-{pid}"
+            assert system.read(f"{V1}/latencyd-shield/latencyd-app-{pid}/cpuset.cpus") == cpu
+            assert system.read(f"{V1}/latencyd-shield/latencyd-app-{pid}/cpuset.mems") == "0"
+    if mechanism == "cpuset-v2":
         assert cgroup(system, 300) == cgroup(system, 400) == "/latencyd-shield"
+    if mechanism != "affinity":
         assert system.read(f"{hierarchy}/latencyd-shield/cpuset.cpus") == "1-2"
+        # status: each hold's tasks with the cgroup each runs in, and the shield's tasks
+        status = daemon.status()
+        assert [h["cgroups"] for h in status["holds"]] == [
+            {str(pid): cgroup(system, pid)} for pid in (300, 400)
+        ]
+        shown = "\n".join(format_status(status))
+        assert f"CPUs 1, tasks 300 in {cgroup(system, 300)}" in shown
+        inside = status["plugins"]["shield"]["tables"][1]
+        assert inside["columns"][2] == "cgroup"
+        assert sorted(inside["rows"]) == [
+            [p, c, cgroup(system, p)] for p, c in ((300, "sshd"), (400, "myapp"))
+        ]
     system.writes.clear()
     run_to_end(daemon.release_steps(cookie))
     assert m.sched.affinity[300] == {1}
-    mine = [w for w in system.writes if w[1] == "300"]
-    assert mine == []  # not moved, not even for a moment
-    if mechanism != "affinity":
+    mine = [w for w in system.writes if w[1] == "300" or "latencyd-app-300" in w[0]]
+    assert mine == []  # not moved, not even for a moment; its cpuset untouched
+    if mechanism == "cpuset-v1":
+        assert cgroup(system, 300) == "/latencyd-shield/latencyd-app-300"
+        assert system.read(f"{V1}/latencyd-shield/latencyd-app-300/cpuset.cpus") == "1"
+        assert not (m.root / V1 / "latencyd-shield/latencyd-app-400").exists()
+    if mechanism == "cpuset-v2":
         assert cgroup(system, 300) == "/latencyd-shield"
+    if mechanism != "affinity":
         assert system.read(f"{hierarchy}/latencyd-shield/cpuset.cpus") == "1"
-        assert cgroup(system, 400) != "/latencyd-shield"
+        assert not cgroup(system, 400).startswith("/latencyd-shield")
     if mechanism == "cpuset-v1":
         assert system.read(f"{V1}/latencyd-housekeeping/cpuset.cpus") == "0,2-3"
     else:
         assert 2 in m.sched.affinity[400]
     assert daemon.engine.off() == []
+    if mechanism == "cpuset-v1":
+        assert cgroup(system, 300) == "/" and not (m.root / V1 / "latencyd-shield").exists()
+
+
+def test_v1_a_held_applications_own_cpuset_is_journaled_and_a_killed_run_removes_it(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """A held application's own cpuset is a setting like the shield's: journaled before it
+    is made, so the next start after a kill -9 moves the application and what it started
+    there out and removes it, and the machine is as found."""
+    m, system, engine = rig(tmp_path, v1=True, v2=False)
+    before = tree_values(m.root)
+    m.plugin.placed_pids, m.plugin.exempt_pids = {400: CpuSet.from_list("1")}, frozenset({400})
+    switch(m, engine, machine, {"cpus": "1-2"})
+    own = "/latencyd-shield/latencyd-app-400"
+    assert cgroup(system, 400) == own and system.read(f"{V1}{own}/cpuset.cpus") == "1"
+    assert system.read(f"{V1}{own}/cpuset.sched_load_balance") == "0"
+    add_task(m.root, 500, "worker", ppid=400, start_time=2000)  # born in its cpuset
+    system.place(500, V1, own)
+    again = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))
+    assert again.adopt() is not None  # as after kill -9
+    assert again.off() == []
+    assert cgroup(system, 400) == cgroup(system, 500) == "/"
+    assert_as_found_but_task_500(m, before)
+
+
+def test_v1_a_holder_whose_hold_ends_leaves_for_housekeeping_not_the_shield(
+    tmp_path: Path, machine: Machine
+) -> None:
+    """Two holds on CPU 1: the one released runs on CPU 1 because its own cpuset said so,
+    not because its user confined it there: it goes to housekeeping, its cpuset goes,
+    and the other's stays as it was."""
+    m, system, engine = rig(tmp_path, v1=True, v2=False)
+    one = CpuSet.from_list("1")
+    m.plugin.placed_pids = {300: one, 400: one}
+    m.plugin.exempt_pids = frozenset({300, 400})
+    options = validate(m.plugin.schema, {"cpus": "1"}, machine)
+    wanted = m.plugin.expand(options, engine.owned("shield")).settings
+    engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
+    assert m.sched.affinity[300] == m.sched.affinity[400] == {1}
+    m.plugin.placed_pids, m.plugin.exempt_pids = {400: one}, frozenset({400})
+    wanted = m.plugin.expand(options, engine.owned("shield")).settings
+    engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
+    assert cgroup(system, 300) == "/latencyd-housekeeping"
+    assert not (m.root / V1 / "latencyd-shield/latencyd-app-300").exists()
+    assert cgroup(system, 400) == "/latencyd-shield/latencyd-app-400"
+    assert engine.off() == []
 
 
 def test_v1_a_shield_that_shrinks_is_written_before_housekeeping_takes_its_cpus() -> None:
@@ -358,3 +436,96 @@ def test_a_rule_the_kernel_refuses_for_a_new_task_is_said_in_the_log(
     assert "not applicable" in line and "EINVAL" in line, line
     assert any(sid[1] == TaskAffinity(500, 2000, 500) for sid in daemon.engine.not_applicable)
     assert engine.off() == []
+
+
+def two_holds(
+    tmp_path: Path,
+    more: str,
+    mechanism: str = "cpuset-v1",
+    holds: tuple[tuple[int, str], ...] = ((300, "1"), (400, "2")),
+) -> tuple[Machinery, CgroupLikeSystem, Daemon]:
+    """A profile shielding its isolated_cores (with `more` in its [shield] section,
+    TOML), held by 300 on CPU 1 and by 400 on CPU 2 (or `holds`, in that order), each
+    holder placed (on v1 cpusets: each in its own cpuset)."""
+    m, system, _ = rig(tmp_path, v1=mechanism == "cpuset-v1", v2=mechanism == "cpuset-v2")
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "app.toml").write_text(
+        '[variables]\nisolated_cores = "1"\n[shield]\ncpus = "${isolated_cores}"\n' + more
+    )
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), system.machine())
+    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(m.state_dir)))
+    for pid, cpus in holds:
+        run_to_end(
+            daemon.hold_steps(
+                "app", "x", f":1.{pid}", pid=pid, placed=True, cpus=CpuSet.from_list(cpus)
+            )
+        )
+    return m, system, daemon
+
+
+@pytest.mark.parametrize(
+    ("more", "comm", "exe"),
+    [
+        ('[[shield.rule]]\nmatch = "^worker$"\ncpus = "2"\n', "worker", None),
+        ('apps = ["/opt/md/bin/*"]\n', "feed", "/opt/md/bin/feed"),
+    ],
+    ids=["a rule onto the other hold's CPU", "apps"],
+)
+def test_a_task_placed_by_name_stays_in_its_held_applications_own_cpuset(
+    tmp_path: Path, more: str, comm: str, exe: str | None
+) -> None:
+    """Holds on CPUs 1 and 2 (v1): a task the first holder started, born in its own
+    cpuset (CPU 1), execs as a program `apps` names or under a name a [[shield.rule]]
+    puts on CPU 2 (the other hold's). It is inside already, as in its scope under
+    systemd: it stays in its application's cpuset on its hold's CPU, not moved into the
+    shield's (where the kernel would give it both holds' CPUs: issue 52 wants each
+    application on its own only); on shielded CPUs already, it is left as it is, as a
+    task inside the shield's is (handed_over): nothing refused, nothing of it owned, at
+    its exec and at a rescan."""
+    m, system, daemon = two_holds(tmp_path, more)
+    own = "/latencyd-shield/latencyd-app-300"
+    add_task(m.root, 500, comm, ppid=300, start_time=2000, exe=exe)  # born in its cpuset
+    m.sched.add(500, {1})
+    system.place(500, V1, own)
+    system.writes.clear()
+    daemon.on_task_events([TaskEvent("comm", 500, 500)])
+    assert daemon.refresh(["shield"]) is not None  # a rescan: its expand judges it so too
+    assert cgroup(system, 500) == own
+    assert m.sched.affinity[500] == {1}
+    assert [w for w in system.writes if w[1] == "500"] == []  # not moved, not for a moment
+    assert TaskAffinity(500, 2000, 500) not in daemon.engine.owned("shield")
+    assert TaskCgroup(V1, 500, 2000) not in daemon.engine.owned("shield")
+    assert daemon.engine.not_applicable == {}
+    assert daemon.engine.verify() == []
+
+
+@pytest.mark.parametrize("mechanism", ["cpuset-v1", "cpuset-v2", "affinity"])
+@pytest.mark.parametrize(
+    "holds",
+    [((400, "2"), (300, "1")), ((300, "1"), (400, "2"))],
+    ids=["its hold second", "its hold first"],
+)
+def test_a_holders_hold_wins_over_a_rule_its_name_matches(
+    tmp_path: Path, mechanism: str, holds: tuple[tuple[int, str], ...]
+) -> None:
+    """Holds on CPUs 1 (300, named sshd) and 2 (400), a [[shield.rule]] putting sshd on
+    CPU 2: the hold names the CPUs of that very process, the rule any process of a name.
+    On every mechanism the holder runs on its hold's CPU and its hold stands; the rule
+    is said not applicable to it. (It moved the holder onto the other hold's CPU: on v2
+    and the chase its hold was undone as not placed, or, held first, it was moved there
+    when the other hold began; v1's own cpuset kept it, the rule refused unsaid.)"""
+    m, system, daemon = two_holds(
+        tmp_path, '[[shield.rule]]\nmatch = "^sshd$"\ncpus = "2"\n', mechanism, holds
+    )
+    assert len(daemon.holds) == 2
+    assert m.sched.affinity[300] == {1} and m.sched.affinity[400] == {2}
+    if mechanism == "cpuset-v1":
+        assert cgroup(system, 300) == "/latencyd-shield/latencyd-app-300"
+    (said,) = [n for n in daemon.status()["plugins"]["shield"]["not_applicable"]]
+    assert said["target"] is None and said["text"] == "rule ^sshd$"
+    assert "hold keeps it on its CPUs 1" in said["reason"], said
+    assert daemon.engine.not_applicable == {}
+    assert daemon.engine.verify() == []
+    assert daemon.engine.off() == []

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from latencyd.plugins.shield import ShieldPlugin, SlicePartition, TaskUnit, UnitCpus
+from latencyd.plugins.shield import ShieldPlugin, SlicePartition, TaskAffinity, TaskUnit, UnitCpus
 
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
@@ -266,19 +266,75 @@ def test_a_run_in_a_scope_ends_without_an_error_its_holder_kept_in_the_slice(
 ) -> None:
     """`systemd-run --scope latencyctl run -- CMD` (issue 51, seen in the VM): the holder
     runs in a scope systemd moves nothing back into, so at the release it stays in
-    latencyd.slice, whose CPUs the kernel confines it to. Giving it back its CPUs from
-    before the hold (user.slice's) there is EINVAL: that restore is not applicable, not a
-    failure that rolls the release back; the holder keeps the slice's CPUs until it exits."""
+    latencyd.slice, whose CPUs the kernel confines it to. Nothing of it is given back
+    there that the kernel would refuse (its CPUs from before, user.slice's: EINVAL) and
+    roll the release back: its scope's AllowedCPUs= kept it on the hold's CPUs (issue
+    52), not an affinity, and given back (unset) it runs on the slice's until it exits."""
     m, system = systemd_rig
     daemon = iso_daemon(m, system, machine, tmp_path)
     run_to_end(daemon.switch_steps("iso"))
     m.sched.affinity[400] = frozenset({0, 2, 3})  # what user.slice's AllowedCPUs= leaves it
     cookie, _ = run_to_end(daemon.hold_steps("iso", "true", ":1.9", pid=400, placed=True))
-    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
-    assert m.sched.affinity[400] == {1}
+    scope = "latencyd.slice/latencyd-app-400.scope"
+    assert system.task_cgroup(400) == f"/{scope}"
+    assert system.read(f"{V2}/{scope}/cpuset.cpus") == "1"
+    assert TaskAffinity(400, 1000, 400) not in daemon.engine.owned("shield")
     run_to_end(daemon.release_steps(cookie))
     assert daemon.last_error is None
     assert daemon.status()["last_error"] is None
-    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
-    assert m.sched.affinity[400] == {1}
+    assert system.task_cgroup(400) == f"/{scope}"
+    assert system.read(f"{V2}/{scope}/cpuset.cpus") == ""  # AllowedCPUs= unset: the slice's
+    assert system.read(f"{V2}/latencyd.slice/cpuset.cpus") == "1"
     assert daemon.engine.verify() == []
+
+
+def test_each_held_application_gets_a_scope_of_its_own_on_its_own_cpus(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    """Issue 52 under systemd: two holds on CPUs 1 and 2 of 4, each holder moved by
+    systemd into a scope of its own in latencyd.slice whose AllowedCPUs= (set through
+    systemd, not in its cgroup's files) are its hold's CPU; releasing one asks nothing
+    of the other's scope nor of its process, and off lets both scopes go."""
+    m, system = systemd_rig
+    add_task(m.root, 500, "gw", start_time=500)  # a second application of the session
+    m.sched.add(500)
+    system.place(500, V2, f"/{SESSION}")
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "app.toml").write_text(
+        '[variables]\nisolated_cores = "1"\n[shield]\ncpus = "${isolated_cores}"\n'
+    )
+    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    library = ProfileLibrary([pdir], section_schemas(plugins), machine)
+    daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
+    run_to_end(
+        daemon.hold_steps("app", "md", ":1.1", pid=400, placed=True, cpus=CpuSet.from_list("1"))
+    )
+    cookie, _ = run_to_end(
+        daemon.hold_steps("app", "gw", ":1.2", pid=500, placed=True, cpus=CpuSet.from_list("2"))
+    )
+    assert system.read(f"{V2}/latencyd.slice/cpuset.cpus") == "1-2"
+    for pid, cpu in ((400, "1"), (500, "2")):
+        scope = f"latencyd-app-{pid}.scope"
+        assert system.task_cgroup(pid) == f"/latencyd.slice/{scope}"
+        assert system.read(f"{V2}/latencyd.slice/{scope}/cpuset.cpus") == cpu
+        assert ["SetUnitProperties", scope, "True", ["AllowedCPUs"]] in calls(m)
+    owned = daemon.engine.owned("shield")
+    assert owned[UnitCpus("latencyd-app-400.scope")] == "1"
+    assert TaskAffinity(400, 1000, 400) not in owned  # its scope keeps it there, not an affinity
+    assert [w for w in system.writes if "latencyd-app-" in w[0]] == []  # systemd's files
+    assert daemon.engine.verify() == []
+    seen = len(calls(m))
+    run_to_end(daemon.release_steps(cookie))
+    after = calls(m)[seen:]
+    assert not [c for c in after if "latencyd-app-400.scope" in c or [400] in c], after
+    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
+    assert system.read(f"{V2}/latencyd.slice/latencyd-app-400.scope/cpuset.cpus") == "1"
+    assert system.read(f"{V2}/latencyd.slice/cpuset.cpus") == "1"
+    # The released holder runs on in its scope until it exits, as before it had one of
+    # its own: its scope's AllowedCPUs= given back (unset).
+    assert UnitCpus("latencyd-app-500.scope") not in daemon.engine.owned("shield")
+    assert system.read(f"{V2}/latencyd.slice/latencyd-app-500.scope/cpuset.cpus") == ""
+    assert daemon.engine.off() == []
+    assert system.task_cgroup(400) == system.task_cgroup(500) == f"/{SESSION}"
+    assert not (m.root / V2 / "latencyd.slice").exists()

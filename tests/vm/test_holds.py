@@ -8,7 +8,9 @@ profile; every sample of each is on its own CPU, none on the other's or on house
 (0 and 3); a hold asking one sysctl otherwise is refused with the reason and changes
 nothing; A's end releases its hold: B is not moved (its samples unchanged through it) and
 CPU 2 is still isolated, read from the kernel (the cgroups' effective CPUs, the unbound
-workqueues' mask, the default IRQ affinity), CPU 1 back to housekeeping.
+workqueues' mask, the default IRQ affinity), CPU 1 back to housekeeping. Each runs in a
+scope of its own whose AllowedCPUs= (systemd's) and effective CPUs (the kernel's) are its
+hold's CPU, through the other's hold starting and ending.
 """
 
 from __future__ import annotations
@@ -93,6 +95,16 @@ def holds(vm: Vm) -> list[tuple[str, str]]:
     return [(h["reason"], h["cpus"]) for h in status["holds"]]
 
 
+def own_cpus(vm: Vm, cgroup: str) -> tuple[str, str]:
+    """An application's own scope (its cgroup, from its samples): its effective CPUs as
+    the kernel reads them, and its AllowedCPUs= as systemd was told."""
+    unit = cgroup.rsplit("/", 1)[-1]
+    out = vm.ssh(
+        f"cat /sys/fs/cgroup{cgroup}/cpuset.cpus.effective; systemctl show -P AllowedCPUs {unit}"
+    ).stdout.split("\n")
+    return out[0].strip(), out[1].strip()
+
+
 def wait_until(
     what: str, done: Callable[[], bool], timeout: float, why: Callable[[], str] = str
 ) -> None:
@@ -140,6 +152,10 @@ def test_two_applications_each_on_its_own_cpu_and_a_release_moves_not_the_other(
         assert holds(vm) == [("app-a", "1"), ("app-b", "2")]
         both = kernel_view(vm)
         assert both["latencyd.slice"][0] == "1-2"  # type: ignore[index]
+        a_scope, b_scope = samples(vm, "a")[-1].cgroup, samples(vm, "b")[-1].cgroup
+        assert own_cpus(vm, a_scope) == ("1", "1") and own_cpus(vm, b_scope) == ("2", "2")
+        status = json.loads(vm.ssh("latencyctl status --json").stdout)
+        assert [set(h["cgroups"].values()) for h in status["holds"]] == [{a_scope}, {b_scope}]
         assert both["system.slice"][0] == "0,3"  # type: ignore[index]
         assert both["workqueue"] == both["irq"] == {0, 3}, both
 
@@ -162,6 +178,7 @@ def test_two_applications_each_on_its_own_cpu_and_a_release_moves_not_the_other(
         assert after["system.slice"][0] == "0-1,3", after  # type: ignore[index]
         assert after["workqueue"] == after["irq"] == {0, 1, 3}, after
         assert after["swappiness"] == both["swappiness"]
+        assert own_cpus(vm, b_scope) == ("2", "2")
         at_release = samples(vm, "b")[-1].at
         wait_until("B reported 30 s and 5 s after A's release",
                    lambda: (s := samples(vm, "b"))[-1].at - s[0].at >= SECONDS
