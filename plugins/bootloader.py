@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import ActsAtBoot
 from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
 from latencyd.core.schema import Bool, ListOf, Option, Schema
 from latencyd.cpuset import CpuSet, CpuSetError
@@ -118,7 +119,7 @@ class BootRules:
     remove: tuple[str, ...]
 
 
-class BootloaderPlugin(Plugin[BootArguments, BootRules]):
+class BootloaderPlugin(Plugin[BootArguments, BootRules], ActsAtBoot[BootArguments, BootRules]):
     name = "bootloader"
     summary = "Kernel arguments for the next boot, through the machine's own bootloader tools"
     targets = (BootArguments,)

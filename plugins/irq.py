@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import FollowsDevices, FollowsTasks
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     DEVICE_ACTIONS,
@@ -138,7 +139,7 @@ class IrqRules:
     coordinate: bool = False  # ban `isolate` in an irqbalance that starts later
 
 
-class IrqPlugin(Plugin[IrqTarget, IrqRules]):
+class IrqPlugin(Plugin[IrqTarget, IrqRules], FollowsTasks[IrqRules], FollowsDevices[IrqRules]):
     name = "irq"
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"
     targets = (IrqAffinity, DefaultAffinity, IrqbalanceBan)
@@ -153,8 +154,6 @@ class IrqPlugin(Plugin[IrqTarget, IrqRules]):
             "block": DEVICE_ACTIONS,
             "cpu": CPU_ACTIONS,
         },
-        threads=True,
-        user_tasks=True,
     )
     schema = Schema(
         options=(

@@ -23,6 +23,7 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import FollowsTasks
 from latencyd.core.movable import MOVE_REFUSED, TaskMover, Tasks, TaskTarget
 from latencyd.core.movable import require_movable as _require_movable
 from latencyd.core.plugin import (
@@ -190,7 +191,7 @@ def _rule_is_whole(rule: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules]):
+class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules], FollowsTasks[KthreadRules]):
     name = "kthread"
     summary = "Kernel-thread affinity and policy by name, following threads as they come and go"
     targets = (Workqueue, ThreadAffinity, ThreadPolicy)
@@ -198,7 +199,7 @@ class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules]):
         "writeback_cpumask": "0",
         "rule": [{"match": "^kswapd", "cpus": "0", "policy": "fifo", "priority": 2}],
     }
-    follows = Follows(threads=True, udev={"cpu": CPU_ACTIONS})
+    follows = Follows(udev={"cpu": CPU_ACTIONS})
     schema = Schema(
         options=(
             Option(

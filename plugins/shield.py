@@ -33,6 +33,12 @@ from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import (
+    FollowsTasks,
+    PlacesApplications,
+    ReportsGrouped,
+    SharesWithUser,
+)
 from latencyd.core.movable import MOVE_REFUSED, TaskMover, Tasks, TaskTarget
 from latencyd.core.movable import require_movable as _require_movable
 from latencyd.core.plugin import (
@@ -63,6 +69,7 @@ from latencyd.core.schema import (
     Schema,
     Str,
 )
+from latencyd.core.sharing import read_then_write
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.kernel.cgroups import (
@@ -550,7 +557,13 @@ def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
 
 
-class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
+class ShieldPlugin(
+    TaskMover[ShieldTarget, ShieldRules],
+    FollowsTasks[ShieldRules],
+    SharesWithUser[ShieldTarget, ShieldRules],
+    ReportsGrouped[ShieldTarget],
+    PlacesApplications[ShieldRules],
+):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"
     targets = (
@@ -563,7 +576,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         "allow": ["sshd"],
         "rule": [{"match": "^myapp$", "cpus": "1"}],
     }
-    follows = Follows(threads=True, udev={"cpu": CPU_ACTIONS})
+    follows = Follows(udev={"cpu": CPU_ACTIONS})
     schema = Schema(
         options=(
             Option(
@@ -630,11 +643,20 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
     def __init__(self, system: System) -> None:
         super().__init__(system)
         self.every_cpu: str | None = None  # the online CPUs, within a step
-        self.just_narrowed: set[int] = set()  # processes whose new settings await "applied"
+        self.just_narrowed: set[int] = set()  # processes whose new settings await started_meanwhile
         # Whether a task is under a hold (under_hold): pid -> (start time, verdict), valid
         # for the holders in verdicts_for.
         self.verdicts: dict[int, tuple[int, bool]] = {}
         self.verdicts_for: frozenset[int] = frozenset()
+        # Processes holding a profile (`latencyctl hold PROFILE -- app`): they and what they
+        # start are never moved (the daemon tells them, PlacesApplications.holders).
+        self.exempt_pids: frozenset[int] = frozenset()
+        # Of those, the holders that asked to be placed (HoldAndPlace), each with its
+        # hold's CPUs: each is put on its own CPUs only, so its command is born there.
+        self.placed_pids: Mapping[int, CpuSet] = {}
+
+    def holders(self, exempt: frozenset[int], placed: Mapping[int, CpuSet]) -> None:
+        self.exempt_pids, self.placed_pids = exempt, placed
 
     # -- which mechanism keeps the shield ------------------------------------------------
     def mechanism(self, options: Options) -> Chosen:
@@ -1070,8 +1092,6 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         parent's affinity (born_narrowed), so they are not asked and stay cheap."""
         if rules is None:
             return {}
-        if event.kind == "applied":
-            return self.started_before_narrowed(rules, owned)
         if event.kind == "comm" and (rules.cpus or rules.rules):
             task = self.system.task(event.pid)
             if task is None or task.is_kthread:
@@ -1105,13 +1125,15 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             settings.update(self.user_rule_settings(rule, task, tids))
         return settings
 
-    def started_before_narrowed(
-        self, rules: ShieldRules, owned: Mapping[Target, Value]
+    def started_meanwhile(
+        self, rules: ShieldRules | None, owned: Mapping[Target, Value]
     ) -> Settings:
         """The threads and children that the processes just narrowed started between their
         exec and the write: they inherited the CPUs from before (stress-ng's workers ran on
         the isolated CPU until the next switch). Read after the write, none is missed: what
         starts later inherits the narrowed CPUs. Their own children are asked next round."""
+        if rules is None:
+            return {}
         pids, self.just_narrowed = self.just_narrowed, set()
         settings: Settings = {}
         for pid in pids:
@@ -1217,7 +1239,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         """A user task's CPUs read and written back to back (System.set_affinity): its
         user may pin it in between (`taskset -c 1 app` right after an exec narrowed)."""
         if not isinstance(target, TaskAffinity):
-            return super().write_unless_changed(target, value, judged)
+            return read_then_write(self, target, value, judged)
         _require_movable(self._task(target))
         if target.pid in self.placed_pids:
             # A holder placed on its hold's CPUs: its move into the shield, earlier in this
@@ -1284,7 +1306,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         if isinstance(first, ProcessCgroup):
             return f"{len(targets):,} user tasks in cgroup {value}"
         if not isinstance(first, TaskAffinity):
-            return super().describe_group(targets, value)
+            return f"{self.describe(first, value)} and {len(targets) - 1:,} more like it"
         name = _name_of(self.system, first.pid)
         return f"user task {name}(pid {first.pid}, {len(targets):,} threads) CPUs = {value}"
 

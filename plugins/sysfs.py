@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import FollowsDevices
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     DeviceEvent,
@@ -129,7 +130,7 @@ class SysfsRules:
     found: frozenset[tuple[str, str]]  # (key, real path under root) pairs
 
 
-class SysfsPlugin(Plugin[SysfsFile, SysfsRules]):
+class SysfsPlugin(Plugin[SysfsFile, SysfsRules], FollowsDevices[SysfsRules]):
     name = "sysfs"
     summary = "Any file under /sys, by absolute path or glob"
     targets = (SysfsFile,)

@@ -16,6 +16,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from latencyd.core.capabilities import ReportsGrouped
 from latencyd.core.plugin import Plugin, Target, Value, encode_target, names_a_task
 from latencyd.kernel.owners import Owner, OwnerIndex
 
@@ -121,5 +122,7 @@ def _described(plugin: Plugin[Any, Any], target: Target, value: Value) -> str:
 def _group_key(plugin: Plugin[Any, Any], target: Target) -> str | None:
     """The plugin's status group of the target (the threads of one process), as text: the
     table shows the settings of one group alike in action and values as one row."""
+    if not isinstance(plugin, ReportsGrouped):
+        return None
     key: Hashable | None = plugin.group(target)
     return None if key is None else repr(key)

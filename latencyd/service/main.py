@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from latencyd.core.capabilities import FollowsTasks
 from latencyd.core.engine import Engine, SettingId, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import TaskEvent, load_plugins
@@ -127,7 +128,7 @@ class TaskWatch:
         followers = [
             p
             for n, p in self.daemon.plugins.items()
-            if p.follows.threads and profile is not None and n in profile.sections
+            if isinstance(p, FollowsTasks) and profile is not None and n in profile.sections
         ]
         user_execs = profile is not None and any(
             p.follows_user_tasks(profile.sections[p.name]) for p in followers

@@ -56,9 +56,15 @@ class Flood:
 @dataclass
 class Follower:
     name: str = "shield"
-    follows: Follows = field(default_factory=lambda: Follows(threads=True))
+    follows: Follows = field(default_factory=Follows)
     renames: bool = True
     rescan_interval_s: float = 60.0
+
+    def on_task(self, rules: Any, event: TaskEvent, owned: Any) -> dict[Any, Any]:
+        return {}
+
+    def started_meanwhile(self, rules: Any, owned: Any) -> dict[Any, Any]:
+        return {}
 
     def follows_user_tasks(self, options: Any) -> bool:
         return True
