@@ -545,10 +545,11 @@ def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, st
     return found
 
 
-def discover() -> dict[str, type[Plugin[Any, Any]]]:
-    """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too)."""
+def discover(path: list[str] | None = None) -> dict[str, type[Plugin[Any, Any]]]:
+    """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too),
+    as installed on `path` (default: sys.path, where they are imported from)."""
     found: dict[str, type[Plugin[Any, Any]]] = {}
-    for name, spec in entry_point_specs(ENTRY_POINT_GROUP).items():
+    for name, spec in entry_point_specs(ENTRY_POINT_GROUP, path).items():
         module, _, attr = spec.partition(":")
         try:
             cls = getattr(importlib.import_module(module.strip()), attr.strip())
