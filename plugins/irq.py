@@ -110,19 +110,19 @@ def read_banned(system: System) -> str | None:
 
 
 @dataclass(frozen=True)
-class IrqbalanceBan(Target):
+class IrqbalanceBan(Target[str | None]):
     """IRQBALANCE_BANNED_CPULIST in irqbalance's config (None: the line is absent). Written
     by the plugin (IrqPlugin.write_banned), which tells the running irqbalance."""
 
     kind: ClassVar[str] = "irqbalance_banned"
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> str | None:
         return read_banned(system)
 
     def watch_files(self, system: System) -> tuple[str, ...]:
         return (irqbalance_file(system),)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str | None) -> str:
         return f"irqbalance banned CPUs = {value}"
 
 

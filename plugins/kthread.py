@@ -36,6 +36,7 @@ from latencyd.core.plugin import (
     Settings,
     Target,
     TaskEvent,
+    V,
     Value,
     plain_path,
     run_to_end,
@@ -91,7 +92,7 @@ class Workqueue(CpuMaskFile):
 
 
 @dataclass(frozen=True)
-class KernelThread(TaskTarget):
+class KernelThread(TaskTarget[V]):
     """A setting of a kernel thread; pid and start time tell a recycled pid from the thread."""
 
     pid: int
@@ -107,50 +108,53 @@ class KernelThread(TaskTarget):
 
 
 @dataclass(frozen=True)
-class ThreadAffinity(KernelThread):
+class ThreadAffinity(KernelThread[str]):
     """A kernel thread's CPUs."""
 
     kind: ClassVar[str] = "thread_affinity"
     refusal_means: ClassVar[str | None] = MOVE_REFUSED
 
-    def read_task(self, tasks: Tasks) -> Value:
+    def read_task(self, tasks: Tasks) -> str:
         _require_movable(tasks.task(self))
         return tasks.system.affinity(self.pid).to_list()
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: str) -> None:
         _require_movable(tasks.task(self))
         tasks.system.set_affinity(self.pid, CpuSet.from_list(value))
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         return same_cpus(wanted, actual)
 
-    def describe_task(self, tasks: Tasks, value: Value) -> str:
+    def describe_task(self, tasks: Tasks, value: str) -> str:
         return f"{self.who(tasks)} CPUs = {value}"
 
     def claims(self) -> tuple[Claim, ...]:
         return (Claim(THREADS),)
 
 
+Policy = list[str | int]  # [policy name, priority]
+
+
 @dataclass(frozen=True)
-class ThreadPolicy(KernelThread):
+class ThreadPolicy(KernelThread[Policy]):
     """A kernel thread's scheduling policy and priority, as [policy, priority]."""
 
     kind: ClassVar[str] = "thread_policy"
     refusal_means: ClassVar[str | None] = "the kernel will not change this thread's policy"
 
-    def read_task(self, tasks: Tasks) -> Value:
+    def read_task(self, tasks: Tasks) -> Policy:
         tasks.task(self)
         return list(tasks.system.scheduler(self.pid))
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: Policy) -> None:
         tasks.task(self)
         policy, priority = value
-        tasks.system.set_scheduler(self.pid, policy, int(priority))
+        tasks.system.set_scheduler(self.pid, str(policy), int(priority))
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: Policy, actual: Policy) -> bool:
         return list(wanted) == list(actual)
 
-    def describe_task(self, tasks: Tasks, value: Value) -> str:
+    def describe_task(self, tasks: Tasks, value: Policy) -> str:
         return f"{self.who(tasks)} policy = {value[0]} priority {value[1]}"
 
 

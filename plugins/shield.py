@@ -123,7 +123,7 @@ def _name_of(system: System, pid: int) -> str:
 
 
 @dataclass(frozen=True)
-class TaskAffinity(TaskTarget):
+class TaskAffinity(TaskTarget[str]):
     """One thread (tid) of a user process (pid, start) moved off isolated CPUs."""
 
     kind: ClassVar[str] = "task_affinity"
@@ -132,11 +132,11 @@ class TaskAffinity(TaskTarget):
     start: int
     tid: int
 
-    def read_task(self, tasks: Tasks) -> Value:
+    def read_task(self, tasks: Tasks) -> str:
         _require_movable(tasks.task(self))
         return tasks.system.affinity(self.tid).to_list()
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: str) -> None:
         _require_movable(tasks.task(self))
         tasks.system.set_affinity(self.tid, CpuSet.from_list(value))
 
@@ -144,16 +144,16 @@ class TaskAffinity(TaskTarget):
         tasks.task(self)  # then a thread's own directory says whether it is there
         return tasks.system.exists(f"proc/{self.pid}/task/{self.tid}")
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         return same_cpus(wanted, actual)
 
-    def describe_task(self, tasks: Tasks, value: Value) -> str:
+    def describe_task(self, tasks: Tasks, value: str) -> str:
         name = _name_of(tasks.system, self.pid)
         return f"user task {name}(pid {self.pid}, thread {self.tid}) CPUs = {value}"
 
 
 @dataclass(frozen=True)
-class ProcessCgroup(TaskTarget):
+class ProcessCgroup(TaskTarget[str]):
     """Where a process (pid, start time) runs in a cgroup hierarchy: its cgroup ("/", or
     one of latencyd's). A move takes every thread; its children born later are born there."""
 
@@ -164,7 +164,7 @@ class ProcessCgroup(TaskTarget):
     def problem(self) -> str | None:
         return _hierarchy_problem(self.hierarchy)
 
-    def read_task(self, tasks: Tasks) -> Value:
+    def read_task(self, tasks: Tasks) -> str:
         cgroup = tasks.system.task_cgroup(self.pid)
         # Asked after the read: a task that began to exit before it already shows the root.
         if cgroup is None or tasks.task(self, fresh=True).exiting:
@@ -174,7 +174,7 @@ class ProcessCgroup(TaskTarget):
     def task_exists(self, tasks: Tasks) -> bool:
         return not tasks.task(self, fresh=True).exiting
 
-    def describe_task(self, tasks: Tasks, value: Value) -> str:
+    def describe_task(self, tasks: Tasks, value: str) -> str:
         return f"user task {_name_of(tasks.system, self.pid)}(pid {self.pid}) in cgroup {value}"
 
 
@@ -185,7 +185,7 @@ class TaskCgroup(ProcessCgroup):
     kind: ClassVar[str] = "task_cgroup"
     refusal_means: ClassVar[str | None] = "the kernel will not move this task"
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: str) -> None:
         tasks.task(self)
         where = _cgroup_of(value).rstrip("/")
         tasks.system.write(f"{self.hierarchy}{where}/cgroup.procs", str(self.pid))
@@ -200,7 +200,7 @@ class TaskUnit(ProcessCgroup):
     kind: ClassVar[str] = "systemd_task_cgroup"
     refusal_means: ClassVar[str | None] = "systemd will not move this task"
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: str) -> None:
         tasks.task(self)
         self._move(tasks.system, str(value))
 
@@ -236,8 +236,11 @@ class TaskUnit(ProcessCgroup):
 # -- the cpusets and units latencyd makes: reached through the System ---------------------
 
 
+CgroupFiles = dict[str, str]  # a cgroup's files as the shield writes them, file -> text
+
+
 @dataclass(frozen=True)
-class Cgroup(Target):
+class Cgroup(Target[CgroupFiles | None]):
     """A cgroup the shield makes (named latencyd-*): {file: value}, written in that order
     once it is made, or None: not there (removed, what runs in it moved to its parent).
     Made all or nothing: a cpuset the kernel would not finish goes."""
@@ -259,7 +262,7 @@ class Cgroup(Target):
     def claims(self) -> tuple[Claim, ...]:
         return (Claim(CPUS),)
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> CgroupFiles | None:
         if not system.exists(self.path):
             return None
         return {
@@ -268,7 +271,7 @@ class Cgroup(Target):
             if system.exists(f"{self.path}/{name}")
         }
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: CgroupFiles | None) -> None:
         if value is None:
             system.remove_cgroup(self.path)
             return
@@ -323,14 +326,14 @@ class Cgroup(Target):
                 'the affinity chase (mechanism = "affinity") beside it',
             ) from exc
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: CgroupFiles | None, actual: CgroupFiles | None) -> bool:
         if wanted is None or actual is None:
             return wanted is actual
         return all(
             _same_file(name, value, actual.get(name)) for name, value in dict(wanted).items()
         )
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: CgroupFiles | None) -> str:
         if value is None:
             return f"cgroup /{self.path} absent"
         files = ", ".join(f"{name} = {v}" for name, v in dict(value).items())
@@ -338,7 +341,7 @@ class Cgroup(Target):
 
 
 @dataclass(frozen=True)
-class RootFile(FileTarget):
+class RootFile(FileTarget[str]):
     """A file of a hierarchy's root cgroup (v1: the root stops balancing every CPU)."""
 
     kind: ClassVar[str] = "cgroup_root_file"
@@ -357,12 +360,12 @@ class RootFile(FileTarget):
     def watch_files(self, system: System) -> tuple[str, ...]:
         return ()  # polled, as every cgroup setting of the shield's
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"/{self.rel} = {value}"
 
 
 @dataclass(frozen=True)
-class Controller(FileTarget):
+class Controller(FileTarget[bool]):
     """Whether a hierarchy's root hands a controller to its children (v2's
     cgroup.subtree_control): true or false."""
 
@@ -379,22 +382,22 @@ class Controller(FileTarget):
     def rel(self) -> str:
         return f"{self.hierarchy}/cgroup.subtree_control"
 
-    def parse(self, text: str) -> Value:
+    def parse(self, text: str) -> bool:
         return self.name in text.split()
 
-    def text(self, system: System, value: Value) -> str:
+    def text(self, system: System, value: bool) -> str:
         return f"{'+' if value else '-'}{self.name}"
 
     def watch_files(self, system: System) -> tuple[str, ...]:
         return ()  # polled, as every cgroup setting of the shield's
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: bool) -> str:
         state = "enabled" if value else "disabled"
         return f"controller {self.name} {state} for /{self.hierarchy}'s children"
 
 
 @dataclass(frozen=True)
-class UnitCpus(Target):
+class UnitCpus(Target[str | None]):
     """A systemd unit's AllowedCPUs= (a CPU list, "" when not set), set through systemd
     for the running boot; latencyd's own slice is None while it is not there."""
 
@@ -410,11 +413,11 @@ class UnitCpus(Target):
     def claims(self) -> tuple[Claim, ...]:
         return (Claim(CPUS, self.unit),)
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> str | None:
         cpus = system.systemd.allowed_cpus(self.unit)
         return None if cpus is None else cpus.to_list()
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: str | None) -> None:
         """AllowedCPUs= through systemd; latencyd's slice is started with it, and stopped
         (None) once nothing runs in it: a unit its user gave Slice=latencyd.slice keeps it,
         with AllowedCPUs= unset, and the refusal says so."""
@@ -438,12 +441,12 @@ class UnitCpus(Target):
             "there, its AllowedCPUs= unset",
         )
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str | None, actual: str | None) -> bool:
         if wanted is not None and actual is not None:
             return same_cpus(wanted, actual)
         return bool(wanted == actual)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str | None) -> str:
         if value is None:
             return f"systemd unit {self.unit} absent"
         return f"systemd unit {self.unit}: AllowedCPUs={value or ' (not set)'}"

@@ -23,11 +23,13 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (
+    TYPE_CHECKING,
     Any,
     ClassVar,
     Generic,
     ParamSpec,
     TypeVar,
+    cast,
 )
 
 from latencyd.core.schema import Schema
@@ -53,12 +55,22 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "latencyd.plugins"
 
-Value = Any  # JSON-serialisable: what a target is set to
-Options = Mapping[str, Any]  # one validated profile section
+Value = Any  # JSON-serialisable: what a target is set to, as the engine holds it
+Options = Mapping[str, Any]  # one validated profile section (each option's type: its schema's)
+
+# A target kind's own value type (Target[str]: a CPU list, a sysctl's text): its verbs are
+# typed by it, while the engine, which holds every kind's values side by side, sees Value.
+# A bare `Target` is any kind's (Target[Any]).
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as DefaultedTypeVar
+
+    V = DefaultedTypeVar("V", default=Any)
+else:
+    V = TypeVar("V")
 
 
 @dataclass(frozen=True)
-class Target:
+class Target(Generic[V]):
     """Where one setting lives (an IRQ, a thread, a NIC and option, a CPU and idle state).
 
     Subclasses are frozen dataclasses whose fields are int, str or bool, and name their
@@ -88,15 +100,15 @@ class Target:
     kept_at_stop: ClassVar[bool] = False
 
     # -- the setting, for a kind that reaches it through the System ------------------------
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> V:
         """The setting's current value (to save the original, and to verify)."""
         raise NotImplementedError(f"{type(self).__name__} targets are read by their plugin")
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: V) -> None:
         """Set it; raise KernelRefused (or NotApplicable) when the kernel says no."""
         raise NotImplementedError(f"{type(self).__name__} targets are written by their plugin")
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: V, actual: V) -> bool:
         """Whether the kernel's value is what was wanted: equal, unless the kind says what
         else is alike (a CPU list however spelt, words however spaced)."""
         return bool(wanted == actual)
@@ -110,7 +122,7 @@ class Target:
         write to any of them makes the engine check it at once. None: polled instead."""
         return ()
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: V) -> str:
         """The setting at `value`, in words (status, logs, errors)."""
         raise NotImplementedError(f"{type(self).__name__} targets are described by their plugin")
 
@@ -134,7 +146,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class FileTarget(Target):
+class FileTarget(Target[V]):
     """A setting that is one file under the System's root (a sysctl, a sysfs file, a CPU's
     or an IRQ's), and reads, writes, compares and watches itself through the System. A
     kind names its file (`rel`) and declares what its text means: `parse` makes a value of
@@ -154,11 +166,12 @@ class FileTarget(Target):
         """The file, relative to the System's root ("proc/sys/vm/swappiness")."""
         raise NotImplementedError
 
-    def parse(self, text: str) -> Value:
-        """The value the file's text (as System.read gives it) stands for."""
-        return text
+    def parse(self, text: str) -> V:
+        """The value the file's text (as System.read gives it) stands for: by default the
+        text itself (a FileTarget[str]); a kind of another value type says how."""
+        return cast(V, text)
 
-    def text(self, system: System, value: Value) -> str:
+    def text(self, system: System, value: V) -> str:
         """What is written to the file to set `value` (NotApplicable: this machine cannot
         take it)."""
         return str(value)
@@ -174,11 +187,11 @@ class FileTarget(Target):
         if why is not None:
             raise NotApplicable(why)
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> V:
         self._available(system)
         return self.parse(system.read(self.rel))
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: V) -> None:
         self._available(system)
         system.write(self.rel, self.text(system, value))
 
@@ -189,20 +202,20 @@ class FileTarget(Target):
         return (self.rel,)
 
 
-def same_cpus(wanted: Value, actual: Value) -> bool:
+def same_cpus(wanted: object, actual: object) -> bool:
     """Whether two CPU lists name the same CPUs, however spelt ("0-2" and "0,1,2")."""
     return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
 
 
 @dataclass(frozen=True)
-class CpuListFile(FileTarget):
+class CpuListFile(FileTarget[str]):
     """A file holding a CPU list ("0-3,8"); its value is a CPU list, alike to every other
     spelling of the same CPUs."""
 
-    def parse(self, text: str) -> Value:
+    def parse(self, text: str) -> str:
         return CpuSet.from_list(text).to_list()
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         return same_cpus(wanted, actual)
 
 
@@ -211,10 +224,10 @@ class CpuMaskFile(CpuListFile):
     """A file holding a CPU mask ("f" or "00000000,0000000f"); its value is a CPU list,
     written as a mask as wide as the online CPUs need."""
 
-    def parse(self, text: str) -> Value:
+    def parse(self, text: str) -> str:
         return CpuSet.from_mask(text).to_list()
 
-    def text(self, system: System, value: Value) -> str:
+    def text(self, system: System, value: str) -> str:
         return CpuSet.from_list(str(value)).to_mask(max(system.online_cpus()) + 1)
 
 
