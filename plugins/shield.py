@@ -556,6 +556,22 @@ class ShieldRules:
     theirs: tuple[tuple[int, str, str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class KeptInside:
+    """The shield's Handover: a task whose user confined it to the shielded CPUs (taskset,
+    a container runtime, `latencyctl hold`) was put there on purpose and stays."""
+
+    cpus: CpuSet  # the shielded CPUs
+
+    def theirs(self, target: ShieldTarget, actual: Value) -> str | None:
+        if not isinstance(target, TaskAffinity):
+            return None
+        cpus = CpuSet.from_list(str(actual))
+        if cpus and cpus.issubset(self.cpus):
+            return f"put on isolated CPUs {cpus} on purpose: a task inside the shield stays"
+        return None
+
+
 def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
 
@@ -933,7 +949,7 @@ class ShieldPlugin(
             # A thread we moved is judged by what its user gave it (its original), not by
             # what we made of it: a switch that shields other CPUs starts from there, and
             # one that no longer touches them gives it back. If someone confines it to the
-            # isolated CPUs meanwhile, `handed_over` lets it go.
+            # isolated CPUs meanwhile, the handover (KeptInside) lets it go.
             given = original_of(owned, target)
             if given is None and target in owned:  # owned, original unknown: keep it so
                 settings[target] = owned[target]
@@ -975,7 +991,7 @@ class ShieldPlugin(
 
     def _confined(self, tid: int, isolate: CpuSet) -> bool:
         """Whether the thread now runs only on isolated CPUs (its user put it there;
-        `handed_over` then lets it go at the next check)."""
+        the handover, KeptInside, then lets it go at the next check)."""
         try:
             return self.system.affinity(tid).issubset(isolate)
         except KernelRefused:
@@ -1024,15 +1040,9 @@ class ShieldPlugin(
         """The process's threads, as the kernel lists them (lazily: 20,000 take a while)."""
         return (int(t) for t in self.system.entries(f"proc/{pid}/task") if t.isdigit())
 
-    def handed_over(
-        self, rules: ShieldRules | None, target: ShieldTarget, actual: Value
-    ) -> str | None:
-        if not isinstance(target, TaskAffinity) or rules is None:
-            return None
-        cpus = CpuSet.from_list(str(actual))
-        if cpus and rules.cpus and cpus.issubset(rules.cpus):
-            return f"put on isolated CPUs {cpus} on purpose: a task inside the shield stays"
-        return None
+    def handover(self, rules: ShieldRules | None) -> KeptInside | None:
+        """A task its user put inside the shield stays there (SharesWithUser)."""
+        return KeptInside(rules.cpus) if rules is not None and rules.cpus else None
 
     def affinity_expand_steps(
         self, rules: ShieldRules, owned: Mapping[Target, Value]

@@ -8,7 +8,8 @@ without it is never asked. One line each (docs/architecture.md has them too):
 - FollowsTasks: settings for tasks as they are created or renamed (task events).
 - FollowsDevices: settings for one device at a udev event, without re-expanding.
 - SharesWithUser: settings their user may set too (a task's CPUs): what the user set
-  stays theirs (the engine's Shared ownership, latencyd.core.sharing).
+  stays theirs, by the plugin's Handover rule (the engine's Shared ownership,
+  latencyd.core.sharing).
 - ReportsGrouped: says a step's changes in few lines, and shows settings of one group
   (the threads of a process) as one status row.
 - ProvidesNoiseWatch: its section has the daemon watch CPUs for noise, and is told what
@@ -74,17 +75,28 @@ class FollowsDevices(Protocol[R]):
         ...
 
 
+class Handover(Protocol[T]):
+    """The rule by which a value a setting's user set is theirs to keep: a pure judgment
+    of the target and the value (data made from the section's rules, no state of its
+    plugin's), which the engine's Shared ownership holds for the step and asks inside its
+    writes without returning into the plugin."""
+
+    def theirs(self, target: T, actual: Value) -> str | None:
+        """Why `actual`, set by someone else on `target`, is theirs to keep; None: drift."""
+        ...
+
+
 @runtime_checkable
 class SharesWithUser(Protocol[T, R]):
     """Settings their user may set too (a task's CPUs). The engine owns them through
     latencyd.core.sharing.Shared: each new one is written with write_unless_changed,
-    and each owned one given back with it; what handed_over calls theirs is not
+    and each owned one given back with it; what the handover calls theirs is not
     written, or left as they set it, and no longer owned."""
 
-    def handed_over(self, rules: R | None, target: T, actual: Value) -> str | None:
-        """Why a value someone else set on an owned (or just judged) target is theirs to
-        keep, or None: it is drift. `rules` are the section's (being applied, or in
-        force when the value was set)."""
+    def handover(self, rules: R | None) -> Handover[T] | None:
+        """The rule by which a value someone else set is theirs while the section,
+        expanded to `rules`, is applied or in force (asked once per step, before
+        anything is written); None: every change is drift."""
         ...
 
     def write_unless_changed(self, target: T, value: Value, judged: Value) -> Value | None:

@@ -285,9 +285,12 @@ class Engine:
 
     @contextlib.contextmanager
     def stepping(self) -> Iterator[None]:
-        """One step for the plugins (Plugin.begin_step, end_step), however nested."""
+        """One step for the plugins (Plugin.begin_step, end_step), however nested, and
+        each plugin's Ownership for it: made before anything is read or written, and what
+        it left to a setting's user said once the step is done."""
         self._depth += 1
         if self._depth == 1:
+            self._ownerships = {name: self._ownership_now(name) for name in self.plugins}
             for plugin in self.plugins.values():
                 plugin.begin_step()
         try:
@@ -295,6 +298,9 @@ class Engine:
         finally:
             self._depth -= 1
             if self._depth == 0:
+                for way in self._ownerships.values():
+                    way.say()
+                self._ownerships = {}
                 for plugin in self.plugins.values():
                     plugin.end_step()
 
@@ -318,11 +324,12 @@ class Engine:
         or shared with their user (latencyd.core.sharing). Its values are judged by the
         rules being applied, or those that set them."""
         way = self._ownerships.get(name)
-        if way is None:
-            way = self._ownerships[name] = ownership_of(
-                self.plugins[name], functools.partial(self._rules, name, _APPLYING)
-            )
+        if way is None:  # outside a step (starts_afresh before an apply)
+            way = self._ownerships[name] = self._ownership_now(name)
         return way
+
+    def _ownership_now(self, name: str) -> Ownership[Any]:
+        return ownership_of(self.plugins[name], functools.partial(self._rules, name, _APPLYING))
 
     def _rules(self, name: str, ahead: Any, by_owner: bool) -> Any:
         """The rules plugin `name`'s values are judged by: those being applied (`ahead`;
@@ -419,6 +426,7 @@ class Engine:
             result = SwitchPlan(profile.name, self.profile, afresh=afresh)
             restores = [*(sid for sid in self.applied if sid[0] in afresh), *step.restore]
             slices = Slices(len(restores) + len(step.apply))
+            ways: dict[str, Ownership[Any]] = {}  # each plugin's, judging by the rules planned
             for sid in restores:
                 if slices.due():
                     yield from self._turn(slices.progress)
@@ -431,8 +439,11 @@ class Engine:
             for sid, value in step.apply.items():
                 if slices.due():
                     yield from self._turn(slices.progress)
-                rules = expansions[sid[0]].rules
-                planned = self._plan_apply(sid, value, sid in applied, current, rules)
+                way = ways.get(sid[0])
+                if way is None:  # judged by the rules the apply would apply
+                    rules = functools.partial(self._rules, sid[0], expansions[sid[0]].rules)
+                    way = ways[sid[0]] = ownership_of(self.plugins[sid[0]], rules)
+                planned = self._plan_apply(sid, value, sid in applied, current, way)
                 if planned is not None:
                     result.settings.append(planned)
             for name, exp in expansions.items():
@@ -456,7 +467,7 @@ class Engine:
         value: Value,
         owned: bool,
         current: Mapping[SettingId, Value],
-        rules: Any,
+        way: Ownership[Any],
     ) -> PlannedSetting | None:
         """A setting the step would apply, judged as _capture_originals and _apply_one do;
         None where the step would drop it (gone, or someone else's)."""
@@ -477,7 +488,6 @@ class Engine:
             raise ApplyFailed(
                 f"[{sid[0]}] cannot read {plugin.describe(target, value)} before changing it: {exc}"
             ) from exc
-        way = ownership_of(plugin, functools.partial(self._rules, sid[0], rules))
         if not owned and sid not in current and way.theirs(target, now):
             return None  # someone else's: the step leaves it alone (claimed by none)
         action = UNCHANGED if plugin.same(target, value, now) else CHANGE
@@ -549,7 +559,6 @@ class Engine:
         report = StepReport(unchanged=len(step.keep))
         slices = Slices(2 * len(step.apply) + len(step.restore))
         journaled: list[SettingId] = []
-        self._ownerships = {}  # this step's: what it claims is judged by what it held then
         try:
             yield from self._capture_originals(step, report, slices, journaled, current or {})
         except (Exception, GeneratorExit) as exc:
@@ -592,8 +601,6 @@ class Engine:
                 raise  # GeneratorExit: the step was dropped
             what = exc if isinstance(exc, LatencydError) else f"{type(exc).__name__}: {exc}"
             raise ApplyFailed(f"{what}. Nothing was changed: the step was rolled back.") from exc
-        finally:
-            self._ownerships = {}
         for sid in step.restore:
             self._disown(sid)
         for sid in step.apply:

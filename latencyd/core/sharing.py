@@ -17,7 +17,10 @@ plugin:
 Between them `theirs` judges a value read that differs from the one set (after a
 write's read-back, at a drift check): the user's to keep, or drift. `Ownership` is the
 plain case (latencyd's alone: `theirs` never); `Shared` is a plugin's that declares
-SharesWithUser (latencyd.core.capabilities).
+SharesWithUser (latencyd.core.capabilities), and judges by the Handover the plugin made
+of the rules when the step began: inside a write the engine reaches the plugin only
+through its verbs (read, write, write_unless_changed). What is left to its user is said
+in the log once the step is done (`say`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from latencyd.core.capabilities import SharesWithUser
+from latencyd.core.capabilities import Handover, SharesWithUser
 from latencyd.core.plugin import Options, Plugin, Target, Value
 from latencyd.errors import LatencydError
 
@@ -53,6 +56,7 @@ class Ownership(Generic[T]):
         self.plugin = plugin
         # The rules a value is judged by: those being applied, or (True) those that set it.
         self.rules = rules
+        self.leaving: list[tuple[T, Value, str]] = []  # left to its user, to say (say)
 
     # -- 1. before the section is expanded again ----------------------------------------
     def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
@@ -96,12 +100,18 @@ class Ownership(Generic[T]):
         return None
 
     def left(self, target: T, actual: Value, by_owner: bool = False) -> bool:
-        """`theirs`, said in the log when so."""
+        """`theirs`, kept to be said in the log when so (say)."""
         reason = self.theirs(target, actual, by_owner)
         if reason:
+            self.leaving.append((target, actual, reason))
+        return bool(reason)
+
+    def say(self) -> None:
+        """Log what was left to its user since the last call (after a step's writes)."""
+        leaving, self.leaving = self.leaving, []
+        for target, actual, reason in leaving:
             shown = self.plugin.describe(target, actual)
             log.info("[%s] %s: left as it is, %s", self.plugin.name, shown, reason)
-        return bool(reason)
 
 
 class Shared(Ownership[T]):
@@ -113,6 +123,12 @@ class Shared(Ownership[T]):
         super().__init__(plugin, rules)
         assert isinstance(plugin, SharesWithUser)
         self.sharer: SharesWithUser[T, Any] = plugin
+        # The plugin's rule of what is theirs, by the rules being applied and by those in
+        # force: made once, before anything is written.
+        self.judges: tuple[Handover[T] | None, Handover[T] | None] = (
+            plugin.handover(rules(False)),
+            plugin.handover(rules(True)),
+        )
         # What each setting claimed in this step held then: its write is judged by it.
         self.claimed: dict[T, Value] = {}
 
@@ -159,7 +175,8 @@ class Shared(Ownership[T]):
         return super().give_back(target, original, set_to, known)
 
     def theirs(self, target: T, actual: Value, by_owner: bool = False) -> str | None:
-        return self.sharer.handed_over(self.rules(by_owner), target, actual)
+        judge = self.judges[by_owner]
+        return judge.theirs(target, actual) if judge is not None else None
 
 
 def ownership_of(plugin: Plugin[T, Any], rules: Callable[[bool], Any]) -> Ownership[T]:
