@@ -7,7 +7,9 @@ profiles is the same diff, so settings two profiles share are never touched.
 The engine owns, once for every plugin: the journal, rollback, the drift policy
 (`on_drift`, valid in any section), turning refusals into "not applicable, with
 the reason" (per kind of target), dropping targets that vanished, and the rules
-each applied section keeps for targets that appear later.
+each applied section keeps for targets that appear later. Whose a setting is (latencyd's
+alone, or shared with its user) is each plugin's Ownership (latencyd.core.sharing), which
+the engine calls at the same points for every plugin.
 """
 
 from __future__ import annotations
@@ -825,7 +827,7 @@ class Engine:
     # -- restoring everything ---------------------------------------------------
     def off(self, stopping: bool = False) -> list[str]:
         """Restore every original, newest first, also of what plugins keep on disk that the
-        journal lost (Plugin.kept_elsewhere); empty the journal. Returns problems, if any.
+        journal lost (ActsAtBoot.kept_elsewhere); empty the journal. Returns problems, if any.
         `stopping` (the daemon stops: SIGTERM, a shutdown): settings whose kind is
         kept_at_stop (kernel arguments for the next boot) are left as they are, for their
         plugin's own record to give them to the next start."""
@@ -877,7 +879,7 @@ class Engine:
         with on_stop = "keep"): we own those settings and know their originals. The next
         apply changes only what it wants differently and restores only what it does not
         want, so a restart flips nothing back, even for a moment. Also what plugins keep on
-        disk beyond the journal (Plugin.kept_elsewhere: the boot configuration after a
+        disk beyond the journal (ActsAtBoot.kept_elsewhere: the boot configuration after a
         reboot emptied /run). None: nothing to adopt."""
         try:
             state = self.journal.load()

@@ -30,6 +30,7 @@ from typing import (
     ParamSpec,
     TypeVar,
     cast,
+    final,
 )
 
 from latencyd.core.schema import Schema
@@ -414,7 +415,9 @@ class Plugin(Generic[T, R]):
     expansions keep, Expansion.rules: None for a plugin that keeps none). Required: `name`,
     `summary`, `schema`, `targets`, `example` and `expand`; `read`, `write` and `describe`
     too unless the target kinds do them (Target.read, ...: every FileTarget does); the rest
-    has defaults.
+    has defaults. What only some plugins do (follow tasks or devices, share a setting with
+    its user, report grouped, provide the noise watch, act at boot, place the application)
+    is a capability the plugin declares among its bases (latencyd.core.capabilities).
 
     The hooks that take `rules` get the applied section's (the Expansion.rules of its last
     expansion), or None where there are none: the section was refused whole
@@ -475,8 +478,10 @@ class Plugin(Generic[T, R]):
         have had without the profile."""
         return current
 
+    @final
     def same(self, target: T, wanted: Value, actual: Value) -> bool:
-        """Whether the kernel's value is what was wanted (as its kind compares them)."""
+        """Whether the kernel's value is what was wanted, as its kind compares them
+        (Target.same): not a hook, a kind says it."""
         return target.same(self.system, wanted, actual)
 
     def begin_step(self) -> None:

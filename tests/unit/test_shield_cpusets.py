@@ -196,7 +196,7 @@ def test_from_a_cpuset_to_the_chase_the_tasks_are_judged_once_out_of_it(
     """The kernel gives a task its own CPUs back only once it leaves the cpuset: judged
     before (inside housekeeping, on CPU 0 only), the chase would leave it alone and find
     it back on the shielded CPU after the move. So the cpusets are given back in a step
-    of their own first (Plugin.starts_afresh), and the chase reads what that left."""
+    of their own first (SharesWithUser.starts_afresh), and the chase reads what that left."""
     m, system, engine = rig(tmp_path, v1=True, v2=False)
     profiles = tmp_path / "profiles"
     profiles.mkdir()
