@@ -17,6 +17,7 @@ from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.core import engine as engine_module
+from latencyd.core.capabilities import SharesWithUser
 from latencyd.core.engine import SECTION, Engine, Plan, Refused, Section, plan, section_schemas
 from latencyd.core.journal import Journal, JournalState
 from latencyd.core.plugin import (
@@ -29,6 +30,7 @@ from latencyd.core.plugin import (
     target_kinds,
 )
 from latencyd.core.profile import ProfileLibrary
+from latencyd.core.sharing import read_then_write
 from latencyd.cpuset import CpuSet
 from latencyd.errors import ApplyFailed, Cancelled, KernelRefused, LatencydError, NotApplicable
 from latencyd.kernel.system import Machine, System
@@ -967,3 +969,59 @@ def test_a_plan_hides_tasks_from_who_may_not_see_them(rig: Rig) -> None:
     assert [r["plugin"] for r in hidden["settings"]] == ["sysctl"]
     assert hidden["would_change"] == 2 and hidden["hidden"] == {"shield": 1}
     assert "4242" not in json.dumps(hidden)
+
+
+@dataclass(frozen=True)
+class UsersChoice:
+    """A Handover: the value "user" is its user's to keep (data, no plugin state)."""
+
+    def theirs(self, target: Knob | SoftKnob, actual: Value) -> str | None:
+        return "the user set it" if actual == "user" else None
+
+
+class SharedKnobs(FakePlugin, SharesWithUser[Knob | SoftKnob, None]):
+    """Knobs their user may set too: `pinned` ones are set to "user" by their user right
+    between the engine's judging and its write (as `taskset -c 1 app` after an exec)."""
+
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        self.pinned: set[str] = set()
+        self.calls: list[str] = []  # the plugin's hooks and verbs, in the order asked
+
+    def handover(self, rules: None) -> UsersChoice:
+        self.calls.append("handover")
+        return UsersChoice()
+
+    def write_unless_changed(self, target: Knob | SoftKnob, value: Value, judged: Value) -> Any:
+        self.calls.append(f"write_unless_changed {target.name}")
+        if target.name in self.pinned:
+            self.system.write(f"proc/sys/fake/{target.name}", "user")
+        return read_then_write(self, target, value, judged)
+
+    def write(self, target: Knob | SoftKnob, value: Any) -> None:
+        self.calls.append(f"write {target.name}")
+        super().write(target, value)
+
+
+def test_a_shared_setting_is_judged_by_a_handover_made_before_any_write(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 53: a plugin sharing its settings with their user (SharesWithUser) gives the
+    engine its rule of what is theirs once per step, before anything is written; inside
+    the writes the engine reaches the plugin only through its verbs. What the user set
+    between the judging and the write stays theirs, unowned, and `off` leaves it."""
+    root = make_fake_root(tmp_path, sysctls=FAKE_KEYS)
+    plugin = SharedKnobs(KernelLikeSystem(root))
+    plugin.pinned = {"b"}
+    engine = Engine({"fake": plugin}, Journal(tmp_path / "state"))
+    wanted = {("fake", Knob("a")): "1", ("fake", Knob("b")): "1"}
+    with caplog.at_level("INFO"):
+        report = engine.switch(wanted, "p")
+    assert report.applied == 1 and ("fake", Knob("b")) not in engine.applied
+    assert read_sysctl(root, "fake/a") == "1" and read_sysctl(root, "fake/b") == "user"
+    assert "b = user: left as it is, the user set it" in caplog.text
+    first_write = next(i for i, c in enumerate(plugin.calls) if c.startswith("write"))
+    assert "handover" in plugin.calls[:first_write]
+    assert "handover" not in plugin.calls[first_write:]
+    assert engine.off() == []
+    assert read_sysctl(root, "fake/a") == "0" and read_sysctl(root, "fake/b") == "user"
