@@ -21,9 +21,9 @@ import logging
 import time
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from latencyd.core.capabilities import ActsAtBoot, ReportsGrouped
+from latencyd.core.capabilities import ActsAtBoot, ReportsGrouped, SharesWithUser, declares
 from latencyd.core.journal import Journal, JournalKey, JournalState, key_of
 from latencyd.core.planning import CHANGE, NOT_APPLICABLE, UNCHANGED, PlannedSetting, SwitchPlan
 from latencyd.core.plugin import (
@@ -279,7 +279,9 @@ class Engine:
         self.not_applicable: dict[SettingId, Refused] = {}
         self.sections: dict[str, Section] = {}
         self._rules_ahead: dict[str, Any] = {}  # of the sections an apply is applying
-        self._ownerships: dict[str, Ownership[Any]] = {}  # of the step running (ownership)
+        # Each plugin's Ownership (see ownership): latencyd's alone, made once; or, for a
+        # plugin sharing its settings with their user, one per step (what it claims).
+        self._ownerships: dict[str, Ownership[Any]] = {}
         self.profile: str | None = None
         self.last_step: StepReport | None = None
         self._changes: set[SettingId] | None = None  # see take_changes
@@ -292,7 +294,7 @@ class Engine:
         it left to a setting's user said once the step is done."""
         self._depth += 1
         if self._depth == 1:
-            self._ownerships = {name: self._ownership_now(name) for name in self.plugins}
+            self._own_afresh()
             for plugin in self.plugins.values():
                 plugin.begin_step()
         try:
@@ -302,7 +304,7 @@ class Engine:
             if self._depth == 0:
                 for way in self._ownerships.values():
                     way.say()
-                self._ownerships = {}
+                self._own_afresh(made=False)
                 for plugin in self.plugins.values():
                     plugin.end_step()
 
@@ -326,12 +328,20 @@ class Engine:
         or shared with their user (latencyd.core.sharing). Its values are judged by the
         rules being applied, or those that set them."""
         way = self._ownerships.get(name)
-        if way is None:  # outside a step (starts_afresh before an apply)
-            way = self._ownerships[name] = self._ownership_now(name)
+        plugin = self.plugins[name]
+        if way is None or way.plugin is not plugin:
+            judging = functools.partial(self._rules, name, _APPLYING)
+            way = self._ownerships[name] = ownership_of(plugin, judging)
         return way
 
-    def _ownership_now(self, name: str) -> Ownership[Any]:
-        return ownership_of(self.plugins[name], functools.partial(self._rules, name, _APPLYING))
+    def _own_afresh(self, made: bool = True) -> None:
+        """Drop the shared ownerships of the last step (what they claimed), and, `made`,
+        make this step's before anything is read or written (their plugins' handover)."""
+        self._ownerships = {n: w for n, w in self._ownerships.items() if not w.per_step}
+        if made:
+            for name, plugin in self.plugins.items():
+                if declares(plugin, SharesWithUser):
+                    self.ownership(name)
 
     def _rules(self, name: str, ahead: Any, by_owner: bool) -> Any:
         """The rules plugin `name`'s values are judged by: those being applied (`ahead`;
@@ -632,10 +642,10 @@ class Engine:
         """Let each plugin say what the step changed, in as few log lines as it likes."""
         for name, changes in report.changes.items():
             plugin = self.plugins[name]
-            if not isinstance(plugin, ReportsGrouped):
+            if not declares(plugin, ReportsGrouped):
                 continue  # status lists every setting
             try:
-                plugin.report(changes)
+                cast(ReportsGrouped[Target], plugin).report(changes)
             except Exception:  # a plugin's words must never fail its step
                 log.exception("[%s] reporting what changed", name)
 
@@ -966,16 +976,16 @@ class Engine:
     def pending(self) -> list[tuple[SettingId, Value, str]]:
         """Applied settings not in effect yet: each with its value and why (ActsAtBoot.
         pending), asked only of plugins that own settings and can have such ones."""
-        asking = {n: p for n, p in self.plugins.items()
-                  if isinstance(p, ActsAtBoot) and self.owned_count.get(n)}  # fmt: skip
+        asking = {n for n, p in self.plugins.items()
+                  if self.owned_count.get(n) and declares(p, ActsAtBoot)}  # fmt: skip
         out: list[tuple[SettingId, Value, str]] = []
         if not asking:
             return out
         for sid, value in list(self.applied.items()):
-            plugin = asking.get(sid[0])
-            if plugin is not None:
+            if sid[0] in asking:
+                plugin = self.plugins[sid[0]]
                 shown = value if value is not ADOPTED else _quietly_read(plugin, sid[1])
-                why = plugin.pending(sid[1], shown)
+                why = cast(ActsAtBoot[Target, Any], plugin).pending(sid[1], shown)
                 if why is not None:
                     out.append((sid, shown, why))
         return out

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from latencyd.core.capabilities import ReportsGrouped
+from latencyd.core.capabilities import ReportsGrouped, declares
 from latencyd.core.plugin import Plugin, Target, Value, encode_target, names_a_task
 from latencyd.kernel.owners import Owner, OwnerIndex
 
@@ -122,7 +122,7 @@ def _described(plugin: Plugin[Any, Any], target: Target, value: Value) -> str:
 def _group_key(plugin: Plugin[Any, Any], target: Target) -> str | None:
     """The plugin's status group of the target (the threads of one process), as text: the
     table shows the settings of one group alike in action and values as one row."""
-    if not isinstance(plugin, ReportsGrouped):
+    if not declares(plugin, ReportsGrouped):  # asked for each setting planned
         return None
-    key: Hashable | None = plugin.group(target)
+    key: Hashable | None = cast(ReportsGrouped[Target], plugin).group(target)
     return None if key is None else repr(key)

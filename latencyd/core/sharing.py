@@ -28,9 +28,9 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
-from latencyd.core.capabilities import Handover, SharesWithUser
+from latencyd.core.capabilities import Handover, SharesWithUser, declares
 from latencyd.core.plugin import Options, Plugin, Target, Value
 from latencyd.errors import LatencydError
 
@@ -51,6 +51,8 @@ class Ownership(Generic[T]):
     """A plugin's settings as latencyd's alone (the default): claimed as they come,
     written when they differ, given back when the kernel does not hold the original,
     never someone else's. One per plugin and step (Engine.ownership)."""
+
+    per_step = False  # one serves every step (Shared: one per step, for what it claims)
 
     def __init__(self, plugin: Plugin[T, Any], rules: Callable[[bool], Any]) -> None:
         self.plugin = plugin
@@ -119,15 +121,16 @@ class Shared(Ownership[T]):
     still holds what it held when claimed, an owned one given back only if it still holds
     what latencyd set, and what its user set meanwhile stays theirs."""
 
+    per_step = True
+
     def __init__(self, plugin: Plugin[T, Any], rules: Callable[[bool], Any]) -> None:
         super().__init__(plugin, rules)
-        assert isinstance(plugin, SharesWithUser)
-        self.sharer: SharesWithUser[T, Any] = plugin
+        sharer = self.sharer = cast(SharesWithUser[T, Any], plugin)  # see ownership_of
         # The plugin's rule of what is theirs, by the rules being applied and by those in
         # force: made once, before anything is written.
         self.judges: tuple[Handover[T] | None, Handover[T] | None] = (
-            plugin.handover(rules(False)),
-            plugin.handover(rules(True)),
+            sharer.handover(rules(False)),
+            sharer.handover(rules(True)),
         )
         # What each setting claimed in this step held then: its write is judged by it.
         self.claimed: dict[T, Value] = {}
@@ -183,7 +186,7 @@ def ownership_of(plugin: Plugin[T, Any], rules: Callable[[bool], Any]) -> Owners
     """The Ownership of `plugin`'s settings for one step: Shared if it declares
     SharesWithUser, else latencyd's alone. `rules(by_owner)`: the rules its values are
     judged by (see Ownership.theirs)."""
-    if isinstance(plugin, SharesWithUser):
+    if declares(plugin, SharesWithUser):
         return Shared(plugin, rules)
     return Ownership(plugin, rules)
 

@@ -10,13 +10,14 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from latencyd.core.capabilities import (
     FollowsDevices,
     FollowsTasks,
     PlacesApplications,
     ReportsGrouped,
+    declares,
 )
 from latencyd.core.compose import Held, compose
 from latencyd.core.engine import (
@@ -594,8 +595,8 @@ class Daemon:
         touched: set[SettingId] = set()
         for event in events:
             update = (
-                plugin.on_device(section.expansion.rules, event, owned)
-                if section and isinstance(plugin, FollowsDevices)
+                cast(FollowsDevices[Any], plugin).on_device(section.expansion.rules, event, owned)
+                if section and declares(plugin, FollowsDevices)
                 else None
             )
             if update is None:
@@ -618,7 +619,7 @@ class Daemon:
             return
         if self.active is None:
             return
-        followers = [n for n in self.active.sections if isinstance(self.plugins[n], FollowsTasks)]
+        followers = [n for n in self.active.sections if declares(self.plugins[n], FollowsTasks)]
         if not followers:
             return
         if any(e.lost for e in events):
@@ -629,8 +630,8 @@ class Daemon:
             section = self.engine.sections.get(name)
             if section is None:
                 continue
-            plugin, owned = self.plugins[name], self.engine.owned(name)
-            assert isinstance(plugin, FollowsTasks)
+            plugin = cast(FollowsTasks[Any], self.plugins[name])
+            owned = self.engine.owned(name)
             settings: dict[Target, Value] = {}
             timed: list[TaskEvent] = []
             for event in events:
@@ -764,7 +765,8 @@ class Daemon:
         rows: list[dict[str, Any]] = []
         groups: dict[tuple[Hashable, str, str], tuple[int, list[Target]]] = {}
         originals = self.engine.originals
-        grouper = plugin if isinstance(plugin, ReportsGrouped) else None
+        grouped = declares(plugin, ReportsGrouped)
+        grouper = cast(ReportsGrouped[Target], plugin) if grouped else None
         for t, value in owned:
             key = grouper.group(t) if grouper and value is not ADOPTED and t not in notes else None
             if key is not None:

@@ -18,9 +18,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from latencyd.core.capabilities import ProvidesNoiseWatch
+from latencyd.core.capabilities import ProvidesNoiseWatch, declares
 from latencyd.cpuset import CpuSet
 from latencyd.errors import LatencydError
 from latencyd.kernel import noise, procstat
@@ -273,7 +273,9 @@ class ShieldWatch:
         """The plugin whose section asks for the watch (ProvidesNoiseWatch), and the name
         its section goes by."""
         found = (
-            (n, p) for n, p in self.daemon.plugins.items() if isinstance(p, ProvidesNoiseWatch)
+            (n, cast(ProvidesNoiseWatch[Any], p))
+            for n, p in self.daemon.plugins.items()
+            if declares(p, ProvidesNoiseWatch)
         )
         return next(found, None)
 
