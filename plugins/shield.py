@@ -453,7 +453,7 @@ class UnitCpus(Target[str | None]):
 
 
 @dataclass(frozen=True)
-class SlicePartition(Target):
+class SlicePartition(Target[str | None]):
     """latencyd.slice as an isolated partition: its cpuset.cpus.partition, the one file of
     a systemd unit latencyd writes (the slice it started; systemd 252 has no setting for
     it: latencyd.kernel.cgroups says why no other way runs). "isolated", or "member" (None
@@ -471,10 +471,10 @@ class SlicePartition(Target):
     def path(self) -> str:
         return f"{self.hierarchy}/{APP_SLICE}/{PARTITION_FILE}"
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> str | None:
         return system.read(self.path) if system.exists(self.path) else None
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: str | None) -> None:
         if value is None or value == "member":
             if system.exists(self.path):  # a stopped slice took its partition with it
                 system.write(self.path, "member")
@@ -488,7 +488,7 @@ class SlicePartition(Target):
             system.write(self.path, "member")
             raise KernelRefused(f"making /{APP_SLICE} an isolated partition", got)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str | None) -> str:
         if value is None:
             return f"cgroup /{APP_SLICE} absent"
         return f"cgroup /{APP_SLICE}: {PARTITION_FILE} = {value}"
