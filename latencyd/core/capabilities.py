@@ -1,9 +1,10 @@
 """What some plugins can do beyond the contract every plugin keeps (latencyd.core.plugin).
 
-Each capability is a Protocol the engine or the daemon looks for by `isinstance`, never
-by a plugin's name nor by comparing its methods with a base class's. A plugin declares
-one by naming it among its bases, which also gives it the defaults written here; a plugin
-without it is never asked. One line each (docs/architecture.md has them too):
+Each capability is a Protocol a plugin declares by naming it among its bases, which also
+gives it the defaults written here. The engine and the daemon look for it there
+(`declares`), never by a plugin's name, by comparing its methods with a base class's, or
+by the names of its methods: a plugin without the base is never asked, whatever methods
+it has. One line each (docs/architecture.md has them too):
 
 - FollowsTasks: settings for tasks as they are created or renamed (task events).
 - FollowsDevices: settings for one device at a udev event, without re-expanding.
@@ -18,15 +19,17 @@ without it is never asked. One line each (docs/architecture.md has them too):
   then, kept on disk beyond the journal, and named by a plan.
 - PlacesApplications: puts a held application on CPUs of its own; is told the holders.
 
-Where the question is asked often (each task event, each of 50,000 settings of a plan),
-`declares` answers it once per plugin class: on Python 3.11 a runtime Protocol's
-isinstance inspects every member, tens of microseconds each time.
+The capabilities are not runtime-checkable, so `isinstance` cannot be asked by mistake:
+of a runtime Protocol it only compares the names of members (a plugin with a `report`
+method of its own would pass for ReportsGrouped), and on Python 3.11 it inspects each
+member, tens of microseconds a time, where the question is asked for each task event
+and each of 50,000 settings of a plan; `declares` is a lookup in the class's bases.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from latencyd.core.plugin import DeviceEvent, Options, Settings, Target, TaskEvent, Value
 from latencyd.cpuset import CpuSet
@@ -34,16 +37,11 @@ from latencyd.cpuset import CpuSet
 if TYPE_CHECKING:  # only the noise watch's hooks name them
     from latencyd.kernel.noise import LastInterval, WatchPlan
 
-_DECLARED: dict[tuple[type, type], bool] = {}
-
 
 def declares(plugin: object, capability: type) -> bool:
-    """isinstance(plugin, capability), looked up once per plugin class and capability."""
-    key = (type(plugin), capability)
-    found = _DECLARED.get(key)
-    if found is None:
-        found = _DECLARED[key] = isinstance(plugin, capability)
-    return found
+    """Whether the plugin's class names `capability` among its bases (a parametrised one,
+    FollowsTasks[IrqRules], too)."""
+    return capability in type(plugin).__mro__
 
 
 T = TypeVar("T", bound=Target, contravariant=True)
@@ -51,7 +49,6 @@ R = TypeVar("R", contravariant=True)  # the plugin's rules (Expansion.rules)
 G = TypeVar("G", bound=Target)  # ReportsGrouped's targets (in a list: invariant)
 
 
-@runtime_checkable
 class FollowsTasks(Protocol[R]):
     """Settings for tasks as they come: the daemon reads task events from the kernel
     (latencyd.service.taskevents) while the section is in force and hands each here."""
@@ -78,7 +75,6 @@ class FollowsTasks(Protocol[R]):
         return False
 
 
-@runtime_checkable
 class FollowsDevices(Protocol[R]):
     """Settings for one device at a udev event of what the plugin `follows` (a CPU event
     re-resolves the whole profile instead, and never reaches here)."""
@@ -102,7 +98,6 @@ class Handover(Protocol[T]):
         ...
 
 
-@runtime_checkable
 class SharesWithUser(Protocol[T, R]):
     """Settings their user may set too (a task's CPUs). The engine owns them through
     latencyd.core.sharing.Shared: each new one is written with write_unless_changed,
@@ -128,7 +123,6 @@ class SharesWithUser(Protocol[T, R]):
         return False
 
 
-@runtime_checkable
 class ReportsGrouped(Protocol[G]):
     """A plugin with many settings of one kind (the threads of a process): says what a
     step wrote in few lines, and status shows a group's settings as one row."""
@@ -148,7 +142,6 @@ class ReportsGrouped(Protocol[G]):
         ...
 
 
-@runtime_checkable
 class ProvidesNoiseWatch(Protocol[R]):
     """Its section has the daemon watch CPUs for noise (tracing every interruption,
     latencyd.service.noisewatch); the daemon finds the plugin by this, never by name."""
@@ -164,7 +157,6 @@ class ProvidesNoiseWatch(Protocol[R]):
         ...
 
 
-@runtime_checkable
 class ActsAtBoot(Protocol[T, R]):
     """Settings that act from the next boot on (kernel arguments)."""
 
@@ -185,7 +177,6 @@ class ActsAtBoot(Protocol[T, R]):
         ...
 
 
-@runtime_checkable
 class PlacesApplications(Protocol[R]):
     """Puts the application on CPUs of its own. The daemon tells it the holders (after
     every change to the holds), and after a hold that asked to be placed (HoldAndPlace:

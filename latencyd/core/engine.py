@@ -463,8 +463,8 @@ class Engine:
                     result.refused[name] = dict(exp.refused)
                 plugin = self.plugins[name]
                 needs = (
-                    plugin.needs_boot(exp.rules)
-                    if isinstance(plugin, ActsAtBoot) and exp.rules is not None
+                    cast(ActsAtBoot[Target, Any], plugin).needs_boot(exp.rules)
+                    if declares(plugin, ActsAtBoot) and exp.rules is not None
                     else []
                 )
                 if needs:
@@ -941,10 +941,10 @@ class Engine:
         it unowned), so off and a switch away give it back; those newly owned."""
         found: list[SettingId] = []
         for name, plugin in self.plugins.items():
-            if not isinstance(plugin, ActsAtBoot):
+            if not declares(plugin, ActsAtBoot):
                 continue
             try:
-                kept = plugin.kept_elsewhere()
+                kept = cast(ActsAtBoot[Target, Any], plugin).kept_elsewhere()
             except LatencydError as exc:
                 log.error("[%s] reading what it keeps on disk: %s", name, exc)
                 continue

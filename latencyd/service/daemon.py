@@ -376,8 +376,9 @@ class Daemon:
         """Why the holder `pid` is not where a plugin placing applications puts it."""
         for name, section in self.engine.sections.items():
             plugin = self.plugins[name]
-            if isinstance(plugin, PlacesApplications):
-                why = plugin.not_placed(section.expansion.rules, pid)
+            if declares(plugin, PlacesApplications):
+                placing = cast(PlacesApplications[Any], plugin)
+                why = placing.not_placed(section.expansion.rules, pid)
                 if why is not None:
                     return why
         return None
@@ -942,8 +943,8 @@ class Daemon:
         # A hold that needs no CPUs (its profile shields none) has none to be placed on.
         placed = {h.pid: h.cpus for h in holds_in_force(holders) if h.pid and h.placed and h.cpus}
         for plugin in self.plugins.values():
-            if isinstance(plugin, PlacesApplications):
-                plugin.holders(pids, placed)
+            if declares(plugin, PlacesApplications):
+                cast(PlacesApplications[Any], plugin).holders(pids, placed)
 
     def _still_the_holder(self, hold: Hold) -> bool:
         """The hold's pid is still the process that asked (not one that reused the pid)."""

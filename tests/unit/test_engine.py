@@ -1025,3 +1025,51 @@ def test_a_shared_setting_is_judged_by_a_handover_made_before_any_write(
     assert "handover" not in plugin.calls[first_write:]
     assert engine.off() == []
     assert read_sysctl(root, "fake/a") == "0" and read_sysctl(root, "fake/b") == "user"
+
+
+class LooksShared(FakePlugin):
+    """The methods of SharesWithUser and ReportsGrouped, neither of them declared."""
+
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        self.asked: list[str] = []
+
+    def handover(self, rules: None) -> UsersChoice:
+        self.asked.append("handover")
+        return UsersChoice()
+
+    def write_unless_changed(self, target: Knob | SoftKnob, value: Value, judged: Value) -> Any:
+        self.asked.append("write_unless_changed")
+        return read_then_write(self, target, value, judged)
+
+    def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
+        self.asked.append("starts_afresh")
+        return False
+
+    def report(self, changes: list[tuple[Knob | SoftKnob, Value, Value]]) -> None:
+        self.asked.append("report")
+
+    def group(self, target: Knob | SoftKnob) -> None:
+        self.asked.append("group")
+
+    def describe_group(self, targets: list[Knob | SoftKnob], value: Value) -> str:
+        self.asked.append("describe_group")
+        return ""
+
+
+def test_a_capability_is_asked_only_of_a_plugin_that_declares_it(tmp_path: Path) -> None:
+    """Issue 53: the engine finds a capability among the plugin's bases, not by the names
+    of its methods. A plugin whose own methods happen to be named as a capability's is
+    owned as latencyd's alone, and asked none of them: what its look-alike handover
+    would call the user's is drift, planned to be given back, and given back at off."""
+    root = make_fake_root(tmp_path, sysctls=FAKE_KEYS)
+    plugin = LooksShared(KernelLikeSystem(root))
+    engine = Engine({"fake": plugin}, Journal(tmp_path / "state"))
+    report = engine.apply(_profile("p", {"fake": {"a": "1", "b": "user"}}))
+    assert report.applied == 2 and read_sysctl(root, "fake/b") == "user"
+    write_sysctl(root, "fake/a", "user")
+    assert [(d.target, d.actual) for d in engine.verify()] == [(Knob("a"), "user")]
+    planned = _planned(engine.plan_profile(_profile("q", {})))
+    assert planned[("fake", Knob("a"))] == ("change", "restore", "user", "0")
+    assert engine.off() == [] and read_sysctl(root, "fake/a") == read_sysctl(root, "fake/b") == "0"
+    assert plugin.asked == []

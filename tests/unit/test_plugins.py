@@ -22,6 +22,7 @@ from latencyd.core.capabilities import (
     ProvidesNoiseWatch,
     ReportsGrouped,
     SharesWithUser,
+    declares,
 )
 from latencyd.core.engine import ENGINE_OPTIONS, Engine, plugin_options, section_schemas
 from latencyd.core.journal import Journal
@@ -583,7 +584,9 @@ def test_plugin_defaults(fake_root: Path) -> None:
     # A capability is declared, never inherited: the engine and the daemon ask none of these.
     capabilities = (FollowsTasks, FollowsDevices, SharesWithUser, ReportsGrouped,
                     ProvidesNoiseWatch, ActsAtBoot, PlacesApplications)  # fmt: skip
-    assert not any(isinstance(plugin, c) for c in capabilities)
+    assert not any(declares(plugin, c) for c in capabilities)
+    hooks = {m for c in capabilities for m in vars(c) if not m.startswith("_")}
+    assert hooks and not any(hasattr(plugin, hook) for hook in hooks)
     assert not plugin.changed(None)
     assert plugin.monitor(None) == Monitor()
     assert plugin.rescan_interval_s == 60.0

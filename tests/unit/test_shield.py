@@ -15,7 +15,7 @@ from latencyd.plugins.monitor import MonitorPlugin
 from latencyd.plugins.shield import THREAD_CHUNK, ShieldPlugin, ShieldRules, TaskAffinity
 
 from latencyd.core import engine as engine_module
-from latencyd.core.capabilities import FollowsTasks
+from latencyd.core.capabilities import FollowsTasks, declares
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal, JournalState, key_of
 from latencyd.core.movable import MOVE_REFUSED
@@ -609,7 +609,7 @@ def test_describe(m: Machinery) -> None:
 
 
 def test_follows_user_tasks_only_when_asked(m: Machinery, machine: Machine) -> None:
-    assert isinstance(m.plugin, FollowsTasks)
+    assert declares(m.plugin, FollowsTasks)
     assert m.plugin.follows.udev == {"cpu": CPU_ACTIONS}
     assert m.plugin.follows_user_tasks(m.options(machine, ISOLATE))
     assert m.plugin.follows_user_tasks(m.options(machine, {"rule": [{"match": "a", "cpus": "1"}]}))
