@@ -291,7 +291,7 @@ class Engine:
     def stepping(self) -> Iterator[None]:
         """One step for the plugins (Plugin.begin_step, end_step), however nested, and
         each plugin's Ownership for it: made before anything is read or written, and what
-        it left to a setting's user said once the step is done."""
+        it left to a setting's user said at each turn and once the step is done."""
         self._depth += 1
         if self._depth == 1:
             self._own_afresh()
@@ -302,8 +302,7 @@ class Engine:
         finally:
             self._depth -= 1
             if self._depth == 0:
-                for way in self._ownerships.values():
-                    way.say()
+                self._say_left()
                 self._own_afresh(made=False)
                 for plugin in self.plugins.values():
                     plugin.end_step()
@@ -312,11 +311,22 @@ class Engine:
         """Give the main loop a turn. Meanwhile tasks exit and their pids are reused, so
         for the plugins a step ends here and a new one begins: nothing they kept of the
         machine (which process a pid is) outlives the turn, and each write is judged by
-        what was read since (issue 37: a slow step wrote to a recycled pid)."""
+        what was read since (issue 37: a slow step wrote to a recycled pid). So what was
+        left to a setting's user is said before, while its pid is still the task judged."""
+        self._say_left()
         yield progress
         for plugin in self.plugins.values():
             plugin.end_step()
             plugin.begin_step()
+
+    def _say_left(self) -> None:
+        """Log what each plugin's Ownership left to a setting's user since it last said
+        (Ownership.say, in the plugin's words): a plugin's words never fail its step."""
+        for name, way in self._ownerships.items():
+            try:
+                way.say()
+            except Exception:
+                log.exception("[%s] saying what was left to its user", name)
 
     # -- what a profile wants -------------------------------------------------
     def owned(self, name: str) -> Owned:

@@ -20,7 +20,8 @@ plain case (latencyd's alone: `theirs` never); `Shared` is a plugin's that decla
 SharesWithUser (latencyd.core.capabilities), and judges by the Handover the plugin made
 of the rules when the step began: inside a write the engine reaches the plugin only
 through its verbs (read, write, write_unless_changed). What is left to its user is said
-in the log once the step is done (`say`).
+in the log after the writes (`say`): before the main loop's next turn, while the pid a
+setting names is still the task judged, and when the step is done.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class Ownership(Generic[T]):
         return bool(reason)
 
     def say(self) -> None:
-        """Log what was left to its user since the last call (after a step's writes)."""
+        """Log what was left to its user since the last call (Engine: before each turn
+        of the main loop, and at the end of the step)."""
         leaving, self.leaving = self.leaving, []
         for target, actual, reason in leaving:
             shown = self.plugin.describe(target, actual)
