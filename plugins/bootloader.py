@@ -6,7 +6,7 @@ latencyd added and put back those it removed; a user's own arguments are never t
 unless `remove` names them. Its original is always "none of latencyd's": what latencyd
 has in the boot configuration is latencyd's own, never the machine's, also after a
 reboot. latencyd's record of it lives on disk (latencyd.paths.BOOT_RECORD), not in /run
-with the journal: the engine owns what it says at every start (Plugin.kept_elsewhere),
+with the journal: the engine owns what it says at every start (ActsAtBoot.kept_elsewhere),
 and a write cut short is finished or undone by the next (latencyd.kernel.bootloaders).
 A stop (SIGTERM at shutdown) leaves it (BootArguments.kept_at_stop): no bootloader
 rollback while the machine stops, as TuneD's rule goes. Written through the machine's
@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import ActsAtBoot
 from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
 from latencyd.core.schema import Bool, ListOf, Option, Schema
 from latencyd.cpuset import CpuSet, CpuSetError
@@ -118,7 +119,7 @@ class BootRules:
     remove: tuple[str, ...]
 
 
-class BootloaderPlugin(Plugin[BootArguments, BootRules]):
+class BootloaderPlugin(Plugin[BootArguments, BootRules], ActsAtBoot[BootArguments, BootRules]):
     name = "bootloader"
     summary = "Kernel arguments for the next boot, through the machine's own bootloader tools"
     targets = (BootArguments,)

@@ -94,16 +94,16 @@ def available_governors(system: System) -> list[str]:
 
 
 @dataclass(frozen=True)
-class PmQosRequest(Target):
+class PmQosRequest(Target[int | None]):
     """The machine-wide CPU latency request, held on an open /dev/cpu_dma_latency fd;
     its value is µs, or None for no request (closing the fd is the restore)."""
 
     kind: ClassVar[str] = "pm_qos"
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> int | None:
         return system.pmqos.held()
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: int | None) -> None:
         if value is None:
             system.pmqos.release()
         else:
@@ -112,14 +112,14 @@ class PmQosRequest(Target):
     def claims(self) -> tuple[Claim, ...]:
         return (Claim(PM_QOS),)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: int | None) -> str:
         if value is None:
             return "no PM QoS request held"
         return f"PM QoS CPU latency request held at {value} µs"
 
 
 @dataclass(frozen=True)
-class ResumeLatency(FileTarget):
+class ResumeLatency(FileTarget[str]):
     kind: ClassVar[str] = "resume_latency"
     transient: ClassVar[bool] = True
     cpu: int
@@ -128,13 +128,13 @@ class ResumeLatency(FileTarget):
     def rel(self) -> str:
         return f"{CPU}/cpu{self.cpu}/power/pm_qos_resume_latency_us"
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         meaning = {ZERO_TOLERANCE: "0 µs: polling only", NO_CONSTRAINT: "no limit"}
         return f"cpu{self.cpu} resume latency = {meaning.get(str(value), f'{value} µs')}"
 
 
 @dataclass(frozen=True)
-class StateDisable(FileTarget):
+class StateDisable(FileTarget[str]):
     kind: ClassVar[str] = "state_disable"
     transient: ClassVar[bool] = True
     cpu: int
@@ -144,12 +144,12 @@ class StateDisable(FileTarget):
     def rel(self) -> str:
         return f"{CPU}/cpu{self.cpu}/cpuidle/state{self.state}/disable"
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"cpu{self.cpu} state{self.state}/disable = {value}"
 
 
 @dataclass(frozen=True)
-class IdleGovernor(FileTarget):
+class IdleGovernor(FileTarget[str]):
     """The cpuidle governor (/sys/devices/system/cpu/cpuidle/current_governor). Machine-wide:
     missing means not applicable, and a governor the kernel lacks is not applicable either;
     both are said before the file is touched."""
@@ -163,18 +163,18 @@ class IdleGovernor(FileTarget):
     def lacking(self, system: System) -> str | None:
         return None if system.exists(self.rel) else "this kernel cannot switch cpuidle governors"
 
-    def text(self, system: System, value: Value) -> str:
+    def text(self, system: System, value: str) -> str:
         available = available_governors(system)
         if value is not None and value not in available:
             raise NotApplicable(f"no cpuidle governor {value!r} (available: {' '.join(available)})")
         return str(value)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"cpuidle governor = {value}"
 
 
 @dataclass(frozen=True)
-class HaltpollParam(FileTarget):
+class HaltpollParam(FileTarget[str]):
     """A guest halt-polling parameter of the haltpoll cpuidle governor (KVM guests):
     /sys/module/haltpoll/parameters/guest_halt_poll_<name>. Missing (no haltpoll here) is
     not applicable, said before the file is touched."""
@@ -197,7 +197,7 @@ class HaltpollParam(FileTarget):
             f"cpuidle-haltpoll; cpuidle driver: {read_driver(system) or 'none'})"
         )
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"guest_halt_poll_{self.name} = {value}"
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import FollowsDevices, FollowsTasks
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     DEVICE_ACTIONS,
@@ -109,19 +110,19 @@ def read_banned(system: System) -> str | None:
 
 
 @dataclass(frozen=True)
-class IrqbalanceBan(Target):
+class IrqbalanceBan(Target[str | None]):
     """IRQBALANCE_BANNED_CPULIST in irqbalance's config (None: the line is absent). Written
     by the plugin (IrqPlugin.write_banned), which tells the running irqbalance."""
 
     kind: ClassVar[str] = "irqbalance_banned"
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> str | None:
         return read_banned(system)
 
     def watch_files(self, system: System) -> tuple[str, ...]:
         return (irqbalance_file(system),)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str | None) -> str:
         return f"irqbalance banned CPUs = {value}"
 
 
@@ -138,7 +139,7 @@ class IrqRules:
     coordinate: bool = False  # ban `isolate` in an irqbalance that starts later
 
 
-class IrqPlugin(Plugin[IrqTarget, IrqRules]):
+class IrqPlugin(Plugin[IrqTarget, IrqRules], FollowsTasks[IrqRules], FollowsDevices[IrqRules]):
     name = "irq"
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"
     targets = (IrqAffinity, DefaultAffinity, IrqbalanceBan)
@@ -153,8 +154,6 @@ class IrqPlugin(Plugin[IrqTarget, IrqRules]):
             "block": DEVICE_ACTIONS,
             "cpu": CPU_ACTIONS,
         },
-        threads=True,
-        user_tasks=True,
     )
     schema = Schema(
         options=(

@@ -23,6 +23,7 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import FollowsTasks
 from latencyd.core.movable import MOVE_REFUSED, TaskMover, Tasks, TaskTarget
 from latencyd.core.movable import require_movable as _require_movable
 from latencyd.core.plugin import (
@@ -35,6 +36,7 @@ from latencyd.core.plugin import (
     Settings,
     Target,
     TaskEvent,
+    V,
     Value,
     plain_path,
     run_to_end,
@@ -90,7 +92,7 @@ class Workqueue(CpuMaskFile):
 
 
 @dataclass(frozen=True)
-class KernelThread(TaskTarget):
+class KernelThread(TaskTarget[V]):
     """A setting of a kernel thread; pid and start time tell a recycled pid from the thread."""
 
     pid: int
@@ -106,50 +108,53 @@ class KernelThread(TaskTarget):
 
 
 @dataclass(frozen=True)
-class ThreadAffinity(KernelThread):
+class ThreadAffinity(KernelThread[str]):
     """A kernel thread's CPUs."""
 
     kind: ClassVar[str] = "thread_affinity"
     refusal_means: ClassVar[str | None] = MOVE_REFUSED
 
-    def read_task(self, tasks: Tasks) -> Value:
+    def read_task(self, tasks: Tasks) -> str:
         _require_movable(tasks.task(self))
         return tasks.system.affinity(self.pid).to_list()
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: str) -> None:
         _require_movable(tasks.task(self))
         tasks.system.set_affinity(self.pid, CpuSet.from_list(value))
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         return same_cpus(wanted, actual)
 
-    def describe_task(self, tasks: Tasks, value: Value) -> str:
+    def describe_task(self, tasks: Tasks, value: str) -> str:
         return f"{self.who(tasks)} CPUs = {value}"
 
     def claims(self) -> tuple[Claim, ...]:
         return (Claim(THREADS),)
 
 
+Policy = list[str | int]  # [policy name, priority]
+
+
 @dataclass(frozen=True)
-class ThreadPolicy(KernelThread):
+class ThreadPolicy(KernelThread[Policy]):
     """A kernel thread's scheduling policy and priority, as [policy, priority]."""
 
     kind: ClassVar[str] = "thread_policy"
     refusal_means: ClassVar[str | None] = "the kernel will not change this thread's policy"
 
-    def read_task(self, tasks: Tasks) -> Value:
+    def read_task(self, tasks: Tasks) -> Policy:
         tasks.task(self)
         return list(tasks.system.scheduler(self.pid))
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: Policy) -> None:
         tasks.task(self)
         policy, priority = value
-        tasks.system.set_scheduler(self.pid, policy, int(priority))
+        tasks.system.set_scheduler(self.pid, str(policy), int(priority))
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: Policy, actual: Policy) -> bool:
         return list(wanted) == list(actual)
 
-    def describe_task(self, tasks: Tasks, value: Value) -> str:
+    def describe_task(self, tasks: Tasks, value: Policy) -> str:
         return f"{self.who(tasks)} policy = {value[0]} priority {value[1]}"
 
 
@@ -190,7 +195,7 @@ def _rule_is_whole(rule: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules]):
+class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules], FollowsTasks[KthreadRules]):
     name = "kthread"
     summary = "Kernel-thread affinity and policy by name, following threads as they come and go"
     targets = (Workqueue, ThreadAffinity, ThreadPolicy)
@@ -198,7 +203,7 @@ class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules]):
         "writeback_cpumask": "0",
         "rule": [{"match": "^kswapd", "cpus": "0", "policy": "fifo", "priority": 2}],
     }
-    follows = Follows(threads=True, udev={"cpu": CPU_ACTIONS})
+    follows = Follows(udev={"cpu": CPU_ACTIONS})
     schema = Schema(
         options=(
             Option(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import ProvidesNoiseWatch
 from latencyd.core.plugin import Expansion, Monitor, Options, Plugin, Row, Table, Target, Value
 from latencyd.core.schema import Cpus, Int, Option, Schema
 from latencyd.kernel.noise import (
@@ -29,7 +30,7 @@ from latencyd.kernel.noise import (
 from latencyd.kernel.system import System
 
 
-class MonitorPlugin(Plugin[Target, WatchPlan]):
+class MonitorPlugin(Plugin[Target, WatchPlan], ProvidesNoiseWatch[WatchPlan]):
     name = "monitor"
     summary = "Watch the shielded CPUs: every interruption by source, against a noise budget"
     example: ClassVar[dict[str, Any]] = {"cpus": "1", "interval_ms": 1000, "budget_us": 2000}
@@ -67,8 +68,6 @@ class MonitorPlugin(Plugin[Target, WatchPlan]):
         required=("cpus",),
         watches_only=True,
     )
-
-    provides_noise_watch = True
 
     def __init__(self, system: System) -> None:
         super().__init__(system)

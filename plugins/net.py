@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import FollowsDevices
 from latencyd.core.plugin import (
     DeviceEvent,
     Expansion,
@@ -290,7 +291,7 @@ NIC_SCHEMA = Schema(
 )
 
 
-class NetPlugin(Plugin[NicTarget, NetRules]):
+class NetPlugin(Plugin[NicTarget, NetRules], FollowsDevices[NetRules]):
     name = "net"
     summary = "NIC coalescing, rings, channels, pause, features, RPS/XPS and NAPI knobs"
     targets = (NicSetting, NicFile)

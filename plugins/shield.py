@@ -33,6 +33,12 @@ from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import (
+    FollowsTasks,
+    PlacesApplications,
+    ReportsGrouped,
+    SharesWithUser,
+)
 from latencyd.core.movable import MOVE_REFUSED, TaskMover, Tasks, TaskTarget
 from latencyd.core.movable import require_movable as _require_movable
 from latencyd.core.plugin import (
@@ -63,6 +69,7 @@ from latencyd.core.schema import (
     Schema,
     Str,
 )
+from latencyd.core.sharing import read_then_write
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.kernel.cgroups import (
@@ -120,7 +127,7 @@ def _name_of(system: System, pid: int) -> str:
 
 
 @dataclass(frozen=True)
-class TaskAffinity(TaskTarget):
+class TaskAffinity(TaskTarget[str]):
     """One thread (tid) of a user process (pid, start) moved off isolated CPUs."""
 
     kind: ClassVar[str] = "task_affinity"
@@ -129,11 +136,11 @@ class TaskAffinity(TaskTarget):
     start: int
     tid: int
 
-    def read_task(self, tasks: Tasks) -> Value:
+    def read_task(self, tasks: Tasks) -> str:
         _require_movable(tasks.task(self))
         return tasks.system.affinity(self.tid).to_list()
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: str) -> None:
         _require_movable(tasks.task(self))
         tasks.system.set_affinity(self.tid, CpuSet.from_list(value))
 
@@ -141,16 +148,16 @@ class TaskAffinity(TaskTarget):
         tasks.task(self)  # then a thread's own directory says whether it is there
         return tasks.system.exists(f"proc/{self.pid}/task/{self.tid}")
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         return same_cpus(wanted, actual)
 
-    def describe_task(self, tasks: Tasks, value: Value) -> str:
+    def describe_task(self, tasks: Tasks, value: str) -> str:
         name = _name_of(tasks.system, self.pid)
         return f"user task {name}(pid {self.pid}, thread {self.tid}) CPUs = {value}"
 
 
 @dataclass(frozen=True)
-class ProcessCgroup(TaskTarget):
+class ProcessCgroup(TaskTarget[str]):
     """Where a process (pid, start time) runs in a cgroup hierarchy: its cgroup ("/", or
     one of latencyd's). A move takes every thread; its children born later are born there."""
 
@@ -161,7 +168,7 @@ class ProcessCgroup(TaskTarget):
     def problem(self) -> str | None:
         return _hierarchy_problem(self.hierarchy)
 
-    def read_task(self, tasks: Tasks) -> Value:
+    def read_task(self, tasks: Tasks) -> str:
         cgroup = tasks.system.task_cgroup(self.pid)
         # Asked after the read: a task that began to exit before it already shows the root.
         if cgroup is None or tasks.task(self, fresh=True).exiting:
@@ -171,7 +178,7 @@ class ProcessCgroup(TaskTarget):
     def task_exists(self, tasks: Tasks) -> bool:
         return not tasks.task(self, fresh=True).exiting
 
-    def describe_task(self, tasks: Tasks, value: Value) -> str:
+    def describe_task(self, tasks: Tasks, value: str) -> str:
         return f"user task {_name_of(tasks.system, self.pid)}(pid {self.pid}) in cgroup {value}"
 
 
@@ -182,7 +189,7 @@ class TaskCgroup(ProcessCgroup):
     kind: ClassVar[str] = "task_cgroup"
     refusal_means: ClassVar[str | None] = "the kernel will not move this task"
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: str) -> None:
         tasks.task(self)
         where = _cgroup_of(value).rstrip("/")
         tasks.system.write(f"{self.hierarchy}{where}/cgroup.procs", str(self.pid))
@@ -197,7 +204,7 @@ class TaskUnit(ProcessCgroup):
     kind: ClassVar[str] = "systemd_task_cgroup"
     refusal_means: ClassVar[str | None] = "systemd will not move this task"
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: str) -> None:
         tasks.task(self)
         self._move(tasks.system, str(value))
 
@@ -233,8 +240,11 @@ class TaskUnit(ProcessCgroup):
 # -- the cpusets and units latencyd makes: reached through the System ---------------------
 
 
+CgroupFiles = dict[str, str]  # a cgroup's files as the shield writes them, file -> text
+
+
 @dataclass(frozen=True)
-class Cgroup(Target):
+class Cgroup(Target[CgroupFiles | None]):
     """A cgroup the shield makes (named latencyd-*, or a held application's own inside
     the shield's: app_cgroup): {file: value}, written in that order once it is made, or
     None: not there (removed, what runs in it moved to its parent). Made all or nothing:
@@ -257,7 +267,7 @@ class Cgroup(Target):
     def claims(self) -> tuple[Claim, ...]:
         return (Claim(CPUS),)
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> CgroupFiles | None:
         if not system.exists(self.path):
             return None
         return {
@@ -266,7 +276,7 @@ class Cgroup(Target):
             if system.exists(f"{self.path}/{name}")
         }
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: CgroupFiles | None) -> None:
         if value is None:
             system.remove_cgroup(self.path)
             return
@@ -321,14 +331,14 @@ class Cgroup(Target):
                 'the affinity chase (mechanism = "affinity") beside it',
             ) from exc
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: CgroupFiles | None, actual: CgroupFiles | None) -> bool:
         if wanted is None or actual is None:
             return wanted is actual
         return all(
             _same_file(name, value, actual.get(name)) for name, value in dict(wanted).items()
         )
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: CgroupFiles | None) -> str:
         if value is None:
             return f"cgroup /{self.path} absent"
         files = ", ".join(f"{name} = {v}" for name, v in dict(value).items())
@@ -336,7 +346,7 @@ class Cgroup(Target):
 
 
 @dataclass(frozen=True)
-class RootFile(FileTarget):
+class RootFile(FileTarget[str]):
     """A file of a hierarchy's root cgroup (v1: the root stops balancing every CPU)."""
 
     kind: ClassVar[str] = "cgroup_root_file"
@@ -355,12 +365,12 @@ class RootFile(FileTarget):
     def watch_files(self, system: System) -> tuple[str, ...]:
         return ()  # polled, as every cgroup setting of the shield's
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"/{self.rel} = {value}"
 
 
 @dataclass(frozen=True)
-class Controller(FileTarget):
+class Controller(FileTarget[bool]):
     """Whether a hierarchy's root hands a controller to its children (v2's
     cgroup.subtree_control): true or false."""
 
@@ -377,22 +387,22 @@ class Controller(FileTarget):
     def rel(self) -> str:
         return f"{self.hierarchy}/cgroup.subtree_control"
 
-    def parse(self, text: str) -> Value:
+    def parse(self, text: str) -> bool:
         return self.name in text.split()
 
-    def text(self, system: System, value: Value) -> str:
+    def text(self, system: System, value: bool) -> str:
         return f"{'+' if value else '-'}{self.name}"
 
     def watch_files(self, system: System) -> tuple[str, ...]:
         return ()  # polled, as every cgroup setting of the shield's
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: bool) -> str:
         state = "enabled" if value else "disabled"
         return f"controller {self.name} {state} for /{self.hierarchy}'s children"
 
 
 @dataclass(frozen=True)
-class UnitCpus(Target):
+class UnitCpus(Target[str | None]):
     """A systemd unit's AllowedCPUs= (a CPU list, "" when not set), set through systemd
     for the running boot; latencyd's own slice, and a held application's own scope in it
     (app_scope: its hold's CPUs), are None while they are not there."""
@@ -409,11 +419,11 @@ class UnitCpus(Target):
     def claims(self) -> tuple[Claim, ...]:
         return (Claim(CPUS, self.unit),)
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> str | None:
         cpus = system.systemd.allowed_cpus(self.unit)
         return None if cpus is None else cpus.to_list()
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: str | None) -> None:
         """AllowedCPUs= through systemd; latencyd's slice is started with it, and stopped
         (None) once nothing runs in it: a unit its user gave Slice=latencyd.slice keeps it,
         with AllowedCPUs= unset, and the refusal says so. An application's scope goes with
@@ -443,19 +453,19 @@ class UnitCpus(Target):
             "there, its AllowedCPUs= unset",
         )
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str | None, actual: str | None) -> bool:
         if wanted is not None and actual is not None:
             return same_cpus(wanted, actual)
         return bool(wanted == actual)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str | None) -> str:
         if value is None:
             return f"systemd unit {self.unit} absent"
         return f"systemd unit {self.unit}: AllowedCPUs={value or ' (not set)'}"
 
 
 @dataclass(frozen=True)
-class SlicePartition(Target):
+class SlicePartition(Target[str | None]):
     """latencyd.slice as an isolated partition: its cpuset.cpus.partition, the one file of
     a systemd unit latencyd writes (the slice it started; systemd 252 has no setting for
     it: latencyd.kernel.cgroups says why no other way runs). "isolated", or "member" (None
@@ -473,10 +483,10 @@ class SlicePartition(Target):
     def path(self) -> str:
         return f"{self.hierarchy}/{APP_SLICE}/{PARTITION_FILE}"
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> str | None:
         return system.read(self.path) if system.exists(self.path) else None
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: str | None) -> None:
         if value is None or value == "member":
             if system.exists(self.path):  # a stopped slice took its partition with it
                 system.write(self.path, "member")
@@ -490,7 +500,7 @@ class SlicePartition(Target):
             system.write(self.path, "member")
             raise KernelRefused(f"making /{APP_SLICE} an isolated partition", got)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str | None) -> str:
         if value is None:
             return f"cgroup /{APP_SLICE} absent"
         return f"cgroup /{APP_SLICE}: {PARTITION_FILE} = {value}"
@@ -570,6 +580,22 @@ class ShieldRules:
     theirs: tuple[tuple[int, str, str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class KeptInside:
+    """The shield's Handover: a task whose user confined it to the shielded CPUs (taskset,
+    a container runtime, `latencyctl hold`) was put there on purpose and stays."""
+
+    cpus: CpuSet  # the shielded CPUs
+
+    def theirs(self, target: ShieldTarget, actual: Value) -> str | None:
+        if not isinstance(target, TaskAffinity):
+            return None
+        cpus = CpuSet.from_list(str(actual))
+        if cpus and cpus.issubset(self.cpus):
+            return f"put on isolated CPUs {cpus} on purpose: a task inside the shield stays"
+        return None
+
+
 def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
     return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
 
@@ -590,7 +616,13 @@ def ruled_inside(rules: ShieldRules, rule: Rule | None) -> bool:
     return rule is not None and bool(rule.cpus) and rule.cpus.issubset(rules.cpus)
 
 
-class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
+class ShieldPlugin(
+    TaskMover[ShieldTarget, ShieldRules],
+    FollowsTasks[ShieldRules],
+    SharesWithUser[ShieldTarget, ShieldRules],
+    ReportsGrouped[ShieldTarget],
+    PlacesApplications[ShieldRules],
+):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"
     targets = (
@@ -603,7 +635,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         "allow": ["sshd"],
         "rule": [{"match": "^myapp$", "cpus": "1"}],
     }
-    follows = Follows(threads=True, udev={"cpu": CPU_ACTIONS})
+    follows = Follows(udev={"cpu": CPU_ACTIONS})
     schema = Schema(
         options=(
             Option(
@@ -670,11 +702,20 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
     def __init__(self, system: System) -> None:
         super().__init__(system)
         self.every_cpu: str | None = None  # the online CPUs, within a step
-        self.just_narrowed: set[int] = set()  # processes whose new settings await "applied"
+        self.just_narrowed: set[int] = set()  # processes whose new settings await started_meanwhile
         # Whether a task is under a hold (under_hold): pid -> (start time, verdict), valid
         # for the holders in verdicts_for.
         self.verdicts: dict[int, tuple[int, bool]] = {}
         self.verdicts_for: frozenset[int] = frozenset()
+        # Processes holding a profile (`latencyctl hold PROFILE -- app`): they and what they
+        # start are never moved (the daemon tells them, PlacesApplications.holders).
+        self.exempt_pids: frozenset[int] = frozenset()
+        # Of those, the holders that asked to be placed (HoldAndPlace), each with its
+        # hold's CPUs: each is put on its own CPUs only, so its command is born there.
+        self.placed_pids: Mapping[int, CpuSet] = {}
+
+    def holders(self, exempt: frozenset[int], placed: Mapping[int, CpuSet]) -> None:
+        self.exempt_pids, self.placed_pids = exempt, placed
 
     # -- which mechanism keeps the shield ------------------------------------------------
     def mechanism(self, options: Options) -> Chosen:
@@ -916,7 +957,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             # Put inside by name (apps, a rule), and in a held application's own cpuset
             # (born of it): inside already, as in its scope under systemd, on its hold's
             # CPUs. Moved into the shield's it would have all the shield's (another hold's
-            # too), and on shielded CPUs already, it is left as it is (handed_over).
+            # too), and on shielded CPUs already, it is left as it is (KeptInside).
             return target, None, None
         where = f"/{into}" if into else ("/" if released else None)
         return target, where, owner(cgroup)
@@ -1038,7 +1079,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             # A thread we moved is judged by what its user gave it (its original), not by
             # what we made of it: a switch that shields other CPUs starts from there, and
             # one that no longer touches them gives it back. If someone confines it to the
-            # isolated CPUs meanwhile, `handed_over` lets it go.
+            # isolated CPUs meanwhile, the handover (KeptInside) lets it go.
             given = original_of(owned, target)
             if given is None and target in owned:  # owned, original unknown: keep it so
                 settings[target] = owned[target]
@@ -1080,7 +1121,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
 
     def _confined(self, tid: int, isolate: CpuSet) -> bool:
         """Whether the thread now runs only on isolated CPUs (its user put it there;
-        `handed_over` then lets it go at the next check)."""
+        the handover, KeptInside, then lets it go at the next check)."""
         try:
             return self.system.affinity(tid).issubset(isolate)
         except KernelRefused:
@@ -1129,15 +1170,9 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         """The process's threads, as the kernel lists them (lazily: 20,000 take a while)."""
         return (int(t) for t in self.system.entries(f"proc/{pid}/task") if t.isdigit())
 
-    def handed_over(
-        self, rules: ShieldRules | None, target: ShieldTarget, actual: Value
-    ) -> str | None:
-        if not isinstance(target, TaskAffinity) or rules is None:
-            return None
-        cpus = CpuSet.from_list(str(actual))
-        if cpus and rules.cpus and cpus.issubset(rules.cpus):
-            return f"put on isolated CPUs {cpus} on purpose: a task inside the shield stays"
-        return None
+    def handover(self, rules: ShieldRules | None) -> KeptInside | None:
+        """A task its user put inside the shield stays there (SharesWithUser)."""
+        return KeptInside(rules.cpus) if rules is not None and rules.cpus else None
 
     def affinity_expand_steps(
         self, rules: ShieldRules, owned: Mapping[Target, Value]
@@ -1200,8 +1235,6 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         parent's affinity (born_narrowed), so they are not asked and stay cheap."""
         if rules is None:
             return {}
-        if event.kind == "applied":
-            return self.started_before_narrowed(rules, owned)
         if event.kind == "comm" and (rules.cpus or rules.rules):
             task = self.system.task(event.pid)
             if task is None or task.is_kthread:
@@ -1236,13 +1269,15 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
             settings.update(self.user_rule_settings(rule, task, tids))
         return settings
 
-    def started_before_narrowed(
-        self, rules: ShieldRules, owned: Mapping[Target, Value]
+    def started_meanwhile(
+        self, rules: ShieldRules | None, owned: Mapping[Target, Value]
     ) -> Settings:
         """The threads and children that the processes just narrowed started between their
         exec and the write: they inherited the CPUs from before (stress-ng's workers ran on
         the isolated CPU until the next switch). Read after the write, none is missed: what
         starts later inherits the narrowed CPUs. Their own children are asked next round."""
+        if rules is None:
+            return {}
         pids, self.just_narrowed = self.just_narrowed, set()
         settings: Settings = {}
         for pid in pids:
@@ -1350,7 +1385,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         """A user task's CPUs read and written back to back (System.set_affinity): its
         user may pin it in between (`taskset -c 1 app` right after an exec narrowed)."""
         if not isinstance(target, TaskAffinity):
-            return super().write_unless_changed(target, value, judged)
+            return read_then_write(self, target, value, judged)
         _require_movable(self._task(target))
         if target.pid in self.placed_pids:
             # A holder placed on its hold's CPUs: its move into the shield, earlier in this
@@ -1417,7 +1452,7 @@ class ShieldPlugin(TaskMover[ShieldTarget, ShieldRules]):
         if isinstance(first, ProcessCgroup):
             return f"{len(targets):,} user tasks in cgroup {value}"
         if not isinstance(first, TaskAffinity):
-            return super().describe_group(targets, value)
+            return f"{self.describe(first, value)} and {len(targets) - 1:,} more like it"
         name = _name_of(self.system, first.pid)
         return f"user task {name}(pid {first.pid}, {len(targets):,} threads) CPUs = {value}"
 

@@ -86,7 +86,7 @@ def normalize(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class Sysctl(FileTarget):
+class Sysctl(FileTarget[str]):
     """One /proc/sys file; multi-field values compare field by field."""
 
     kind: ClassVar[str] = "sysctl"
@@ -99,13 +99,13 @@ class Sysctl(FileTarget):
     def rel(self) -> str:
         return sysctl_path(self.key)
 
-    def parse(self, text: str) -> Value:
+    def parse(self, text: str) -> str:
         return normalize(text)
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         return normalize(wanted) == normalize(actual)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"sysctl {self.key} = {value}"
 
     def claims(self) -> tuple[Claim, ...]:

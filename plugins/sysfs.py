@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from latencyd.core.capabilities import FollowsDevices
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     DeviceEvent,
@@ -87,7 +88,7 @@ def check_key(key: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class SysfsFile(FileTarget):
+class SysfsFile(FileTarget[str]):
     """One file, by its real path ("/sys/devices/..."). A refusal fails the profile: the
     profile named this file and value, and a file that cannot take it is a mistake to fix,
     not a capability to report. (Globs over devices that may lack a choice get that
@@ -110,14 +111,14 @@ class SysfsFile(FileTarget):
     def rel(self) -> str:
         return self.path.lstrip("/")
 
-    def parse(self, text: str) -> Value:
+    def parse(self, text: str) -> str:
         choices = bracketed(text)
         return choices[1] if choices is not None else text
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         return normalize(wanted) == normalize(actual)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"{self.path} = {value}"
 
 
@@ -129,7 +130,7 @@ class SysfsRules:
     found: frozenset[tuple[str, str]]  # (key, real path under root) pairs
 
 
-class SysfsPlugin(Plugin[SysfsFile, SysfsRules]):
+class SysfsPlugin(Plugin[SysfsFile, SysfsRules], FollowsDevices[SysfsRules]):
     name = "sysfs"
     summary = "Any file under /sys, by absolute path or glob"
     targets = (SysfsFile,)

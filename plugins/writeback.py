@@ -35,7 +35,7 @@ PLAIN = ("dirty_expire_centisecs", "dirty_writeback_centisecs")
 
 
 @dataclass(frozen=True)
-class DirtyLimit(Target):
+class DirtyLimit(Target[dict[str, int]]):
     """One ratio/bytes pair ("dirty" or "dirty_background"): one setting whose value names
     its mode ({"ratio": 20} or {"bytes": 67108864}), kept in two files."""
 
@@ -46,14 +46,14 @@ class DirtyLimit(Target):
         pairs = ("dirty", "dirty_background")
         return None if self.pair in pairs else f"no dirty limit {self.pair!r} ({pairs})"
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> dict[str, int]:
         ratio, size = PAIRS[self.pair]
         nbytes = int(system.read(f"{VM}/{size}"))
         if nbytes:
             return {"bytes": nbytes}
         return {"ratio": int(system.read(f"{VM}/{ratio}"))}
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: dict[str, int]) -> None:
         ratio, size = PAIRS[self.pair]
         ((mode, number),) = value.items()
         if mode == "ratio" and number == 0 and int(system.read(f"{VM}/{size}")):
@@ -63,7 +63,7 @@ class DirtyLimit(Target):
             system.write(f"{VM}/{ratio}", "1")
         system.write(f"{VM}/{ratio if mode == 'ratio' else size}", str(number))
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: dict[str, int]) -> str:
         ((mode, number),) = value.items()
         ratio, size = PAIRS[self.pair]
         return f"vm.{ratio} = {number}" if mode == "ratio" else f"vm.{size} = {number}"
@@ -77,7 +77,7 @@ class DirtyLimit(Target):
 
 
 @dataclass(frozen=True)
-class VmKnob(FileTarget):
+class VmKnob(FileTarget[int]):
     """A plain number in /proc/sys/vm."""
 
     kind: ClassVar[str] = "vm"
@@ -90,10 +90,10 @@ class VmKnob(FileTarget):
     def rel(self) -> str:
         return f"{VM}/{self.name}"
 
-    def parse(self, text: str) -> Value:
+    def parse(self, text: str) -> int:
         return int(text)
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: int) -> str:
         return f"vm.{self.name} = {value}"
 
     def claims(self) -> tuple[Claim, ...]:

@@ -7,7 +7,9 @@ profiles is the same diff, so settings two profiles share are never touched.
 The engine owns, once for every plugin: the journal, rollback, the drift policy
 (`on_drift`, valid in any section), turning refusals into "not applicable, with
 the reason" (per kind of target), dropping targets that vanished, and the rules
-each applied section keeps for targets that appear later.
+each applied section keeps for targets that appear later. Whose a setting is (latencyd's
+alone, or shared with its user) is each plugin's Ownership (latencyd.core.sharing), which
+the engine calls at the same points for every plugin.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import logging
 import time
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from latencyd.core.capabilities import ActsAtBoot, ReportsGrouped, SharesWithUser, declares
 from latencyd.core.journal import Journal, JournalKey, JournalState, key_of
 from latencyd.core.planning import CHANGE, NOT_APPLICABLE, UNCHANGED, PlannedSetting, SwitchPlan
 from latencyd.core.plugin import (
@@ -39,6 +42,7 @@ from latencyd.core.plugin import (
 )
 from latencyd.core.profile import Profile
 from latencyd.core.schema import Choice, Option, Schema
+from latencyd.core.sharing import Outcome, Ownership, ownership_of
 from latencyd.errors import (
     ApplyFailed,
     Cancelled,
@@ -126,6 +130,7 @@ class _Unknown:
 
 
 ADOPTED: Any = _Unknown()
+_APPLYING: Any = object()  # Engine._rules: the rules of the apply running, if any
 
 
 class Owned(OwnedSettings):
@@ -274,6 +279,9 @@ class Engine:
         self.not_applicable: dict[SettingId, Refused] = {}
         self.sections: dict[str, Section] = {}
         self._rules_ahead: dict[str, Any] = {}  # of the sections an apply is applying
+        # Each plugin's Ownership (see ownership): latencyd's alone, made once; or, for a
+        # plugin sharing its settings with their user, one per step (what it claims).
+        self._ownerships: dict[str, Ownership[Any]] = {}
         self.profile: str | None = None
         self.last_step: StepReport | None = None
         self._changes: set[SettingId] | None = None  # see take_changes
@@ -281,9 +289,12 @@ class Engine:
 
     @contextlib.contextmanager
     def stepping(self) -> Iterator[None]:
-        """One step for the plugins (Plugin.begin_step, end_step), however nested."""
+        """One step for the plugins (Plugin.begin_step, end_step), however nested, and
+        each plugin's Ownership for it: made before anything is read or written, and what
+        it left to a setting's user said at each turn and once the step is done."""
         self._depth += 1
         if self._depth == 1:
+            self._own_afresh()
             for plugin in self.plugins.values():
                 plugin.begin_step()
         try:
@@ -291,6 +302,8 @@ class Engine:
         finally:
             self._depth -= 1
             if self._depth == 0:
+                self._say_left()
+                self._own_afresh(made=False)
                 for plugin in self.plugins.values():
                     plugin.end_step()
 
@@ -298,16 +311,56 @@ class Engine:
         """Give the main loop a turn. Meanwhile tasks exit and their pids are reused, so
         for the plugins a step ends here and a new one begins: nothing they kept of the
         machine (which process a pid is) outlives the turn, and each write is judged by
-        what was read since (issue 37: a slow step wrote to a recycled pid)."""
+        what was read since (issue 37: a slow step wrote to a recycled pid). So what was
+        left to a setting's user is said before, while its pid is still the task judged."""
+        self._say_left()
         yield progress
         for plugin in self.plugins.values():
             plugin.end_step()
             plugin.begin_step()
 
+    def _say_left(self) -> None:
+        """Log what each plugin's Ownership left to a setting's user since it last said
+        (Ownership.say, in the plugin's words): a plugin's words never fail its step."""
+        for name, way in self._ownerships.items():
+            try:
+                way.say()
+            except Exception:
+                log.exception("[%s] saying what was left to its user", name)
+
     # -- what a profile wants -------------------------------------------------
     def owned(self, name: str) -> Owned:
         """Plugin `name`'s applied settings, as a view (see Owned)."""
         return Owned(self, name)
+
+    def ownership(self, name: str) -> Ownership[Any]:
+        """How plugin `name`'s settings are owned in the step running: latencyd's alone,
+        or shared with their user (latencyd.core.sharing). Its values are judged by the
+        rules being applied, or those that set them."""
+        way = self._ownerships.get(name)
+        plugin = self.plugins[name]
+        if way is None or way.plugin is not plugin:
+            judging = functools.partial(self._rules, name, _APPLYING)
+            way = self._ownerships[name] = ownership_of(plugin, judging)
+        return way
+
+    def _own_afresh(self, made: bool = True) -> None:
+        """Drop the shared ownerships of the last step (what they claimed), and, `made`,
+        make this step's before anything is read or written (their plugins' handover)."""
+        self._ownerships = {n: w for n, w in self._ownerships.items() if not w.per_step}
+        if made:
+            for name, plugin in self.plugins.items():
+                if declares(plugin, SharesWithUser):
+                    self.ownership(name)
+
+    def _rules(self, name: str, ahead: Any, by_owner: bool) -> Any:
+        """The rules plugin `name`'s values are judged by: those being applied (`ahead`;
+        _APPLYING: the apply's), or, `by_owner`, those in force (that set them)."""
+        section = self.sections.get(name)
+        rules = section.expansion.rules if section else None
+        if by_owner:
+            return rules
+        return self._rules_ahead.get(name, rules) if ahead is _APPLYING else ahead
 
     def expand_steps(
         self, profile: Profile, only: Iterable[str] | None = None, fresh: Collection[str] = ()
@@ -344,8 +397,8 @@ class Engine:
         self, profile: Profile, only: Collection[str] | None = None
     ) -> Steps[StepReport]:
         """Make the kernel match `profile` (or re-expand only some of its sections), giving
-        control back every slice (see switch_steps). A section whose plugin must start
-        afresh (Plugin.starts_afresh) has what it owns given back in a step of its own
+        control back every slice (see switch_steps). A section whose settings must start
+        afresh (Ownership.starts_afresh) has what it owns given back in a step of its own
         first, so its expansion reads the machine as that left it."""
         afresh = self._afresh(profile, only)
         if afresh:
@@ -368,14 +421,14 @@ class Engine:
 
     def _afresh(self, profile: Profile, only: Collection[str] | None) -> list[str]:
         """Sections whose plugin must give back what it owns before they are expanded
-        again (Plugin.starts_afresh)."""
+        again (Ownership.starts_afresh: the first of its three points)."""
         return [
             name
             for name, options in profile.sections.items()
             if (only is None or name in only)
             and name in self.plugins
             and self.owned_count.get(name)
-            and self.plugins[name].starts_afresh(options, self.owned(name))
+            and self.ownership(name).starts_afresh(options, self.owned(name))
         ]
 
     # -- a plan: what apply_steps would do, nothing written ---------------------
@@ -395,6 +448,7 @@ class Engine:
             result = SwitchPlan(profile.name, self.profile, afresh=afresh)
             restores = [*(sid for sid in self.applied if sid[0] in afresh), *step.restore]
             slices = Slices(len(restores) + len(step.apply))
+            ways: dict[str, Ownership[Any]] = {}  # each plugin's, judging by the rules planned
             for sid in restores:
                 if slices.due():
                     yield from self._turn(slices.progress)
@@ -407,14 +461,23 @@ class Engine:
             for sid, value in step.apply.items():
                 if slices.due():
                     yield from self._turn(slices.progress)
-                rules = expansions[sid[0]].rules
-                planned = self._plan_apply(sid, value, sid in applied, current, rules)
+                way = ways.get(sid[0])
+                if way is None:  # judged by the rules the apply would apply
+                    rules = functools.partial(self._rules, sid[0], expansions[sid[0]].rules)
+                    way = ways[sid[0]] = ownership_of(self.plugins[sid[0]], rules)
+                planned = self._plan_apply(sid, value, sid in applied, current, way)
                 if planned is not None:
                     result.settings.append(planned)
             for name, exp in expansions.items():
                 if exp.refused:
                     result.refused[name] = dict(exp.refused)
-                if exp.rules is not None and (needs := self.plugins[name].needs_boot(exp.rules)):
+                plugin = self.plugins[name]
+                needs = (
+                    cast(ActsAtBoot[Target, Any], plugin).needs_boot(exp.rules)
+                    if declares(plugin, ActsAtBoot) and exp.rules is not None
+                    else []
+                )
+                if needs:
                     result.needs_boot[name] = needs
         return result
 
@@ -426,7 +489,7 @@ class Engine:
         value: Value,
         owned: bool,
         current: Mapping[SettingId, Value],
-        rules: Any,
+        way: Ownership[Any],
     ) -> PlannedSetting | None:
         """A setting the step would apply, judged as _capture_originals and _apply_one do;
         None where the step would drop it (gone, or someone else's)."""
@@ -447,9 +510,8 @@ class Engine:
             raise ApplyFailed(
                 f"[{sid[0]}] cannot read {plugin.describe(target, value)} before changing it: {exc}"
             ) from exc
-        theirs = not owned and _hands_over(plugin) and sid not in current
-        if theirs and plugin.handed_over(rules, target, now):
-            return None  # someone else's: the step leaves it alone
+        if not owned and sid not in current and way.theirs(target, now):
+            return None  # someone else's: the step leaves it alone (claimed by none)
         action = UNCHANGED if plugin.same(target, value, now) else CHANGE
         return PlannedSetting(*sid, action, "apply", now, value)
 
@@ -466,10 +528,13 @@ class Engine:
             return PlannedSetting(*sid, CHANGE, "restore", None, original)  # the write says why
         if plugin.same(target, original, now):
             return PlannedSetting(*sid, UNCHANGED, "restore", now, original)
-        if _hands_over(plugin) and applied is not ADOPTED and not plugin.same(target, applied, now):
-            section = self.sections.get(sid[0])
-            if plugin.handed_over(section.expansion.rules if section else None, target, now):
-                return PlannedSetting(*sid, UNCHANGED, "restore", now, now)  # left as they set it
+        way = self.ownership(sid[0])
+        if (
+            applied is not ADOPTED
+            and not plugin.same(target, applied, now)
+            and way.theirs(target, now, by_owner=True)
+        ):
+            return PlannedSetting(*sid, UNCHANGED, "restore", now, now)  # left as they set it
         return PlannedSetting(*sid, CHANGE, "restore", now, original)
 
     # -- one transaction ------------------------------------------------------
@@ -516,9 +581,8 @@ class Engine:
         report = StepReport(unchanged=len(step.keep))
         slices = Slices(2 * len(step.apply) + len(step.restore))
         journaled: list[SettingId] = []
-        seen: dict[SettingId, Value] = {}  # what new targets held when judged (_apply_one)
         try:
-            yield from self._capture_originals(step, report, slices, journaled, current or {}, seen)
+            yield from self._capture_originals(step, report, slices, journaled, current or {})
         except (Exception, GeneratorExit) as exc:
             self._forget_unapplied()  # originals read for a step that never ran
             _quietly(lambda: self._save(journaled))  # and journaled: the journal drops them
@@ -546,7 +610,7 @@ class Engine:
                     yield from self._turn(slices.progress)
                 if sid in report.not_applicable:
                     continue
-                outcome = self._apply_one(sid, value, undo, report, seen)
+                outcome = self._apply_one(sid, value, undo, report)
                 if outcome is not None:
                     done[sid] = value
                     report.applied += outcome
@@ -559,7 +623,6 @@ class Engine:
                 raise  # GeneratorExit: the step was dropped
             what = exc if isinstance(exc, LatencydError) else f"{type(exc).__name__}: {exc}"
             raise ApplyFailed(f"{what}. Nothing was changed: the step was rolled back.") from exc
-
         for sid in step.restore:
             self._disown(sid)
         for sid in step.apply:
@@ -588,8 +651,11 @@ class Engine:
     def _tell(self, report: StepReport) -> None:
         """Let each plugin say what the step changed, in as few log lines as it likes."""
         for name, changes in report.changes.items():
+            plugin = self.plugins[name]
+            if not declares(plugin, ReportsGrouped):
+                continue  # status lists every setting
             try:
-                self.plugins[name].report(changes)
+                cast(ReportsGrouped[Target], plugin).report(changes)
             except Exception:  # a plugin's words must never fail its step
                 log.exception("[%s] reporting what changed", name)
 
@@ -619,7 +685,7 @@ class Engine:
                 continue
             if not plugin.same(target, self.applied[sid], actual):
                 step.keep.remove(sid)
-                if not self._handed_over(sid, actual):
+                if not self._let_go(sid, actual):
                     step.apply[sid] = self.applied[sid]
 
     def _owned_by(self, name: str) -> Callable[[Target], tuple[Value, Value] | None]:
@@ -647,13 +713,12 @@ class Engine:
         slices: Slices,
         journaled: list[SettingId],
         current: Mapping[SettingId, Value],
-        seen: dict[SettingId, Value],
     ) -> Steps[None]:
         """Read the original of each setting the step applies that is not owned yet (or
         take what its expansion just read: `current`), and journal them a slice at a time
         (into `journaled`): one journal write of 20,000 would hold the main loop for a
-        tenth of a second. For plugins that hand targets over, what each new target held
-        when judged goes into `seen` (see _apply_one)."""
+        tenth of a second. Each is claimed first (Ownership.claim: the second of its
+        three points): one that is someone else's already leaves the step."""
         yield from self._turn(slices.progress)  # the diff that made `step` was a slice
         read: list[SettingId] = []
         for sid in list(step.apply):
@@ -669,13 +734,9 @@ class Engine:
             plugin, target = self.plugins[sid[0]], sid[1]
             try:
                 now = current[sid] if sid in current else plugin.read(target)
-                if _hands_over(plugin):
-                    # Without `current` the plugin judged a read the engine did not see (an
-                    # event's): a value it calls theirs now came since (`taskset -c 1 app`).
-                    if sid not in current and self._theirs(sid, now):
-                        del step.apply[sid]
-                        continue
-                    seen[sid] = now
+                if not self.ownership(sid[0]).claim(target, now, sid in current):
+                    del step.apply[sid]
+                    continue
                 self.originals[sid] = plugin.original(target, now, self._owned_by(sid[0]))
                 read.append(sid)
             except (KernelRefused, NotApplicable) as exc:
@@ -696,44 +757,30 @@ class Engine:
         value: Value,
         undo: list[Callable[[], None]],
         report: StepReport,
-        seen: Mapping[SettingId, Value],
     ) -> int | None:
-        """1 if written, 0 if already as wanted, None if dropped (not applicable, gone).
-        `seen`: what the step's new targets of plugins that hand targets over held when
-        they were judged."""
+        """Write, read back, undo on failure: 1 if written, 0 if already as wanted, None
+        if dropped (not applicable, gone, or left to its user). The write is the
+        ownership's (the third of its three points)."""
         plugin, target = self.plugins[sid[0]], sid[1]
+        way = self.ownership(sid[0])
         original = self.originals[sid]
         previous = self.applied.get(sid, original)
+        new = sid not in self.applied or self.applied[sid] is ADOPTED
         wrote = False
         try:
             if previous is ADOPTED:  # after a restart: what is there now is what we undo to
                 previous = plugin.read(target)
-            # A new target others also set (a task its user pins with `taskset -c 1 app`
-            # while the shield handles its exec) was judged before the journal's fsync, on
-            # an event maybe milliseconds old under load: written only if it still holds
-            # what it held then. Changed since: as wanted already (a task born of a
-            # narrowed one), theirs (left alone), or else written as any target.
-            if sid in seen:
-                found = plugin.write_unless_changed(target, value, seen[sid])
-                if found is not None:  # not written: changed since, or as wanted already
-                    if plugin.same(target, value, found):
-                        report.unchanged += 1
-                        return 0
-                    if self._theirs(sid, found):
-                        return None
-                    plugin.write(target, value)
-            elif (sid not in self.applied or self.applied[sid] is ADOPTED) and plugin.same(
-                target, value, previous
-            ):
-                report.unchanged += 1  # already as wanted: record it, write nothing
+            outcome = way.write(target, value, previous, new)
+            if outcome is Outcome.AS_WANTED:
+                report.unchanged += 1  # record it, write nothing
                 return 0
-            else:
-                plugin.write(target, value)
+            if outcome is Outcome.LEFT:
+                return None
             wrote = True
             undo.append(lambda: plugin.write(target, previous))
             actual = plugin.read(target)
             if not plugin.same(target, value, actual):
-                if self._theirs(sid, actual):
+                if way.left(target, actual):
                     undo.pop()  # they set it right after us: theirs stays, nothing to undo
                     return None
                 raise KernelRefused(
@@ -751,7 +798,7 @@ class Engine:
                 # The step drops this setting: put the original back (also when an earlier
                 # step applied it), or it would stay changed with nobody tracking it.
                 if not gone and (wrote or sid in self.applied):
-                    _quietly(lambda: _give_back(plugin, target, original))
+                    _quietly(lambda: way.give_back(target, original, previous, known=False))
                     if sid in self.applied:
                         undo.append(lambda: plugin.write(target, previous))
                 return None
@@ -778,24 +825,17 @@ class Engine:
             undo.append(lambda: plugin.write(target, current))
 
     def _give_back(self, sid: SettingId, report: StepReport) -> bool:
-        """Restore one owned setting's original (see _give_back) and note it in `report`.
-        A target others also set is restored only if it still holds what we set: a task
-        its user confined to the isolated CPUs since the last check stays there, and a
-        rollback must not move it either (False: left as they set it)."""
-        plugin, target, current = self.plugins[sid[0]], sid[1], self.applied[sid]
+        """Restore one owned setting's original through its ownership (Ownership.
+        give_back: not written where the kernel holds it already; where it is shared, not
+        over what its user set since) and note it in `report`. False: left as its user
+        set it."""
+        target, current = sid[1], self.applied[sid]
         original = self.originals[sid]
-        if _hands_over(plugin) and current is not ADOPTED:
-            found = plugin.write_unless_changed(target, original, current)
-            if found is None:
-                report.changed(sid[0], target, current, original)
-                return True
-            if plugin.same(target, original, found):
-                return True  # holds its original already: nothing to write, nothing theirs
-            if self._theirs(sid, found, by_owner=True):
-                return False
-        if _give_back(plugin, target, original):
-            report.changed(sid[0], target, None if current is ADOPTED else current, original)
-        return True
+        known = current is not ADOPTED
+        outcome = self.ownership(sid[0]).give_back(target, original, current, known)
+        if outcome is Outcome.WRITTEN:
+            report.changed(sid[0], target, current if known else None, original)
+        return outcome is not Outcome.LEFT
 
     def _roll_back(self, undo: list[Callable[[], None]]) -> None:
         for action in reversed(undo):
@@ -807,7 +847,7 @@ class Engine:
     # -- restoring everything ---------------------------------------------------
     def off(self, stopping: bool = False) -> list[str]:
         """Restore every original, newest first, also of what plugins keep on disk that the
-        journal lost (Plugin.kept_elsewhere); empty the journal. Returns problems, if any.
+        journal lost (ActsAtBoot.kept_elsewhere); empty the journal. Returns problems, if any.
         `stopping` (the daemon stops: SIGTERM, a shutdown): settings whose kind is
         kept_at_stop (kernel arguments for the next boot) are left as they are, for their
         plugin's own record to give them to the next start."""
@@ -859,7 +899,7 @@ class Engine:
         with on_stop = "keep"): we own those settings and know their originals. The next
         apply changes only what it wants differently and restores only what it does not
         want, so a restart flips nothing back, even for a moment. Also what plugins keep on
-        disk beyond the journal (Plugin.kept_elsewhere: the boot configuration after a
+        disk beyond the journal (ActsAtBoot.kept_elsewhere: the boot configuration after a
         reboot emptied /run). None: nothing to adopt."""
         try:
             state = self.journal.load()
@@ -911,10 +951,10 @@ class Engine:
         it unowned), so off and a switch away give it back; those newly owned."""
         found: list[SettingId] = []
         for name, plugin in self.plugins.items():
-            if type(plugin).kept_elsewhere is Plugin.kept_elsewhere:
+            if not declares(plugin, ActsAtBoot):
                 continue
             try:
-                kept = plugin.kept_elsewhere()
+                kept = cast(ActsAtBoot[Target, Any], plugin).kept_elsewhere()
             except LatencydError as exc:
                 log.error("[%s] reading what it keeps on disk: %s", name, exc)
                 continue
@@ -944,10 +984,10 @@ class Engine:
         return name
 
     def pending(self) -> list[tuple[SettingId, Value, str]]:
-        """Applied settings not in effect yet: each with its value and why (Plugin.pending),
-        asked only of plugins that own settings and can have such ones."""
+        """Applied settings not in effect yet: each with its value and why (ActsAtBoot.
+        pending), asked only of plugins that own settings and can have such ones."""
         asking = {n for n, p in self.plugins.items()
-                  if type(p).pending is not Plugin.pending and self.owned_count.get(n)}  # fmt: skip
+                  if self.owned_count.get(n) and declares(p, ActsAtBoot)}  # fmt: skip
         out: list[tuple[SettingId, Value, str]] = []
         if not asking:
             return out
@@ -955,7 +995,7 @@ class Engine:
             if sid[0] in asking:
                 plugin = self.plugins[sid[0]]
                 shown = value if value is not ADOPTED else _quietly_read(plugin, sid[1])
-                why = plugin.pending(sid[1], shown)
+                why = cast(ActsAtBoot[Target, Any], plugin).pending(sid[1], shown)
                 if why is not None:
                     out.append((sid, shown, why))
         return out
@@ -982,7 +1022,7 @@ class Engine:
                 text = plugin.describe(target, wanted)
                 drifts.append(Drift(sid[0], target, wanted, f"<unreadable: {exc}>", text))
                 continue
-            if not plugin.same(target, wanted, actual) and not self._handed_over(sid, actual):
+            if not plugin.same(target, wanted, actual) and not self._let_go(sid, actual):
                 drifts.append(
                     Drift(sid[0], target, wanted, actual, plugin.describe(target, wanted))
                 )
@@ -1018,26 +1058,14 @@ class Engine:
         changes, self._changes = self._changes, set()
         return changes
 
-    def _handed_over(self, sid: SettingId, actual: Value) -> bool:
-        """Stop owning a setting whose plugin says the change someone made is theirs to
-        keep (a task put inside the shield): no restore, no re-apply, out of the journal."""
-        if not self._theirs(sid, actual):
+    def _let_go(self, sid: SettingId, actual: Value) -> bool:
+        """Stop owning a setting whose ownership says the change someone made is theirs
+        to keep (Ownership.theirs): no restore, no re-apply, out of the journal."""
+        if not self.ownership(sid[0]).left(sid[1], actual):
             return False
         self._disown(sid)
         self._save([sid])
         return True
-
-    def _theirs(self, sid: SettingId, actual: Value, by_owner: bool = False) -> bool:
-        """Whether the plugin says `actual` is someone else's to keep (logged if so),
-        judged by the rules being applied, or `by_owner`: by those that set it."""
-        plugin, target = self.plugins[sid[0]], sid[1]
-        section = self.sections.get(sid[0])
-        rules = section.expansion.rules if section else None
-        rules = rules if by_owner else self._rules_ahead.get(sid[0], rules)
-        reason = plugin.handed_over(rules, target, actual)
-        if reason:
-            log.info("[%s] %s: left as it is, %s", sid[0], plugin.describe(target, actual), reason)
-        return bool(reason)
 
     def on_drift(self, plugin: str) -> str:
         section = self.sections.get(plugin)
@@ -1124,29 +1152,10 @@ def _is_json_value(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _give_back(plugin: Plugin[Any, Any], target: Target, original: Value) -> bool:
-    """Restore an original, unless the kernel already holds it: a restore then writes
-    nothing (a setting found as wanted was never written, and a NIC or sysctl that is
-    already right is left alone). Whether it wrote."""
-    try:
-        if plugin.same(target, original, plugin.read(target)):
-            return False
-    except LatencydError:
-        pass  # unreadable now: try the write, which says why if it fails
-    plugin.restore(target, original)
-    return True
-
-
 @functools.lru_cache(maxsize=1 << 16)  # a 50,000-task server's owned settings
 def _key(target: Target) -> str:
     """A target's journal key (each encoded once)."""
     return key_of(encode_target(target))
-
-
-def _hands_over(plugin: Plugin[Any, Any]) -> bool:
-    """Whether the plugin can say a target's value is someone else's (it overrides
-    `handed_over`): only its new targets cost a read more."""
-    return type(plugin).handed_over is not Plugin.handed_over
 
 
 def _not_applicable(target: Target, exc: LatencydError) -> bool:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from latencyd.core.plugin import Plugin, Target, Value
+from latencyd.core.plugin import Plugin, Target, V, Value
 from latencyd.errors import NotApplicable
 from latencyd.kernel.system import System, Task
 
@@ -77,22 +77,22 @@ class Tasks:
 
 
 @dataclass(frozen=True)
-class TaskTarget(Target):
+class TaskTarget(Target[V]):
     """A setting of one task, named by pid and start time (NamesATask): its kind reads,
     writes, looks for and describes it given Tasks (which task its pid is within the
     step), which a TaskMover keeps and hands it, instead of the System alone."""
 
-    def read_task(self, tasks: Tasks) -> Value:
+    def read_task(self, tasks: Tasks) -> V:
         raise NotImplementedError
 
-    def write_task(self, tasks: Tasks, value: Value) -> None:
+    def write_task(self, tasks: Tasks, value: V) -> None:
         raise NotImplementedError
 
     def task_exists(self, tasks: Tasks) -> bool:
         """Whether the task is still the one named; NotApplicable (it exited) is False."""
         raise NotImplementedError
 
-    def describe_task(self, tasks: Tasks, value: Value) -> str:
+    def describe_task(self, tasks: Tasks, value: V) -> str:
         raise NotImplementedError
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from latencyd.core.capabilities import ReportsGrouped, declares
 from latencyd.core.plugin import Plugin, Target, Value, encode_target, names_a_task
 from latencyd.kernel.owners import Owner, OwnerIndex
 
@@ -43,9 +44,9 @@ class SwitchPlan:
     settings: list[PlannedSetting] = field(default_factory=list)
     # Parts of sections this machine cannot take (Expansion.refused), by plugin: what, why.
     refused: dict[str, dict[str, str]] = field(default_factory=dict)
-    # What only a boot brings, by plugin (Plugin.needs_boot): the kernel arguments.
+    # What only a boot brings, by plugin (ActsAtBoot.needs_boot): the kernel arguments.
     needs_boot: dict[str, list[str]] = field(default_factory=dict)
-    # Sections whose plugin starts afresh (Plugin.starts_afresh): all they own given back
+    # Sections whose plugin starts afresh (SharesWithUser.starts_afresh): all they own given back
     # first, then applied again as planned.
     afresh: list[str] = field(default_factory=list)
 
@@ -121,5 +122,7 @@ def _described(plugin: Plugin[Any, Any], target: Target, value: Value) -> str:
 def _group_key(plugin: Plugin[Any, Any], target: Target) -> str | None:
     """The plugin's status group of the target (the threads of one process), as text: the
     table shows the settings of one group alike in action and values as one row."""
-    key: Hashable | None = plugin.group(target)
+    if not declares(plugin, ReportsGrouped):  # asked for each setting planned
+        return None
+    key: Hashable | None = cast(ReportsGrouped[Target], plugin).group(target)
     return None if key is None else repr(key)

@@ -19,7 +19,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (
@@ -28,9 +28,9 @@ from typing import (
     ClassVar,
     Generic,
     ParamSpec,
-    Protocol,
     TypeVar,
-    runtime_checkable,
+    cast,
+    final,
 )
 
 from latencyd.core.schema import Schema
@@ -39,15 +39,12 @@ from latencyd.errors import NotApplicable
 from latencyd.kernel.owners import Claim
 from latencyd.kernel.system import System
 
-if TYPE_CHECKING:  # only the noise watch's hooks name them
-    from latencyd.kernel.noise import LastInterval, WatchPlan
 
-
-# What a plugin following tasks (Follows.threads) is told: the daemon reads these from the
-# kernel (latencyd.service.taskevents) and hands each to Plugin.on_task.
+# What a plugin following tasks (latencyd.core.capabilities.FollowsTasks) is told: the
+# daemon reads these from the kernel (latencyd.service.taskevents) and hands each to on_task.
 @dataclass(frozen=True)
 class TaskEvent:
-    kind: str  # "fork" | "comm" | "exit" | "applied" (the settings of the last ones were written)
+    kind: str  # "fork" | "comm" | "exit" | "lost"
     pid: int  # thread group (process) id
     tid: int  # the thread itself
     ppid: int = 0  # fork: the parent process (2 for kernel threads, made by kthreadd)
@@ -59,12 +56,22 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "latencyd.plugins"
 
-Value = Any  # JSON-serialisable: what a target is set to
-Options = Mapping[str, Any]  # one validated profile section
+Value = Any  # JSON-serialisable: what a target is set to, as the engine holds it
+Options = Mapping[str, Any]  # one validated profile section (each option's type: its schema's)
+
+# A target kind's own value type (Target[str]: a CPU list, a sysctl's text): its verbs are
+# typed by it, while the engine, which holds every kind's values side by side, sees Value.
+# A bare `Target` is any kind's (Target[Any]).
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as DefaultedTypeVar
+
+    V = DefaultedTypeVar("V", default=Any)
+else:
+    V = TypeVar("V")
 
 
 @dataclass(frozen=True)
-class Target:
+class Target(Generic[V]):
     """Where one setting lives (an IRQ, a thread, a NIC and option, a CPU and idle state).
 
     Subclasses are frozen dataclasses whose fields are int, str or bool, and name their
@@ -94,15 +101,15 @@ class Target:
     kept_at_stop: ClassVar[bool] = False
 
     # -- the setting, for a kind that reaches it through the System ------------------------
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> V:
         """The setting's current value (to save the original, and to verify)."""
         raise NotImplementedError(f"{type(self).__name__} targets are read by their plugin")
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: V) -> None:
         """Set it; raise KernelRefused (or NotApplicable) when the kernel says no."""
         raise NotImplementedError(f"{type(self).__name__} targets are written by their plugin")
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: V, actual: V) -> bool:
         """Whether the kernel's value is what was wanted: equal, unless the kind says what
         else is alike (a CPU list however spelt, words however spaced)."""
         return bool(wanted == actual)
@@ -116,7 +123,7 @@ class Target:
         write to any of them makes the engine check it at once. None: polled instead."""
         return ()
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: V) -> str:
         """The setting at `value`, in words (status, logs, errors)."""
         raise NotImplementedError(f"{type(self).__name__} targets are described by their plugin")
 
@@ -140,7 +147,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class FileTarget(Target):
+class FileTarget(Target[V]):
     """A setting that is one file under the System's root (a sysctl, a sysfs file, a CPU's
     or an IRQ's), and reads, writes, compares and watches itself through the System. A
     kind names its file (`rel`) and declares what its text means: `parse` makes a value of
@@ -160,11 +167,12 @@ class FileTarget(Target):
         """The file, relative to the System's root ("proc/sys/vm/swappiness")."""
         raise NotImplementedError
 
-    def parse(self, text: str) -> Value:
-        """The value the file's text (as System.read gives it) stands for."""
-        return text
+    def parse(self, text: str) -> V:
+        """The value the file's text (as System.read gives it) stands for: by default the
+        text itself (a FileTarget[str]); a kind of another value type says how."""
+        return cast(V, text)
 
-    def text(self, system: System, value: Value) -> str:
+    def text(self, system: System, value: V) -> str:
         """What is written to the file to set `value` (NotApplicable: this machine cannot
         take it)."""
         return str(value)
@@ -180,11 +188,11 @@ class FileTarget(Target):
         if why is not None:
             raise NotApplicable(why)
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> V:
         self._available(system)
         return self.parse(system.read(self.rel))
 
-    def write(self, system: System, value: Value) -> None:
+    def write(self, system: System, value: V) -> None:
         self._available(system)
         system.write(self.rel, self.text(system, value))
 
@@ -195,20 +203,20 @@ class FileTarget(Target):
         return (self.rel,)
 
 
-def same_cpus(wanted: Value, actual: Value) -> bool:
+def same_cpus(wanted: object, actual: object) -> bool:
     """Whether two CPU lists name the same CPUs, however spelt ("0-2" and "0,1,2")."""
     return CpuSet.from_list(str(wanted)) == CpuSet.from_list(str(actual))
 
 
 @dataclass(frozen=True)
-class CpuListFile(FileTarget):
+class CpuListFile(FileTarget[str]):
     """A file holding a CPU list ("0-3,8"); its value is a CPU list, alike to every other
     spelling of the same CPUs."""
 
-    def parse(self, text: str) -> Value:
+    def parse(self, text: str) -> str:
         return CpuSet.from_list(text).to_list()
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         return same_cpus(wanted, actual)
 
 
@@ -217,10 +225,10 @@ class CpuMaskFile(CpuListFile):
     """A file holding a CPU mask ("f" or "00000000,0000000f"); its value is a CPU list,
     written as a mask as wide as the online CPUs need."""
 
-    def parse(self, text: str) -> Value:
+    def parse(self, text: str) -> str:
         return CpuSet.from_mask(text).to_list()
 
-    def text(self, system: System, value: Value) -> str:
+    def text(self, system: System, value: str) -> str:
         return CpuSet.from_list(str(value)).to_mask(max(system.online_cpus()) + 1)
 
 
@@ -349,12 +357,13 @@ class DeviceEvent:
 
 @dataclass(frozen=True)
 class Follows:
-    """Events a plugin reacts to. The watchers' filters are derived from these, and only
-    for plugins whose section is in the active profile."""
+    """The udev events a plugin hears (subsystem -> actions): the watchers' filter is
+    derived from these, only for plugins whose section is in the active profile. A "cpu"
+    event re-resolves the whole profile (its CPU lists); any other goes to the plugin's
+    on_device (latencyd.core.capabilities.FollowsDevices). Task events are a capability
+    of their own (FollowsTasks)."""
 
     udev: Mapping[str, frozenset[str]] = field(default_factory=dict)  # subsystem -> actions
-    threads: bool = False  # new and renamed tasks (see latencyd.service.taskevents)
-    user_tasks: bool = False  # also exec events of user tasks (when the section asks)
 
 
 DEVICE_ACTIONS = frozenset({"add", "remove", "bind", "unbind", "move", "change"})
@@ -406,7 +415,9 @@ class Plugin(Generic[T, R]):
     expansions keep, Expansion.rules: None for a plugin that keeps none). Required: `name`,
     `summary`, `schema`, `targets`, `example` and `expand`; `read`, `write` and `describe`
     too unless the target kinds do them (Target.read, ...: every FileTarget does); the rest
-    has defaults.
+    has defaults. What only some plugins do (follow tasks or devices, share a setting with
+    its user, report grouped, provide the noise watch, act at boot, place the application)
+    is a capability the plugin declares among its bases (latencyd.core.capabilities).
 
     The hooks that take `rules` get the applied section's (the Expansion.rules of its last
     expansion), or None where there are none: the section was refused whole
@@ -430,13 +441,6 @@ class Plugin(Generic[T, R]):
         # For plugins that follow events: how often `changed` should ask for a full
         # rescan. The daemon sets it to 0 (every tick) when no event source is open.
         self.rescan_interval_s = 60.0
-        # Processes the daemon protects: those holding a profile (`latencyctl hold PROFILE
-        # -- app`) and what they start; a plugin that moves user tasks leaves them alone.
-        self.exempt_pids: frozenset[int] = frozenset()
-        # Of those, the holders that asked to be placed (HoldAndPlace), each with its
-        # hold's CPUs: a plugin that moves user tasks puts each on its own CPUs only, so
-        # its command is born there.
-        self.placed_pids: Mapping[int, CpuSet] = {}
 
     # -- what a section wants (pure: reads the machine, changes nothing, stores nothing) --
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[R]:
@@ -444,12 +448,6 @@ class Plugin(Generic[T, R]):
         applied by the engine (a plugin that moves tasks must keep owning what it moved).
         Raise NotApplicable when the whole section cannot apply on this machine."""
         raise NotImplementedError
-
-    def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
-        """Whether what this plugin owns must be given back before the section is expanded
-        again: the restores would change what the expansion reads (tasks leaving a cpuset
-        get their CPUs back from the kernel only once moved). Default: no."""
-        return False
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
@@ -470,18 +468,6 @@ class Plugin(Generic[T, R]):
         """Set one target; raise KernelRefused (or NotApplicable) when the kernel says no."""
         target.write(self.system, value)
 
-    def write_unless_changed(self, target: T, value: Value, judged: Value) -> Value | None:
-        """Write `value` only if the target still holds `judged` (what it held when the
-        plugin judged it) and not already `value`; None once written, else what it holds,
-        unwritten. Asked, of plugins that override handed_over, for each new target and
-        each one given back. By default read then write; override where the kernel lets
-        the two come closer."""
-        now = self.read(target)
-        if not self.same(target, judged, now) or self.same(target, value, now):
-            return now
-        self.write(target, value)
-        return None
-
     def original(
         self, target: T, current: Value, owned: Callable[[Target], tuple[Value, Value] | None]
     ) -> Value:
@@ -492,14 +478,10 @@ class Plugin(Generic[T, R]):
         have had without the profile."""
         return current
 
-    def restore(self, target: T, original: Value) -> None:
-        """Put an original back; by default the same as writing it. A plugin that also
-        overrides handed_over has owned targets given back through write_unless_changed,
-        which writes: override that too where a restore is not a write."""
-        self.write(target, original)
-
+    @final
     def same(self, target: T, wanted: Value, actual: Value) -> bool:
-        """Whether the kernel's value is what was wanted (as its kind compares them)."""
+        """Whether the kernel's value is what was wanted, as its kind compares them
+        (Target.same): not a hook, a kind says it."""
         return target.same(self.system, wanted, actual)
 
     def begin_step(self) -> None:
@@ -511,96 +493,28 @@ class Plugin(Generic[T, R]):
     def end_step(self) -> None:
         """The step is over: forget what begin_step allowed to keep."""
 
-    def report(self, changes: list[tuple[T, Value, Value]]) -> None:
-        """Say what a step wrote, as (target, before, after) each, after the step is done
-        (before is None for a setting adopted from the journal). One call per step, so
-        a plugin that moves 20,000 threads can say so in a few lines. Default: nothing
-        (status lists every setting)."""
-
-    def handed_over(self, rules: R | None, target: T, actual: Value) -> str | None:
-        """Why a change someone else made to an owned target is theirs to keep (the engine
-        then stops owning it, without restoring or re-applying), or None: it is drift.
-        `rules` are the applied section's. By default every such change is drift.
-        A plugin that overrides this has each new target written, and each owned one
-        given back, with write_unless_changed, and is asked again when that finds the
-        target changed since it was judged or set, and after a write whose read-back
-        differs: what it calls theirs then is not written, or left as they set it."""
-        return None
-
     def exists(self, target: T) -> bool:
         """Whether the target is still there; vanished ones are dropped without error."""
         return target.exists(self.system)
 
-    def kept_elsewhere(self) -> Mapping[Target, Value]:
-        """Settings this plugin made that a record of its own keeps on disk, beyond the
-        journal (in /run, which a reboot empties): each with its original. The engine owns
-        them at every start and gives them back at `off`, also when its journal has lost
-        them (the boot configuration, which outlasts a reboot). Default: none."""
-        return {}
-
-    def pending(self, target: T, value: Value) -> str | None:
-        """Why an applied setting is not in effect yet (a kernel argument: until the next
-        boot), or None: it acts now. Pending is not drift: the setting is as wanted."""
-        return None
-
-    def needs_boot(self, rules: R | None) -> list[str]:
-        """What of the section, expanded to `rules`, only a boot brings that the running
-        kernel lacks (kernel arguments), whether or not it is written: a plan names them.
-        Default: nothing."""
-        return []
-
     def describe(self, target: T, value: Value) -> str:
         """The setting in words (status, logs, errors)."""
         return target.describe(value)
-
-    def group(self, target: T) -> Hashable | None:
-        """Key of targets `status` shows as one row when they also share value and
-        original (the 20,000 threads of one process), or None: a row of its own."""
-        return None
-
-    def describe_group(self, targets: Sequence[T], value: Value) -> str:
-        """One status row for several targets of one `group` set to the same value."""
-        return f"{self.describe(targets[0], value)} and {len(targets) - 1:,} more like it"
 
     def watch_files(self, target: T) -> tuple[str, ...]:
         """Files (under the System root) whose modification can change this target: a
         write to any of them makes the engine check it at once. None: polled instead."""
         return target.watch_files(self.system)
 
-    # -- targets that appear later ---------------------------------------------------------
+    # -- who may apply it, and targets that appear later -------------------------------------
     def root_only(self, options: Options) -> str | None:
         """Why this section may be applied only for root, not for admin_group members (it
         could hand out root, e.g. sysctl kernel.core_pattern), or None."""
         return None
 
-    def on_task(self, rules: R | None, event: TaskEvent, owned: Mapping[Target, Value]) -> Settings:
-        """Settings a just-created or renamed task needs (plugins following threads). Once
-        the settings returned for a batch of events are written, the daemon asks again
-        with an "applied" event (and again while that returns settings, a few rounds):
-        what the tasks started before the write, and so did not inherit, is found then."""
-        return {}
-
-    def on_device(
-        self, rules: R | None, event: DeviceEvent, owned: Mapping[Target, Value]
-    ) -> tuple[Settings, set[Target]] | None:
-        """A device event: (settings for the device, owned targets the event may have
-        reset or that belong to the device), or None to re-expand the whole section."""
-        return None
-
     def changed(self, rules: R | None) -> bool:
         """Cheap check on the monitor tick: must the section be expanded again (new
         IRQs, a rescan due)? The event sources do the real work; this is the safety net."""
-        return False
-
-    def follows_user_tasks(self, options: Options) -> bool:
-        """Whether this section needs exec events of user tasks, not just new kthreads."""
-        return False
-
-    def follows_renames(self, options: Options) -> bool:
-        """Whether this section needs to hear of tasks renamed (prctl PR_SET_NAME, or a
-        kernel naming its new kthreads after the fork). Any user may rename a task as
-        fast as a CPU allows: where no section follows renames, the kernel drops them
-        before they reach the daemon."""
         return False
 
     # -- monitoring -------------------------------------------------------------------------
@@ -609,22 +523,6 @@ class Plugin(Generic[T, R]):
 
     def monitor(self, rules: R | None) -> Monitor:
         return Monitor()
-
-    # -- the daemon's noise watch, for a section that asks for it ([monitor]) ---------------
-    # A plugin whose section has the daemon watch CPUs for noise (tracing every interruption,
-    # latencyd.service.noisewatch) declares it here. The daemon finds that plugin by this,
-    # never by its name, and deals with it only through noise_watch and noise_seen.
-    provides_noise_watch: ClassVar[bool] = False
-
-    def noise_watch(self, rules: R | None) -> WatchPlan | None:
-        """What the noise watch is to watch while the section, expanded to `rules`, is in
-        force (asked after every step); None: nothing."""
-        return None
-
-    def noise_seen(self, last: LastInterval) -> None:
-        """What the noise watch saw in its last interval and the tick since it began, or
-        why it does not run: the daemon tells the plugin after each interval, for
-        `monitor` to show."""
 
     def close(self) -> None:
         """Release held resources (perf counters); called when the daemon stops."""
@@ -665,10 +563,11 @@ def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, st
     return found
 
 
-def discover() -> dict[str, type[Plugin[Any, Any]]]:
-    """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too)."""
+def discover(path: list[str] | None = None) -> dict[str, type[Plugin[Any, Any]]]:
+    """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too),
+    as installed on `path` (default: sys.path, where they are imported from)."""
     found: dict[str, type[Plugin[Any, Any]]] = {}
-    for name, spec in entry_point_specs(ENTRY_POINT_GROUP).items():
+    for name, spec in entry_point_specs(ENTRY_POINT_GROUP, path).items():
         module, _, attr = spec.partition(":")
         try:
             cls = getattr(importlib.import_module(module.strip()), attr.strip())
@@ -715,16 +614,3 @@ def load_plugins(system: System) -> dict[str, Plugin[Any, Any]]:
         except Exception as exc:  # one plugin that cannot start must not stop the rest
             log.error("plugin %s failed to start: %s", name, exc)
     return plugins
-
-
-@runtime_checkable
-class PlacesApplications(Protocol):
-    """A plugin that puts the application on CPUs of its own (the shield). After a hold
-    that asked to be placed (HoldAndPlace: `latencyctl run`, `hold -- CMD`) is applied,
-    the daemon asks it whether the holder is there: an application that runs elsewhere
-    is a request not done, said as such, never a silent success."""
-
-    def not_placed(self, rules: Any, pid: int) -> str | None:
-        """Why the process `pid` is not on the CPUs this section's `rules` keep for the
-        application, with what to do instead; None when it is (or the section keeps none)."""
-        ...

@@ -10,8 +10,15 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from latencyd.core.capabilities import (
+    FollowsDevices,
+    FollowsTasks,
+    PlacesApplications,
+    ReportsGrouped,
+    declares,
+)
 from latencyd.core.compose import Held, compose
 from latencyd.core.engine import (
     ADOPTED,
@@ -26,7 +33,6 @@ from latencyd.core.engine import (
 from latencyd.core.planning import SwitchPlan
 from latencyd.core.plugin import (
     DeviceEvent,
-    PlacesApplications,
     Plugin,
     Target,
     TaskEvent,
@@ -370,8 +376,9 @@ class Daemon:
         """Why the holder `pid` is not where a plugin placing applications puts it."""
         for name, section in self.engine.sections.items():
             plugin = self.plugins[name]
-            if isinstance(plugin, PlacesApplications):
-                why = plugin.not_placed(section.expansion.rules, pid)
+            if declares(plugin, PlacesApplications):
+                placing = cast(PlacesApplications[Any], plugin)
+                why = placing.not_placed(section.expansion.rules, pid)
                 if why is not None:
                     return why
         return None
@@ -588,7 +595,11 @@ class Daemon:
         wanted: dict[SettingId, Any] = {}
         touched: set[SettingId] = set()
         for event in events:
-            update = plugin.on_device(section.expansion.rules, event, owned) if section else None
+            update = (
+                cast(FollowsDevices[Any], plugin).on_device(section.expansion.rules, event, owned)
+                if section and declares(plugin, FollowsDevices)
+                else None
+            )
             if update is None:
                 return self.refresh([name])
             settings, targets = update
@@ -609,7 +620,7 @@ class Daemon:
             return
         if self.active is None:
             return
-        followers = [n for n in self.active.sections if self.plugins[n].follows.threads]
+        followers = [n for n in self.active.sections if declares(self.plugins[n], FollowsTasks)]
         if not followers:
             return
         if any(e.lost for e in events):
@@ -620,8 +631,9 @@ class Daemon:
             section = self.engine.sections.get(name)
             if section is None:
                 continue
-            plugin, owned = self.plugins[name], self.engine.owned(name)
-            settings: dict[Any, Any] = {}
+            plugin = cast(FollowsTasks[Any], self.plugins[name])
+            owned = self.engine.owned(name)
+            settings: dict[Target, Value] = {}
             timed: list[TaskEvent] = []
             for event in events:
                 got = plugin.on_task(section.expansion.rules, event, owned)
@@ -634,8 +646,9 @@ class Daemon:
                 refused = dict(self.engine.extend(name, settings).not_applicable)
                 # What those tasks started before the write did not inherit it: asked now.
                 for _ in range(FOLLOW_UP_ROUNDS):
-                    applied = TaskEvent("applied", 0, 0)
-                    more = plugin.on_task(section.expansion.rules, applied, self.engine.owned(name))
+                    more = plugin.started_meanwhile(
+                        section.expansion.rules, self.engine.owned(name)
+                    )
                     if not more:
                         break
                     refused.update(self.engine.extend(name, more).not_applicable)
@@ -753,8 +766,10 @@ class Daemon:
         rows: list[dict[str, Any]] = []
         groups: dict[tuple[Hashable, str, str], tuple[int, list[Target]]] = {}
         originals = self.engine.originals
+        grouped = declares(plugin, ReportsGrouped)
+        grouper = cast(ReportsGrouped[Target], plugin) if grouped else None
         for t, value in owned:
-            key = plugin.group(t) if value is not ADOPTED and t not in notes else None
+            key = grouper.group(t) if grouper and value is not ADOPTED and t not in notes else None
             if key is not None:
                 group = (key, repr(value), repr(originals.get((name, t))))
                 if group in groups:
@@ -774,7 +789,8 @@ class Daemon:
         for at, targets in groups.values():
             if len(targets) > 1:
                 rows[at]["targets"] = len(targets)
-                rows[at]["text"] = plugin.describe_group(targets, rows[at]["value"])
+                assert grouper is not None
+                rows[at]["text"] = grouper.describe_group(targets, rows[at]["value"])
         return rows
 
     def status(self, sees_tasks: bool = True) -> dict[str, Any]:
@@ -933,8 +949,8 @@ class Daemon:
         # A hold that needs no CPUs (its profile shields none) has none to be placed on.
         placed = {h.pid: h.cpus for h in holds_in_force(holders) if h.pid and h.placed and h.cpus}
         for plugin in self.plugins.values():
-            plugin.exempt_pids = pids
-            plugin.placed_pids = placed
+            if declares(plugin, PlacesApplications):
+                cast(PlacesApplications[Any], plugin).holders(pids, placed)
 
     def _still_the_holder(self, hold: Hold) -> bool:
         """The hold's pid is still the process that asked (not one that reused the pid)."""

@@ -12,8 +12,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from latencyd.core.capabilities import FollowsTasks, declares
 from latencyd.core.engine import Engine, SettingId, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import TaskEvent, load_plugins
@@ -127,13 +128,14 @@ class TaskWatch:
         followers = [
             p
             for n, p in self.daemon.plugins.items()
-            if p.follows.threads and profile is not None and n in profile.sections
+            if declares(p, FollowsTasks) and profile is not None and n in profile.sections
         ]
+        asked = [(cast(FollowsTasks[Any], p), p.name) for p in followers]
         user_execs = profile is not None and any(
-            p.follows_user_tasks(profile.sections[p.name]) for p in followers
+            p.follows_user_tasks(profile.sections[name]) for p, name in asked
         )
         renames = profile is not None and any(
-            p.follows_renames(profile.sections[p.name]) for p in followers
+            p.follows_renames(profile.sections[name]) for p, name in asked
         )
         wanted = (user_execs, renames)
         if self.opened and (not followers or wanted != (self.user_execs, self.renames)):

@@ -18,9 +18,9 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from latencyd.core.plugin import Plugin
+from latencyd.core.capabilities import ProvidesNoiseWatch, declares
 from latencyd.cpuset import CpuSet
 from latencyd.errors import LatencydError
 from latencyd.kernel import noise, procstat
@@ -239,7 +239,7 @@ def remove_left_instance(system: System) -> bool:
 
 class ShieldWatch:
     """Runs a NoiseWatch while the profile in force has a section whose plugin provides the
-    watch (Plugin.provides_noise_watch: [monitor]) and asks for one (noise_watch): polls it
+    watch (ProvidesNoiseWatch: [monitor]) and asks for one (noise_watch): polls it
     each interval, tells the plugin the last interval for `status` (noise_seen), and says
     when a CPU breaks its budget: a log line and `notify(breach, interval_s)` (the D-Bus
     signal). The application's threads (a hold's process and what it started) are
@@ -269,14 +269,18 @@ class ShieldWatch:
         except LatencydError as exc:
             log.error("the tracefs instance a killed run left stays: %s", exc)
 
-    def _provider(self) -> tuple[str, Plugin[Any, Any]] | None:
-        """The plugin whose section asks for the watch (Plugin.provides_noise_watch), and
-        the name its section goes by."""
-        found = ((n, p) for n, p in self.daemon.plugins.items() if p.provides_noise_watch)
+    def _provider(self) -> tuple[str, ProvidesNoiseWatch[Any]] | None:
+        """The plugin whose section asks for the watch (ProvidesNoiseWatch), and the name
+        its section goes by."""
+        found = (
+            (n, cast(ProvidesNoiseWatch[Any], p))
+            for n, p in self.daemon.plugins.items()
+            if declares(p, ProvidesNoiseWatch)
+        )
         return next(found, None)
 
     @property
-    def plugin(self) -> Plugin[Any, Any] | None:
+    def plugin(self) -> ProvidesNoiseWatch[Any] | None:
         """The plugin that provides the watch: it is told what the watch saw (noise_seen)."""
         found = self._provider()
         return found[1] if found else None

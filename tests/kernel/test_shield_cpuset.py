@@ -115,7 +115,7 @@ def test_a_shield_moved_to_other_cpus_is_made_anew(
 ) -> None:
     """v1's exclusive cpusets cannot trade CPUs in place (either write overlaps the
     exclusive sibling: EINVAL), so a profile shielding other CPUs gives the cpusets back
-    first (Plugin.starts_afresh) and makes them again: the mis-tuned scenario of `bench
+    first (SharesWithUser.starts_afresh) and makes them again: the mis-tuned scenario of `bench
     latency` was the first profile's shield kept, *not applicable*, until then."""
     free, confined = tasks
     profiles = tmp_path / "profiles"
@@ -165,10 +165,11 @@ child.wait()
 
 def hold(engine: Engine, system: System, holders: dict[int, str]) -> None:
     """What the daemon does as holds start and end: each holder placed on its hold's CPUs
-    (placed_pids), the shield the union, and the plugin's settings switched to."""
+    (PlacesApplications.holders), the shield the union, and the plugin's settings switched
+    to."""
     plugin = engine.plugins["shield"]
-    plugin.placed_pids = {pid: CpuSet.from_list(cpus) for pid, cpus in holders.items()}
-    plugin.exempt_pids = frozenset(holders)
+    assert isinstance(plugin, ShieldPlugin)
+    plugin.holders(frozenset(holders), {pid: CpuSet.from_list(c) for pid, c in holders.items()})
     shielded = ",".join(sorted(set(holders.values()))) or "1"
     options = validate(plugin.schema, {"cpus": shielded, "mechanism": "cpuset"}, system.machine())
     wanted = plugin.expand(options, engine.owned("shield")).settings

@@ -42,7 +42,7 @@ def test_kernel_keeps_only_one_of_ratio_and_bytes_and_restore_brings_back_the_mo
         assert vm("dirty_ratio") == "0"
         assert plugin.read(DIRTY) == {"bytes": 32 << 20}
     finally:
-        plugin.restore(DIRTY, original)
+        plugin.write(DIRTY, original)
     assert plugin.read(DIRTY) == original
 
 

@@ -115,3 +115,79 @@ def test_the_schemas_tables_are_documented_in_plugin_docs() -> None:
         tables = [t.name for t in cls.schema.tables if isinstance(t, ArrayOfTables)]
         listed = {o["option"] for o in docs[name]["options"]}
         assert {f"[[{name}.{t}]]" for t in tables} <= listed
+
+
+# A capability declared by a plugin that lives outside latencyd, beside the README's
+# example: the engine finds it by what the plugin is, with nothing of latencyd edited.
+GROUPED_PLUGIN = """
+from collections.abc import Hashable, Mapping, Sequence
+
+from latencyd.core.capabilities import ReportsGrouped
+from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
+from latencyd.core.schema import Schema
+
+from ksm_plugins.ksm import KsmRun
+
+SAID: list[list[tuple[KsmRun, Value, Value]]] = []
+
+
+class SaysKsm(Plugin[KsmRun, None], ReportsGrouped[KsmRun]):
+    name = "sayksm"
+    summary = "KSM, said in one line per step"
+    schema = Schema()
+    targets = (KsmRun,)
+
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
+        return Expansion({KsmRun(): "1"})
+
+    def report(self, changes: list[tuple[KsmRun, Value, Value]]) -> None:
+        SAID.append(changes)
+
+    def group(self, target: KsmRun) -> Hashable | None:
+        return None
+
+    def describe_group(self, targets: Sequence[KsmRun], value: Value) -> str:
+        return "KSM"
+"""
+
+
+def test_a_plugin_written_from_the_readme_needs_only_its_own_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 53: the README's example, written as a package of its own with the entry
+    point an install writes, is found and applied, and a capability it declares is asked
+    for, with nothing of latencyd (core, engine, daemon) edited; a plugin without the
+    capability is never asked."""
+    site = tmp_path / "site"
+    package = site / "ksm_plugins"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    text = (REPO / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text[text.index("## Writing a plugin") :], re.S)
+    assert code
+    (package / "ksm.py").write_text(code.group(1))
+    (package / "sayksm.py").write_text(GROUPED_PLUGIN)
+    (site / "ksm_plugins-1.0.dist-info").mkdir()
+    (site / "ksm_plugins-1.0.dist-info" / "entry_points.txt").write_text(
+        "[latencyd.plugins]\nksm = ksm_plugins.ksm:KsmPlugin\nsayksm = ksm_plugins.sayksm:SaysKsm\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    found = discover([str(site)])
+    assert sorted(found) == ["ksm", "sayksm"]
+    system = make_fake_machine(tmp_path / "machine")
+    before = tree_values(system.root, "sys")
+    plugins = {name: cls(system) for name, cls in found.items()}
+    engine = Engine(plugins, Journal(tmp_path / "state"))
+    section = validate(section_schemas(plugins)["ksm"], {"run": True}, system.machine())
+    for sections in ({"ksm": section}, {"sayksm": {}}):
+        profile = Profile("p", tmp_path / "p.toml", "", sections, {})
+        report = engine.apply(profile)
+        assert report.applied == 1 and engine.verify() == []
+        assert engine.off() == [] and tree_values(system.root, "sys") == before
+    said = sys.modules["ksm_plugins.sayksm"].SAID
+    # Asked of the plugin that declares it, once per step: the apply, then the off.
+    assert [[(type(t).kind, after) for t, _, after in step] for step in said] == [
+        [("ksm_run", "1")],
+        [("ksm_run", "0")],
+    ]
+    assert not hasattr(plugins["ksm"], "report")

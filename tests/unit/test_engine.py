@@ -17,6 +17,7 @@ from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.core import engine as engine_module
+from latencyd.core.capabilities import SharesWithUser
 from latencyd.core.engine import SECTION, Engine, Plan, Refused, Section, plan, section_schemas
 from latencyd.core.journal import Journal, JournalState
 from latencyd.core.plugin import (
@@ -29,6 +30,7 @@ from latencyd.core.plugin import (
     target_kinds,
 )
 from latencyd.core.profile import ProfileLibrary
+from latencyd.core.sharing import read_then_write
 from latencyd.cpuset import CpuSet
 from latencyd.errors import ApplyFailed, Cancelled, KernelRefused, LatencydError, NotApplicable
 from latencyd.kernel.system import Machine, System
@@ -967,3 +969,159 @@ def test_a_plan_hides_tasks_from_who_may_not_see_them(rig: Rig) -> None:
     assert [r["plugin"] for r in hidden["settings"]] == ["sysctl"]
     assert hidden["would_change"] == 2 and hidden["hidden"] == {"shield": 1}
     assert "4242" not in json.dumps(hidden)
+
+
+@dataclass(frozen=True)
+class UsersChoice:
+    """A Handover: the value "user" is its user's to keep (data, no plugin state)."""
+
+    def theirs(self, target: Knob | SoftKnob, actual: Value) -> str | None:
+        return "the user set it" if actual == "user" else None
+
+
+class SharedKnobs(FakePlugin, SharesWithUser[Knob | SoftKnob, None]):
+    """Knobs their user may set too: `pinned` ones are set to "user" by their user right
+    between the engine's judging and its write (as `taskset -c 1 app` after an exec)."""
+
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        self.pinned: set[str] = set()
+        self.calls: list[str] = []  # the plugin's hooks and verbs, in the order asked
+
+    def handover(self, rules: None) -> UsersChoice:
+        self.calls.append("handover")
+        return UsersChoice()
+
+    def write_unless_changed(self, target: Knob | SoftKnob, value: Value, judged: Value) -> Any:
+        self.calls.append(f"write_unless_changed {target.name}")
+        if target.name in self.pinned:
+            self.system.write(f"proc/sys/fake/{target.name}", "user")
+        return read_then_write(self, target, value, judged)
+
+    def write(self, target: Knob | SoftKnob, value: Any) -> None:
+        self.calls.append(f"write {target.name}")
+        super().write(target, value)
+
+
+def test_a_shared_setting_is_judged_by_a_handover_made_before_any_write(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 53: a plugin sharing its settings with their user (SharesWithUser) gives the
+    engine its rule of what is theirs once per step, before anything is written; inside
+    the writes the engine reaches the plugin only through its verbs. What the user set
+    between the judging and the write stays theirs, unowned, and `off` leaves it."""
+    root = make_fake_root(tmp_path, sysctls=FAKE_KEYS)
+    plugin = SharedKnobs(KernelLikeSystem(root))
+    plugin.pinned = {"b"}
+    engine = Engine({"fake": plugin}, Journal(tmp_path / "state"))
+    wanted = {("fake", Knob("a")): "1", ("fake", Knob("b")): "1"}
+    with caplog.at_level("INFO"):
+        report = engine.switch(wanted, "p")
+    assert report.applied == 1 and ("fake", Knob("b")) not in engine.applied
+    assert read_sysctl(root, "fake/a") == "1" and read_sysctl(root, "fake/b") == "user"
+    assert "b = user: left as it is, the user set it" in caplog.text
+    first_write = next(i for i, c in enumerate(plugin.calls) if c.startswith("write"))
+    assert "handover" in plugin.calls[:first_write]
+    assert "handover" not in plugin.calls[first_write:]
+    assert engine.off() == []
+    assert read_sysctl(root, "fake/a") == "0" and read_sysctl(root, "fake/b") == "user"
+
+
+class LooksShared(FakePlugin):
+    """The methods of SharesWithUser and ReportsGrouped, neither of them declared."""
+
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        self.asked: list[str] = []
+
+    def handover(self, rules: None) -> UsersChoice:
+        self.asked.append("handover")
+        return UsersChoice()
+
+    def write_unless_changed(self, target: Knob | SoftKnob, value: Value, judged: Value) -> Any:
+        self.asked.append("write_unless_changed")
+        return read_then_write(self, target, value, judged)
+
+    def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
+        self.asked.append("starts_afresh")
+        return False
+
+    def report(self, changes: list[tuple[Knob | SoftKnob, Value, Value]]) -> None:
+        self.asked.append("report")
+
+    def group(self, target: Knob | SoftKnob) -> None:
+        self.asked.append("group")
+
+    def describe_group(self, targets: list[Knob | SoftKnob], value: Value) -> str:
+        self.asked.append("describe_group")
+        return ""
+
+
+def test_a_capability_is_asked_only_of_a_plugin_that_declares_it(tmp_path: Path) -> None:
+    """Issue 53: the engine finds a capability among the plugin's bases, not by the names
+    of its methods. A plugin whose own methods happen to be named as a capability's is
+    owned as latencyd's alone, and asked none of them: what its look-alike handover
+    would call the user's is drift, planned to be given back, and given back at off."""
+    root = make_fake_root(tmp_path, sysctls=FAKE_KEYS)
+    plugin = LooksShared(KernelLikeSystem(root))
+    engine = Engine({"fake": plugin}, Journal(tmp_path / "state"))
+    report = engine.apply(_profile("p", {"fake": {"a": "1", "b": "user"}}))
+    assert report.applied == 2 and read_sysctl(root, "fake/b") == "user"
+    write_sysctl(root, "fake/a", "user")
+    assert [(d.target, d.actual) for d in engine.verify()] == [(Knob("a"), "user")]
+    planned = _planned(engine.plan_profile(_profile("q", {})))
+    assert planned[("fake", Knob("a"))] == ("change", "restore", "user", "0")
+    assert engine.off() == [] and read_sysctl(root, "fake/a") == read_sysctl(root, "fake/b") == "0"
+    assert plugin.asked == []
+
+
+class SharedKnobsCountingSteps(SharedKnobs):
+    """SharedKnobs that say which step of theirs (begin_step to end_step: the engine
+    begins one after each turn of the main loop) a setting was judged and described in."""
+
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        self.step = 0
+        self.judged_in: dict[str, int] = {}
+        self.words_fail = False
+
+    def begin_step(self) -> None:
+        self.step += 1
+
+    def write_unless_changed(self, target: Knob | SoftKnob, value: Value, judged: Value) -> Any:
+        self.judged_in[target.name] = self.step
+        return super().write_unless_changed(target, value, judged)
+
+    def describe(self, target: Knob | SoftKnob, value: Any) -> str:
+        if self.words_fail:
+            raise RuntimeError("a plugin's bug in its words")
+        return f"{target.name} = {value} (described in step {self.step})"
+
+
+def test_what_is_left_to_its_user_is_said_before_the_turn_it_was_judged_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A setting left to its user is said in the plugin's words before the main loop's
+    next turn, as it was said where it was judged before the shared ownership became a
+    strategy (issue 53): after the turn its pid may be another task's, whose name the
+    words would show. A plugin's words that fail are logged, and fail nothing."""
+    monkeypatch.setattr(engine_module, "SLICE_S", 0.0)  # every setting is a slice
+    root = make_fake_root(tmp_path, sysctls=FAKE_KEYS)
+    plugin = SharedKnobsCountingSteps(KernelLikeSystem(root))
+    plugin.pinned = {"a", "b"}
+    engine = Engine({"fake": plugin}, Journal(tmp_path / "state"))
+    wanted = {("fake", Knob(k)): "1" for k in ("a", "b", "c")}
+    with caplog.at_level("INFO"):
+        report = engine.switch(wanted, "p")
+    assert report.applied == 1 and set(engine.applied) == {("fake", Knob("c"))}
+    assert plugin.judged_in["a"] < plugin.judged_in["b"] < plugin.step
+    for name in ("a", "b"):
+        said = f"{name} = user (described in step {plugin.judged_in[name]}): left as it is"
+        assert said in caplog.text
+    # Words that fail: logged, and the check is done even so, what it let go let go.
+    plugin.words_fail = True
+    write_sysctl(root, "fake/c", "user")
+    caplog.clear()
+    assert engine.verify() == [] and engine.applied == {}
+    assert "[fake] saying what was left to its user" in caplog.text
+    assert engine.off() == [] and read_sysctl(root, "fake/c") == "user"

@@ -26,6 +26,7 @@ from latencyd.plugins.irq import (
     IrqRules,
 )
 
+from latencyd.core.capabilities import FollowsTasks, declares
 from latencyd.core.engine import (
     SECTION,
     ApplyFailed,
@@ -817,7 +818,7 @@ def test_an_irqbalance_started_after_the_profile_is_banned_at_its_exec(
     engine.apply(profile(plugin, machine, "p", {"isolate": "1"}))
     assert ("irq", IrqbalanceBan()) not in engine.applied  # not running: nothing to ban
     rules = engine.sections["irq"].expansion.rules
-    assert plugin.follows.user_tasks
+    assert declares(plugin, FollowsTasks)
     assert plugin.follows_user_tasks(section(plugin, machine, {"isolate": "1"}))
     add_task(root, 900, "irqbalance", uid=1000)  # a user's process of that name: no
     assert plugin.on_task(rules, TaskEvent("comm", 900, 900), engine.owned("irq")) == {}

@@ -19,6 +19,7 @@ from latencyd.plugins.kthread import (
     rules_from,
 )
 
+from latencyd.core.capabilities import FollowsTasks, declares
 from latencyd.core.engine import Engine, Refused, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.movable import MOVE_REFUSED
@@ -375,7 +376,7 @@ def test_comm_of_a_user_task_is_the_shields(m: Machinery, machine: Machine) -> N
 
 
 def test_follows_threads_and_cpus_and_never_user_tasks(m: Machinery, machine: Machine) -> None:
-    assert m.plugin.follows.threads
+    assert declares(m.plugin, FollowsTasks)
     assert m.plugin.follows.udev == {"cpu": CPU_ACTIONS}
     assert not m.plugin.follows_user_tasks(m.options(machine, RULES))  # the shield's
 

@@ -14,10 +14,19 @@ from latencyd.plugins.shield import ShieldPlugin
 from latencyd.plugins.sysctl import Sysctl, SysctlPlugin, key_parts, normalize, sysctl_path
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
+from latencyd.core.capabilities import (
+    ActsAtBoot,
+    FollowsDevices,
+    FollowsTasks,
+    PlacesApplications,
+    ProvidesNoiseWatch,
+    ReportsGrouped,
+    SharesWithUser,
+    declares,
+)
 from latencyd.core.engine import ENGINE_OPTIONS, Engine, plugin_options, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import (
-    DeviceEvent,
     Expansion,
     Follows,
     Monitor,
@@ -151,9 +160,9 @@ def test_writeback_write_writes_the_file_of_the_mode(fake_root: Path) -> None:
 def test_writeback_restore_of_ratio_writes_dirty_ratio(fake_root: Path) -> None:
     plugin = WritebackPlugin(System(fake_root))
     write_sysctl(fake_root, "vm/dirty_ratio", "7")
-    plugin.restore(DirtyLimit("dirty"), {"ratio": 20})
+    plugin.write(DirtyLimit("dirty"), {"ratio": 20})
     assert read_sysctl(fake_root, "vm/dirty_ratio") == "20"
-    plugin.restore(DirtyLimit("dirty_background"), {"bytes": 8192})
+    plugin.write(DirtyLimit("dirty_background"), {"bytes": 8192})
     assert read_sysctl(fake_root, "vm/dirty_background_bytes") == "8192"
 
 
@@ -165,7 +174,7 @@ def test_writeback_round_trip_on_kernel_like_tree(fake_root: Path) -> None:
     plugin.write(DirtyLimit("dirty"), {"bytes": 1 << 20})
     assert plugin.read(DirtyLimit("dirty")) == {"bytes": 1 << 20}
     assert read_sysctl(fake_root, "vm/dirty_ratio") == "0"
-    plugin.restore(DirtyLimit("dirty"), saved)
+    plugin.write(DirtyLimit("dirty"), saved)
     assert plugin.read(DirtyLimit("dirty")) == {"ratio": 20}
     assert sysctl_values(fake_root) == original
 
@@ -565,15 +574,19 @@ def test_plugin_defaults(fake_root: Path) -> None:
 
     plugin = Minimal(System(fake_root))
     k = Knob("k")
-    plugin.restore(k, 3)  # restore defaults to write
+    plugin.write(k, 3)
     assert plugin.writes == [(k, 3)]
     assert plugin.same(k, 1, 1) and not plugin.same(k, 1, "1")
     assert plugin.exists(k)
     assert plugin.watch_files(k) == ()  # polled
     assert plugin.root_only({"x": 1}) is None
-    assert plugin.follows == Follows() and not plugin.follows_user_tasks({})
-    assert plugin.on_task(None, TaskEvent("fork", 5, 5, ppid=2), {}) == {}
-    assert plugin.on_device(None, DeviceEvent("net", "add", "eth0"), {}) is None
+    assert plugin.follows == Follows()
+    # A capability is declared, never inherited: the engine and the daemon ask none of these.
+    capabilities = (FollowsTasks, FollowsDevices, SharesWithUser, ReportsGrouped,
+                    ProvidesNoiseWatch, ActsAtBoot, PlacesApplications)  # fmt: skip
+    assert not any(declares(plugin, c) for c in capabilities)
+    hooks = {m for c in capabilities for m in vars(c) if not m.startswith("_")}
+    assert hooks and not any(hasattr(plugin, hook) for hook in hooks)
     assert not plugin.changed(None)
     assert plugin.monitor(None) == Monitor()
     assert plugin.rescan_interval_s == 60.0

@@ -15,6 +15,7 @@ from latencyd.plugins.monitor import MonitorPlugin
 from latencyd.plugins.shield import THREAD_CHUNK, ShieldPlugin, ShieldRules, TaskAffinity
 
 from latencyd.core import engine as engine_module
+from latencyd.core.capabilities import FollowsTasks, declares
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal, JournalState, key_of
 from latencyd.core.movable import MOVE_REFUSED
@@ -608,7 +609,7 @@ def test_describe(m: Machinery) -> None:
 
 
 def test_follows_user_tasks_only_when_asked(m: Machinery, machine: Machine) -> None:
-    assert m.plugin.follows.threads
+    assert declares(m.plugin, FollowsTasks)
     assert m.plugin.follows.udev == {"cpu": CPU_ACTIONS}
     assert m.plugin.follows_user_tasks(m.options(machine, ISOLATE))
     assert m.plugin.follows_user_tasks(m.options(machine, {"rule": [{"match": "a", "cpus": "1"}]}))
@@ -774,7 +775,7 @@ def test_a_rename_deep_down_under_a_hold_walks_the_parents_once(
     system = Counting(m.root, m.sched)
     plugin = ShieldPlugin(system)
     rules = plugin.expand(validate(plugin.schema, ISOLATE, machine), {}).rules
-    plugin.exempt_pids = frozenset({300})  # sshd holds a profile
+    plugin.holders(frozenset({300}), {})  # sshd holds a profile
     ppid = 1
     for n in range(60):
         add_task(m.root, 2000 + n, "deep", ppid=ppid, start_time=20000 + n)
@@ -802,7 +803,7 @@ def test_a_rename_deep_down_under_a_hold_walks_the_parents_once(
     add_task(m.root, 3000, "held-child", ppid=300, start_time=30000)
     m.sched.add(3000)
     assert rename(3000) == {}
-    plugin.exempt_pids = frozenset({2030})  # a process half-way up the chain holds now
+    plugin.holders(frozenset({2030}), {})  # a process half-way up the chain holds now
     assert rename(2059) == {}
     assert rename(2010) == {TaskAffinity(2010, 20010, 2010): "0,2-3"}  # above it: not held
     # A pid reused by another task is not taken for the one judged.

@@ -203,7 +203,7 @@ def test_from_a_cpuset_to_the_chase_the_tasks_are_judged_once_out_of_it(
     """The kernel gives a task its own CPUs back only once it leaves the cpuset: judged
     before (inside housekeeping, on CPU 0 only), the chase would leave it alone and find
     it back on the shielded CPU after the move. So the cpusets are given back in a step
-    of their own first (Plugin.starts_afresh), and the chase reads what that left."""
+    of their own first (SharesWithUser.starts_afresh), and the chase reads what that left."""
     m, system, engine = rig(tmp_path, v1=True, v2=False)
     profiles = tmp_path / "profiles"
     profiles.mkdir()
@@ -325,7 +325,7 @@ def test_v1_a_held_applications_own_cpuset_is_journaled_and_a_killed_run_removes
     there out and removes it, and the machine is as found."""
     m, system, engine = rig(tmp_path, v1=True, v2=False)
     before = tree_values(m.root)
-    m.plugin.placed_pids, m.plugin.exempt_pids = {400: CpuSet.from_list("1")}, frozenset({400})
+    m.plugin.holders(frozenset({400}), {400: CpuSet.from_list("1")})
     switch(m, engine, machine, {"cpus": "1-2"})
     own = "/latencyd-shield/latencyd-app-400"
     assert cgroup(system, 400) == own and system.read(f"{V1}{own}/cpuset.cpus") == "1"
@@ -347,13 +347,12 @@ def test_v1_a_holder_whose_hold_ends_leaves_for_housekeeping_not_the_shield(
     and the other's stays as it was."""
     m, system, engine = rig(tmp_path, v1=True, v2=False)
     one = CpuSet.from_list("1")
-    m.plugin.placed_pids = {300: one, 400: one}
-    m.plugin.exempt_pids = frozenset({300, 400})
+    m.plugin.holders(frozenset({300, 400}), {300: one, 400: one})
     options = validate(m.plugin.schema, {"cpus": "1"}, machine)
     wanted = m.plugin.expand(options, engine.owned("shield")).settings
     engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
     assert m.sched.affinity[300] == m.sched.affinity[400] == {1}
-    m.plugin.placed_pids, m.plugin.exempt_pids = {400: one}, frozenset({400})
+    m.plugin.holders(frozenset({400}), {400: one})
     wanted = m.plugin.expand(options, engine.owned("shield")).settings
     engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
     assert cgroup(system, 300) == "/latencyd-housekeeping"
@@ -482,7 +481,7 @@ def test_a_task_placed_by_name_stays_in_its_held_applications_own_cpuset(
     systemd: it stays in its application's cpuset on its hold's CPU, not moved into the
     shield's (where the kernel would give it both holds' CPUs: issue 52 wants each
     application on its own only); on shielded CPUs already, it is left as it is, as a
-    task inside the shield's is (handed_over): nothing refused, nothing of it owned, at
+    task inside the shield's is (KeptInside): nothing refused, nothing of it owned, at
     its exec and at a rescan."""
     m, system, daemon = two_holds(tmp_path, more)
     own = "/latencyd-shield/latencyd-app-300"

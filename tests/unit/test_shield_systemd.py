@@ -137,7 +137,7 @@ def test_a_killed_run_is_adopted_and_put_back_through_systemd(
     m, system = systemd_rig
     before = files(m)
     engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
-    m.plugin.placed_pids = {400: CpuSet.from_list("1-3")}  # a holder asked to be placed
+    m.plugin.holders(frozenset(), {400: CpuSet.from_list("1-3")})  # a holder asked to be placed
     engine.switch(wanted(m, machine, {"cpus": "1-3"}), "p")
     assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
     again = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))

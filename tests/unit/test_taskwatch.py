@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 
+from latencyd.core.capabilities import FollowsTasks
 from latencyd.core.plugin import Follows, TaskEvent
 from latencyd.core.profile import Profile
 from latencyd.service.daemon import Daemon
@@ -54,11 +55,16 @@ class Flood:
 
 
 @dataclass
-class Follower:
+class Follower(FollowsTasks[Any]):
+    """A plugin following tasks (it declares FollowsTasks: the watch asks no other)."""
+
     name: str = "shield"
-    follows: Follows = field(default_factory=lambda: Follows(threads=True))
+    follows: Follows = field(default_factory=Follows)
     renames: bool = True
     rescan_interval_s: float = 60.0
+
+    def on_task(self, rules: Any, event: TaskEvent, owned: Any) -> dict[Any, Any]:
+        return {}
 
     def follows_user_tasks(self, options: Any) -> bool:
         return True
