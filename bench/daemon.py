@@ -456,7 +456,7 @@ def bytecode_env(compiled: bool, workroot: Path) -> Iterator[str]:
         import importlib.util
 
         # A .pyc older than its source is recompiled by every process that imports it.
-        sources = [*REPO.glob("latencyd/**/*.py"), *REPO.glob("plugins/*.py")]
+        sources = [*REPO.glob("latencyd/**/*.py"), *REPO.glob("plugins/**/*.py")]
         stale = []
         for source in sources:
             cached = Path(importlib.util.cache_from_source(str(source)))

@@ -1,1 +1,1 @@
-"""Built-in plugins, one file each; installed as the `latencyd.plugins` package."""
+"""Built-in plugins, a module or a package each; installed as the `latencyd.plugins` package."""

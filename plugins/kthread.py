@@ -10,7 +10,7 @@ On Linux >= 3.10 writeback runs on the unbound `writeback` workqueue, steered by
 its cpumask, not in `flush-*` threads; older kernels' `flush-MAJ:MIN` threads are
 matched by the rules like any other thread.
 
-Keeping user tasks off the application's CPUs is the shield plugin's (plugins/shield.py),
+Keeping user tasks off the application's CPUs is the shield plugin's (plugins/shield/),
 which took over the user-task options that once were here (its Schema.moved says which).
 """
 

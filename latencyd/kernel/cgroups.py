@@ -2,7 +2,7 @@
 
 Pure: decoders of /proc/self/mountinfo and /proc/PID/cgroup, the choice between the
 shield's mechanisms from what the machine has, and the cpusets each mechanism makes
-(the system facade reads and writes them; plugins/shield.py owns them as settings).
+(the system facade reads and writes them; plugins/shield/ owns them as settings).
 
 The kernel facts this rests on (Documentation/admin-guide/cgroup-v2.rst, cgroup-v1/
 cpusets.rst; checked on Linux 6.18):

@@ -194,17 +194,27 @@ def helpers_of_one_plugin(
     repo: Path, found: dict[str, Path], graph: dict[str, set[str]]
 ) -> list[str]:
     """Every module of `core` that, outside `core`, only one plugin imports: a helper of
-    that plugin, which belongs beside it, not in the framework."""
+    that plugin, which belongs beside it, not in the framework. A plugin is a module or a
+    package of plugins/: its package's modules are that one plugin."""
     problems = []
     for module, path in found.items():
         if room(module) != "core" or path.name == "__init__.py":
             continue
-        users = {m for m, targets in graph.items() if module in targets and room(m) != "core"}
+        users = {
+            owner(m) for m, targets in graph.items() if module in targets and room(m) != "core"
+        }
         inside = any(module in graph[m] for m in found if room(m) == "core")
         if len(users) == 1 and room(next(iter(users))) == "plugins" and not inside:
             only = next(iter(users))
             problems.append(f"{path.relative_to(repo)}: a helper of {only} alone")
     return problems
+
+
+def owner(module: str) -> str:
+    """The plugin a module of plugins/ belongs to (latencyd.plugins.NAME, a package's
+    modules too); any other module is its own."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if room(module) == "plugins" and len(parts) > 3 else module
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -299,6 +309,7 @@ def test_the_check_catches_kernel_files_opened_past_the_facade_and_a_plugins_hel
             "latencyd/core/__init__.py": "",
             "latencyd/core/plugin.py": "",
             "latencyd/core/ethtool.py": "import os\n",
+            "latencyd/core/movable.py": "",
             "latencyd/tools/__init__.py": "",
             "latencyd/tools/cli.py": """\
                 import os
@@ -313,12 +324,16 @@ def test_the_check_catches_kernel_files_opened_past_the_facade_and_a_plugins_hel
             "plugins/__init__.py": "",
             "plugins/net.py": "from latencyd.core import ethtool, plugin\n",
             "plugins/irq.py": "from latencyd.core import plugin\n",
+            # a plugin as a package: two of its modules are still one plugin
+            "plugins/shield/__init__.py": "from latencyd.core import movable\n",
+            "plugins/shield/chase.py": "from latencyd.core import movable, plugin\n",
         },
     )
     assert check(tmp_path) == [
         "latencyd/tools/cli.py:7: opens '/sys/devices/system/cpu/cpu' past the system facade",
         "latencyd/tools/cli.py:8: spells '/run/latencyd/bus-address' (see latencyd/paths.py)",
         "latencyd/core/ethtool.py: a helper of latencyd.plugins.net alone",
+        "latencyd/core/movable.py: a helper of latencyd.plugins.shield alone",
     ]
 
 
