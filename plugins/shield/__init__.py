@@ -21,17 +21,8 @@ profiles that say so still load (Schema.moved), and journals that hold them stil
 restore (took_over).
 """
 
-from .plugin import (
-    THREAD_CHUNK,
-    Cgroup,
-    ShieldPlugin,
-    ShieldRules,
-    SlicePartition,
-    TaskAffinity,
-    TaskCgroup,
-    TaskUnit,
-    UnitCpus,
-)
+from .plugin import THREAD_CHUNK, ShieldPlugin, ShieldRules
+from .targets import Cgroup, SlicePartition, TaskAffinity, TaskCgroup, TaskUnit, UnitCpus
 
 __all__ = [
     "THREAD_CHUNK",
