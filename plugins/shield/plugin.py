@@ -4,13 +4,10 @@ package's docstring says what the shield is)."""
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import itertools
 import logging
-import re
 import time
 from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from latencyd.core.capabilities import (
@@ -70,8 +67,17 @@ from latencyd.kernel.cgroups import (
     v2_groups,
 )
 from latencyd.kernel.system import System, Task
-from latencyd.text import printable
 
+from .rules import (
+    PLACED,
+    Judge,
+    KeptInside,
+    Rule,
+    ShieldRules,
+    rule_settings,
+    ruled_inside,
+    rules_from,
+)
 from .targets import (
     Cgroup,
     Controller,
@@ -89,72 +95,11 @@ from .targets import (
 )
 
 THREAD_CHUNK = 1024  # threads of one task read per piece of an expansion (expand_steps)
-ANCESTRY_DEPTH = 64  # generations under_hold walks up at most (a loop cannot trap it)
-MAX_VERDICTS = 65536  # under_hold's verdicts kept, past which they are judged afresh
 BORN_NARROWED_DEPTH = 8  # generations born_narrowed walks up to a narrowed ancestor
 MECHANISMS = ("auto", "cpuset", "affinity")
 CGROUP_TASK_CHUNK = 256  # tasks judged per piece of a cpuset expansion
-PLACED = re.compile("")  # the rule the application is placed by (ShieldPlugin.rule_for)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A user process's rule: its CPUs only. A user process's policy is its own (and the
-    daemon could not give it back after an exec changed what the process is)."""
-
-    pattern: re.Pattern[str]
-    cpus: CpuSet
-
-
-@dataclass(frozen=True)
-class ShieldRules:
-    rules: tuple[Rule, ...]
-    cpus: CpuSet  # the shielded CPUs
-    allow: tuple[str, ...]
-    scanned_at: float  # monotonic time of the expansion: the next rescan is due from here
-    apps: tuple[str, ...] = ()  # globs of the application's names: placed as they exec
-    # The mechanism here, and why not the others.
-    choice: Chosen = field(default_factory=lambda: Chosen("affinity", None))
-    # Tasks another manager's cgroup holds, left alone: (pid, name, cgroup, whose).
-    theirs: tuple[tuple[int, str, str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class KeptInside:
-    """The shield's Handover: a task whose user confined it to the shielded CPUs (taskset,
-    a container runtime, `latencyctl hold`) was put there on purpose and stays."""
-
-    cpus: CpuSet  # the shielded CPUs
-
-    def theirs(self, target: ShieldTarget, actual: Value) -> str | None:
-        if not isinstance(target, TaskAffinity):
-            return None
-        cpus = CpuSet.from_list(str(actual))
-        if cpus and cpus.issubset(self.cpus):
-            return f"put on isolated CPUs {cpus} on purpose: a task inside the shield stays"
-        return None
-
-
-def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
-    return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
-
-
-def by_name(rules: ShieldRules, task: Task) -> Rule | None:
-    """The first rule whose regex a user task's name matches (user_rule: the one it runs
-    by)."""
-    if task.is_kthread:
-        return None
-    return next((r for r in rules.rules if r.pattern.search(task.comm)), None)
-
-
-def ruled_inside(rules: ShieldRules, rule: Rule | None) -> bool:
-    """Whether `rule` puts its tasks on shielded CPUs only. Under a cpuset the kernel
-    lets a task have those CPUs only inside the shield's cgroup (elsewhere its affinity
-    is refused: EINVAL), so it is moved in as the application is: the rule is the
-    profile's, by name, as TuneD's scheduler groups are."""
-    return rule is not None and bool(rule.cpus) and rule.cpus.issubset(rules.cpus)
 
 
 class ShieldPlugin(
@@ -244,19 +189,11 @@ class ShieldPlugin(
         super().__init__(system)
         self.every_cpu: str | None = None  # the online CPUs, within a step
         self.just_narrowed: set[int] = set()  # processes whose new settings await started_meanwhile
-        # Whether a task is under a hold (under_hold): pid -> (start time, verdict), valid
-        # for the holders in verdicts_for.
-        self.verdicts: dict[int, tuple[int, bool]] = {}
-        self.verdicts_for: frozenset[int] = frozenset()
-        # Processes holding a profile (`latencyctl hold PROFILE -- app`): they and what they
-        # start are never moved (the daemon tells them, PlacesApplications.holders).
-        self.exempt_pids: frozenset[int] = frozenset()
-        # Of those, the holders that asked to be placed (HoldAndPlace), each with its
-        # hold's CPUs: each is put on its own CPUs only, so its command is born there.
-        self.placed_pids: Mapping[int, CpuSet] = {}
+        # Who a task is to the shield (the application, allowed, under a hold, ruled).
+        self.judge = Judge(system)
 
     def holders(self, exempt: frozenset[int], placed: Mapping[int, CpuSet]) -> None:
-        self.exempt_pids, self.placed_pids = exempt, placed
+        self.judge.holders(exempt, placed)
 
     # -- which mechanism keeps the shield ------------------------------------------------
     def mechanism(self, options: Options) -> Chosen:
@@ -320,35 +257,18 @@ class ShieldPlugin(
             expansion = yield from self.affinity_expand_steps(rules, owned)
         else:
             expansion = yield from self.cpuset_expand_steps(rules, owned)
-        expansion.refused.update(self.given_way(rules))
+        expansion.refused.update(self.judge.given_way(rules))
         return expansion
 
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[ShieldRules]:
         return run_to_end(self.expand_steps(options, owned))
-
-    def is_app(self, rules: ShieldRules, task: Task) -> bool:
-        """Whether the task is the application ([shield] apps), by what its user cannot
-        forge: a pattern with a `/` matches its executable's path; a bare name, the file
-        name of an executable root owns and no one else may write (not a process name:
-        any user's process may rename itself, or run a copy named like the application)."""
-        if not rules.apps:
-            return False
-        exe = self.system.executable(task.pid)
-        if exe is None:
-            return False
-        name = exe.path.rsplit("/", 1)[-1]
-        by_path = (p for p in rules.apps if "/" in p)
-        by_name = (p for p in rules.apps if "/" not in p) if exe.trusted else ()
-        return any(fnmatch.fnmatchcase(exe.path, p) for p in by_path) or any(
-            fnmatch.fnmatchcase(name, p) for p in by_name
-        )
 
     def not_placed(self, rules: ShieldRules | None, pid: int) -> str | None:
         """Why the holder `pid` is not on the shielded CPUs (PlacesApplications): what its
         cgroup's owner keeps it in, or the CPUs it has."""
         if rules is None or not rules.cpus:
             return None
-        own = self.own_cpus(rules, pid)
+        own = self.judge.own_cpus(rules, pid)
         affinity = self.system.affinity(pid)
         if affinity and affinity.issubset(own):
             return None
@@ -363,13 +283,6 @@ class ShieldPlugin(
             f"process {pid} runs on CPUs {affinity.to_list() or 'none'}{where}, not on the "
             f"shielded CPUs {own.to_list()}" + (f": {why}" if why else "")
         )
-
-    def placed(self, rules: ShieldRules, task: Task, rule: Rule | None) -> bool:
-        """Whether the shield puts the task on the shielded CPUs: the application, by
-        name or because it holds the profile (`latencyctl run`/`hold`, whose command is
-        then born there), or a task its rule (user_rule, found once by the caller) puts
-        there."""
-        return task.pid in self.placed_pids or self.is_app(rules, task) or ruled_inside(rules, rule)
 
     # -- the cpuset mechanisms: the kernel keeps the shield ----------------------------------
     def cpuset_expand_steps(
@@ -424,7 +337,7 @@ class ShieldPlugin(
             cgroup = self.system.task_cgroup(task.pid)
             if cgroup is None:
                 continue
-            rule = self.user_rule(rules, task)  # once per task: where it goes, then its CPUs
+            rule = self.judge.user_rule(rules, task)  # once per task: where it goes, then its CPUs
             try:
                 target, where, why = self.task_placement(rules, task, cgroup, owned, rule)
             except KernelRefused:
@@ -436,15 +349,15 @@ class ShieldPlugin(
             elif why:
                 theirs.append((task.pid, task.comm, cgroup, why))
             inside = inside_shield(where or cgroup)
-            if rule is None and inside and task.pid in self.placed_pids and not own:
+            if rule is None and inside and task.pid in self.judge.placed_pids and not own:
                 # Each hold's application on its own CPUs inside the shield: in a cgroup of
                 # its own where the mechanism makes one (place), else by an affinity its
                 # command inherits and the kernel keeps when the shield's CPUs change (the
                 # user-requested mask): another hold's CPUs joining or leaving the shield
                 # do not spread it over them.
-                rule = Rule(PLACED, self.own_cpus(rules, task.pid))
+                rule = Rule(PLACED, self.judge.own_cpus(rules, task.pid))
             if rule is not None:  # after its move
-                settings.update(self.user_rule_settings(rule, task, [*self.thread_ids(task.pid)]))
+                settings.update(rule_settings(rule, task, [*self.thread_ids(task.pid)]))
         rules = dataclasses.replace(rules, theirs=tuple(theirs))
         return Expansion(settings, rules, refused=refused)
 
@@ -465,15 +378,15 @@ class ShieldPlugin(
             unit_target = TaskUnit(hierarchy, task.pid, task.start_time)
             confined = top_cgroup(cgroup) in SYSTEMD_CONFINED
             cpus = self._users_cpus(task, owned) if confined else CpuSet()
-            placed = self.placed(rules, task, rule)
+            placed = self.judge.placed(rules, task, rule)
             # By name or under a hold; asked only where it decides (a walk up the parents).
             confined_there = bool(cpus) and cpus.issubset(rules.cpus)
-            allowed = confined_there and self.left_alone(rules, task) is not None
+            allowed = confined_there and self.judge.left_alone(rules, task) is not None
             into, why = systemd_placement(cgroup, cpus, rules.cpus, placed, allowed)
             where = f"/{APP_SLICE}/{app_scope(task.pid)}" if into else None
             return unit_target, where, why
         target = TaskCgroup(hierarchy, task.pid, task.start_time)
-        placed = self.placed(rules, task, rule)
+        placed = self.judge.placed(rules, task, rule)
         # A hold's holder whose hold ended (placed no more, the CPUs it was given still
         # owned): judged as from the root, so it leaves the shield its CPUs were taken from.
         # Its own cpuset or the CPUs it was given tell it, whichever placed it.
@@ -486,7 +399,7 @@ class ShieldPlugin(
             and rule is None
         )
         judged = "/" if released else cgroup
-        allowed = judged == "/" and self.left_alone(rules, task) is not None
+        allowed = judged == "/" and self.judge.left_alone(rules, task) is not None
         # Its CPUs now are its own cpuset's, not its user's: a holder is not judged by them.
         users = judged == "/" and not (released and in_own)
         cpus = self._users_cpus(task, owned) if users else CpuSet()
@@ -509,7 +422,7 @@ class ShieldPlugin(
         Every own cgroup is inside the shield's (app_cgroup, app_scope): the holders are
         looked through only for a task in there."""
         return inside_shield(cgroup) and any(
-            self.own_cgroup(rules, pid) == cgroup for pid in self.placed_pids
+            self.own_cgroup(rules, pid) == cgroup for pid in self.judge.placed_pids
         )
 
     def own_cgroup(self, rules: ShieldRules, pid: int) -> str | None:
@@ -517,7 +430,7 @@ class ShieldPlugin(
         a cpuset of its own inside the shield's (v1), or a scope of its own in
         latencyd.slice whose AllowedCPUs= are its CPUs (systemd); None: by an affinity
         (the v2 partition, the chase) or on the whole shield (an application by name)."""
-        if pid not in self.placed_pids:
+        if pid not in self.judge.placed_pids:
             return None
         if rules.choice.mechanism == "cpuset-v1":
             return f"/{app_cgroup(pid)}"
@@ -541,7 +454,7 @@ class ShieldPlugin(
         its own. Another hold's start or end writes nothing of it: its CPUs are its own."""
         own = self.own_cgroup(rules, task.pid)
         mine = own is not None and lands == own
-        hierarchy, cpus = rules.choice.hierarchy or "", self.own_cpus(rules, task.pid)
+        hierarchy, cpus = rules.choice.hierarchy or "", self.judge.own_cpus(rules, task.pid)
         if own is not None and mine and rules.choice.mechanism == "cpuset-v1":
             mems = self.system.read(f"{hierarchy}/cpuset.effective_mems")  # the shield's
             settings[Cgroup(hierarchy, own.lstrip("/"))] = v1_app_group(cpus, mems)
@@ -560,46 +473,6 @@ class ShieldPlugin(
         return self.system.affinity(task.pid)
 
     # -- the affinity mechanism: deciding what a task wants --------------------------------
-    def user_rule(self, rules: ShieldRules, task: Task) -> Rule | None:
-        """The rule a user task runs by: the first whose regex its name matches, unless
-        that one gives way to the task's hold (gives_way)."""
-        rule = by_name(rules, task)
-        return None if self.gives_way(rules, task.pid, rule) else rule
-
-    def gives_way(self, rules: ShieldRules, pid: int, rule: Rule | None) -> bool:
-        """Whether `rule` gives way to the hold of the application `pid` holds: the hold
-        names the CPUs of that very process (HoldAndPlace), a rule any process of a name.
-        Moved by the rule, the holder would leave its hold's CPUs (for another hold's, or
-        housekeeping) and the hold be undone as not placed; a rule within them applies."""
-        return (
-            rule is not None
-            and bool(rules.cpus)
-            and pid in self.placed_pids
-            and not rule.cpus.issubset(self.own_cpus(rules, pid))
-        )
-
-    def given_way(self, rules: ShieldRules) -> dict[str, str]:
-        """The rules that give way to a hold for its holder, said as not applicable (what,
-        why): a few holders looked at, not every task. No pid nor name of the holder in
-        them: anyone may read them in status."""
-        said: dict[str, str] = {}
-        for pid in self.placed_pids:
-            task = self.system.task(pid)
-            rule = by_name(rules, task) if task is not None else None
-            if rule is not None and self.gives_way(rules, pid, rule):
-                said[f"rule {printable(rule.pattern.pattern)}"] = (
-                    f"not applied to a held application's process of that name: its hold "
-                    f"keeps it on its CPUs {self.own_cpus(rules, pid)}, which do not include "
-                    f"all of the rule's {rule.cpus} (a hold names the CPUs of that process, "
-                    "a rule any process of a name)"
-                )
-        return said
-
-    @staticmethod
-    def user_rule_settings(rule: Rule, task: Task, tids: list[int]) -> Settings:
-        cpus = rule.cpus.to_list()
-        return {TaskAffinity(task.pid, task.start_time, tid): cpus for tid in tids}
-
     def user_task_settings(
         self,
         rules: ShieldRules,
@@ -612,7 +485,7 @@ class ShieldPlugin(
         the elsewhere; threads confined to isolated CPUs are left where they are. The
         CPUs read of each thread it narrows go into `current` (Expansion.current)."""
         isolate = rules.cpus
-        if not isolate or task.is_kthread or self.left_alone(rules, task):
+        if not isolate or task.is_kthread or self.judge.left_alone(rules, task):
             return {}
         settings: Settings = {}
         for tid in tids:
@@ -668,45 +541,6 @@ class ShieldPlugin(
         except KernelRefused:
             return False
 
-    def left_alone(self, rules: ShieldRules, task: Task) -> str | None:
-        """Why the shield leaves a user task alone wherever it runs, or None."""
-        if any(fnmatch.fnmatchcase(task.comm, p) for p in rules.allow):
-            return "allowed by name ([shield] allow)"
-        if self.exempt_pids and self.under_hold(task):
-            return "started under a hold (latencyctl hold)"  # the application itself
-        return None
-
-    def under_hold(self, task: Task) -> bool:
-        """Whether the task is a holder (exempt_pids) or descends from one. Each task's
-        verdict is kept, by pid and start time, for as long as the holders are the same:
-        the walk up the parents stops at the first one already judged, so a process 60
-        generations down renaming itself in a loop costs no look at the machine per
-        rename, and a new task one look (its parent's start time, which tells a pid
-        reused from the one judged). A task moved to another parent keeps the verdict it
-        was given (what a hold started stays the hold's when a shell between exits)."""
-        if self.verdicts_for != self.exempt_pids or len(self.verdicts) > MAX_VERDICTS:
-            self.verdicts, self.verdicts_for = {}, self.exempt_pids
-        chain: list[Task] = []
-        current: Task | None = task
-        verdict = False
-        for _ in range(ANCESTRY_DEPTH):
-            if current is None:
-                break
-            known = self.verdicts.get(current.pid)
-            if known is not None and known[0] == current.start_time:
-                verdict = known[1]
-                break
-            chain.append(current)
-            if current.pid in self.exempt_pids:
-                verdict = True
-                break
-            if current.ppid <= 1:
-                break
-            current = self.system.task(current.ppid)
-        for member in chain:
-            self.verdicts[member.pid] = (member.start_time, verdict)
-        return verdict
-
     def thread_ids(self, pid: int) -> Iterator[int]:
         """The process's threads, as the kernel lists them (lazily: 20,000 take a while)."""
         return (int(t) for t in self.system.entries(f"proc/{pid}/task") if t.isdigit())
@@ -723,33 +557,19 @@ class ShieldPlugin(
         current: dict[Target, Value] = {}
         for task in self.system.tasks():
             if not task.is_kthread and (
-                (rule := self.rule_for(rules, task)) is not None
-                or (rules.cpus and not self.left_alone(rules, task))
+                (rule := self.judge.rule_for(rules, task)) is not None
+                or (rules.cpus and not self.judge.left_alone(rules, task))
             ):
                 tids = self.thread_ids(task.pid)
                 while chunk := list(itertools.islice(tids, THREAD_CHUNK)):
                     settings.update(
-                        self.user_rule_settings(rule, task, chunk)
+                        rule_settings(rule, task, chunk)
                         if rule is not None
                         else self.user_task_settings(rules, task, chunk, owned, current)
                     )
                     yield
             yield
         return Expansion(settings, rules, current=current)
-
-    def rule_for(self, rules: ShieldRules, task: Task) -> Rule | None:
-        """The CPUs a user task is put on by name: its rule's, or, for the application
-        (placed), the shielded CPUs; None: the shield judges it."""
-        rule = self.user_rule(rules, task)
-        if rule is None and rules.cpus and self.placed(rules, task, rule):
-            return Rule(PLACED, self.own_cpus(rules, task.pid))
-        return rule
-
-    def own_cpus(self, rules: ShieldRules, pid: int) -> CpuSet:
-        """The CPUs the application `pid` is placed on: its hold's (several holds share
-        the shield, each application on its own), else the whole shield (by name)."""
-        mine = self.placed_pids.get(pid, CpuSet()) & rules.cpus
-        return mine or rules.cpus
 
     def follows_user_tasks(self, options: Options) -> bool:
         """Exec events: the affinity chase needs every one; under a cpuset only the
@@ -782,8 +602,8 @@ class ShieldPlugin(
                 return {}
             if rules.choice.mechanism != "affinity":  # the kernel keeps the rest
                 return self.cpuset_task_settings(rules, task, [event.tid], owned)
-            if (rule := self.rule_for(rules, task)) is not None:
-                return self.user_rule_settings(rule, task, [event.tid])
+            if (rule := self.judge.rule_for(rules, task)) is not None:
+                return rule_settings(rule, task, [event.tid])
             settings = self.user_task_settings(rules, task, [event.tid], owned)
             if settings:
                 self.just_narrowed.add(task.pid)
@@ -798,8 +618,8 @@ class ShieldPlugin(
         CPUs; nothing for any other task."""
         settings: Settings = {}
         cgroup = self.system.task_cgroup(task.pid)
-        rule = self.user_rule(rules, task)
-        if cgroup is not None and (self.is_app(rules, task) or ruled_inside(rules, rule)):
+        rule = self.judge.user_rule(rules, task)
+        if cgroup is not None and (self.judge.is_app(rules, task) or ruled_inside(rules, rule)):
             try:
                 target, where, _ = self.task_placement(rules, task, cgroup, owned, rule)
             except KernelRefused:
@@ -807,7 +627,7 @@ class ShieldPlugin(
             if where is not None:
                 self.place(rules, task, target, where, where, settings)
         if rule is not None:
-            settings.update(self.user_rule_settings(rule, task, tids))
+            settings.update(rule_settings(rule, task, tids))
         return settings
 
     def started_meanwhile(
@@ -828,8 +648,8 @@ class ShieldPlugin(
                     continue
                 tids = [t for t in self.thread_ids(member)
                         if TaskAffinity(member, task.start_time, t) not in owned]  # fmt: skip
-                if (rule := self.user_rule(rules, task)) is not None:
-                    got = self.user_rule_settings(rule, task, tids)
+                if (rule := self.judge.user_rule(rules, task)) is not None:
+                    got = rule_settings(rule, task, tids)
                 else:
                     got = self.user_task_settings(rules, task, tids, owned)
                 if got and member != pid:
@@ -928,7 +748,7 @@ class ShieldPlugin(
         if not isinstance(target, TaskAffinity):
             return read_then_write(self, target, value, judged)
         _require_movable(self._task(target))
-        if target.pid in self.placed_pids:
+        if target.pid in self.judge.placed_pids:
             # A holder placed on its hold's CPUs: its move into the shield, earlier in this
             # step, changed its CPUs; no user pinned it meanwhile.
             self.system.set_affinity(target.tid, CpuSet.from_list(str(value)))
@@ -1076,7 +896,7 @@ class ShieldPlugin(
         for task in self.system.tasks():
             if task.is_kthread:
                 continue
-            alone = self.left_alone(rules, task)
+            alone = self.judge.left_alone(rules, task)
             for tid in self.thread_ids(task.pid):
                 try:
                     cpus = self.system.affinity(tid)
