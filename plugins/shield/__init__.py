@@ -21,7 +21,8 @@ profiles that say so still load (Schema.moved), and journals that hold them stil
 restore (took_over).
 """
 
-from .plugin import THREAD_CHUNK, ShieldPlugin
+from .chase import THREAD_CHUNK
+from .plugin import ShieldPlugin
 from .rules import ShieldRules
 from .targets import Cgroup, SlicePartition, TaskAffinity, TaskCgroup, TaskUnit, UnitCpus
 

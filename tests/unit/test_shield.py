@@ -371,7 +371,7 @@ def test_what_a_task_started_before_it_was_narrowed_is_narrowed_after_it(
         702: {0, 2, 3},
         703: {1},
     }
-    assert m.plugin.just_narrowed == set()
+    assert m.plugin.chase.just_narrowed == set()
     assert daemon.engine.off() == []
     assert all(m.sched.affinity[t] == {0, 1, 2, 3} for t in (700, 701, 702, 704))
 

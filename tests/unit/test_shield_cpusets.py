@@ -162,7 +162,7 @@ def test_tasks_in_another_managers_cgroup_stay_and_are_listed(
     system.write(f"{V1}/docker/cgroup.procs", "300")
     expansion = m.expand(machine, {"cpus": "1"})
     assert TaskCgroup(V1, 300, 900) not in expansion.settings
-    others = m.plugin.others(expansion.rules)
+    others = m.plugin.keeper(expansion.rules).others(expansion.rules)
     assert [row[:3] for row in others.rows] == [(300, "sshd", "/docker")]
     assert others.rows[0][3].startswith("docker")
 

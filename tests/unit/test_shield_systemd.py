@@ -110,12 +110,12 @@ def test_the_shield_is_set_through_systemd_and_off_gives_every_unit_back(
         (partition, "isolated")
     ]
     rules = m.plugin.expand(options, engine.owned("shield")).rules
-    said = dict(m.plugin.partition(rules).rows)
+    said = dict(m.plugin.keeper(rules).partition(rules).rows)
     assert said[f"/latencyd.slice {PARTITION_FILE}"] == "isolated"
     assert said["adds here"].startswith("CPUs 1 isolated by the kernel")
-    others = m.plugin.others(rules)
+    others = m.plugin.keeper(rules).others(rules)
     assert [row[:3] for row in others.rows] == [(600, "qemu", "/machine.slice/vm.scope")]
-    inside = m.plugin.inside(rules)
+    inside = m.plugin.keeper(rules).inside(rules)
     assert [row[0] for row in inside.rows] == [400]
     assert engine.verify() == []
     # The application starts a helper in its scope: off takes it back along.
@@ -169,7 +169,7 @@ def test_allow_cannot_act_under_systemd_and_a_service_is_not_moved(
     expansion = m.expand(machine, {"cpus": "1", "allow": ["sshd"], "apps": ["sshd"]})
     assert "AllowedCPUs= of init.scope, system.slice, user.slice" in expansion.refused["allow"]
     assert TaskUnit(V2, 300, 900) not in expansion.settings
-    others = m.plugin.others(expansion.rules)
+    others = m.plugin.keeper(expansion.rules).others(expansion.rules)
     assert [row[0] for row in others.rows] == [300, 600]
     assert "Slice=latencyd.slice" in others.rows[0][3]
     assert expansion.settings[UnitCpus("user.slice")] == "0,2-3"
@@ -243,7 +243,7 @@ def test_a_partition_the_kernel_refuses_is_said_and_the_shield_holds_without_it(
     assert system.read(f"{V2}/latencyd.slice/cpuset.cpus.partition") == "member"
     assert system.read(f"{V2}/system.slice/cpuset.cpus") == "0,2-3"  # the shield holds
     rules = m.plugin.expand(options, engine.owned("shield")).rules
-    said = dict(m.plugin.partition(rules).rows)["adds here"]
+    said = dict(m.plugin.keeper(rules).partition(rules).rows)["adds here"]
     assert said.startswith("none: the kernel did not make latencyd.slice an isolated partition")
     assert engine.off() == []
     assert files(m) == before

@@ -1,0 +1,45 @@
+"""v1 exclusive cpusets: latencyd's housekeeping and shield cpusets, which the kernel
+keeps (a task is born where its parent is), with the root's load balancing off; every
+user task the shield moves goes to housekeeping, the application into the shield's,
+each held application into a cpuset of its own inside it (app_cgroup)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from latencyd.core.plugin import Settings
+from latencyd.cpuset import CpuSet
+from latencyd.kernel.cgroups import SHIELD, V1_ROOT_FILES, app_cgroup, v1_app_group, v1_groups
+
+from .cpusets import Cpusets
+from .mechanism import Owned
+from .rules import ShieldRules
+from .targets import Cgroup, RootFile
+
+
+class V1Cpusets(Cpusets):
+    name = "cpuset-v1"
+
+    def cgroups(self, rules: ShieldRules, owned: Owned, refused: dict[str, str]) -> Settings:
+        hierarchy = self.hierarchy(rules)
+        mems = self.system.read(f"{hierarchy}/cpuset.effective_mems")
+        given = owned.get(Cgroup(hierarchy, SHIELD))
+        was = (
+            CpuSet.from_list(str(given["cpuset.cpus"]))
+            if isinstance(given, Mapping) and "cpuset.cpus" in given
+            else None
+        )
+        groups = v1_groups(rules.cpus, self.system.online_cpus(), mems, was)
+        settings: Settings = {RootFile(hierarchy, f): v for f, v in V1_ROOT_FILES.items()}
+        settings.update({Cgroup(hierarchy, name): files for name, files in groups.items()})
+        return settings
+
+    def own_cgroup(self, pid: int) -> str | None:
+        """A held application's own cpuset inside the shield's."""
+        return f"/{app_cgroup(pid)}" if pid in self.judge.placed_pids else None
+
+    def own_made(self, rules: ShieldRules, pid: int, cpus: CpuSet) -> Settings:
+        """Its cpuset, made before it moves in: its hold's CPUs, the shield's memory nodes."""
+        hierarchy = self.hierarchy(rules)
+        mems = self.system.read(f"{hierarchy}/cpuset.effective_mems")  # the shield's
+        return {Cgroup(hierarchy, app_cgroup(pid)): v1_app_group(cpus, mems)}
