@@ -10,9 +10,10 @@ import itertools
 from collections.abc import Callable, Generator
 
 from latencyd.core.movable import Tasks
-from latencyd.core.plugin import Expansion, Settings, Table, Target, Value, original_of
+from latencyd.core.plugin import Expansion, Options, Settings, Table, Target, Value, original_of
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.kernel.cgroups import Chosen
 from latencyd.kernel.system import Task
 
 from .mechanism import Mechanism, Owned, chosen_table, thread_ids
@@ -53,6 +54,13 @@ class Chase(Mechanism):
                     yield
             yield
         return Expansion(settings, rules, current=current)
+
+    def starts_afresh(self, chosen: Chosen, options: Options, owned: Owned) -> bool:
+        """From cpusets to the chase: the tasks get their own CPUs back only once moved out
+        of latencyd's cpusets, so the chase must judge them (and read their originals)
+        after that, not before. (The other way round needs nothing: affinities given
+        back first, the kernel then intersects them with the cpuset.)"""
+        return True
 
     def place(self, rules: ShieldRules, task: Task, tids: list[int], owned: Owned) -> Settings:
         """An exec: the task's rule, or the application's CPUs; else its threads narrowed

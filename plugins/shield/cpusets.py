@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import ClassVar
 
-from latencyd.core.plugin import Expansion, Settings, Table, Value, original_of
+from latencyd.core.plugin import Expansion, Options, Settings, Table, Value, original_of
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused
-from latencyd.kernel.cgroups import SHIELD, owner, placement
+from latencyd.kernel.cgroups import SHIELD, Chosen, owner, placement
 from latencyd.kernel.system import Task
 
 from .mechanism import Mechanism, Owned, chosen_table, thread_ids
 from .rules import PLACED, Rule, ShieldRules, rule_settings, ruled_inside
-from .targets import TaskAffinity, TaskCgroup, TaskUnit, inside_shield
+from .targets import Cgroup, TaskAffinity, TaskCgroup, TaskUnit, inside_shield
 
 CGROUP_TASK_CHUNK = 256  # tasks judged per piece of a cpuset expansion
 
@@ -43,6 +43,19 @@ class Cpusets(Mechanism):
     def cgroups(self, rules: ShieldRules, owned: Owned, refused: dict[str, str]) -> Settings:
         """The cgroups and units this mechanism makes for the shield, in the order they
         are written; what of the section it cannot do goes into `refused`."""
+
+    def starts_afresh(self, chosen: Chosen, options: Options, owned: Owned) -> bool:
+        """A shield on other CPUs: v1's exclusive cpusets cannot trade CPUs in place
+        (whichever is written first overlaps its exclusive sibling: EINVAL), so they are
+        made anew; a shield that only grows or only shrinks (a hold's CPUs joining or
+        leaving it) changes in place, what runs inside not moved (v1_groups orders the
+        writes)."""
+        given = owned.get(Cgroup(chosen.hierarchy or "", SHIELD))
+        wanted: CpuSet = options["cpus"]
+        if isinstance(given, Mapping) and "cpuset.cpus" in given:
+            was = CpuSet.from_list(str(given["cpuset.cpus"]))
+            return not (was.issubset(wanted) or wanted.issubset(was))
+        return False
 
     def own_made(self, rules: ShieldRules, pid: int, cpus: CpuSet) -> Settings:
         """What a held application's own cgroup needs before it moves in."""

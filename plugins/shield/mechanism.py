@@ -15,7 +15,8 @@ from collections.abc import Generator, Iterator, Mapping
 from typing import ClassVar
 
 from latencyd.core.movable import Tasks
-from latencyd.core.plugin import Expansion, Settings, Table, Target, Value
+from latencyd.core.plugin import Expansion, Options, Settings, Table, Target, Value
+from latencyd.kernel.cgroups import Chosen
 from latencyd.kernel.system import System, Task
 
 from .rules import Judge, ShieldRules
@@ -65,6 +66,11 @@ class Mechanism(ABC):
     @abstractmethod
     def place(self, rules: ShieldRules, task: Task, tids: list[int], owned: Owned) -> Settings:
         """Settings for a user task that just exec'd (its threads `tids`)."""
+
+    def starts_afresh(self, chosen: Chosen, options: Options, owned: Owned) -> bool:
+        """Whether the cgroups some cpuset mechanism made (owned) must be given back before
+        this one, `chosen` for the section's `options`, expands it."""
+        return False
 
     def started_meanwhile(self, rules: ShieldRules, owned: Owned) -> Settings:
         """What the tasks placed started before the settings were written (FollowsTasks)."""

@@ -44,7 +44,6 @@ from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.kernel.cgroups import (
     APP_SLICE,
-    SHIELD,
     V1_ROOT_FILES,
     Chosen,
     choose,
@@ -200,14 +199,10 @@ class ShieldPlugin(
         return choice
 
     def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
-        """From cpusets to the chase: the tasks get their own CPUs back only once moved out
-        of latencyd's cpusets, so the chase must judge them (and read their originals)
-        after that, not before. (The other way round needs nothing: affinities given
-        back first, the kernel then intersects them with the cpuset.) And a shield on
-        other CPUs: v1's exclusive cpusets cannot trade CPUs in place (whichever is
-        written first overlaps its exclusive sibling: EINVAL), so they are made anew;
-        a shield that only grows or only shrinks (a hold's CPUs joining or leaving it)
-        changes in place, what runs inside not moved (v1_groups orders the writes)."""
+        """Whether latencyd's cgroups are given back before the section is expanded again:
+        only where some cpuset mechanism's are owned, and then as the mechanism chosen now
+        says (Mechanism.starts_afresh: the chase always, a cpuset one when its shield moves
+        to other CPUs)."""
         # Looked up, not scanned: beside 20,000 narrowed threads this is asked at every
         # apply. Each cpuset mechanism's first setting (the root's) is journaled with the
         # rest of its step before anything is written: owned whenever any of it is.
@@ -222,14 +217,7 @@ class ShieldPlugin(
             chosen = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
         except NotApplicable:
             return True
-        if chosen.mechanism == "affinity":
-            return True
-        given = owned.get(Cgroup(chosen.hierarchy or "", SHIELD))
-        wanted: CpuSet = options["cpus"]
-        if isinstance(given, Mapping) and "cpuset.cpus" in given:
-            was = CpuSet.from_list(str(given["cpuset.cpus"]))
-            return not (was.issubset(wanted) or wanted.issubset(was))
-        return False
+        return self.mechanisms[chosen.mechanism or Chase.name].starts_afresh(chosen, options, owned)
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
