@@ -1,6 +1,7 @@
 """What every way of keeping the shield does, behind one small interface (Mechanism):
-settings for the section (expand), for one task as it execs (place), where a held
-application runs alone (own_cgroup), and what status shows of it (tables). Which one
+settings for the section (expand_steps), for one task as it execs (place), where a held
+application runs alone (own_cgroup), whether the cgroups owned are given back before it
+expands (starts_afresh), and what status shows of it (tables). Which one
 runs here, and why not each other, is latencyd.kernel.cgroups.choose's (the machine's
 cgroup facts); each is a module of this package: the affinity chase (chase.py), v1
 exclusive cpusets (v1.py), a v2 isolated partition (partition.py), systemd's
