@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Generator, Mapping
+from dataclasses import dataclass
 from typing import ClassVar
 
 from latencyd.core.plugin import Expansion, Options, Settings, Table, Value, original_of
@@ -24,6 +25,27 @@ from .rules import PLACED, Rule, ShieldRules, rule_settings, ruled_inside
 from .targets import Cgroup, TaskAffinity, TaskCgroup, TaskUnit, inside_shield
 
 CGROUP_TASK_CHUNK = 256  # tasks judged per piece of a cpuset expansion
+
+
+@dataclass(frozen=True)
+class UserTask:
+    """A user task as a cpuset mechanism finds it: the task, its cgroup now, and the rule
+    it runs by (Judge.user_rule: found once per task by the caller, handed down)."""
+
+    task: Task
+    cgroup: str
+    rule: Rule | None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a cpuset mechanism puts a user task: its setting (`target`), the cgroup it
+    must move to (`into`; None: it stays) and, when it stays for another manager's sake,
+    why."""
+
+    target: TaskCgroup | TaskUnit
+    into: str | None
+    why: str | None = None
 
 
 class Cpusets(Mechanism):
@@ -85,15 +107,16 @@ class Cpusets(Mechanism):
                 continue
             rule = self.judge.user_rule(rules, task)  # once per task: where it goes, then its CPUs
             try:
-                target, where, why = self.task_placement(rules, task, cgroup, owned, rule)
+                goes = self.task_placement(rules, UserTask(task, cgroup, rule), owned)
             except KernelRefused:
                 continue  # exited meanwhile
+            target, where = goes.target, goes.into
             own = False
             if where is not None or target in owned:
                 value = where if where is not None else owned[target]
                 own = self.place_in(rules, task, target, value, where or cgroup, settings)
-            elif why:
-                theirs.append((task.pid, task.comm, cgroup, why))
+            elif goes.why:
+                theirs.append((task.pid, task.comm, cgroup, goes.why))
             inside = inside_shield(where or cgroup)
             if rule is None and inside and task.pid in self.judge.placed_pids and not own:
                 # Each hold's application on its own CPUs inside the shield: in a cgroup of
@@ -107,17 +130,10 @@ class Cpusets(Mechanism):
         rules = dataclasses.replace(rules, theirs=tuple(theirs))
         return Expansion(settings, rules, refused=refused)
 
-    def task_placement(
-        self,
-        rules: ShieldRules,
-        task: Task,
-        cgroup: str,
-        owned: Owned,
-        rule: Rule | None,
-    ) -> tuple[TaskCgroup | TaskUnit, str | None, str | None]:
-        """A user task's setting under a cpuset mechanism, the cgroup it must move to (None:
-        it stays) and, when it stays for another manager's sake, why. `rule`: its
-        user_rule, as the caller found it."""
+    def task_placement(self, rules: ShieldRules, found: UserTask, owned: Owned) -> Placement:
+        """Where a user task goes. Here v1's and v2's way: into latencyd's cpusets, the task
+        moved by latencyd itself (their cgroup.procs); systemd's moves it through systemd."""
+        task, cgroup, rule = found.task, found.cgroup, found.rule
         target = TaskCgroup(self.hierarchy(rules), task.pid, task.start_time)
         placed = self.judge.placed(rules, task, rule)
         # A hold's holder whose hold ended (placed no more, the CPUs it was given still
@@ -139,15 +155,15 @@ class Cpusets(Mechanism):
         into = placement(self.name, judged, cpus, rules.cpus, placed, allowed)
         own = self.own_cgroup(task.pid)
         if into == SHIELD and own is not None:
-            return target, own, None  # a held application: into its own cpuset inside
+            return Placement(target, own)  # a held application: into its own cpuset inside
         if into == SHIELD and self.held_cgroup(rules, judged):
             # Put inside by name (apps, a rule), and in a held application's own cpuset
             # (born of it): inside already, as in its scope under systemd, on its hold's
             # CPUs. Moved into the shield's it would have all the shield's (another hold's
             # too), and on shielded CPUs already, it is left as it is (KeptInside).
-            return target, None, None
+            return Placement(target, None)
         where = f"/{into}" if into else ("/" if released else None)
-        return target, where, owner(cgroup)
+        return Placement(target, where, owner(cgroup))
 
     def held_cgroup(self, rules: ShieldRules, cgroup: str) -> bool:
         """Whether `cgroup` is a held application's own (own_cgroup) while its hold lasts:
@@ -200,11 +216,11 @@ class Cpusets(Mechanism):
         rule = self.judge.user_rule(rules, task)
         if cgroup is not None and (self.judge.is_app(rules, task) or ruled_inside(rules, rule)):
             try:
-                target, where, _ = self.task_placement(rules, task, cgroup, owned, rule)
+                goes = self.task_placement(rules, UserTask(task, cgroup, rule), owned)
             except KernelRefused:
                 return {}  # exited meanwhile
-            if where is not None:
-                self.place_in(rules, task, target, where, where, settings)
+            if (where := goes.into) is not None:
+                self.place_in(rules, task, goes.target, where, where, settings)
         if rule is not None:
             settings.update(rule_settings(rule, task, tids))
         return settings

@@ -17,12 +17,11 @@ from latencyd.kernel.cgroups import (
     partition_says,
     systemd_placement,
 )
-from latencyd.kernel.system import Task
 
-from .cpusets import Cpusets
+from .cpusets import Cpusets, Placement, UserTask
 from .mechanism import Owned, chosen_table
-from .rules import Rule, ShieldRules
-from .targets import SlicePartition, TaskCgroup, TaskUnit, UnitCpus, top_cgroup
+from .rules import ShieldRules
+from .targets import SlicePartition, TaskUnit, UnitCpus, top_cgroup
 
 
 class SystemdCpus(Cpusets):
@@ -44,26 +43,20 @@ class SystemdCpus(Cpusets):
             )
         return settings
 
-    def task_placement(
-        self,
-        rules: ShieldRules,
-        task: Task,
-        cgroup: str,
-        owned: Owned,
-        rule: Rule | None,
-    ) -> tuple[TaskCgroup | TaskUnit, str | None, str | None]:
-        """A user task's unit (moved through systemd), the scope it must move to in
-        latencyd.slice (None: it stays) and, when it stays for another manager's sake, why."""
+    def task_placement(self, rules: ShieldRules, found: UserTask, owned: Owned) -> Placement:
+        """Where a user task goes: its unit (moved through systemd), into a scope of its
+        own in latencyd.slice."""
+        task, cgroup = found.task, found.cgroup
         unit_target = TaskUnit(self.hierarchy(rules), task.pid, task.start_time)
         confined = top_cgroup(cgroup) in SYSTEMD_CONFINED
         cpus = self._users_cpus(task, owned) if confined else CpuSet()
-        placed = self.judge.placed(rules, task, rule)
+        placed = self.judge.placed(rules, task, found.rule)
         # By name or under a hold; asked only where it decides (a walk up the parents).
         confined_there = bool(cpus) and cpus.issubset(rules.cpus)
         allowed = confined_there and self.judge.left_alone(rules, task) is not None
         into, why = systemd_placement(cgroup, cpus, rules.cpus, placed, allowed)
         where = f"/{APP_SLICE}/{app_scope(task.pid)}" if into else None
-        return unit_target, where, why
+        return Placement(unit_target, where, why)
 
     def own_cgroup(self, pid: int) -> str | None:
         """A held application's own scope in latencyd.slice."""
