@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from latencyd.core.movable import Tasks
 from latencyd.core.plugin import Expansion, Options, Settings, Table, Target, Value
-from latencyd.kernel.cgroups import Chosen
+from latencyd.kernel.cgroups import CgroupFacts, Chosen
 from latencyd.kernel.system import System, Task
 
 from .rules import Judge, ShieldRules
@@ -72,6 +72,13 @@ class Mechanism(ABC):
         """Whether the cgroups some cpuset mechanism made (owned) must be given back before
         this one, `chosen` for the section's `options`, expands it."""
         return False
+
+    def first_made(self, facts: CgroupFacts) -> tuple[Target, ...]:
+        """The settings this mechanism's expansion makes first, on a machine with these
+        cgroup `facts`: journaled with the rest of its step before anything is written,
+        one of them is owned whenever anything it made is (starts_afresh looks them up).
+        (): it makes no cgroup."""
+        return ()
 
     def started_meanwhile(self, rules: ShieldRules, owned: Owned) -> Settings:
         """What the tasks placed started before the settings were written (FollowsTasks)."""

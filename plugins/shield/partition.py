@@ -5,8 +5,8 @@ partition's child would have to be one too)."""
 
 from __future__ import annotations
 
-from latencyd.core.plugin import Settings
-from latencyd.kernel.cgroups import v2_groups
+from latencyd.core.plugin import Settings, Target
+from latencyd.kernel.cgroups import CgroupFacts, v2_groups
 
 from .cpusets import Cpusets
 from .mechanism import Owned
@@ -29,3 +29,7 @@ class V2Partition(Cpusets):
                 "task outside may stay on them (name the application in apps instead)"
             )
         return settings
+
+    def first_made(self, facts: CgroupFacts) -> tuple[Target, ...]:
+        """The v2 root's cpuset controller for its children (cgroups enables it first)."""
+        return (Controller(facts.unified, "cpuset"),) if facts.unified else ()

@@ -44,7 +44,6 @@ from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.kernel.cgroups import (
     APP_SLICE,
-    V1_ROOT_FILES,
     Chosen,
     choose,
     is_app_scope,
@@ -185,7 +184,7 @@ class ShieldPlugin(
     def holders(self, exempt: frozenset[int], placed: Mapping[int, CpuSet]) -> None:
         self.judge.holders(exempt, placed)
 
-    # -- which mechanism keeps the shield ------------------------------------------------
+    # -- which mechanism keeps the shield, handed each question ---------------------------
     def mechanism(self, options: Options) -> Chosen:
         """The mechanism that keeps the section's shield here (latencyd.kernel.cgroups.
         choose), and why not each other one; NotApplicable when the profile asks for a
@@ -198,32 +197,43 @@ class ShieldPlugin(
             )
         return choice
 
+    def chosen(self, options: Options) -> Chosen:
+        """The mechanism for the section: mechanism() where it shields CPUs; the chase
+        where it shields none (its rules are CPUs given by name, as the chase gives them)."""
+        return self.mechanism(options) if options.get("cpus") else Chosen(Chase.name, None)
+
+    def keeper_of(self, choice: Chosen) -> Mechanism:
+        """The mechanism `choice` names (a cpuset that cannot run, None, never reaches here:
+        mechanism() refuses it)."""
+        return self.mechanisms[choice.mechanism or Chase.name]
+
+    def keeper(self, rules: ShieldRules) -> Mechanism:
+        """The mechanism that keeps the shield the section expanded to."""
+        return self.keeper_of(rules.choice)
+
     def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
         """Whether latencyd's cgroups are given back before the section is expanded again:
         only where some cpuset mechanism's are owned, and then as the mechanism chosen now
         says (Mechanism.starts_afresh: the chase always, a cpuset one when its shield moves
         to other CPUs)."""
         # Looked up, not scanned: beside 20,000 narrowed threads this is asked at every
-        # apply. Each cpuset mechanism's first setting (the root's) is journaled with the
-        # rest of its step before anything is written: owned whenever any of it is.
+        # apply. Every mechanism's first settings are looked for, not only the chosen one's:
+        # a journal may hold another one's.
         facts = self.system.cgroup_facts()
-        v1 = facts.v1_cpuset
-        firsts: list[Target] = [RootFile(v1, f) for f in V1_ROOT_FILES] if v1 else []
-        firsts += [Controller(h, "cpuset") for h in (facts.unified,) if h]
-        firsts.append(UnitCpus(APP_SLICE))
+        firsts = (first for m in self.mechanisms.values() for first in m.first_made(facts))
         if not any(first in owned for first in firsts):
             return False
         try:
-            chosen = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
+            chosen = self.chosen(options)
         except NotApplicable:
             return True
-        return self.mechanisms[chosen.mechanism or Chase.name].starts_afresh(chosen, options, owned)
+        return self.keeper_of(chosen).starts_afresh(chosen, options, owned)
 
     def expand_steps(
         self, options: Options, owned: Mapping[Target, Value]
     ) -> Generator[None, None, Expansion[ShieldRules]]:
         """The section's settings, by the mechanism that keeps the shield here."""
-        choice = self.mechanism(options) if options.get("cpus") else Chosen("affinity", None)
+        choice = self.chosen(options)
         rules = ShieldRules(
             rules_from(options),
             options.get("cpus", CpuSet()),
@@ -239,36 +249,6 @@ class ShieldPlugin(
     def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[ShieldRules]:
         return run_to_end(self.expand_steps(options, owned))
 
-    def keeper(self, rules: ShieldRules) -> Mechanism:
-        """The mechanism that keeps the shield the section expanded to."""
-        return self.mechanisms[rules.choice.mechanism or Chase.name]
-
-    def not_placed(self, rules: ShieldRules | None, pid: int) -> str | None:
-        """Why the holder `pid` is not on the shielded CPUs (PlacesApplications): what its
-        cgroup's owner keeps it in, or the CPUs it has."""
-        if rules is None or not rules.cpus:
-            return None
-        own = self.judge.own_cpus(rules, pid)
-        affinity = self.system.affinity(pid)
-        if affinity and affinity.issubset(own):
-            return None
-        cgroup = self.system.task_cgroup(pid)
-        if cgroup is not None and (
-            cgroup == self.keeper(rules).own_cgroup(pid)
-            or (own == rules.cpus and inside_shield(cgroup))
-        ):
-            return None  # in its own cgroup, or the shield's: the kernel keeps it on its CPUs
-        why = next((w for p, _, _, w in rules.theirs if p == pid), None)
-        where = f" in cgroup {cgroup}" if cgroup else ""
-        return (
-            f"process {pid} runs on CPUs {affinity.to_list() or 'none'}{where}, not on the "
-            f"shielded CPUs {own.to_list()}" + (f": {why}" if why else "")
-        )
-
-    def handover(self, rules: ShieldRules | None) -> KeptInside | None:
-        """A task its user put inside the shield stays there (SharesWithUser)."""
-        return KeptInside(rules.cpus) if rules is not None and rules.cpus else None
-
     def follows_user_tasks(self, options: Options) -> bool:
         """Exec events: the affinity chase needs every one; under a cpuset only the
         application's and the rules' (the kernel places every other new task)."""
@@ -277,8 +257,7 @@ class ShieldPlugin(
         if not options.get("cpus"):
             return False
         try:
-            chosen = self.mechanism(options).mechanism
-            return self.mechanisms[chosen or Chase.name].follows_every_exec
+            return self.keeper_of(self.mechanism(options)).follows_every_exec
         except NotApplicable:
             return False
 
@@ -309,6 +288,55 @@ class ShieldPlugin(
         processes it narrowed started between their exec and the write)."""
         return {} if rules is None else self.keeper(rules).started_meanwhile(rules, owned)
 
+    def not_placed(self, rules: ShieldRules | None, pid: int) -> str | None:
+        """Why the holder `pid` is not on the shielded CPUs (PlacesApplications): what its
+        cgroup's owner keeps it in, or the CPUs it has."""
+        if rules is None or not rules.cpus:
+            return None
+        own = self.judge.own_cpus(rules, pid)
+        affinity = self.system.affinity(pid)
+        if affinity and affinity.issubset(own):
+            return None
+        cgroup = self.system.task_cgroup(pid)
+        if cgroup is not None and (
+            cgroup == self.keeper(rules).own_cgroup(pid)
+            or (own == rules.cpus and inside_shield(cgroup))
+        ):
+            return None  # in its own cgroup, or the shield's: the kernel keeps it on its CPUs
+        why = next((w for p, _, _, w in rules.theirs if p == pid), None)
+        where = f" in cgroup {cgroup}" if cgroup else ""
+        return (
+            f"process {pid} runs on CPUs {affinity.to_list() or 'none'}{where}, not on the "
+            f"shielded CPUs {own.to_list()}" + (f": {why}" if why else "")
+        )
+
+    def handover(self, rules: ShieldRules | None) -> KeptInside | None:
+        """A task its user put inside the shield stays there (SharesWithUser)."""
+        return KeptInside(rules.cpus) if rules is not None and rules.cpus else None
+
+    def end_step(self) -> None:
+        super().end_step()
+        for mechanism in self.mechanisms.values():
+            mechanism.end_step()
+
+    def monitor(self, rules: ShieldRules | None) -> Monitor:
+        if rules is None:
+            return Monitor()
+        choice = rules.choice
+        facts = {
+            "mechanism": choice.mechanism,
+            "rules": len(rules.rules),
+            "rescan_every_s": self.rescan_interval_s,
+        }
+        if not rules.cpus:
+            return Monitor(facts=facts)
+        return Monitor(self.keeper(rules).tables(rules), facts)
+
+    # -- by the setting's kind, whichever mechanism set it ---------------------------------
+    # What follows asks a target's kind, not the mechanism chosen now: a step may give back
+    # another mechanism's settings (a journal from before a switch of mechanism: the
+    # chase's narrowed threads, a cpuset's task moves), and a task's CPUs (TaskAffinity)
+    # are set under every mechanism (a rule's, a held application's).
     def original(
         self,
         target: ShieldTarget,
@@ -333,12 +361,6 @@ class ShieldPlugin(
             if given is not None:
                 return given[0]
         return current
-
-    # -- plugin verbs ------------------------------------------------------------------
-    def end_step(self) -> None:
-        super().end_step()
-        for mechanism in self.mechanisms.values():
-            mechanism.end_step()
 
     def write_unless_changed(
         self, target: ShieldTarget, value: Value, judged: Value
@@ -416,16 +438,3 @@ class ShieldPlugin(
             return f"{self.describe(first, value)} and {len(targets) - 1:,} more like it"
         name = name_of(self.system, first.pid)
         return f"user task {name}(pid {first.pid}, {len(targets):,} threads) CPUs = {value}"
-
-    def monitor(self, rules: ShieldRules | None) -> Monitor:
-        if rules is None:
-            return Monitor()
-        choice = rules.choice
-        facts = {
-            "mechanism": choice.mechanism,
-            "rules": len(rules.rules),
-            "rescan_every_s": self.rescan_interval_s,
-        }
-        if not rules.cpus:
-            return Monitor(facts=facts)
-        return Monitor(self.keeper(rules).tables(rules), facts)

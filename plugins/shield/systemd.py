@@ -6,13 +6,14 @@ whose AllowedCPUs= are its hold's CPUs when it holds one."""
 
 from __future__ import annotations
 
-from latencyd.core.plugin import Settings, Table
+from latencyd.core.plugin import Settings, Table, Target
 from latencyd.cpuset import CpuSet
 from latencyd.kernel.cgroups import (
     APP_SLICE,
     ISOLATED_FILE,
     PARTITION_FILE,
     SYSTEMD_CONFINED,
+    CgroupFacts,
     app_scope,
     partition_says,
     systemd_placement,
@@ -30,7 +31,7 @@ class SystemdCpus(Cpusets):
 
     def cgroups(self, rules: ShieldRules, owned: Owned, refused: dict[str, str]) -> Settings:
         hierarchy = self.hierarchy(rules)
-        # The application's slice first: its step is the one starts_afresh looks up.
+        # The application's slice first (first_made).
         settings: Settings = {UnitCpus(APP_SLICE): rules.cpus.to_list()}
         housekeeping = (self.system.online_cpus() - rules.cpus).to_list()
         settings.update({UnitCpus(unit): housekeeping for unit in SYSTEMD_CONFINED})
@@ -42,6 +43,10 @@ class SystemdCpus(Cpusets):
                 "off the shielded CPUs: none may stay (name the application in apps)"
             )
         return settings
+
+    def first_made(self, facts: CgroupFacts) -> tuple[Target, ...]:
+        """The application's slice (cgroups sets its AllowedCPUs= first)."""
+        return (UnitCpus(APP_SLICE),)
 
     def task_placement(self, rules: ShieldRules, found: UserTask, owned: Owned) -> Placement:
         """Where a user task goes: its unit (moved through systemd), into a scope of its

@@ -7,9 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from latencyd.core.plugin import Settings
+from latencyd.core.plugin import Settings, Target
 from latencyd.cpuset import CpuSet
-from latencyd.kernel.cgroups import SHIELD, V1_ROOT_FILES, app_cgroup, v1_app_group, v1_groups
+from latencyd.kernel.cgroups import (
+    SHIELD,
+    V1_ROOT_FILES,
+    CgroupFacts,
+    app_cgroup,
+    v1_app_group,
+    v1_groups,
+)
 
 from .cpusets import Cpusets
 from .mechanism import Owned
@@ -33,6 +40,11 @@ class V1Cpusets(Cpusets):
         settings: Settings = {RootFile(hierarchy, f): v for f, v in V1_ROOT_FILES.items()}
         settings.update({Cgroup(hierarchy, name): files for name, files in groups.items()})
         return settings
+
+    def first_made(self, facts: CgroupFacts) -> tuple[Target, ...]:
+        """The root's files (cgroups writes them first)."""
+        v1 = facts.v1_cpuset
+        return tuple(RootFile(v1, f) for f in V1_ROOT_FILES) if v1 else ()
 
     def own_cgroup(self, pid: int) -> str | None:
         """A held application's own cpuset inside the shield's."""

@@ -221,6 +221,25 @@ def test_from_a_cpuset_to_the_chase_the_tasks_are_judged_once_out_of_it(
     assert engine.off() == []
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_cpuset_shield_is_found_owned_by_what_it_makes_first(
+    tmp_path: Path, machine: Machine, version: str
+) -> None:
+    """starts_afresh looks up the setting each cpuset mechanism makes first (v1: the
+    root's load balancing, v2: the root's cpuset controller), not every owned setting:
+    from either to the chase, the cpusets are given back first; to a shield on the same
+    CPUs again, nothing is."""
+    m, _, engine = rig(tmp_path, v1=version == "v1", v2=version == "v2")
+    chase = validate(m.plugin.schema, {"cpus": "1", "mechanism": "affinity"}, machine)
+    assert not m.plugin.starts_afresh(chase, {})
+    switch(m, engine, machine, {"cpus": "1", "apps": ["myapp"]})
+    owned = engine.owned("shield")
+    assert m.plugin.starts_afresh(chase, owned)
+    same = validate(m.plugin.schema, {"cpus": "1", "mechanism": "cpuset"}, machine)
+    assert not m.plugin.starts_afresh(same, owned)
+    assert engine.off() == []
+
+
 def test_from_the_chase_to_a_cpuset_a_task_is_judged_by_its_users_cpus(
     tmp_path: Path, machine: Machine
 ) -> None:

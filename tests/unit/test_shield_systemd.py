@@ -162,6 +162,25 @@ def test_a_unit_given_the_slice_keeps_it_and_the_refusal_says_so(
     assert system.task_cgroup(300) == "/latencyd.slice/app.service"  # not killed
 
 
+def test_from_systemds_shield_to_the_chase_its_units_are_given_back_first(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    """The tasks have their own CPUs back only once out of latencyd.slice's scopes and the
+    units' AllowedCPUs=: the chase must judge them after that (starts_afresh), found by
+    the application's slice, the setting systemd's shield makes first; a shield through
+    systemd on the same CPUs again changes in place."""
+    m, _ = systemd_rig
+    engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
+    assert not m.plugin.starts_afresh(validate(m.plugin.schema, {"cpus": "1"}, machine), {})
+    engine.switch(wanted(m, machine, {"cpus": "1", "apps": ["myapp"]}), "p")
+    owned = engine.owned("shield")
+    chase = validate(m.plugin.schema, {"cpus": "1", "mechanism": "affinity"}, machine)
+    assert m.plugin.starts_afresh(chase, owned)
+    again = validate(m.plugin.schema, {"cpus": "1"}, machine)
+    assert not m.plugin.starts_afresh(again, owned)
+    assert engine.off() == []
+
+
 def test_allow_cannot_act_under_systemd_and_a_service_is_not_moved(
     systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine
 ) -> None:
