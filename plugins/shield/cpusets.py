@@ -4,7 +4,8 @@ keeps the shield, as tasks are born where their parent is. Each makes its own cg
 those allowed, to housekeeping; each: the application and tasks their users confined to
 the shielded CPUs, into the shield), each held application into a cgroup of its own
 where the mechanism makes one (own_cgroup), and what runs in another manager's cgroup
-stays, listed."""
+stays, listed. Not here: the cgroups and units each makes (cgroups, in its own module),
+and systemd's way of moving a task (systemd.py's task_placement)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,18 @@
-"""What every way of keeping the shield does, behind one small interface (Mechanism):
-settings for the section (expand_steps), for one task as it execs (place), where a held
-application runs alone (own_cgroup), whether the cgroups owned are given back before it
-expands (starts_afresh), and what status shows of it (tables). Which one
-runs here, and why not each other, is latencyd.kernel.cgroups.choose's (the machine's
-cgroup facts); each is a module of this package: the affinity chase (chase.py), v1
-exclusive cpusets (v1.py), a v2 isolated partition (partition.py), systemd's
-AllowedCPUs= (systemd.py), the three cpuset ones sharing cpusets.py. Giving a setting
-back is by its kind, not by the mechanism now chosen (a journal may hold another one's):
-the plugin's original."""
+"""The interface every way of keeping the shield keeps (Mechanism): settings for the
+section (expand_steps), for one task as it execs (place), for what the tasks placed
+started before the write (started_meanwhile), where a held application runs alone
+(own_cgroup), what it makes first (first_made) and whether the cgroups owned are given
+back before it expands (starts_afresh), and what status shows of it (tables). Each is a
+module of this package: the affinity chase (chase.py), v1 exclusive cpusets (v1.py), a v2
+isolated partition (partition.py), systemd's AllowedCPUs= (systemd.py), the three
+cpuset ones sharing cpusets.py.
+
+Not a mechanism's to say: which one runs here, and why not each other. That is
+latencyd.kernel.cgroups.choose's, from the machine's cgroup facts, below the plugins
+because `latencyctl recommend` (latencyd.tools, which imports no plugin) says the same
+without the shield; the plugin looks the chosen one up by the name choose gives it.
+Nor giving a setting back: that goes by the setting's kind, not by the mechanism chosen
+now (a journal may hold another one's): the plugin's original."""
 
 from __future__ import annotations
 

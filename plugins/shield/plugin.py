@@ -1,5 +1,7 @@
 """The shield plugin's class: what the engine, the daemon and status ask of it (the
-package's docstring says what the shield is)."""
+package's docstring says what the shield is). It keeps no way of keeping the shield
+itself: each question goes to the mechanism chosen (mechanism.py), or is answered by
+the setting's kind where a setting may be another mechanism's (the last section)."""
 
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ from .targets import (
 )
 from .v1 import V1Cpusets
 
-MECHANISMS = ("auto", "cpuset", "affinity")
+MECHANISM_ASKED = ("auto", "cpuset", "affinity")  # what `mechanism =` may say (choose)
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,7 @@ class ShieldPlugin(
             ),
             Option(
                 "mechanism",
-                Choice(MECHANISMS),
+                Choice(MECHANISM_ASKED),
                 "How the shield is kept: cpuset has the kernel keep it (a cgroup v2 "
                 "isolated partition; under systemd, AllowedCPUs= set through systemd on "
                 "init.scope, system.slice, user.slice and a latencyd.slice for the "

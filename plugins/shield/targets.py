@@ -1,6 +1,8 @@
 """The shield's settings, one kind each: a user task's CPUs (TaskAffinity) and cgroup
 (TaskCgroup, or TaskUnit through systemd), and the cgroups and units latencyd makes
-(Cgroup, RootFile, Controller, UnitCpus, SlicePartition); which cgroup is the shield's."""
+(Cgroup, RootFile, Controller, UnitCpus, SlicePartition); which cgroup is the shield's.
+How each is read, written, compared and described; not which are wanted when (the
+mechanisms', mechanism.py)."""
 
 from __future__ import annotations
 
