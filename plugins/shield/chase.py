@@ -140,13 +140,11 @@ class Chase(Mechanism):
         except KernelRefused:
             return False
 
-    def started_meanwhile(self, rules: ShieldRules | None, owned: Owned) -> Settings:
+    def started_meanwhile(self, rules: ShieldRules, owned: Owned) -> Settings:
         """The threads and children that the processes just narrowed started between their
         exec and the write: they inherited the CPUs from before (stress-ng's workers ran on
         the isolated CPU until the next switch). Read after the write, none is missed: what
         starts later inherits the narrowed CPUs. Their own children are asked next round."""
-        if rules is None:
-            return {}
         pids, self.just_narrowed = self.just_narrowed, set()
         settings: Settings = {}
         for pid in pids:

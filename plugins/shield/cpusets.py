@@ -26,6 +26,10 @@ from .rules import PLACED, Rule, ShieldRules, rule_settings, ruled_inside
 from .targets import Cgroup, TaskAffinity, TaskCgroup, TaskUnit, inside_shield
 
 CGROUP_TASK_CHUNK = 256  # tasks judged per piece of a cpuset expansion
+START_INSIDE = (  # what a cpuset mechanism asks of whoever starts the application
+    "; inside a cpuset the kernel refuses an affinity outside it (taskset -c: "
+    "EINVAL): start the application with `latencyctl run` or name it in apps"
+)
 
 
 @dataclass(frozen=True)
@@ -227,7 +231,7 @@ class Cpusets(Mechanism):
         return settings
 
     def tables(self, rules: ShieldRules) -> tuple[Table, ...]:
-        return (chosen_table(rules), self.inside(rules), self.others(rules))
+        return (chosen_table(rules, START_INSIDE), self.inside(rules), self.others(rules))
 
     def inside(self, rules: ShieldRules) -> Table:
         """The tasks in the shield's cgroup and below it: the applications (each held one

@@ -35,18 +35,13 @@ def thread_ids(system: System, pid: int) -> Iterator[int]:
     return (int(t) for t in system.entries(f"proc/{pid}/task") if t.isdigit())
 
 
-def chosen_table(rules: ShieldRules) -> Table:
-    """Which mechanism keeps the shield here, and why not each other one."""
+def chosen_table(rules: ShieldRules, hint: str = "") -> Table:
+    """Which mechanism keeps the shield here, and why not each other one; `hint`: what
+    the mechanism in use asks of whoever starts the application."""
     used = rules.choice.mechanism
     where = f" on /{rules.choice.hierarchy}" if rules.choice.hierarchy else ""
     rows = [(used, f"in use{where}")]
     rows += [(m, why) for m, why in rules.choice.why_not.items()]
-    hint = (
-        "; inside a cpuset the kernel refuses an affinity outside it (taskset -c: "
-        "EINVAL): start the application with `latencyctl run` or name it in apps"
-        if used != "affinity"
-        else ""
-    )
     return Table(f"Shield mechanism{hint}", ("mechanism", "here"), tuple(rows))
 
 

@@ -19,7 +19,7 @@ from latencyd.kernel.cgroups import (
     systemd_placement,
 )
 
-from .cpusets import Cpusets, Placement, UserTask
+from .cpusets import START_INSIDE, Cpusets, Placement, UserTask
 from .mechanism import Owned, chosen_table
 from .rules import ShieldRules
 from .targets import SlicePartition, TaskUnit, UnitCpus, top_cgroup
@@ -72,7 +72,8 @@ class SystemdCpus(Cpusets):
         return {UnitCpus(app_scope(pid)): cpus.to_list()}
 
     def tables(self, rules: ShieldRules) -> tuple[Table, ...]:
-        return (chosen_table(rules), self.partition(rules), self.inside(rules), self.others(rules))
+        chosen = chosen_table(rules, START_INSIDE)
+        return (chosen, self.partition(rules), self.inside(rules), self.others(rules))
 
     def partition(self, rules: ShieldRules) -> Table:
         """What the isolated partition adds here, read back from the kernel, or why none."""

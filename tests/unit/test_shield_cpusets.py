@@ -240,6 +240,29 @@ def test_a_cpuset_shield_is_found_owned_by_what_it_makes_first(
     assert engine.off() == []
 
 
+@pytest.mark.parametrize(
+    ("v1", "asked", "used"),
+    [(True, "cpuset", "cpuset-v1"), (False, "cpuset", "cpuset-v2"), (True, "affinity", "affinity")],
+)
+def test_status_says_how_to_start_the_application_where_a_cpuset_keeps_the_shield(
+    tmp_path: Path, machine: Machine, v1: bool, asked: str, used: str
+) -> None:
+    """Inside a cpuset the kernel refuses `taskset -c` to CPUs outside it: status says to
+    start the application with latencyctl run; under the chase, taskset works as ever."""
+    m, _, _ = rig(tmp_path, v1=v1, v2=not v1)
+    rules = m.expand(machine, {"cpus": "1", "mechanism": asked}).rules
+    chosen = m.plugin.monitor(rules).tables[0]
+    assert chosen.rows[0] == (
+        used,
+        f"in use{'' if used == 'affinity' else ' on /' + (V1 if v1 else V2)}",
+    )
+    if used == "affinity":
+        assert chosen.title == "Shield mechanism"
+    else:
+        assert "inside a cpuset the kernel refuses" in chosen.title
+        assert "start the application with `latencyctl run`" in chosen.title
+
+
 def test_from_the_chase_to_a_cpuset_a_task_is_judged_by_its_users_cpus(
     tmp_path: Path, machine: Machine
 ) -> None:

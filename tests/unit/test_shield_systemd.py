@@ -112,6 +112,7 @@ def test_the_shield_is_set_through_systemd_and_off_gives_every_unit_back(
     rules = m.plugin.expand(options, engine.owned("shield")).rules
     said = dict(m.plugin.keeper(rules).partition(rules).rows)
     assert said[f"/latencyd.slice {PARTITION_FILE}"] == "isolated"
+    assert "start the application with `latencyctl run`" in m.plugin.monitor(rules).tables[0].title
     assert said["adds here"].startswith("CPUs 1 isolated by the kernel")
     others = m.plugin.keeper(rules).others(rules)
     assert [row[:3] for row in others.rows] == [(600, "qemu", "/machine.slice/vm.scope")]
