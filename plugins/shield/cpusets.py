@@ -32,6 +32,14 @@ START_INSIDE = (  # what a cpuset mechanism asks of whoever starts the applicati
 )
 
 
+def shield_was(hierarchy: str, owned: Owned) -> CpuSet | None:
+    """The CPUs latencyd gave the shield's cgroup in `hierarchy` (None: it owns none)."""
+    given = owned.get(Cgroup(hierarchy, SHIELD))
+    if isinstance(given, Mapping) and "cpuset.cpus" in given:
+        return CpuSet.from_list(str(given["cpuset.cpus"]))
+    return None
+
+
 @dataclass(frozen=True)
 class UserTask:
     """A user task as a cpuset mechanism finds it: the task, its cgroup now, and the rule
@@ -77,12 +85,9 @@ class Cpusets(Mechanism):
         made anew; a shield that only grows or only shrinks (a hold's CPUs joining or
         leaving it) changes in place, what runs inside not moved (v1_groups orders the
         writes)."""
-        given = owned.get(Cgroup(chosen.hierarchy or "", SHIELD))
+        was = shield_was(chosen.hierarchy or "", owned)
         wanted: CpuSet = options["cpus"]
-        if isinstance(given, Mapping) and "cpuset.cpus" in given:
-            was = CpuSet.from_list(str(given["cpuset.cpus"]))
-            return not (was.issubset(wanted) or wanted.issubset(was))
-        return False
+        return was is not None and not (was.issubset(wanted) or wanted.issubset(was))
 
     def own_made(self, rules: ShieldRules, pid: int, cpus: CpuSet) -> Settings:
         """What a held application's own cgroup needs before it moves in."""

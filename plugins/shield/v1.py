@@ -5,12 +5,9 @@ each held application into a cpuset of its own inside it (app_cgroup)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from latencyd.core.plugin import Settings, Target
 from latencyd.cpuset import CpuSet
 from latencyd.kernel.cgroups import (
-    SHIELD,
     V1_ROOT_FILES,
     CgroupFacts,
     app_cgroup,
@@ -18,7 +15,7 @@ from latencyd.kernel.cgroups import (
     v1_groups,
 )
 
-from .cpusets import Cpusets
+from .cpusets import Cpusets, shield_was
 from .mechanism import Owned
 from .rules import ShieldRules
 from .targets import Cgroup, RootFile
@@ -30,12 +27,7 @@ class V1Cpusets(Cpusets):
     def cgroups(self, rules: ShieldRules, owned: Owned, refused: dict[str, str]) -> Settings:
         hierarchy = self.hierarchy(rules)
         mems = self.system.read(f"{hierarchy}/cpuset.effective_mems")
-        given = owned.get(Cgroup(hierarchy, SHIELD))
-        was = (
-            CpuSet.from_list(str(given["cpuset.cpus"]))
-            if isinstance(given, Mapping) and "cpuset.cpus" in given
-            else None
-        )
+        was = shield_was(hierarchy, owned)
         groups = v1_groups(rules.cpus, self.system.online_cpus(), mems, was)
         settings: Settings = {RootFile(hierarchy, f): v for f, v in V1_ROOT_FILES.items()}
         settings.update({Cgroup(hierarchy, name): files for name, files in groups.items()})
