@@ -91,7 +91,7 @@ POLICY_OPTIONS = ("governor", "energy_performance_preference", "min_freq_khz", "
 
 
 @dataclass(frozen=True)
-class CpufreqFile(FileTarget):
+class CpufreqFile(FileTarget[str]):
     """A CPU frequency file. The text written is the value's (see FreqLimit for "min" and
     "max"), and the kernel's text is the same when it reads back as written; the file
     comes and goes with its CPU (or policy): missing, the setting is gone."""
@@ -101,7 +101,7 @@ class CpufreqFile(FileTarget):
     def claims(self) -> tuple[Claim, ...]:
         return (Claim(owners.CPUFREQ),)
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         try:
             return self.text(system, wanted) == str(actual).strip()
         except KernelRefused:
@@ -140,7 +140,7 @@ class Governor(PolicyFile):
     def rel(self) -> str:
         return self.file("scaling_governor")
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"cpufreq policy{self.policy} governor = {value}"
 
 
@@ -157,7 +157,7 @@ class EnergyPreference(PolicyFile):
     def rel(self) -> str:
         return self.file("energy_performance_preference")
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"cpufreq policy{self.policy} energy_performance_preference = {value}"
 
 
@@ -178,13 +178,13 @@ class FreqLimit(PolicyFile):
     def rel(self) -> str:
         return self.file(f"scaling_{self.bound}_freq")
 
-    def text(self, system: System, value: Value) -> str:
+    def text(self, system: System, value: str) -> str:
         text = str(value)
         if text in SYMBOLIC_FREQS:
             return system.read(self.file(f"cpuinfo_{text}_freq"))
         return text
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         shown = (
             f"{value} (cpuinfo_{value}_freq)" if str(value) in SYMBOLIC_FREQS else f"{value} kHz"
         )
@@ -194,7 +194,7 @@ class FreqLimit(PolicyFile):
 BOOST_REFUSED = "this CPU or its firmware does not let the OS switch boost"
 
 
-def _on(value: Value) -> str:
+def _on(value: str) -> str:
     return "on" if str(value) == "1" else "off"
 
 
@@ -207,7 +207,7 @@ class PolicyBoost(PolicyFile):
     def rel(self) -> str:
         return self.file("boost")
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"cpufreq policy{self.policy} boost {_on(value)}"
 
 
@@ -222,7 +222,7 @@ class Boost(CpufreqFile):
     def rel(self) -> str:
         return GLOBAL_BOOST
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"CPU frequency boost {_on(value)}"
 
 
@@ -238,7 +238,7 @@ class EnergyPerfBias(CpufreqFile):
     def rel(self) -> str:
         return f"{CPU}/cpu{self.cpu}/power/energy_perf_bias"
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         names = {str(v): k for k, v in EPB_NAMES.items()}
         name = f" ({names[str(value)]})" if str(value) in names else ""
         return f"cpu{self.cpu} energy_perf_bias = {value}{name}"
@@ -257,7 +257,7 @@ class PerfPct(CpufreqFile):
     def rel(self) -> str:
         return f"{PSTATE}/{self.bound}_perf_pct"
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"intel_pstate {self.bound}_perf_pct = {value} %"
 
 
@@ -272,7 +272,7 @@ class NoTurbo(CpufreqFile):
     def rel(self) -> str:
         return f"{PSTATE}/no_turbo"
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"intel_pstate turbo {'off' if str(value) == '1' else 'on'} (no_turbo = {value})"
 
 
@@ -320,7 +320,7 @@ class _Found:
     refused: dict[str, str] = field(default_factory=dict)
     refused_cpus: dict[tuple[str, str], set[int]] = field(default_factory=dict)
 
-    def set(self, target: Target, value: Value, note: str = "") -> None:
+    def set(self, target: CpuTarget, value: str, note: str = "") -> None:
         self.settings[target] = value
         if note:
             self.notes[target] = note
