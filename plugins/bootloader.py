@@ -84,7 +84,7 @@ class KernelArgument:
 
 
 @dataclass(frozen=True)
-class BootArguments(Target):
+class BootArguments(Target[str]):
     """latencyd's change to the next boot's command line: its value is the arguments it
     added, then each it removed after a `-` ("" when it changed nothing)."""
 
@@ -95,7 +95,7 @@ class BootArguments(Target):
     def claims(self) -> tuple[Claim, ...]:
         return (Claim(BOOT),)
 
-    def read(self, system: System) -> Value:
+    def read(self, system: System) -> str:
         """latencyd's change as its record keeps it, in the profile's form (the parameters
         asked to be removed by name, whether or not they were there); UNFINISHED while a
         write is. Written by the plugin, through the boot loader it found."""
@@ -104,12 +104,12 @@ class BootArguments(Target):
             return UNFINISHED
         return Change(record.done.added, record.asked).as_text()
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         if UNFINISHED in (wanted, actual):
             return False
         return Change.from_text(str(wanted)) == Change.from_text(str(actual))
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"next boot's kernel arguments: {value or 'none of latencyd'}"
 
 
@@ -185,7 +185,7 @@ class BootloaderPlugin(Plugin[BootArguments, BootRules], ActsAtBoot[BootArgument
         return WRITE_IS_ROOTS if options.get("write", False) else None
 
     # -- the one target: written through the boot loader found ------------------------------
-    def write(self, target: BootArguments, value: Value) -> None:
+    def write(self, target: BootArguments, value: str) -> None:
         """The boot configuration as `value` asks, unless it is so already (a start after a
         reboot runs no tool for arguments written before it)."""
         if target.same(self.system, value, target.read(self.system)):
@@ -196,9 +196,9 @@ class BootloaderPlugin(Plugin[BootArguments, BootRules], ActsAtBoot[BootArgument
     def original(
         self,
         target: BootArguments,
-        current: Value,
+        current: str,
         owned: Callable[[Target], tuple[Value, Value] | None],
-    ) -> Value:
+    ) -> str:
         """None of latencyd's, whatever the record holds now: arguments latencyd wrote
         (before a reboot that emptied the journal, say) are never the machine's own."""
         return ""
@@ -220,7 +220,7 @@ class BootloaderPlugin(Plugin[BootArguments, BootRules], ActsAtBoot[BootArgument
             return []
         return in_effect(Change(rules.added, rules.remove), cmdline)
 
-    def pending(self, target: BootArguments, value: Value) -> str | None:
+    def pending(self, target: BootArguments, value: str) -> str | None:
         """Written, not booted: which arguments the running kernel lacks."""
         try:
             cmdline = self.system.read("proc/cmdline")
