@@ -34,6 +34,7 @@ from latencyd.core.plugin import (
     Settings,
     Table,
     Target,
+    V,
     Value,
     of_device,
     plain_path,
@@ -54,7 +55,7 @@ FEATURE_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
 @dataclass(frozen=True)
-class NicTarget(Target):
+class NicTarget(Target[V]):
     """A setting of one NIC, known by its stable identity (see NetPlugin.nic_identity).
     It is reached through the NIC's current name, which only the plugin knows (a NIC can
     be renamed), so its kind's verbs are given that name."""
@@ -72,10 +73,10 @@ class NicTarget(Target):
         """What the setting is called on its NIC ("coalesce rx-usecs", "queues/rx-0/rps_cpus")."""
         raise NotImplementedError
 
-    def read_nic(self, system: System, name: str) -> Value:
+    def read_nic(self, system: System, name: str) -> V:
         raise NotImplementedError
 
-    def write_nic(self, system: System, name: str, value: Value) -> None:
+    def write_nic(self, system: System, name: str, value: V) -> None:
         raise NotImplementedError
 
     def nic_exists(self, system: System, name: str) -> bool:
@@ -87,12 +88,12 @@ class NicTarget(Target):
         name now (None: gone), asked only by a kind that has files."""
         return ()
 
-    def describe_nic(self, name: str, value: Value) -> str:
+    def describe_nic(self, name: str, value: V) -> str:
         raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class NicSetting(NicTarget):
+class NicSetting(NicTarget[int | bool]):
     """An ethtool setting of one NIC: group "coalesce", "ring", "channels", "pause" or
     "feature", and its key (ethtool's name; for features the kernel's name). Over
     netlink (latencyd.kernel.ethtool), never a file."""
@@ -110,7 +111,7 @@ class NicSetting(NicTarget):
     def setting(self) -> str:
         return f"{self.group} {self.key}"
 
-    def read_nic(self, system: System, name: str) -> Value:
+    def read_nic(self, system: System, name: str) -> int | bool:
         if self.group == "feature":
             features = system.ethtool.features(name)
             if self.key not in features.known:
@@ -121,7 +122,7 @@ class NicSetting(NicTarget):
             raise NotApplicable(f"{name}'s driver does not report {self.group} {self.key}")
         return values[self.key]
 
-    def write_nic(self, system: System, name: str, value: Value) -> None:
+    def write_nic(self, system: System, name: str, value: int | bool) -> None:
         if self.group == "feature":
             if self.key not in system.ethtool.features(name).changeable:
                 raise NotApplicable(f"{name}: feature {self.key} is fixed by its driver")
@@ -129,7 +130,7 @@ class NicSetting(NicTarget):
         else:
             system.ethtool.write(name, self.group, self.key, value)
 
-    def describe_nic(self, name: str, value: Value) -> str:
+    def describe_nic(self, name: str, value: int | bool) -> str:
         if self.group == "feature":
             return f"{name} feature {self.key} {'on' if value else 'off'}"
         shown = ("on" if value else "off") if isinstance(value, bool) else value
@@ -137,7 +138,7 @@ class NicSetting(NicTarget):
 
 
 @dataclass(frozen=True)
-class NicFile(NicTarget):
+class NicFile(NicTarget[str]):
     """A sysfs file of one NIC, relative to /sys/class/net/IF/ (queues/rx-0/rps_cpus); a
     queue's RPS/XPS CPUs are a mask in the file, a CPU list as a value. A queue's file
     goes with its queue (channels can remove it); a NIC-wide file the kernel lacks is not
@@ -159,18 +160,18 @@ class NicFile(NicTarget):
         """Whether the file holds CPUs (rps_cpus, xps_cpus)."""
         return self.path.rsplit("/", 1)[-1] in CPU_FILES
 
-    def read_nic(self, system: System, name: str) -> Value:
+    def read_nic(self, system: System, name: str) -> str:
         text = system.read(f"{NET}/{name}/{self.path}")
         return CpuSet.from_mask(text).to_list() if self.cpus else text
 
-    def write_nic(self, system: System, name: str, value: Value) -> None:
+    def write_nic(self, system: System, name: str, value: str) -> None:
         text = str(value)
         if self.cpus:
             nr = max(system.online_cpus()) + 1
             text = CpuSet.from_list(text).to_mask(nr)
         system.write(f"{NET}/{name}/{self.path}", text)
 
-    def same(self, system: System, wanted: Value, actual: Value) -> bool:
+    def same(self, system: System, wanted: str, actual: str) -> bool:
         return same_cpus(wanted, actual) if self.cpus else bool(wanted == actual)
 
     def nic_exists(self, system: System, name: str) -> bool:
@@ -180,7 +181,7 @@ class NicFile(NicTarget):
         name = ifname(self.nic)
         return (f"{NET}/{name}/{self.path}",) if name else ()
 
-    def describe_nic(self, name: str, value: Value) -> str:
+    def describe_nic(self, name: str, value: str) -> str:
         return f"{name} {self.path} = {value}"
 
 
