@@ -119,7 +119,9 @@ class BootRules:
     remove: tuple[str, ...]
 
 
-class BootloaderPlugin(Plugin[BootArguments, BootRules], ActsAtBoot[BootArguments, BootRules]):
+class BootloaderPlugin(
+    Plugin[BootArguments, BootRules, Options], ActsAtBoot[BootArguments, BootRules]
+):
     name = "bootloader"
     summary = "Kernel arguments for the next boot, through the machine's own bootloader tools"
     targets = (BootArguments,)

@@ -427,7 +427,7 @@ SCHEMA = Schema(
 )
 
 
-class CpuPlugin(Plugin[CpuTarget, None]):
+class CpuPlugin(Plugin[CpuTarget, None, Options]):
     name = "cpu"
     summary = "CPU frequency: governor, EPP/EPB, frequency limits, intel_pstate and boost"
     targets = (Governor, EnergyPreference, FreqLimit, PolicyBoost, Boost, EnergyPerfBias, PerfPct,

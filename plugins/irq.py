@@ -139,7 +139,9 @@ class IrqRules:
     coordinate: bool = False  # ban `isolate` in an irqbalance that starts later
 
 
-class IrqPlugin(Plugin[IrqTarget, IrqRules], FollowsTasks[IrqRules], FollowsDevices[IrqRules]):
+class IrqPlugin(
+    Plugin[IrqTarget, IrqRules, Options], FollowsTasks[IrqRules, Options], FollowsDevices[IrqRules]
+):
     name = "irq"
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"
     targets = (IrqAffinity, DefaultAffinity, IrqbalanceBan)

@@ -195,7 +195,9 @@ def _rule_is_whole(rule: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules], FollowsTasks[KthreadRules]):
+class KthreadPlugin(
+    TaskMover[KthreadTarget, KthreadRules, Options], FollowsTasks[KthreadRules, Options]
+):
     name = "kthread"
     summary = "Kernel-thread affinity and policy by name, following threads as they come and go"
     targets = (Workqueue, ThreadAffinity, ThreadPolicy)

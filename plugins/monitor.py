@@ -30,7 +30,7 @@ from latencyd.kernel.noise import (
 from latencyd.kernel.system import System
 
 
-class MonitorPlugin(Plugin[Target, WatchPlan], ProvidesNoiseWatch[WatchPlan]):
+class MonitorPlugin(Plugin[Target, WatchPlan, Options], ProvidesNoiseWatch[WatchPlan]):
     name = "monitor"
     summary = "Watch the shielded CPUs: every interruption by source, against a noise budget"
     example: ClassVar[dict[str, Any]] = {"cpus": "1", "interval_ms": 1000, "budget_us": 2000}

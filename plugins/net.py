@@ -292,7 +292,7 @@ NIC_SCHEMA = Schema(
 )
 
 
-class NetPlugin(Plugin[NicTarget, NetRules], FollowsDevices[NetRules]):
+class NetPlugin(Plugin[NicTarget, NetRules, Options], FollowsDevices[NetRules]):
     name = "net"
     summary = "NIC coalescing, rings, channels, pause, features, RPS/XPS and NAPI knobs"
     targets = (NicSetting, NicFile)

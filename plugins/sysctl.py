@@ -112,7 +112,7 @@ class Sysctl(FileTarget[str]):
         return (Claim(SYSCTL, sysctl_path(self.key).removeprefix("proc/sys/")),)
 
 
-class SysctlPlugin(Plugin[Sysctl, None]):
+class SysctlPlugin(Plugin[Sysctl, None, Options]):
     name = "sysctl"
     summary = "Any kernel sysctl under /proc/sys"
     targets = (Sysctl,)

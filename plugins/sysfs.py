@@ -130,7 +130,7 @@ class SysfsRules:
     found: frozenset[tuple[str, str]]  # (key, real path under root) pairs
 
 
-class SysfsPlugin(Plugin[SysfsFile, SysfsRules], FollowsDevices[SysfsRules]):
+class SysfsPlugin(Plugin[SysfsFile, SysfsRules, Options], FollowsDevices[SysfsRules]):
     name = "sysfs"
     summary = "Any file under /sys, by absolute path or glob"
     targets = (SysfsFile,)

@@ -100,7 +100,7 @@ class VmKnob(FileTarget[int]):
         return (Claim(SYSCTL, f"vm/{self.name}"),)
 
 
-class WritebackPlugin(Plugin[DirtyLimit | VmKnob, None]):
+class WritebackPlugin(Plugin[DirtyLimit | VmKnob, None, Options]):
     name = "writeback"
     summary = "Dirty-page writeback thresholds and timing (vm.dirty_*)"
     targets = (DirtyLimit, VmKnob)

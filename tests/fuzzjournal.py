@@ -34,11 +34,11 @@ def machine(tmp_path: Path) -> System:
     return system
 
 
-def plugins_on(system: System) -> dict[str, Plugin[Any, Any]]:
+def plugins_on(system: System) -> dict[str, Plugin[Any, Any, Any]]:
     return {name: cls(system) for name, cls in discover().items()}
 
 
-def profile_on(system: System, plugins: dict[str, Plugin[Any, Any]]) -> Profile:
+def profile_on(system: System, plugins: dict[str, Plugin[Any, Any, Any]]) -> Profile:
     schemas = section_schemas(plugins)
     sections = {
         name: validate(schemas[name], EXTRA.get(name, plugin.example), system.machine())

@@ -9,6 +9,6 @@ from latencyd.core.engine import SettingId
 from latencyd.core.plugin import Plugin
 
 
-def wanted(plugin: Plugin[Any, Any], options: Mapping[str, Any]) -> dict[SettingId, Any]:
+def wanted(plugin: Plugin[Any, Any, Any], options: Mapping[str, Any]) -> dict[SettingId, Any]:
     """The section's settings as engine.switch takes them (nothing owned yet)."""
     return {(plugin.name, t): v for t, v in plugin.expand(options, {}).settings.items()}

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from latencyd.core.plugin import DeviceEvent, Options, Settings, Target, TaskEvent, Value
+from latencyd.core.plugin import DeviceEvent, Settings, Target, TaskEvent, Value
 from latencyd.cpuset import CpuSet
 
 if TYPE_CHECKING:  # only the noise watch's hooks name them
@@ -40,16 +40,17 @@ if TYPE_CHECKING:  # only the noise watch's hooks name them
 
 def declares(plugin: object, capability: type) -> bool:
     """Whether the plugin's class names `capability` among its bases (a parametrised one,
-    FollowsTasks[IrqRules], too)."""
+    FollowsTasks[IrqRules, IrqOptions], too)."""
     return capability in type(plugin).__mro__
 
 
 T = TypeVar("T", bound=Target, contravariant=True)
 R = TypeVar("R", contravariant=True)  # the plugin's rules (Expansion.rules)
+Opt = TypeVar("Opt", contravariant=True)  # the plugin's options (Plugin.options_of)
 G = TypeVar("G", bound=Target)  # ReportsGrouped's targets (in a list: invariant)
 
 
-class FollowsTasks(Protocol[R]):
+class FollowsTasks(Protocol[R, Opt]):
     """Settings for tasks as they come: the daemon reads task events from the kernel
     (latencyd.service.taskevents) while the section is in force and hands each here."""
 
@@ -63,11 +64,11 @@ class FollowsTasks(Protocol[R]):
         write, and so did not inherit, needs. Default: nothing."""
         return {}
 
-    def follows_user_tasks(self, options: Options) -> bool:
+    def follows_user_tasks(self, options: Opt) -> bool:
         """Whether this section needs exec events of user tasks, not just new kthreads."""
         return False
 
-    def follows_renames(self, options: Options) -> bool:
+    def follows_renames(self, options: Opt) -> bool:
         """Whether this section needs to hear of tasks renamed (prctl PR_SET_NAME, or a
         kernel naming its new kthreads after the fork). Any user may rename a task as
         fast as a CPU allows: where no section follows renames, the kernel drops them
@@ -98,7 +99,7 @@ class Handover(Protocol[T]):
         ...
 
 
-class SharesWithUser(Protocol[T, R]):
+class SharesWithUser(Protocol[T, R, Opt]):
     """Settings their user may set too (a task's CPUs). The engine owns them through
     latencyd.core.sharing.Shared: each new one is written with write_unless_changed,
     and each owned one given back with it; what the handover calls theirs is not
@@ -117,7 +118,7 @@ class SharesWithUser(Protocol[T, R]):
         where the kernel offers nothing closer)."""
         ...
 
-    def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
+    def starts_afresh(self, options: Opt, owned: Mapping[Target, Value]) -> bool:
         """Whether what the plugin owns must be given back before the section is expanded
         again: the restores would change what the expansion reads. Default: no."""
         return False

@@ -111,7 +111,7 @@ class Slices:
         return Progress(self.done, self.total)
 
 
-def section_schemas(plugins: Mapping[str, Plugin[Any, Any]]) -> dict[str, Schema]:
+def section_schemas(plugins: Mapping[str, Plugin[Any, Any, Any]]) -> dict[str, Schema]:
     """Each plugin's schema with the engine's own options added: what a section may hold."""
     return {name: p.schema.extended(ENGINE_OPTIONS) for name, p in plugins.items()}
 
@@ -267,7 +267,7 @@ class StepReport:
 
 
 class Engine:
-    def __init__(self, plugins: Mapping[str, Plugin[Any, Any]], journal: Journal) -> None:
+    def __init__(self, plugins: Mapping[str, Plugin[Any, Any, Any]], journal: Journal) -> None:
         self.plugins = plugins
         self.journal = journal
         self.applied: dict[SettingId, Value] = {}
@@ -376,9 +376,10 @@ class Engine:
         slices = Slices(0)
         for name in names:
             try:
-                options = plugin_options(profile.sections[name])
+                plugin = self.plugins[name]
+                options = plugin.options_of(plugin_options(profile.sections[name]))
                 owned = {} if name in fresh else self.owned(name)
-                steps = self.plugins[name].expand_steps(options, owned)
+                steps = plugin.expand_steps(options, owned)
                 while True:
                     try:
                         next(steps)
@@ -1119,7 +1120,7 @@ def _wanted(
     return wanted, current
 
 
-def _what(plugin: Plugin[Any, Any], target: Target, value: Value) -> str:
+def _what(plugin: Plugin[Any, Any, Any], target: Target, value: Value) -> str:
     """A setting in words for an error message, even when its value makes no sense."""
     try:
         return plugin.describe(target, value)
@@ -1127,7 +1128,7 @@ def _what(plugin: Plugin[Any, Any], target: Target, value: Value) -> str:
         return f"{target}"
 
 
-def _check_value(plugin: Plugin[Any, Any], target: Target, value: Value) -> None:
+def _check_value(plugin: Plugin[Any, Any, Any], target: Target, value: Value) -> None:
     """ValueError unless the plugin can compare and describe `value` for `target`: a journal
     value of the wrong kind (another version, a hand edit) is stranded at adoption instead
     of failing every later step."""
@@ -1171,7 +1172,7 @@ def _reason(target: Target, exc: LatencydError) -> str:
 
 
 def _not_restored(
-    sid: SettingId, plugin: Plugin[Any, Any], original: Value, exc: NotApplicable
+    sid: SettingId, plugin: Plugin[Any, Any, Any], original: Value, exc: NotApplicable
 ) -> None:
     """A restore the plugin says cannot apply where the target is now (a task kept in a
     cgroup whose CPUs exclude its original ones): given up, not a failure of the step."""
@@ -1185,7 +1186,7 @@ def _quietly(action: Callable[[], object]) -> None:
         log.debug("ignored while backing out a refused setting: %s", exc)
 
 
-def _quietly_read(plugin: Plugin[Any, Any], target: Target) -> Value:
+def _quietly_read(plugin: Plugin[Any, Any, Any], target: Target) -> Value:
     try:
         return plugin.read(target)
     except LatencydError:

@@ -21,6 +21,7 @@ from latencyd.kernel.system import System, Task
 MOVE_REFUSED = "the kernel will not move this thread"
 
 T = TypeVar("T", bound=Target)
+Opt = TypeVar("Opt")  # the plugin's options (Plugin.options_of)
 
 
 class Rescanned(Protocol):
@@ -96,7 +97,7 @@ class TaskTarget(Target[V]):
         raise NotImplementedError
 
 
-class TaskMover(Plugin[T, S]):
+class TaskMover(Plugin[T, S, Opt]):
     """A plugin whose targets name tasks: it keeps who each pid is for the step, and hands
     that to its TaskTarget kinds; its other kinds reach their settings as any do."""
 

@@ -56,7 +56,7 @@ class SwitchPlan:
 
     def as_json(
         self,
-        plugins: dict[str, Plugin[Any, Any]],
+        plugins: dict[str, Plugin[Any, Any, Any]],
         show_tasks: bool = True,
         owners: OwnerIndex | None = None,
     ) -> dict[str, Any]:
@@ -112,14 +112,14 @@ class SwitchPlan:
         }
 
 
-def _described(plugin: Plugin[Any, Any], target: Target, value: Value) -> str:
+def _described(plugin: Plugin[Any, Any, Any], target: Target, value: Value) -> str:
     try:
         return plugin.describe(target, value)
     except Exception:  # a task that exited meanwhile, a value the plugin cannot word
         return f"{encode_target(target)} = {value!r}"
 
 
-def _group_key(plugin: Plugin[Any, Any], target: Target) -> str | None:
+def _group_key(plugin: Plugin[Any, Any, Any], target: Target) -> str | None:
     """The plugin's status group of the target (the threads of one process), as text: the
     table shows the settings of one group alike in action and values as one row."""
     if not declares(plugin, ReportsGrouped):  # asked for each setting planned

@@ -57,7 +57,10 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "latencyd.plugins"
 
 Value = Any  # JSON-serialisable: what a target is set to, as the engine holds it
-Options = Mapping[str, Any]  # one validated profile section (each option's type: its schema's)
+# One validated profile section as the engine holds it (each option's type: its schema's).
+# A plugin reads it as its options class, Opt (Schema.section, Plugin.options_of), or as
+# this mapping where its section has free keys ([sysctl]).
+Options = Mapping[str, Any]
 
 # A target kind's own value type (Target[str]: a CPU list, a sysctl's text): its verbs are
 # typed by it, while the engine, which holds every kind's values side by side, sees Value.
@@ -245,6 +248,7 @@ def plain_path(text: str, parts: int | None = None) -> bool:
 Settings = dict[Target, Value]
 T = TypeVar("T", bound=Target)
 R = TypeVar("R")  # a plugin's rules: what its expansion keeps for later (Expansion.rules)
+Opt = TypeVar("Opt")  # a plugin's options: its section as it reads it (Plugin.options_of)
 
 
 class OwnedSettings(Mapping[Target, Value]):
@@ -410,9 +414,11 @@ class Monitor:
     facts: Mapping[str, Any] = field(default_factory=dict)
 
 
-class Plugin(Generic[T, R]):
-    """Base of every plugin, generic in its target type(s) T and its rules R (what its
-    expansions keep, Expansion.rules: None for a plugin that keeps none). Required: `name`,
+class Plugin(Generic[T, R, Opt]):
+    """Base of every plugin, generic in its target type(s) T, its rules R (what its
+    expansions keep, Expansion.rules: None for a plugin that keeps none) and its options Opt
+    (its section as its hooks get it: the options class its schema declares,
+    Schema.section, or Options where the section has free keys). Required: `name`,
     `summary`, `schema`, `targets`, `example` and `expand`; `read`, `write` and `describe`
     too unless the target kinds do them (Target.read, ...: every FileTarget does); the rest
     has defaults. What only some plugins do (follow tasks or devices, share a setting with
@@ -443,14 +449,20 @@ class Plugin(Generic[T, R]):
         self.rescan_interval_s = 60.0
 
     # -- what a section wants (pure: reads the machine, changes nothing, stores nothing) --
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[R]:
+    @final
+    def options_of(self, section: Options) -> Opt:
+        """A validated section as this plugin's hooks get it (Schema.typed): what the
+        engine and the daemon hand `expand`, `root_only` and the capabilities' hooks."""
+        return cast(Opt, self.schema.typed(section))
+
+    def expand(self, options: Opt, owned: Mapping[Target, Value]) -> Expansion[R]:
         """The section's wanted settings. `owned` are this plugin's settings currently
         applied by the engine (a plugin that moves tasks must keep owning what it moved).
         Raise NotApplicable when the whole section cannot apply on this machine."""
         raise NotImplementedError
 
     def expand_steps(
-        self, options: Options, owned: Mapping[Target, Value]
+        self, options: Opt, owned: Mapping[Target, Value]
     ) -> Generator[None, None, Expansion[R]]:
         """`expand`, for a plugin whose expansion can take long (tens of thousands of
         threads): a generator that yields between pieces of its work, so the daemon keeps
@@ -507,7 +519,7 @@ class Plugin(Generic[T, R]):
         return target.watch_files(self.system)
 
     # -- who may apply it, and targets that appear later -------------------------------------
-    def root_only(self, options: Options) -> str | None:
+    def root_only(self, options: Opt) -> str | None:
         """Why this section may be applied only for root, not for admin_group members (it
         could hand out root, e.g. sysctl kernel.core_pattern), or None."""
         return None
@@ -528,7 +540,7 @@ class Plugin(Generic[T, R]):
         """Release held resources (perf counters); called when the daemon stops."""
 
 
-def target_kinds(plugin: Plugin[Any, Any]) -> dict[str, type[Target]]:
+def target_kinds(plugin: Plugin[Any, Any, Any]) -> dict[str, type[Target]]:
     return {cls.kind: cls for cls in plugin.targets}
 
 
@@ -563,10 +575,10 @@ def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, st
     return found
 
 
-def discover(path: list[str] | None = None) -> dict[str, type[Plugin[Any, Any]]]:
+def discover(path: list[str] | None = None) -> dict[str, type[Plugin[Any, Any, Any]]]:
     """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too),
     as installed on `path` (default: sys.path, where they are imported from)."""
-    found: dict[str, type[Plugin[Any, Any]]] = {}
+    found: dict[str, type[Plugin[Any, Any, Any]]] = {}
     for name, spec in entry_point_specs(ENTRY_POINT_GROUP, path).items():
         module, _, attr = spec.partition(":")
         try:
@@ -605,9 +617,9 @@ def in_one_go(steps: Callable[P, Generator[Any, None, Result]]) -> Callable[P, R
     return run
 
 
-def load_plugins(system: System) -> dict[str, Plugin[Any, Any]]:
+def load_plugins(system: System) -> dict[str, Plugin[Any, Any, Any]]:
     """One instance of every registered plugin, bound to `system`."""
-    plugins: dict[str, Plugin[Any, Any]] = {}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {}
     for name, cls in discover().items():
         try:
             plugins[name] = cls(system)

@@ -6,11 +6,12 @@ with a message that completes the sentence "<file>:<line>: <option>: ...".
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, Unpack, overload
 
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.kernel.system import Machine
@@ -24,11 +25,18 @@ _INT64_DIGITS = len(str(INT64.stop))
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
-class Kind(Protocol):
+K = TypeVar("K", covariant=True)  # what a kind parses to
+X = TypeVar("X")
+
+
+class Kind(Protocol[K]):
+    """A kind of value: its name in help and errors, and how a profile's value is read
+    (ValueError: not of the kind)."""
+
     @property
     def label(self) -> str: ...
 
-    def parse(self, raw: Any, machine: Machine) -> Any: ...
+    def parse(self, raw: Any, machine: Machine) -> K: ...
 
 
 @dataclass(frozen=True)
@@ -165,14 +173,14 @@ class Size:
 
 
 @dataclass(frozen=True)
-class ListOf:
-    item: Kind
+class ListOf(Generic[X]):
+    item: Kind[X]
 
     @property
     def label(self) -> str:
         return f"list of {self.item.label}"
 
-    def parse(self, raw: Any, machine: Machine) -> list[Any]:
+    def parse(self, raw: Any, machine: Machine) -> list[X]:
         if isinstance(raw, str):
             raw = [raw]
         if not isinstance(raw, list):
@@ -184,7 +192,7 @@ class ListOf:
 class OneOf:
     """The first kind that accepts the value wins (e.g. µs or a symbolic name)."""
 
-    kinds: tuple[Kind, ...]
+    kinds: tuple[Kind[Any], ...]
 
     @property
     def label(self) -> str:
@@ -239,9 +247,9 @@ class Fields:
     names come from `fields` (name -> kind), or any name `check` accepts (it returns an
     error message or None) with values of `kind`."""
 
-    fields: tuple[tuple[str, Kind], ...] = ()
+    fields: tuple[tuple[str, Kind[Any]], ...] = ()
     check: Callable[[str], str | None] | None = None
-    kind: Kind | None = None
+    kind: Kind[Any] | None = None
     what: str = "key"
 
     @property
@@ -274,7 +282,7 @@ class Fields:
 @dataclass(frozen=True)
 class Option:
     name: str
-    kind: Kind
+    kind: Kind[Any]
     doc: str
     default: Any = None  # None: the setting is left untouched unless the profile names it
     unit: str = ""
@@ -318,7 +326,7 @@ class Schema:
     # Sections like [sysctl] take arbitrary keys; `free_keys` checks each key name
     # (returns an error message or None) and `free_kind` parses its value.
     free_keys: Callable[[str], str | None] | None = None
-    free_kind: Kind | None = None
+    free_kind: Kind[Any] | None = None
     required: tuple[str, ...] = field(default=())
     # Options the kernel keeps only one of (dirty_ratio / dirty_bytes): within one
     # file both is an error; across includes, the later file's choice wins.
@@ -337,6 +345,32 @@ class Schema:
     consistent: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
     # Options other sections had before this one took them over (see Moved).
     moved: tuple[Moved, ...] = ()
+    # The plugin's options class (a frozen dataclass whose fields are declared by
+    # `option` and `table`): the options, tables and required names are derived from it,
+    # and `typed` builds it from a validated section. None: the section is read as the
+    # mapping it is (free keys, [sysctl]).
+    section: type[Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.section is not None and not self.options and not self.tables:
+            options, tables, required = _declared(self.section)
+            object.__setattr__(self, "options", options)
+            object.__setattr__(self, "tables", tables)
+            object.__setattr__(self, "required", (*required, *self.required))
+
+    def typed(self, values: Mapping[str, Any]) -> Any:
+        """A validated section as the plugin reads it: its options class (`section`), the
+        entries of its tables each their own, made from `values` (of which what is not
+        the class's, the engine's own options, is left out); `values` itself where there
+        is no class."""
+        if self.section is None:
+            return values
+        names = _field_names(self.section)
+        given = {k: v for k, v in values.items() if k in names}
+        for table in self.tables:
+            if table.name in given:
+                given[table.name] = tuple(table.schema.typed(e) for e in given[table.name])
+        return self.section(**given)
 
     def extended(self, options: tuple[Option, ...]) -> Schema:
         """This schema with more options (the engine's `on_drift` in every section)."""
@@ -421,3 +455,80 @@ def shielded_cpus(schema: Schema, options: Mapping[str, Any]) -> CpuSet:
         if option.shields and isinstance(value, CpuSet):
             found = found | value
     return found
+
+
+# A section's options class declares each option as a field (`option`, `table`): its
+# name is the option's, its type what the option's kind parses to. What the field's
+# metadata keeps under this key makes the Option (or ArrayOfTables) of the field's name.
+_DECLARES = "latencyd.schema"
+
+
+class _Said(TypedDict, total=False):
+    """What else an option may say (Option's fields of the same names)."""
+
+    unit: str
+    shields: bool
+    compose: str
+
+
+@overload
+def option(kind: Kind[X], doc: str, *, default: X, **said: Unpack[_Said]) -> X: ...
+@overload
+def option(kind: Kind[X], doc: str, *, required: Literal[True], **said: Unpack[_Said]) -> X: ...
+@overload
+def option(kind: Kind[X], doc: str, **said: Unpack[_Said]) -> X | None: ...
+def option(
+    kind: Kind[Any],
+    doc: str,
+    *,
+    default: Any = None,
+    required: bool = False,
+    **said: Unpack[_Said],
+) -> Any:
+    """One option of a section's options class (Schema.section), as a field typed as its
+    kind parses it: `X | None` (None: the profile does not set it) unless it has a default
+    or is required. The arguments are Option's."""
+
+    def declared(name: str) -> Option:
+        return Option(name, kind, doc, default, **said)
+
+    metadata = {_DECLARES: (declared, required)}
+    if isinstance(default, list | dict):  # each instance its own copy
+        return field(default_factory=lambda: copy.copy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+S = TypeVar("S")
+
+
+def table(entry: type[S], doc: str) -> tuple[S, ...]:
+    """An array of tables (``[[cpu.cpus]]``) of a section's options class: a field whose
+    entries are each of the options class `entry` (its schema: Schema(section=entry))."""
+
+    def declared(name: str) -> ArrayOfTables:
+        return ArrayOfTables(name, Schema(section=entry), doc)
+
+    empty: tuple[S, ...] = ()
+    return field(default=empty, metadata={_DECLARES: (declared, False)})
+
+
+def _field_names(section: type[Any]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(section))
+
+
+def _declared(
+    section: type[Any],
+) -> tuple[tuple[Option, ...], tuple[ArrayOfTables, ...], tuple[str, ...]]:
+    """The options, tables and required names an options class declares, in its order."""
+    options: list[Option] = []
+    tables: list[ArrayOfTables] = []
+    required: list[str] = []
+    for f in dataclasses.fields(section):
+        if _DECLARES not in f.metadata:
+            raise TypeError(f"{section.__name__}.{f.name} is not declared by option() or table()")
+        declared, needed = f.metadata[_DECLARES]
+        made = declared(f.name)
+        (options if isinstance(made, Option) else tables).append(made)
+        if needed:
+            required.append(f.name)
+    return tuple(options), tuple(tables), tuple(required)

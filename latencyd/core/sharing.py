@@ -55,7 +55,7 @@ class Ownership(Generic[T]):
 
     per_step = False  # one serves every step (Shared: one per step, for what it claims)
 
-    def __init__(self, plugin: Plugin[T, Any], rules: Callable[[bool], Any]) -> None:
+    def __init__(self, plugin: Plugin[T, Any, Any], rules: Callable[[bool], Any]) -> None:
         self.plugin = plugin
         # The rules a value is judged by: those being applied, or (True) those that set it.
         self.rules = rules
@@ -63,8 +63,9 @@ class Ownership(Generic[T]):
 
     # -- 1. before the section is expanded again ----------------------------------------
     def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
-        """Whether what the plugin owns must be given back before the section is expanded
-        again (the restores would change what the expansion reads)."""
+        """Whether what the plugin owns must be given back before the section (`options`,
+        as the profile holds it) is expanded again (the restores would change what the
+        expansion reads)."""
         return False
 
     # -- 2. a setting first owned now ---------------------------------------------------
@@ -125,9 +126,9 @@ class Shared(Ownership[T]):
 
     per_step = True
 
-    def __init__(self, plugin: Plugin[T, Any], rules: Callable[[bool], Any]) -> None:
+    def __init__(self, plugin: Plugin[T, Any, Any], rules: Callable[[bool], Any]) -> None:
         super().__init__(plugin, rules)
-        sharer = self.sharer = cast(SharesWithUser[T, Any], plugin)  # see ownership_of
+        sharer = self.sharer = cast(SharesWithUser[T, Any, Any], plugin)  # see ownership_of
         # The plugin's rule of what is theirs, by the rules being applied and by those in
         # force: made once, before anything is written.
         self.judges: tuple[Handover[T] | None, Handover[T] | None] = (
@@ -138,7 +139,7 @@ class Shared(Ownership[T]):
         self.claimed: dict[T, Value] = {}
 
     def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
-        return self.sharer.starts_afresh(options, owned)
+        return self.sharer.starts_afresh(self.plugin.options_of(options), owned)
 
     def claim(self, target: T, now: Value, judged_by_expansion: bool) -> bool:
         # Without the expansion's read, the plugin judged one the engine did not see (an
@@ -184,7 +185,7 @@ class Shared(Ownership[T]):
         return judge.theirs(target, actual) if judge is not None else None
 
 
-def ownership_of(plugin: Plugin[T, Any], rules: Callable[[bool], Any]) -> Ownership[T]:
+def ownership_of(plugin: Plugin[T, Any, Any], rules: Callable[[bool], Any]) -> Ownership[T]:
     """The Ownership of `plugin`'s settings for one step: Shared if it declares
     SharesWithUser, else latencyd's alone. `rules(by_owner)`: the rules its values are
     judged by (see Ownership.theirs)."""
@@ -193,7 +194,9 @@ def ownership_of(plugin: Plugin[T, Any], rules: Callable[[bool], Any]) -> Owners
     return Ownership(plugin, rules)
 
 
-def read_then_write(plugin: Plugin[T, Any], target: T, value: Value, judged: Value) -> Value | None:
+def read_then_write(
+    plugin: Plugin[T, Any, Any], target: T, value: Value, judged: Value
+) -> Value | None:
     """SharesWithUser.write_unless_changed where the kernel offers nothing closer: read,
     then write `value` if the setting still holds `judged` and not already `value`; None
     once written, else what it holds, unwritten."""

@@ -133,7 +133,7 @@ class Daemon:
     def __init__(
         self,
         system: System,
-        plugins: dict[str, Plugin[Any, Any]],
+        plugins: dict[str, Plugin[Any, Any, Any]],
         library: ProfileLibrary,
         engine: Engine,
     ) -> None:
@@ -269,7 +269,8 @@ class Daemon:
                 profile.from_cluster and name not in self.cluster_allow_root
             ):
                 continue
-            reason = self.plugins[name].root_only(options)
+            plugin = self.plugins[name]
+            reason = plugin.root_only(plugin.options_of(options))
             if reason is None:
                 continue
             if not caller.is_root:
@@ -586,7 +587,7 @@ class Daemon:
                 delays.add(time.monotonic_ns() - started)
 
     def _device_step(
-        self, name: str, plugin: Plugin[Any, Any], events: list[DeviceEvent]
+        self, name: str, plugin: Plugin[Any, Any, Any], events: list[DeviceEvent]
     ) -> StepReport | None:
         """The settings the events' devices need, in one step; the whole section is
         expanded again if the plugin cannot handle an event in place."""
@@ -631,7 +632,7 @@ class Daemon:
             section = self.engine.sections.get(name)
             if section is None:
                 continue
-            plugin = cast(FollowsTasks[Any], self.plugins[name])
+            plugin = cast(FollowsTasks[Any, Any], self.plugins[name])
             owned = self.engine.owned(name)
             settings: dict[Target, Value] = {}
             timed: list[TaskEvent] = []
@@ -752,7 +753,7 @@ class Daemon:
     def _applied_rows(
         self,
         name: str,
-        plugin: Plugin[Any, Any],
+        plugin: Plugin[Any, Any, Any],
         owned: list[tuple[Target, Value]],
         notes: Mapping[Target, str],
         owners: OwnerIndex,

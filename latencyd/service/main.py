@@ -130,13 +130,12 @@ class TaskWatch:
             for n, p in self.daemon.plugins.items()
             if declares(p, FollowsTasks) and profile is not None and n in profile.sections
         ]
-        asked = [(cast(FollowsTasks[Any], p), p.name) for p in followers]
-        user_execs = profile is not None and any(
-            p.follows_user_tasks(profile.sections[name]) for p, name in asked
-        )
-        renames = profile is not None and any(
-            p.follows_renames(profile.sections[name]) for p, name in asked
-        )
+        sections = profile.sections if profile is not None else {}
+        asked = [
+            (cast(FollowsTasks[Any, Any], p), p.options_of(sections[p.name])) for p in followers
+        ]
+        user_execs = any(follower.follows_user_tasks(options) for follower, options in asked)
+        renames = any(follower.follows_renames(options) for follower, options in asked)
         wanted = (user_execs, renames)
         if self.opened and (not followers or wanted != (self.user_execs, self.renames)):
             self._close()

@@ -51,7 +51,8 @@ def other_owners(profile: Profile, system: System) -> dict[str, list[dict[str, A
         if section not in plugins:
             continue
         try:
-            wanted = plugins[section].expand(plugin_options(options), {}).settings
+            plugin = plugins[section]
+            wanted = plugin.expand(plugin.options_of(plugin_options(options)), {}).settings
         except LatencydError:
             continue  # what cannot expand here is for switch to say
         claims = dict.fromkeys(c for t in wanted for c in t.claims())

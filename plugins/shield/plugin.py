@@ -84,9 +84,9 @@ log = logging.getLogger(__name__)
 
 
 class ShieldPlugin(
-    TaskMover[ShieldTarget, ShieldRules],
-    FollowsTasks[ShieldRules],
-    SharesWithUser[ShieldTarget, ShieldRules],
+    TaskMover[ShieldTarget, ShieldRules, Options],
+    FollowsTasks[ShieldRules, Options],
+    SharesWithUser[ShieldTarget, ShieldRules, Options],
     ReportsGrouped[ShieldTarget],
     PlacesApplications[ShieldRules],
 ):

@@ -199,7 +199,7 @@ class OwnedSampler:
     what the profile applied). The PM QoS request is left out: it lives on the daemon's
     fd and dies with it (test_the_fd_store_keeps_the_pm_qos_request_through_a_crash)."""
 
-    owned: list[tuple[str, Plugin[Any, Any], Target, object]]
+    owned: list[tuple[str, Plugin[Any, Any, Any], Target, object]]
     rounds: int = 0
     flips: dict[str, int] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -216,7 +216,7 @@ class OwnedSampler:
             self.rounds += 1
 
 
-def owned_settings(d: Latencyd) -> list[tuple[str, Plugin[Any, Any], Target, object]]:
+def owned_settings(d: Latencyd) -> list[tuple[str, Plugin[Any, Any, Any], Target, object]]:
     """Every setting the daemon has changed, from its journal (status shows the threads
     of one process as one row), with the original each must get back."""
     state = Journal(d.state_dir).load()

@@ -26,7 +26,7 @@ def swap_daemon(tmp_path: Path, machine: Machine) -> tuple[Path, Daemon]:
     pdir.mkdir()
     (pdir / "swap.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
     system = System(root)
-    plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"sysctl": SysctlPlugin(system)}
     library = ProfileLibrary([pdir], section_schemas(plugins), machine)
     return root, Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
 
@@ -35,7 +35,7 @@ class PluginRig:
     """`name` is the plugin's section; subclasses build the fake tree under `root`."""
 
     def __init__(self, tmp_path: Path, root: Path, name: str, system: System,
-                 plugin: Plugin[Any, Any]) -> None:  # fmt: skip
+                 plugin: Plugin[Any, Any, Any]) -> None:  # fmt: skip
         self.tmp_path, self.root, self.name = tmp_path, root, name
         self.system, self.plugin = system, plugin
         self.machine = Machine(system.online_cpus(), 8 << 30)

@@ -41,7 +41,7 @@ ISOLATE = {"cpus": "1", "allow": ["sshd"]}
 class Machinery:
     """A fake machine: kthreadd, some kernel threads, user tasks, their scheduler state."""
 
-    def __init__(self, tmp_path: Path, plugin: type[Plugin[Any, Any]]) -> None:
+    def __init__(self, tmp_path: Path, plugin: type[Plugin[Any, Any, Any]]) -> None:
         self.root = make_fake_root(tmp_path, cpus="0-3")
         self.sched = FakeSched({0, 1, 2, 3})
         self.state_dir = tmp_path / "state"

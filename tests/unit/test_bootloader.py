@@ -711,7 +711,7 @@ def test_an_admin_cannot_have_root_write_the_boot_configuration(tmp_path: Path) 
     pdir.mkdir()
     (pdir / "args.toml").write_text('[bootloader]\ncmdline = ["skew_tick=1"]\nwrite = true\n')
     (pdir / "shown.toml").write_text('[bootloader]\ncmdline = ["skew_tick=1"]\n')
-    plugins: dict[str, Plugin[Any, Any]] = {"bootloader": BootloaderPlugin(system)}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"bootloader": BootloaderPlugin(system)}
     library = ProfileLibrary([pdir], section_schemas(plugins), MACHINE)
     daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
     admin = Caller(uid=1000, name="alice")
@@ -739,7 +739,7 @@ def test_the_daemons_stop_leaves_kernel_arguments_and_restores_the_rest(tmp_path
     (pdir / "plain.toml").write_text(plain)
 
     def daemon() -> Daemon:
-        plugins: dict[str, Plugin[Any, Any]] = {
+        plugins: dict[str, Plugin[Any, Any, Any]] = {
             "bootloader": BootloaderPlugin(system), "sysctl": SysctlPlugin(system)
         }  # fmt: skip
         library = ProfileLibrary([pdir], section_schemas(plugins), MACHINE)

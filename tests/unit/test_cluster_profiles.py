@@ -34,7 +34,7 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 def new_daemon(tmp_path: Path, machine: Machine, host: Path, cluster: Path) -> Daemon:
     root = make_fake_root(tmp_path, sysctls={"kernel/core_pattern": "core"})
     system = System(root)
-    plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"sysctl": SysctlPlugin(system)}
     library = ProfileLibrary([host], section_schemas(plugins), machine, cluster_dir=cluster)
     return Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
 

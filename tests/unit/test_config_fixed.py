@@ -31,7 +31,7 @@ MACHINE = Machine(CpuSet.from_list("0-3"), 8 << 30)
 NO_WRITE = "# the boot configuration is its owner's\n[plugin.bootloader]\nwrite = false\n"
 
 
-def plugins(tmp_path: Path) -> dict[str, Plugin[Any, Any]]:
+def plugins(tmp_path: Path) -> dict[str, Plugin[Any, Any, Any]]:
     return {"bootloader": BootloaderPlugin(rig(tmp_path))}
 
 
@@ -39,7 +39,7 @@ def library(
     tmp_path: Path,
     config: str,
     profiles: dict[str, str],
-    found: dict[str, Plugin[Any, Any]],
+    found: dict[str, Plugin[Any, Any, Any]],
     machine: Machine = MACHINE,
 ) -> ProfileLibrary:
     """Profiles as the daemon loads them under a config file holding `config`."""

@@ -24,7 +24,7 @@ from tests.harness import REPO
 from tests.unit.fakesys import make_fake_machine, tree_values
 
 
-def readme_plugin() -> type[Plugin[Any, Any]]:
+def readme_plugin() -> type[Plugin[Any, Any, Any]]:
     """The "Writing a plugin" example, loaded from the README's code block as it stands."""
     text = (REPO / "README.md").read_text()
     section = text[text.index("## Writing a plugin") :]
@@ -43,7 +43,7 @@ def readme_plugin() -> type[Plugin[Any, Any]]:
     return plugins[0]
 
 
-PLUGINS: dict[str, type[Plugin[Any, Any]]] = discover() | {"readme": readme_plugin()}
+PLUGINS: dict[str, type[Plugin[Any, Any, Any]]] = discover() | {"readme": readme_plugin()}
 
 
 def every_option(schema: Schema) -> list[tuple[str, str]]:
@@ -131,7 +131,7 @@ from ksm_plugins.ksm import KsmRun
 SAID: list[list[tuple[KsmRun, Value, Value]]] = []
 
 
-class SaysKsm(Plugin[KsmRun, None], ReportsGrouped[KsmRun]):
+class SaysKsm(Plugin[KsmRun, None, Options], ReportsGrouped[KsmRun]):
     name = "sayksm"
     summary = "KSM, said in one line per step"
     schema = Schema()

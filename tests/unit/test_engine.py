@@ -67,7 +67,7 @@ class Crash(BaseException):
     """Stands in for SIGKILL: nothing in latencyd may catch it."""
 
 
-class FakePlugin(Plugin[Knob | SoftKnob, None]):
+class FakePlugin(Plugin[Knob | SoftKnob, None, Options]):
     """Settings are files /proc/sys/fake/<name>; chosen ones misbehave like a kernel can."""
 
     name = "fake"
@@ -116,7 +116,7 @@ class FakePlugin(Plugin[Knob | SoftKnob, None]):
         return f"{target.name} = {value}"
 
 
-def decoded(state: JournalState, plugins: Mapping[str, Plugin[Any, Any]]) -> dict[Any, Any]:
+def decoded(state: JournalState, plugins: Mapping[str, Plugin[Any, Any, Any]]) -> dict[Any, Any]:
     """A journal's originals with their targets decoded, as the engine reads them (for
     the plugins given)."""
     return {
@@ -140,7 +140,7 @@ class Rig:
         self.system = KernelLikeSystem(self.root)
         self.journal = Journal(self.state_dir)
         self.fake = FakePlugin(self.system, self.journal)
-        self.plugins: dict[str, Plugin[Any, Any]] = {
+        self.plugins: dict[str, Plugin[Any, Any, Any]] = {
             "writeback": WritebackPlugin(self.system),
             "sysctl": SysctlPlugin(self.system),
             "fake": self.fake,
@@ -961,7 +961,7 @@ def test_a_plan_hides_tasks_from_who_may_not_see_them(rig: Rig) -> None:
         def describe(self, target: Any, value: Any) -> str:
             return f"pid {target.pid} on {value}"
 
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": Shield(rig.system), **rig.plugins}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"shield": Shield(rig.system), **rig.plugins}
     shown = switch_plan.as_json(plugins, show_tasks=True)
     assert [r["plugin"] for r in shown["settings"]] == ["shield", "sysctl"]
     assert shown["would_change"] == 2 and shown["hidden"] == {}
@@ -979,7 +979,7 @@ class UsersChoice:
         return "the user set it" if actual == "user" else None
 
 
-class SharedKnobs(FakePlugin, SharesWithUser[Knob | SoftKnob, None]):
+class SharedKnobs(FakePlugin, SharesWithUser[Knob | SoftKnob, None, Options]):
     """Knobs their user may set too: `pinned` ones are set to "user" by their user right
     between the engine's judging and its write (as `taskset -c 1 app` after an exec)."""
 

@@ -30,6 +30,7 @@ from latencyd.core.plugin import (
     Expansion,
     Follows,
     Monitor,
+    Options,
     Plugin,
     Target,
     TaskEvent,
@@ -372,7 +373,7 @@ def test_daemon_applies_root_only_sections_only_for_root(tmp_path: Path, machine
     (pdir / "core.toml").write_text('[sysctl]\n"kernel.core_pattern" = "|/usr/bin/x %p"\n')
     (pdir / "swap.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
     system = System(root)
-    plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"sysctl": SysctlPlugin(system)}
     library = ProfileLibrary([pdir], section_schemas(plugins), machine)
     daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
     admin = Caller(uid=1000, name="alice")
@@ -404,7 +405,7 @@ def test_the_switched_profile_is_resumed_by_every_later_start_a_reboots_included
     state, keep = tmp_path / "run/latencyd", tmp_path / "var/lib/latencyd"
 
     def new_daemon() -> Daemon:
-        plugins: dict[str, Plugin[Any, Any]] = {"sysctl": SysctlPlugin(system)}
+        plugins: dict[str, Plugin[Any, Any, Any]] = {"sysctl": SysctlPlugin(system)}
         library = ProfileLibrary([pdir], section_schemas(plugins), machine)
         return Daemon(system, plugins, library, Engine(plugins, Journal(state, keep)))
 
@@ -479,7 +480,7 @@ def kthread_plugin(system: System) -> KthreadPlugin:
 def test_watch_files_exist_and_cover_every_change(
     fake_root: Path,
     machine: Machine,
-    make: Callable[[System], Plugin[Any, Any]],
+    make: Callable[[System], Plugin[Any, Any, Any]],
     section: dict[str, Any],
 ) -> None:
     """inotify drift detection: each target's watched files exist, its own write touches no
@@ -510,7 +511,7 @@ def test_watch_files_exist_and_cover_every_change(
 def test_targets_round_trip_through_the_journal_form(fake_root: Path) -> None:
     """The journal stores targets as JSON; each must come back as the same target."""
     system = System(fake_root)
-    cases: list[tuple[Plugin[Any, Any], Target]] = [
+    cases: list[tuple[Plugin[Any, Any, Any], Target]] = [
         (SysctlPlugin(system), Sysctl("net/ipv4/conf/eth0.100/rp_filter")),
         (WritebackPlugin(system), DirtyLimit("dirty_background")),
         (WritebackPlugin(system), VmKnob("dirty_expire_centisecs")),
@@ -560,7 +561,7 @@ def test_plugin_defaults(fake_root: Path) -> None:
         kind: ClassVar[str] = "knob"
         name: str
 
-    class Minimal(Plugin[Knob, None]):
+    class Minimal(Plugin[Knob, None, Options]):
         name = "minimal"
         summary = "records writes"
         targets = (Knob,)

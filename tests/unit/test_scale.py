@@ -56,7 +56,7 @@ class Cell(Target):
     n: int
 
 
-class MemoryPlugin(Plugin[Cell, None]):
+class MemoryPlugin(Plugin[Cell, None, Options]):
     """Settings in a dict: the engine's own costs, with nothing else to pay for."""
 
     name = "mem"

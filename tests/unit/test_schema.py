@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -19,6 +20,8 @@ from latencyd.core.schema import (
     SchemaError,
     Size,
     Str,
+    option,
+    table,
     validate,
 )
 from latencyd.cpuset import CpuSet
@@ -312,3 +315,62 @@ def test_schema_lookups() -> None:
     assert SCHEMA.option("size") is not None and SCHEMA.option("rule") is None
     assert SCHEMA.table("rule") is not None and SCHEMA.table("size") is None
     assert list(SCHEMA.names()) == ["level", "size", "ratio", "name", "rule"]
+
+
+# -- a section's options class ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    match: str = option(Regex(), "threads to match", required=True)
+    cpus: CpuSet | None = option(Cpus(), "where they run")
+    policy: str = option(Choice(("fifo", "other")), "scheduler", default="other")
+
+
+@dataclass(frozen=True)
+class SectionOptions:
+    level: int = option(Int(0, 10), "how much", default=3)
+    size: int | None = option(Size(), "how big")
+    ratio: int | None = option(Int(0, 100), "share")
+    name: str | None = option(Str(), "a name")
+    rule: tuple[RuleOptions, ...] = table(RuleOptions, "thread rules")
+    tags: list[str] = option(ListOf(Str()), "labels", default=["x"])
+
+
+DECLARED = Schema(section=SectionOptions, exclusive=(("ratio", "size"),))
+
+
+def test_an_options_class_declares_the_schema_its_fields_spell() -> None:
+    """The options, tables and required names of a schema declared by its options class
+    are those written out as Option and ArrayOfTables, in the class's order."""
+    assert DECLARED.options == (*SCHEMA.options, Option("tags", ListOf(Str()), "labels", ["x"]))
+    (rule,) = DECLARED.tables
+    assert (rule.name, rule.doc) == ("rule", "thread rules")
+    assert (rule.schema.options, rule.schema.required) == (RULE.options, RULE.required)
+    assert DECLARED.exclusive == SCHEMA.exclusive
+    # Extended (the engine's on_drift), it keeps what the class declared.
+    extra = Option("on_drift", Str(), "what to do")
+    assert DECLARED.extended((extra,)).options == (*DECLARED.options, extra)
+    with pytest.raises(TypeError, match=r"Bare\.x is not declared by option\(\)"):
+
+        @dataclass(frozen=True)
+        class Bare:
+            x: int = 0
+
+        Schema(section=Bare)
+
+
+def test_a_validated_section_is_read_as_its_options_class() -> None:
+    values = validate(DECLARED, {"size": "1k", "rule": [{"match": "x", "cpus": "1-2"}]}, M)
+    typed = DECLARED.typed({**values, "on_drift": "restore"})
+    assert typed == SectionOptions(
+        level=3,
+        size=1024,
+        rule=(RuleOptions("x", CpuSet([1, 2]), "other"),),
+        tags=["x"],
+    )
+    assert typed.ratio is None and typed.name is None
+    # Each instance has its own copy of a list default.
+    assert SectionOptions().tags is not SectionOptions().tags
+    # A schema without a class (free keys): the mapping itself.
+    assert Schema().typed(values) is values

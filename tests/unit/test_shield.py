@@ -392,7 +392,7 @@ def test_status_shows_tasks_to_root_and_the_admin_group_only(
     )
     monitor = MonitorPlugin(m.system)
     kthread = KthreadPlugin(m.system)
-    plugins: dict[str, Plugin[Any, Any]] = {
+    plugins: dict[str, Plugin[Any, Any, Any]] = {
         "kthread": kthread,
         "shield": m.plugin,
         "monitor": monitor,
@@ -712,7 +712,7 @@ def test_a_holder_is_placed_on_the_shielded_cpus_only_when_it_asks_itself(
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "p.toml").write_text('[shield]\ncpus = "1"\nmechanism = "affinity"\n')
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"shield": m.plugin}
     machine = m.system.machine()
     library = ProfileLibrary([pdir], section_schemas(plugins), machine)
     daemon = Daemon(m.system, plugins, library, Engine(plugins, Journal(m.state_dir)))
@@ -732,7 +732,7 @@ def test_a_pid_reused_after_its_holder_exited_is_not_placed(m: Machinery, tmp_pa
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "p.toml").write_text('[shield]\ncpus = "1"\nmechanism = "affinity"\n')
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"shield": m.plugin}
     library = ProfileLibrary([pdir], section_schemas(plugins), m.system.machine())
     daemon = Daemon(m.system, plugins, library, Engine(plugins, Journal(m.state_dir)))
     run_to_end(daemon.hold_steps("p", "app", ":1.42", pid=300, placed=True))  # sshd, at 900
@@ -754,7 +754,7 @@ def test_a_placed_hold_that_needs_no_cpus_is_kept_off_another_holds_shield(
     pdir.mkdir()
     (pdir / "p.toml").write_text('[shield]\ncpus = "1"\nmechanism = "affinity"\n')
     (pdir / "q.toml").write_text('[shield]\nmechanism = "affinity"\n')
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"shield": m.plugin}
     library = ProfileLibrary([pdir], section_schemas(plugins), m.system.machine())
     daemon = Daemon(m.system, plugins, library, Engine(plugins, Journal(m.state_dir)))
     run_to_end(daemon.hold_steps("p", "app", ":1.1", pid=300, placed=True))

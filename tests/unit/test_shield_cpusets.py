@@ -301,7 +301,7 @@ def test_two_holds_each_application_on_its_own_cpus_and_a_release_moves_not_the_
         '[variables]\nisolated_cores = "1"\n[shield]\ncpus = "${isolated_cores}"\n'
         + ('mechanism = "affinity"\n' if mechanism == "affinity" else "")
     )
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"shield": m.plugin}
     library = ProfileLibrary([pdir], section_schemas(plugins), system.machine())
     daemon = Daemon(system, plugins, library, Engine(plugins, Journal(m.state_dir)))
     one = CpuSet.from_list("1")
@@ -419,7 +419,7 @@ def daemon_on(tmp_path: Path, m: Machinery, engine: Engine, match: str) -> Daemo
     pdir.mkdir()
     rule = f'[[shield.rule]]\nmatch = {match}\ncpus = "2"\n'
     (pdir / "p.toml").write_text('[shield]\ncpus = "1-2"\n' + rule)
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"shield": m.plugin}
     library = ProfileLibrary([pdir], section_schemas(plugins), m.system.machine())
     daemon = Daemon(m.system, plugins, library, engine)
     daemon.switch("p")
@@ -494,7 +494,7 @@ def two_holds(
     (pdir / "app.toml").write_text(
         '[variables]\nisolated_cores = "1"\n[shield]\ncpus = "${isolated_cores}"\n' + more
     )
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"shield": m.plugin}
     library = ProfileLibrary([pdir], section_schemas(plugins), system.machine())
     daemon = Daemon(system, plugins, library, Engine(plugins, Journal(m.state_dir)))
     for pid, cpus in holds:

@@ -218,7 +218,7 @@ def iso_daemon(m: Machinery, system: CgroupLikeSystem, machine: Machine, tmp_pat
     pdir = tmp_path / "profiles"
     pdir.mkdir()
     (pdir / "iso.toml").write_text('[shield]\ncpus = "1"\n')
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"shield": m.plugin}
     library = ProfileLibrary([pdir], section_schemas(plugins), machine)
     return Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
 
@@ -324,7 +324,7 @@ def test_each_held_application_gets_a_scope_of_its_own_on_its_own_cpus(
     (pdir / "app.toml").write_text(
         '[variables]\nisolated_cores = "1"\n[shield]\ncpus = "${isolated_cores}"\n'
     )
-    plugins: dict[str, Plugin[Any, Any]] = {"shield": m.plugin}
+    plugins: dict[str, Plugin[Any, Any, Any]] = {"shield": m.plugin}
     library = ProfileLibrary([pdir], section_schemas(plugins), machine)
     daemon = Daemon(system, plugins, library, Engine(plugins, Journal(tmp_path / "state")))
     run_to_end(

@@ -65,11 +65,11 @@ class Rig(PluginRig):
         pdir.mkdir(exist_ok=True)
         for name, text in profiles.items():
             (pdir / f"{name}.toml").write_text(textwrap.dedent(text).lstrip("\n"))
-        plugins: dict[str, Plugin[Any, Any]] = {"sysfs": self.plugin}
+        plugins: dict[str, Plugin[Any, Any, Any]] = {"sysfs": self.plugin}
         return ProfileLibrary([pdir], section_schemas(plugins), self.machine)
 
     def daemon(self, **profiles: str) -> Daemon:
-        plugins: dict[str, Plugin[Any, Any]] = {"sysfs": self.plugin}
+        plugins: dict[str, Plugin[Any, Any, Any]] = {"sysfs": self.plugin}
         return Daemon(self.system, plugins, self.library(**profiles), self.engine())
 
     def text(self, rel: str) -> str:

@@ -55,7 +55,7 @@ class Flood:
 
 
 @dataclass
-class Follower(FollowsTasks[Any]):
+class Follower(FollowsTasks[Any, Any]):
     """A plugin following tasks (it declares FollowsTasks: the watch asks no other)."""
 
     name: str = "shield"
@@ -71,6 +71,9 @@ class Follower(FollowsTasks[Any]):
 
     def follows_renames(self, options: Any) -> bool:
         return self.renames
+
+    def options_of(self, section: Any) -> Any:  # Plugin's: a section as the hooks get it
+        return section
 
 
 @dataclass

@@ -190,7 +190,7 @@ class DirtyLimits:
     )
 
     def __init__(self, system: System) -> None:
-        self.plugin: Plugin[Any, Any] = discover()["writeback"](system)
+        self.plugin: Plugin[Any, Any, Any] = discover()["writeback"](system)
         kinds = {t.kind: t for t in self.plugin.targets}
         self.targets = [decode_target(kinds, pair) for pair in self.PAIRS]
 
