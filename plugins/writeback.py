@@ -15,14 +15,13 @@ from typing import Any, ClassVar
 from latencyd.core.plugin import (
     Expansion,
     FileTarget,
-    Options,
     Plugin,
     Settings,
     Target,
     Value,
     plain_path,
 )
-from latencyd.core.schema import Int, Option, Schema, Size
+from latencyd.core.schema import Int, Schema, Size, option
 from latencyd.kernel.owners import SYSCTL, Claim
 from latencyd.kernel.system import System
 
@@ -100,62 +99,65 @@ class VmKnob(FileTarget[int]):
         return (Claim(SYSCTL, f"vm/{self.name}"),)
 
 
-class WritebackPlugin(Plugin[DirtyLimit | VmKnob, None, Options]):
+@dataclass(frozen=True)
+class WritebackOptions:
+    dirty_ratio: int | None = option(
+        Int(0, 100),
+        "Dirty memory, as % of available memory, at which writers start writeback",
+        unit="%",
+    )
+    dirty_bytes: int | None = option(
+        Size(),
+        'Like dirty_ratio but absolute: bytes, "64M", or "3%" of RAM (finer than whole percents)',
+        unit="bytes",
+    )
+    dirty_background_ratio: int | None = option(
+        Int(0, 100),
+        "Dirty memory, as % of available memory, at which background flushing starts",
+        unit="%",
+    )
+    dirty_background_bytes: int | None = option(
+        Size(),
+        'Like dirty_background_ratio but absolute: bytes, "16M", or "1%" of RAM',
+        unit="bytes",
+    )
+    dirty_expire_centisecs: int | None = option(
+        Int(0), "Age at which dirty data is old enough to be written out", unit="cs"
+    )
+    dirty_writeback_centisecs: int | None = option(
+        Int(0), "Interval between flusher wake-ups (0 disables periodic writeback)", unit="cs"
+    )
+
+    def pairs(self) -> dict[str, tuple[int | None, int | None]]:
+        """Each ratio/bytes pair (PAIRS) as the section sets it: (ratio, bytes)."""
+        return {
+            "dirty": (self.dirty_ratio, self.dirty_bytes),
+            "dirty_background": (self.dirty_background_ratio, self.dirty_background_bytes),
+        }
+
+    def plain(self) -> dict[str, int | None]:
+        """The plain knobs (PLAIN) as the section sets them."""
+        return {
+            "dirty_expire_centisecs": self.dirty_expire_centisecs,
+            "dirty_writeback_centisecs": self.dirty_writeback_centisecs,
+        }
+
+
+class WritebackPlugin(Plugin[DirtyLimit | VmKnob, None, WritebackOptions]):
     name = "writeback"
     summary = "Dirty-page writeback thresholds and timing (vm.dirty_*)"
     targets = (DirtyLimit, VmKnob)
     example: ClassVar[dict[str, Any]] = {"dirty_bytes": "64M", "dirty_expire_centisecs": 500}
-    schema = Schema(
-        options=(
-            Option(
-                "dirty_ratio",
-                Int(0, 100),
-                "Dirty memory, as % of available memory, at which writers start writeback",
-                unit="%",
-            ),
-            Option(
-                "dirty_bytes",
-                Size(),
-                'Like dirty_ratio but absolute: bytes, "64M", or "3%" of RAM '
-                "(finer than whole percents)",
-                unit="bytes",
-            ),
-            Option(
-                "dirty_background_ratio",
-                Int(0, 100),
-                "Dirty memory, as % of available memory, at which background flushing starts",
-                unit="%",
-            ),
-            Option(
-                "dirty_background_bytes",
-                Size(),
-                'Like dirty_background_ratio but absolute: bytes, "16M", or "1%" of RAM',
-                unit="bytes",
-            ),
-            Option(
-                "dirty_expire_centisecs",
-                Int(0),
-                "Age at which dirty data is old enough to be written out",
-                unit="cs",
-            ),
-            Option(
-                "dirty_writeback_centisecs",
-                Int(0),
-                "Interval between flusher wake-ups (0 disables periodic writeback)",
-                unit="cs",
-            ),
-        ),
-        exclusive=tuple(PAIRS.values()),
-    )
+    schema = Schema(section=WritebackOptions, exclusive=tuple(PAIRS.values()))
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
+    def expand(self, options: WritebackOptions, owned: Mapping[Target, Value]) -> Expansion[None]:
         settings: Settings = {}
-        for pair, (ratio, size) in PAIRS.items():
-            if ratio in options:
-                settings[DirtyLimit(pair)] = {"ratio": options[ratio]}
-            elif size in options:
-                settings[DirtyLimit(pair)] = {"bytes": options[size]}
-        for name in PLAIN:
-            if name in options:
-                settings[VmKnob(name)] = options[name]
+        for pair, (ratio, size) in options.pairs().items():
+            if ratio is not None:
+                settings[DirtyLimit(pair)] = {"ratio": ratio}
+            elif size is not None:
+                settings[DirtyLimit(pair)] = {"bytes": size}
+        for name, value in options.plain().items():
+            if value is not None:
+                settings[VmKnob(name)] = value
         return Expansion(settings)

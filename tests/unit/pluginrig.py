@@ -44,7 +44,7 @@ class PluginRig:
         return validate(section_schemas({self.name: self.plugin})[self.name], raw, self.machine)
 
     def expand(self, raw: dict[str, Any]) -> Expansion:
-        return self.plugin.expand(plugin_options(self.section(raw)), {})
+        return self.plugin.expand(self.plugin.options_of(plugin_options(self.section(raw))), {})
 
     def profile(self, raw: dict[str, Any], name: str = "p") -> Profile:
         return Profile(name, Path(f"{name}.toml"), "", {self.name: self.section(raw)}, {})

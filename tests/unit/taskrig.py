@@ -66,13 +66,17 @@ class Machinery:
     def options(self, machine: Machine, section: dict[str, Any]) -> dict[str, Any]:
         return validate(self.plugin.schema, section, machine)
 
+    def typed(self, machine: Machine, section: dict[str, Any]) -> Any:
+        """The section as the plugin's hooks get it (Plugin.options_of)."""
+        return self.plugin.options_of(self.options(machine, section))
+
     def expand(
         self,
         machine: Machine,
         section: dict[str, Any],
         owned: Mapping[Target, Value] | None = None,
     ) -> Expansion:
-        return self.plugin.expand(self.options(machine, section), owned or {})
+        return self.plugin.expand(self.typed(machine, section), owned or {})
 
     def settings(self, machine: Machine, section: dict[str, Any]) -> dict[Target, Value]:
         return self.expand(machine, section).settings

@@ -6,6 +6,7 @@ fake machine leaving it exactly as it was."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import re
@@ -100,6 +101,32 @@ def test_plugin_keeps_the_contract(key: str, tmp_path: Path) -> None:
     assert (system.sched.state(), nics) == before[2]
     assert system.pmqos.held() is None
     assert not (tmp_path / "state" / "journal.jsonl").exists()
+
+
+@pytest.mark.parametrize("key", sorted(PLUGINS))
+def test_a_plugins_hooks_get_its_section_as_its_options_class(key: str, tmp_path: Path) -> None:
+    """Issue 53: a plugin whose options class declares its schema (Schema.section) gets its
+    validated section as that class (Plugin.options_of), each option at its field and
+    each entry of a table of its own class; one without (free keys) the mapping itself."""
+    system = make_fake_machine(tmp_path)
+    plugin = PLUGINS[key](system)
+    options = validate(plugin.schema, plugin.example, system.machine())
+    typed = plugin.options_of({**options, "on_drift": "restore"})  # the engine's: left out
+    if plugin.schema.section is None:
+        assert plugin.options_of(options) is options
+        return
+    assert isinstance(typed, plugin.schema.section)
+    for name, value in options.items():
+        table = plugin.schema.table(name)
+        if table is None:
+            assert getattr(typed, name) == value, name
+            continue
+        entries = getattr(typed, name)
+        assert all(isinstance(e, table.schema.section) for e in entries), name
+        set_fields = [
+            {k: v for k, v in dataclasses.asdict(e).items() if v is not None} for e in entries
+        ]
+        assert set_fields == value, name
 
 
 def test_every_built_in_plugin_is_a_file_in_plugins_with_an_entry_point() -> None:

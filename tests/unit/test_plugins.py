@@ -113,14 +113,14 @@ def test_writeback_expand_pairs_name_their_mode(fake_root: Path, machine: Machin
         {"dirty_bytes": "64M", "dirty_background_ratio": 5, "dirty_expire_centisecs": 1000},
         machine,
     )
-    assert plugin.expand(options, {}) == Expansion(
+    assert plugin.expand(plugin.options_of(options), {}) == Expansion(
         {
             DirtyLimit("dirty"): {"bytes": 64 << 20},
             DirtyLimit("dirty_background"): {"ratio": 5},
             VmKnob("dirty_expire_centisecs"): 1000,
         }
     )
-    assert plugin.expand({}, {}) == Expansion()
+    assert plugin.expand(plugin.options_of({}), {}) == Expansion()
 
 
 def test_writeback_schema_keeps_a_pair_to_one_mode(fake_root: Path, machine: Machine) -> None:
@@ -487,7 +487,8 @@ def test_watch_files_exist_and_cover_every_change(
     other file, and someone else writing any of them changes what the target reads."""
     system = KernelLikeSystem(fake_root)
     plugin = make(system)
-    settings = plugin.expand(validate(plugin.schema, section, machine), {}).settings
+    options = plugin.options_of(validate(plugin.schema, section, machine))
+    settings = plugin.expand(options, {}).settings
     assert settings
     for target, value in settings.items():
         files = plugin.watch_files(target)
