@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from latencyd.core.capabilities import ActsAtBoot
-from latencyd.core.plugin import Expansion, Options, Plugin, Target, Value
-from latencyd.core.schema import Bool, ListOf, Option, Schema
+from latencyd.core.plugin import Expansion, Plugin, Target, Value
+from latencyd.core.schema import Bool, ListOf, Schema, option
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.errors import LatencydError
 from latencyd.kernel.boot import booted
@@ -119,34 +119,32 @@ class BootRules:
     remove: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class BootOptions:
+    cmdline: list[str] | None = option(
+        ListOf(KernelArgument()),
+        'Arguments to add ("nohz_full=${isolated_cores}", "nosoftlockup"); CPU-list '
+        "parameters take CPU expressions",
+    )
+    remove: list[str] | None = option(
+        ListOf(KernelArgument()),
+        "Parameters to take out of the command line (a user's, put back by off)",
+    )
+    write: bool = option(
+        Bool(),
+        "Write the boot configuration; without it the arguments are only shown",
+        default=False,
+    )
+
+
 class BootloaderPlugin(
-    Plugin[BootArguments, BootRules, Options], ActsAtBoot[BootArguments, BootRules]
+    Plugin[BootArguments, BootRules, BootOptions], ActsAtBoot[BootArguments, BootRules]
 ):
     name = "bootloader"
     summary = "Kernel arguments for the next boot, through the machine's own bootloader tools"
     targets = (BootArguments,)
     example: ClassVar[dict[str, Any]] = {"cmdline": ["skew_tick=1"], "write": True}
-    schema = Schema(
-        options=(
-            Option(
-                "cmdline",
-                ListOf(KernelArgument()),
-                'Arguments to add ("nohz_full=${isolated_cores}", "nosoftlockup"); CPU-list '
-                "parameters take CPU expressions",
-            ),
-            Option(
-                "remove",
-                ListOf(KernelArgument()),
-                "Parameters to take out of the command line (a user's, put back by off)",
-            ),
-            Option(
-                "write",
-                Bool(),
-                "Write the boot configuration; without it the arguments are only shown",
-                default=False,
-            ),
-        ),
-    )
+    schema = Schema(section=BootOptions)
 
     def __init__(self, system: System) -> None:
         super().__init__(system)
@@ -158,19 +156,19 @@ class BootloaderPlugin(
             self._loader = detect(self.system)
         return self._loader
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[BootRules]:
+    def expand(self, options: BootOptions, owned: Mapping[Target, Value]) -> Expansion[BootRules]:
         refused: dict[str, str] = {}
         unsupported = self._unsupported()
         added = []
-        for arg in options.get("cmdline", []):
+        for arg in options.cmdline or []:
             key = arg.partition("=")[0].replace("-", "_")
             if key in unsupported:
                 refused[arg] = unsupported[key]
             else:
                 added.append(arg)
-        remove = tuple(options.get("remove", []))
+        remove = tuple(options.remove or [])
         rules = BootRules(tuple(added), remove)
-        if not options.get("write", False):
+        if not options.write:
             refused.update(dict.fromkeys([*added, *(f"-{r}" for r in remove)], NOT_WRITTEN))
             return Expansion({}, rules, refused=refused)
         value = Change(tuple(added), remove).as_text()
@@ -183,8 +181,8 @@ class BootloaderPlugin(
         except LatencydError:
             return {}
 
-    def root_only(self, options: Options) -> str | None:
-        return WRITE_IS_ROOTS if options.get("write", False) else None
+    def root_only(self, options: BootOptions) -> str | None:
+        return WRITE_IS_ROOTS if options.write else None
 
     # -- the one target: written through the boot loader found ------------------------------
     def write(self, target: BootArguments, value: str) -> None:

@@ -698,9 +698,9 @@ def test_write_is_for_root_alone() -> None:
     """The admin group may apply a profile that shows kernel arguments, not one that has
     root run update-grub or kernel-install (issue 50)."""
     plugin = BootloaderPlugin(System("/nonexistent"))
-    assert plugin.root_only({"cmdline": ["nohz_full=1"]}) is None
-    assert plugin.root_only({"cmdline": ["nohz_full=1"], "write": False}) is None
-    reason = plugin.root_only({"cmdline": ["nohz_full=1"], "write": True})
+    for section in ({"cmdline": ["nohz_full=1"]}, {"cmdline": ["nohz_full=1"], "write": False}):
+        assert plugin.root_only(plugin.options_of(section)) is None
+    reason = plugin.root_only(plugin.options_of({"cmdline": ["nohz_full=1"], "write": True}))
     assert reason is not None and "update-grub" in reason and "kernel-install" in reason
 
 
