@@ -14,11 +14,13 @@ D-Bus signal NoiseExceeded. `status` shows the last interval.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from latencyd.core.capabilities import ProvidesNoiseWatch
-from latencyd.core.plugin import Expansion, Monitor, Options, Plugin, Row, Table, Target, Value
-from latencyd.core.schema import Cpus, Int, Option, Schema
+from latencyd.core.plugin import Expansion, Monitor, Plugin, Row, Table, Target, Value
+from latencyd.core.schema import Cpus, Int, Schema, option
+from latencyd.cpuset import CpuSet
 from latencyd.kernel.noise import (
     DEFAULT_INTERVAL_MS,
     HIDDEN_TASK,
@@ -30,55 +32,48 @@ from latencyd.kernel.noise import (
 from latencyd.kernel.system import System
 
 
-class MonitorPlugin(Plugin[Target, WatchPlan, Options], ProvidesNoiseWatch[WatchPlan]):
+@dataclass(frozen=True)
+class MonitorOptions:
+    cpus: CpuSet = option(
+        Cpus(),
+        "CPUs whose interruptions are watched (the shield's)",
+        required=True,
+        compose="union",
+    )
+    interval_ms: int | None = option(
+        Int(100, 60_000),
+        "How long noise is tallied before it is judged and reported",
+        unit="ms",
+    )
+    budget_us: int | None = option(
+        Int(1),
+        "Noise a watched CPU may take in one interval, all sources together; "
+        "beyond it, a log line and the NoiseExceeded signal",
+        unit="µs",
+    )
+    max_single_us: int | None = option(
+        Int(1), "The longest single interruption a watched CPU may take", unit="µs"
+    )
+
+
+class MonitorPlugin(Plugin[Target, WatchPlan, MonitorOptions], ProvidesNoiseWatch[WatchPlan]):
     name = "monitor"
     summary = "Watch the shielded CPUs: every interruption by source, against a noise budget"
     example: ClassVar[dict[str, Any]] = {"cpus": "1", "interval_ms": 1000, "budget_us": 2000}
-    schema = Schema(
-        options=(
-            Option(
-                "cpus",
-                Cpus(),
-                "CPUs whose interruptions are watched (the shield's)",
-                compose="union",
-            ),
-            Option(
-                "interval_ms",
-                Int(100, 60_000),
-                "How long noise is tallied before it is judged and reported",
-                None,
-                "ms",
-            ),
-            Option(
-                "budget_us",
-                Int(1),
-                "Noise a watched CPU may take in one interval, all sources together; "
-                "beyond it, a log line and the NoiseExceeded signal",
-                None,
-                "µs",
-            ),
-            Option(
-                "max_single_us",
-                Int(1),
-                "The longest single interruption a watched CPU may take",
-                None,
-                "µs",
-            ),
-        ),
-        required=("cpus",),
-        watches_only=True,
-    )
+    schema = Schema(section=MonitorOptions, watches_only=True)
 
     def __init__(self, system: System) -> None:
         super().__init__(system)
         self.last = LastInterval()  # what the daemon's noise watch saw last (noise_seen)
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[WatchPlan]:
+    def expand(
+        self, options: MonitorOptions, owned: Mapping[Target, Value]
+    ) -> Expansion[WatchPlan]:
         plan = WatchPlan(
-            options["cpus"],
-            options.get("interval_ms") or DEFAULT_INTERVAL_MS,
-            options.get("budget_us"),
-            options.get("max_single_us"),
+            options.cpus,
+            options.interval_ms or DEFAULT_INTERVAL_MS,
+            options.budget_us,
+            options.max_single_us,
         )
         return Expansion({}, rules=plan)
 
