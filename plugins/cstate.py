@@ -19,7 +19,6 @@ from latencyd.core.plugin import (
     FileTarget,
     Follows,
     Monitor,
-    Options,
     Plugin,
     Settings,
     Table,
@@ -28,7 +27,6 @@ from latencyd.core.plugin import (
     plain_path,
 )
 from latencyd.core.schema import (
-    ArrayOfTables,
     Bool,
     Choice,
     Cpus,
@@ -37,10 +35,11 @@ from latencyd.core.schema import (
     Kind,
     ListOf,
     OneOf,
-    Option,
     Pattern,
     Schema,
     Str,
+    option,
+    table,
 )
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
@@ -219,7 +218,54 @@ HALTPOLL_KEYS: dict[str, tuple[str, Kind[Any]]] = {  # key in profiles -> (file 
 }
 
 
-class CstatePlugin(Plugin[CstateTarget, CstateRules, Options]):
+@dataclass(frozen=True)
+class CstateCpus:
+    """One [[cstate.cpus]] entry."""
+
+    cpus: CpuSet = option(Cpus(), "CPUs this entry applies to", required=True, compose="union")
+    resume_latency_us: int | str | None = option(
+        OneOf((Int(0), Choice(("any",)))),
+        'Per-CPU wake-up latency limit (0 = polling only; "any" = none)',
+        unit="µs",
+    )
+    disable_states: list[str] | None = option(
+        ListOf(STATE_SELECTOR), 'cpuidle states to disable: names (globs) or "deeper-than:µs"'
+    )
+
+
+@dataclass(frozen=True)
+class CstateOptions:
+    force_latency_us: int | str | None = option(
+        OneOf((Int(0, 2_000_000_000), SYMBOLIC)),
+        "CPU wake-up latency limit for the whole machine, held via /dev/cpu_dma_latency: "
+        'µs, or "poll" (only the polling state), "shallowest" (the shallowest real idle '
+        'state), "state:NAME" (no state deeper than NAME)',
+        unit="µs",
+    )
+    idle: str | None = option(
+        Choice(("responsive", "poll")),
+        'How idle CPUs wait, for this machine: "responsive" wakes fast without '
+        "burning idle CPUs (guest halt-polling on haltpoll KVM guests; a PM QoS limit "
+        'at the shallowest real C-state on bare metal); "poll" always polls (every '
+        "idle CPU at 100 %). Explicit options win over what it resolves to",
+    )
+    idle_governor: str | None = option(
+        Str(), "cpuidle governor (cpuidle/current_governor): one of available_governors"
+    )
+    haltpoll: dict[str, int | bool] | None = option(
+        Fields(
+            tuple((k, kind) for k, (_, kind) in HALTPOLL_KEYS.items()),
+            what="haltpoll parameter",
+        ),
+        "Guest halt-polling of the haltpoll cpuidle governor (KVM guests): "
+        "poll_ns (the polling window), grow, shrink, grow_start, allow_shrink",
+    )
+    cpus: tuple[CstateCpus, ...] = table(
+        CstateCpus, "Per-CPU-set settings; later entries win where CPU sets overlap"
+    )
+
+
+class CstatePlugin(Plugin[CstateTarget, CstateRules, CstateOptions]):
     name = "cstate"
     summary = "C-states: PM QoS latency request, per-CPU resume latency, cpuidle state disables"
     targets = (PmQosRequest, ResumeLatency, StateDisable, IdleGovernor, HaltpollParam)
@@ -229,61 +275,7 @@ class CstatePlugin(Plugin[CstateTarget, CstateRules, Options]):
     }
     follows = Follows(udev={"cpu": CPU_ACTIONS})
     schema = Schema(
-        options=(
-            Option(
-                "force_latency_us",
-                OneOf((Int(0, 2_000_000_000), SYMBOLIC)),
-                "CPU wake-up latency limit for the whole machine, held via /dev/cpu_dma_latency: "
-                'µs, or "poll" (only the polling state), "shallowest" (the shallowest real idle '
-                'state), "state:NAME" (no state deeper than NAME)',
-                unit="µs",
-            ),
-            Option(
-                "idle",
-                Choice(("responsive", "poll")),
-                'How idle CPUs wait, for this machine: "responsive" wakes fast without '
-                "burning idle CPUs (guest halt-polling on haltpoll KVM guests; a PM QoS limit "
-                'at the shallowest real C-state on bare metal); "poll" always polls (every '
-                "idle CPU at 100 %). Explicit options win over what it resolves to",
-            ),
-            Option(
-                "idle_governor",
-                Str(),
-                "cpuidle governor (cpuidle/current_governor): one of available_governors",
-            ),
-            Option(
-                "haltpoll",
-                Fields(
-                    tuple((k, kind) for k, (_, kind) in HALTPOLL_KEYS.items()),
-                    what="haltpoll parameter",
-                ),
-                "Guest halt-polling of the haltpoll cpuidle governor (KVM guests): "
-                "poll_ns (the polling window), grow, shrink, grow_start, allow_shrink",
-            ),
-        ),
-        tables=(
-            ArrayOfTables(
-                "cpus",
-                Schema(
-                    options=(
-                        Option("cpus", Cpus(), "CPUs this entry applies to", compose="union"),
-                        Option(
-                            "resume_latency_us",
-                            OneOf((Int(0), Choice(("any",)))),
-                            'Per-CPU wake-up latency limit (0 = polling only; "any" = none)',
-                            unit="µs",
-                        ),
-                        Option(
-                            "disable_states",
-                            ListOf(STATE_SELECTOR),
-                            'cpuidle states to disable: names (globs) or "deeper-than:µs"',
-                        ),
-                    ),
-                    required=("cpus",),
-                ),
-                "Per-CPU-set settings; later entries win where CPU sets overlap",
-            ),
-        ),
+        section=CstateOptions,
         groups=(
             ("idle", ("idle", "force_latency_us", "haltpoll", "idle_governor")),  # how CPUs wait
             ("cpus", ("cpus",)),  # per-CPU resume latency and state disables
@@ -324,14 +316,16 @@ class CstatePlugin(Plugin[CstateTarget, CstateRules, Options]):
         )
 
     # -- plugin verbs -----------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[CstateRules]:
+    def expand(
+        self, options: CstateOptions, owned: Mapping[Target, Value]
+    ) -> Expansion[CstateRules]:
         facts = read_idle(self.system, [min(self.system.online_cpus())])
         if facts.halts_regardless:
             return self._nothing_acts(options)
         settings: Settings = {}
         notes: dict[Target, str] = {}
         refused: dict[str, str] = {}
-        raw = options.get("force_latency_us")
+        raw = options.force_latency_us
         if raw is not None:
             try:
                 settings[PmQosRequest()] = self.resolve_latency(raw)
@@ -339,30 +333,29 @@ class CstatePlugin(Plugin[CstateTarget, CstateRules, Options]):
                     notes[PmQosRequest()] = f"resolved from {raw!r}"
             except NotApplicable as exc:
                 refused["force_latency_us"] = str(exc)
-        for entry in options.get("cpus", []):
-            cpus: CpuSet = entry["cpus"]
-            for cpu in cpus:
-                if "resume_latency_us" in entry:
-                    lat = entry["resume_latency_us"]
+        for entry in options.cpus:
+            for cpu in entry.cpus:
+                lat = entry.resume_latency_us
+                if lat is not None:
                     value = (
                         NO_CONSTRAINT
                         if lat == "any"
                         else (ZERO_TOLERANCE if lat == 0 else str(lat))
                     )
                     settings[ResumeLatency(cpu)] = value
-                if "disable_states" not in entry:
+                if entry.disable_states is None:
                     continue
                 states = self.states(cpu)
                 # Later entries win: this entry's list replaces an earlier one's for this CPU.
                 for state in states:
                     settings.pop(StateDisable(cpu, state.index), None)
                 for state in states:
-                    if any(state_matches(state, sel) for sel in entry["disable_states"]):
+                    if any(state_matches(state, sel) for sel in entry.disable_states):
                         settings[StateDisable(cpu, state.index)] = "1"
         idle = self._idle(options, facts.driver, settings, notes, refused)
-        if "idle_governor" in options:
-            settings[IdleGovernor()] = options["idle_governor"]
-        haltpoll = options.get("haltpoll", {})
+        if options.idle_governor is not None:
+            settings[IdleGovernor()] = options.idle_governor
+        haltpoll = options.haltpoll or {}
         governor = settings.get(IdleGovernor(), facts.governor)
         if haltpoll and governor != "haltpoll":
             refused["haltpoll"] = (
@@ -370,31 +363,41 @@ class CstatePlugin(Plugin[CstateTarget, CstateRules, Options]):
                 f"(here: governor {governor or 'none'}, driver {facts.driver})"
             )
             haltpoll = {}
-        for key, value in haltpoll.items():
+        for key, param in haltpoll.items():
             settings[HaltpollParam(HALTPOLL_KEYS[key][0])] = (
-                "Y" if value is True else ("N" if value is False else str(value))
+                "Y" if param is True else ("N" if param is False else str(param))
             )
         rules = CstateRules(raw if isinstance(raw, str) else None, idle)
         return Expansion(settings, rules, notes, refused)
 
     @staticmethod
-    def _nothing_acts(options: Options) -> Expansion[CstateRules]:
+    def _nothing_acts(options: CstateOptions) -> Expansion[CstateRules]:
         """Without a cpuidle driver the idle loop halts whatever PM QoS, resume latency
         limits, state disables, governors or halt-polling say: every option the section
         gives is not applicable, with the reason, instead of "applied" for nothing."""
         refused: dict[str, str] = {}
-        for key in ("force_latency_us", "idle", "idle_governor", "haltpoll"):
-            if key in options:
-                refused[key] = f"{key} = {options[key]!r}: {WITHOUT_DRIVER[key]}"
-        for entry in options.get("cpus", []):
-            for key in ("resume_latency_us", "disable_states"):
-                if key in entry:
-                    refused[f"{key} for CPUs {entry['cpus']}"] = WITHOUT_DRIVER[key]
+        given = {
+            "force_latency_us": options.force_latency_us,
+            "idle": options.idle,
+            "idle_governor": options.idle_governor,
+            "haltpoll": options.haltpoll,
+        }
+        for key, value in given.items():
+            if value is not None:
+                refused[key] = f"{key} = {value!r}: {WITHOUT_DRIVER[key]}"
+        for entry in options.cpus:
+            per_cpu = {
+                "resume_latency_us": entry.resume_latency_us,
+                "disable_states": entry.disable_states,
+            }
+            for key, asked in per_cpu.items():
+                if asked is not None:
+                    refused[f"{key} for CPUs {entry.cpus}"] = WITHOUT_DRIVER[key]
         return Expansion(rules=CstateRules(None), refused=refused)
 
     def _idle(
         self,
-        options: Options,
+        options: CstateOptions,
         driver: str,
         settings: Settings,
         notes: dict[Target, str],
@@ -402,7 +405,7 @@ class CstatePlugin(Plugin[CstateTarget, CstateRules, Options]):
     ) -> str:
         """Resolve `idle` from this machine's cpuidle driver into settings (explicit
         options win); returns what it resolved to and why."""
-        wanted = options.get("idle")
+        wanted = options.idle
         if wanted is None:
             return ""
         sets_pm_qos = wanted == "poll" or driver != "haltpoll"

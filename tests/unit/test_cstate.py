@@ -85,7 +85,7 @@ def section(plugin: CstatePlugin, machine: Machine, raw: dict[str, Any]) -> dict
 
 def expand(plugin: CstatePlugin, machine: Machine, raw: dict[str, Any]) -> Expansion:
     """What the engine asks the plugin: the section without its own options, nothing owned."""
-    return plugin.expand(plugin_options(section(plugin, machine, raw)), {})
+    return plugin.expand(plugin.options_of(plugin_options(section(plugin, machine, raw))), {})
 
 
 def settings(plugin: CstatePlugin, machine: Machine, raw: dict[str, Any]) -> dict[Any, Value]:

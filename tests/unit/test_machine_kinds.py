@@ -48,7 +48,8 @@ HALTPOLL_UNUSED = (
 def expand(system: System, section: dict[str, Any]) -> Expansion:
     plugin = CstatePlugin(system)
     schema = section_schemas({"cstate": plugin})["cstate"]
-    return plugin.expand(plugin_options(validate(schema, section, system.machine())), {})
+    options = plugin_options(validate(schema, section, system.machine()))
+    return plugin.expand(plugin.options_of(options), {})
 
 
 def shipped_cstate(system: System, name: str) -> dict[str, Any]:
