@@ -28,6 +28,7 @@ switching boost or turbo changes cpuinfo_max_freq, and "max" follows it.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +40,6 @@ from latencyd.core.plugin import (
     FileTarget,
     Follows,
     Monitor,
-    Options,
     Plugin,
     Settings,
     Table,
@@ -47,15 +47,15 @@ from latencyd.core.plugin import (
     Value,
 )
 from latencyd.core.schema import (
-    ArrayOfTables,
     Bool,
     Choice,
     Cpus,
     Int,
     OneOf,
-    Option,
     Pattern,
     Schema,
+    option,
+    table,
 )
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, Location, NotApplicable, ProfileError
@@ -77,13 +77,6 @@ EPB_NAMES = {
     "power": 15,
 }
 SYMBOLIC_FREQS = ("min", "max")
-PER_CPU = (
-    "governor",
-    "energy_performance_preference",
-    "energy_perf_bias",
-    "min_freq_khz",
-    "max_freq_khz",
-)
 POLICY_OPTIONS = ("governor", "energy_performance_preference", "min_freq_khz", "max_freq_khz")
 
 
@@ -339,95 +332,100 @@ class _Found:
         return Expansion(self.settings, None, self.notes, refused)
 
 
-def per_cpu_options(options: Options, online: CpuSet) -> dict[int, dict[str, Any]]:
-    """What each online CPU wants: the top level, then [[cpu.cpus]] entries, later ones winning."""
-    wanted: dict[int, dict[str, Any]] = {cpu: {} for cpu in online}
-    layers = [(online, options), *((entry["cpus"], entry) for entry in options.get("cpus", []))]
-    for cpus, layer in layers:
-        mine = {k: layer[k] for k in PER_CPU if k in layer}
-        for cpu in cpus:
-            if cpu in wanted:
-                wanted[cpu].update(mine)
-    return wanted
-
-
-# -- the schema --------------------------------------------------------------------------------
+# -- the options --------------------------------------------------------------------------------
 
 FREQ = OneOf((Int(1, 2**32 - 1), Choice(SYMBOLIC_FREQS)))
-PER_CPU_SCHEMA = (
-    Option(
-        "governor",
+
+
+@dataclass(frozen=True)
+class PerCpu:
+    """What a CPU may be given, by the section's top level or a [[cpu.cpus]] entry."""
+
+    governor: str | None = option(
         Pattern(r"[A-Za-z0-9_-]+", 'a governor name ("performance", "powersave", "schedutil")'),
         "cpufreq governor (scaling_governor); one the CPU lists in scaling_available_governors",
-    ),
-    Option(
-        "energy_performance_preference",
+    )
+    energy_performance_preference: str | None = option(
         Pattern(r"[a-z_]+", 'an EPP name ("performance", "balance_performance", ...)'),
         "Energy/performance preference (intel_pstate, amd-pstate-epp): one the CPU lists in "
         "energy_performance_available_preferences; the performance governor allows only "
         '"performance"',
-    ),
-    Option(
-        "energy_perf_bias",
+    )
+    energy_perf_bias: int | str | None = option(
         OneOf((Int(0, 15), Choice(tuple(EPB_NAMES)))),
         "Intel energy/performance bias (cpuN/power/energy_perf_bias): 0 (performance) to 15 "
         '(power), or "performance" (0), "balance-performance" (4), "normal" (6), '
         '"balance-power" (8), "power" (15)',
-    ),
-    Option(
-        "min_freq_khz",
+    )
+    min_freq_khz: int | str | None = option(
         FREQ,
         'Lowest frequency (scaling_min_freq): kHz, or "min" / "max" (cpuinfo_min_freq / '
         'cpuinfo_max_freq when written); "max" pins the CPU at its top speed',
         unit="kHz",
-    ),
-    Option(
-        "max_freq_khz",
-        FREQ,
-        'Highest frequency (scaling_max_freq): kHz, or "min" / "max"',
-        unit="kHz",
-    ),
-)
-SCHEMA = Schema(
-    options=(
-        *PER_CPU_SCHEMA,
-        Option(
-            "min_perf_pct",
-            Int(0, 100),
-            "intel_pstate: lowest performance, % of the highest (machine-wide)",
-            unit="%",
-        ),
-        Option(
-            "max_perf_pct",
-            Int(0, 100),
-            "intel_pstate: highest performance, % of the highest (machine-wide)",
-            unit="%",
-        ),
-        Option("no_turbo", Bool(), "intel_pstate: keep the CPUs out of turbo (machine-wide)"),
-        Option(
-            "boost",
-            Bool(),
-            "Frequency boost on or off (acpi-cpufreq, amd-pstate: cpufreq/boost, or each "
-            "policy's boost file where there is one); intel_pstate uses no_turbo",
-        ),
-    ),
-    tables=(
-        ArrayOfTables(
-            "cpus",
-            Schema(
-                options=(
-                    Option("cpus", Cpus(), "CPUs this entry applies to", compose="union"),
-                    *PER_CPU_SCHEMA,
-                ),
-                required=("cpus",),
-            ),
-            "Per-CPU-set settings; later entries win where CPU sets overlap",
-        ),
-    ),
-)
+    )
+    max_freq_khz: int | str | None = option(
+        FREQ, 'Highest frequency (scaling_max_freq): kHz, or "min" / "max"', unit="kHz"
+    )
+
+    def given(self) -> dict[str, Any]:
+        """The per-CPU options this layer sets, by name (each of its field's type): CPUs
+        sharing a policy are merged and refused by option."""
+        return {
+            f.name: value
+            for f in dataclasses.fields(PerCpu)
+            if (value := getattr(self, f.name)) is not None
+        }
 
 
-class CpuPlugin(Plugin[CpuTarget, None, Options]):
+@dataclass(frozen=True)
+class _EntryCpus:
+    cpus: CpuSet = option(Cpus(), "CPUs this entry applies to", required=True, compose="union")
+
+
+@dataclass(frozen=True)
+class CpuEntry(PerCpu, _EntryCpus):
+    """One [[cpu.cpus]] entry: its CPUs (the first of its options), then what they get."""
+
+
+@dataclass(frozen=True)
+class CpuOptions(PerCpu):
+    min_perf_pct: int | None = option(
+        Int(0, 100), "intel_pstate: lowest performance, % of the highest (machine-wide)", unit="%"
+    )
+    max_perf_pct: int | None = option(
+        Int(0, 100), "intel_pstate: highest performance, % of the highest (machine-wide)", unit="%"
+    )
+    no_turbo: bool | None = option(
+        Bool(), "intel_pstate: keep the CPUs out of turbo (machine-wide)"
+    )
+    boost: bool | None = option(
+        Bool(),
+        "Frequency boost on or off (acpi-cpufreq, amd-pstate: cpufreq/boost, or each "
+        "policy's boost file where there is one); intel_pstate uses no_turbo",
+    )
+    cpus: tuple[CpuEntry, ...] = table(
+        CpuEntry, "Per-CPU-set settings; later entries win where CPU sets overlap"
+    )
+
+
+SCHEMA = Schema(section=CpuOptions)
+
+
+def per_cpu_options(options: CpuOptions, online: CpuSet) -> dict[int, PerCpu]:
+    """What each online CPU wants: the top level, then [[cpu.cpus]] entries, later ones winning."""
+    wanted = {cpu: PerCpu() for cpu in online}
+    layers: list[tuple[CpuSet, PerCpu]] = [(online, options), *((e.cpus, e) for e in options.cpus)]
+    for cpus, layer in layers:
+        mine = layer.given()
+        if not mine:
+            continue
+        for cpu in cpus:
+            if cpu in wanted:
+                wanted[cpu] = dataclasses.replace(wanted[cpu], **mine)
+    return wanted
+
+
+class CpuPlugin(Plugin[CpuTarget, None, CpuOptions]):
     name = "cpu"
     summary = "CPU frequency: governor, EPP/EPB, frequency limits, intel_pstate and boost"
     targets = (Governor, EnergyPreference, FreqLimit, PolicyBoost, Boost, EnergyPerfBias, PerfPct,
@@ -481,27 +479,28 @@ class CpuPlugin(Plugin[CpuTarget, None, Options]):
         return sorted(out, key=lambda p: p.number)
 
     # -- what a section wants ---------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
+    def expand(self, options: CpuOptions, owned: Mapping[Target, Value]) -> Expansion[None]:
         wanted = per_cpu_options(options, self.system.online_cpus())
         policies = self.policies()
         if not policies and not any(
-            "energy_perf_bias" in w and self.system.exists(EnergyPerfBias(cpu).rel)
+            w.energy_perf_bias is not None and self.system.exists(EnergyPerfBias(cpu).rel)
             for cpu, w in wanted.items()
         ):  # only EPB works without cpufreq, and it is not asked for (or absent) here
             raise NotApplicable(NO_CPUFREQ)
         found = _Found()
-        if "boost" in options:
-            self._boost(options["boost"], policies, found)
+        if options.boost is not None:
+            self._boost(options.boost, policies, found)
         self._pstate(options, policies, found)
         covered = CpuSet()
         for policy in policies:
             self._policy(policy, wanted, found)
             covered |= policy.cpus
-        for option in POLICY_OPTIONS:
-            missing = [cpu for cpu, w in wanted.items() if option in w and cpu not in covered]
+        given = {cpu: w.given() for cpu, w in wanted.items()}
+        for name in POLICY_OPTIONS:
+            missing = [cpu for cpu, g in given.items() if name in g and cpu not in covered]
             if missing:
                 reason = NO_CPUFREQ if not policies else "no cpufreq policy governs it"
-                found.refuse(option, reason, missing)
+                found.refuse(name, reason, missing)
         self._bias(wanted, found)
         return found.expansion()
 
@@ -525,25 +524,30 @@ class CpuPlugin(Plugin[CpuTarget, None, Options]):
     def _has_boost(self, policies: list[Policy]) -> bool:
         return self.system.exists(GLOBAL_BOOST) or any(p.boost for p in policies)
 
-    def _pstate(self, options: Options, policies: list[Policy], found: _Found) -> None:
-        for option in ("no_turbo", "min_perf_pct", "max_perf_pct"):
-            if option not in options or self.system.exists(f"{PSTATE}/{option}"):
+    def _pstate(self, options: CpuOptions, policies: list[Policy], found: _Found) -> None:
+        given = {
+            "no_turbo": options.no_turbo,
+            "min_perf_pct": options.min_perf_pct,
+            "max_perf_pct": options.max_perf_pct,
+        }
+        for name, value in given.items():
+            if value is None or self.system.exists(f"{PSTATE}/{name}"):
                 continue
             if not policies:
-                found.refuse(option, NO_CPUFREQ)
+                found.refuse(name, NO_CPUFREQ)
                 continue
             found.refuse(
-                option,
+                name,
                 f"an intel_pstate setting, and this machine's cpufreq driver is "
-                f"{policies[0].driver} (no /{PSTATE}/{option})"
-                + ("; use boost" if option == "no_turbo" and self._has_boost(policies) else ""),
+                f"{policies[0].driver} (no /{PSTATE}/{name})"
+                + ("; use boost" if name == "no_turbo" and self._has_boost(policies) else ""),
             )
-        if "no_turbo" in options and self.system.exists(NoTurbo().rel):
-            found.set(NoTurbo(), "1" if options["no_turbo"] else "0")
+        if options.no_turbo is not None and self.system.exists(NoTurbo().rel):
+            found.set(NoTurbo(), "1" if options.no_turbo else "0")
         pct = {
-            bound: int(options[f"{bound}_perf_pct"])
-            for bound in ("min", "max")
-            if f"{bound}_perf_pct" in options and self.system.exists(PerfPct(bound).rel)
+            bound: value
+            for bound, value in (("min", options.min_perf_pct), ("max", options.max_perf_pct))
+            if value is not None and self.system.exists(PerfPct(bound).rel)
         }
         if len(pct) == 2 and pct["min"] > pct["max"]:
             raise ProfileError(
@@ -555,15 +559,12 @@ class CpuPlugin(Plugin[CpuTarget, None, Options]):
             if bound in pct:
                 found.set(PerfPct(bound), str(pct[bound]))
 
-    def _policy(
-        self, policy: Policy, wanted: Mapping[int, Mapping[str, Any]], found: _Found
-    ) -> None:
+    def _policy(self, policy: Policy, wanted: Mapping[int, PerCpu], found: _Found) -> None:
         values: dict[str, Any] = {}
         notes: dict[str, str] = {}
-        for option in POLICY_OPTIONS:
-            asked = {
-                cpu: wanted[cpu][option] for cpu in policy.cpus if option in wanted.get(cpu, {})
-            }
+        given = {cpu: wanted[cpu].given() for cpu in policy.cpus if cpu in wanted}
+        for name in POLICY_OPTIONS:
+            asked = {cpu: g[name] for cpu, g in given.items() if name in g}
             if not asked:
                 continue
             by_value: dict[Any, list[int]] = {}
@@ -572,22 +573,23 @@ class CpuPlugin(Plugin[CpuTarget, None, Options]):
             if len(by_value) > 1:
                 wants = " and ".join(f"{v!r} for {_cpus(c)}" for v, c in by_value.items())
                 found.refuse(
-                    option,
+                    name,
                     f"these CPUs share cpufreq policy{policy.number} and so take one value, "
                     f"but the profile wants {wants}",
                     policy.cpus,
                 )
                 continue
-            values[option] = next(iter(by_value))
+            values[name] = next(iter(by_value))
             # Say which CPUs a policy file reaches where that is not just "cpuN".
             others = policy.cpus - CpuSet(asked)
-            notes[option] = (
+            notes[name] = (
                 f"also {_cpus(others)}: they share policy{policy.number}"
                 if others
                 else (_cpus(policy.cpus) if policy.cpus != CpuSet([policy.number]) else "")
             )
 
-        governor = values.get("governor")
+        agreed = PerCpu(**values)
+        governor = agreed.governor
         if governor is not None and governor not in policy.governors:
             found.refuse(
                 f"governor = {governor!r}",
@@ -599,7 +601,7 @@ class CpuPlugin(Plugin[CpuTarget, None, Options]):
         if governor is not None:
             found.set(Governor(policy.number), governor, notes["governor"])
 
-        epp = values.get("energy_performance_preference")
+        epp = agreed.energy_performance_preference
         if epp is not None:
             problem = self._epp_problem(policy, epp, governor or policy.governor)
             if problem:
@@ -608,7 +610,7 @@ class CpuPlugin(Plugin[CpuTarget, None, Options]):
                 target = EnergyPreference(policy.number)
                 found.set(target, epp, notes["energy_performance_preference"])
 
-        self._limits(policy, values, notes, found)
+        self._limits(policy, agreed, notes, found)
 
     @staticmethod
     def _epp_problem(policy: Policy, epp: str, governor: str) -> str | None:
@@ -633,12 +635,11 @@ class CpuPlugin(Plugin[CpuTarget, None, Options]):
         return None
 
     def _limits(
-        self, policy: Policy, values: Mapping[str, Any], notes: Mapping[str, str], found: _Found
+        self, policy: Policy, agreed: PerCpu, notes: Mapping[str, str], found: _Found
     ) -> None:
         lo, hi = policy.cpuinfo
-        limits: dict[str, tuple[Any, int]] = {}  # bound -> (as the profile says, kHz now)
-        for bound in ("min", "max"):
-            raw = values.get(f"{bound}_freq_khz")
+        limits: dict[str, tuple[int | str, int]] = {}  # bound -> (as the profile says, kHz now)
+        for bound, raw in (("min", agreed.min_freq_khz), ("max", agreed.max_freq_khz)):
             if raw is None:
                 continue
             if isinstance(raw, str):
@@ -667,9 +668,9 @@ class CpuPlugin(Plugin[CpuTarget, None, Options]):
                 note = notes[f"{bound}_freq_khz"]
                 found.set(FreqLimit(policy.number, bound), str(raw), note)
 
-    def _bias(self, wanted: Mapping[int, Mapping[str, Any]], found: _Found) -> None:
+    def _bias(self, wanted: Mapping[int, PerCpu], found: _Found) -> None:
         for cpu, w in sorted(wanted.items()):
-            raw = w.get("energy_perf_bias")
+            raw = w.energy_perf_bias
             if raw is None:
                 continue
             target = EnergyPerfBias(cpu)
