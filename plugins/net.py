@@ -29,7 +29,6 @@ from latencyd.core.plugin import (
     Expansion,
     Follows,
     Monitor,
-    Options,
     Plugin,
     Settings,
     Table,
@@ -40,7 +39,7 @@ from latencyd.core.plugin import (
     plain_path,
     same_cpus,
 )
-from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Fields, Int, ListOf, Option, Schema, Str
+from latencyd.core.schema import Bool, Cpus, Fields, Int, ListOf, Schema, Str, option, table
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.kernel.ethtool import FEATURE_ALIASES, GROUPS
@@ -50,7 +49,6 @@ from latencyd.kernel.system import System
 NET = "sys/class/net"
 PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
 CPU_FILES = ("rps_cpus", "xps_cpus")  # per queue: rx-N/rps_cpus, tx-N/xps_cpus
-NIC_FILES = ("napi_defer_hard_irqs", "gro_flush_timeout")
 FEATURE_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
@@ -201,22 +199,22 @@ class Nic:
 @dataclass(frozen=True)
 class NicRule:
     index: int  # its place among the section's [[net.nic]] entries, from 1
-    options: Mapping[str, Any]
+    options: NicOptions
 
     def matches(self, nic: Nic) -> bool:
         o = self.options
-        if any(fnmatch.fnmatchcase(nic.name, g) for g in o.get("exclude", ())):
+        if any(fnmatch.fnmatchcase(nic.name, g) for g in o.exclude):
             return False
         checks = [
-            ("match", nic.name),
-            ("driver", nic.driver),
-            ("bus", nic.bus),
-            ("mac", nic.mac),
+            (o.match, nic.name),
+            (o.driver, nic.driver),
+            (o.bus, nic.bus),
+            (o.mac, nic.mac),
         ]
         return all(
-            any(fnmatch.fnmatchcase(value, g) for g in _globs(o[k]))
-            for k, value in checks
-            if k in o
+            any(fnmatch.fnmatchcase(value, g) for g in globs)
+            for globs, value in checks
+            if globs is not None
         )
 
 
@@ -227,10 +225,6 @@ class NetRules:
 
     def rule_for(self, nic: Nic) -> NicRule | None:
         return next((r for r in self.rules if r.matches(nic)), None)
-
-
-def _globs(value: str | list[str]) -> list[str]:
-    return [value] if isinstance(value, str) else list(value)
 
 
 def _group_fields(group: str) -> Fields:
@@ -244,55 +238,72 @@ def _feature_name(name: str) -> str | None:
     return f"{name!r} is not a feature name (ethtool's, like gro, or the kernel's, like rx-gro)"
 
 
-NIC_SCHEMA = Schema(
-    options=(
-        Option(
-            "match",
-            ListOf(Str()),
-            'Interface-name globs ("eth*", "enp3s0f*"); with driver, bus or mac, all must match',
-            default=["*"],
-        ),
-        Option("driver", ListOf(Str()), 'Driver-name globs ("mlx5_core", "ice")'),
-        Option("bus", ListOf(Str()), 'Bus-address globs ("0000:3b:00.*")'),
-        Option("mac", ListOf(Str()), 'MAC-address globs ("3c:fd:fe:*")'),
-        Option(
-            "exclude",
-            ListOf(Str()),
-            "Interface-name globs never tuned by this entry (setting it replaces the "
-            'default ["lo"])',
-            default=["lo"],
-        ),
-        Option("coalesce", _group_fields("coalesce"), "Interrupt coalescing (ethtool -C)"),
-        Option("ring", _group_fields("ring"), "Ring sizes (ethtool -G)"),
-        Option("channels", _group_fields("channels"), "Queue counts (ethtool -L)"),
-        Option("pause", _group_fields("pause"), "Pause frames (ethtool -A)"),
-        Option(
-            "features",
-            Fields(check=_feature_name, kind=Bool(), what="feature"),
-            'Offload features by ethtool name or kernel name ("gro", "rx-gro"; ethtool -K)',
-        ),
-        Option(
-            "rps_cpus",
-            Cpus(allow_empty=True),
-            'CPUs for receive packet steering on every rx queue ("none": off)',
-        ),
-        Option("xps_cpus", Cpus(allow_empty=True), "CPUs for transmit packet steering"),
-        Option(
-            "napi_defer_hard_irqs",
-            Int(0, 2**31 - 1),
-            "NAPI polls to run before re-enabling the NIC's interrupt (0: none)",
-        ),
-        Option(
-            "gro_flush_timeout",
-            Int(0, 2**63 - 1),
-            "How long GRO may hold packets and the IRQ stays off (0: flush at once)",
-            unit="ns",
-        ),
-    ),
-)
+@dataclass(frozen=True)
+class NicOptions:
+    """One [[net.nic]] entry."""
+
+    match: list[str] = option(
+        ListOf(Str()),
+        'Interface-name globs ("eth*", "enp3s0f*"); with driver, bus or mac, all must match',
+        default=["*"],
+    )
+    driver: list[str] | None = option(ListOf(Str()), 'Driver-name globs ("mlx5_core", "ice")')
+    bus: list[str] | None = option(ListOf(Str()), 'Bus-address globs ("0000:3b:00.*")')
+    mac: list[str] | None = option(ListOf(Str()), 'MAC-address globs ("3c:fd:fe:*")')
+    exclude: list[str] = option(
+        ListOf(Str()),
+        'Interface-name globs never tuned by this entry (setting it replaces the default ["lo"])',
+        default=["lo"],
+    )
+    coalesce: dict[str, int | bool] | None = option(
+        _group_fields("coalesce"), "Interrupt coalescing (ethtool -C)"
+    )
+    ring: dict[str, int | bool] | None = option(_group_fields("ring"), "Ring sizes (ethtool -G)")
+    channels: dict[str, int | bool] | None = option(
+        _group_fields("channels"), "Queue counts (ethtool -L)"
+    )
+    pause: dict[str, int | bool] | None = option(
+        _group_fields("pause"), "Pause frames (ethtool -A)"
+    )
+    features: dict[str, bool] | None = option(
+        Fields(check=_feature_name, kind=Bool(), what="feature"),
+        'Offload features by ethtool name or kernel name ("gro", "rx-gro"; ethtool -K)',
+    )
+    rps_cpus: CpuSet | None = option(
+        Cpus(allow_empty=True),
+        'CPUs for receive packet steering on every rx queue ("none": off)',
+    )
+    xps_cpus: CpuSet | None = option(Cpus(allow_empty=True), "CPUs for transmit packet steering")
+    napi_defer_hard_irqs: int | None = option(
+        Int(0, 2**31 - 1), "NAPI polls to run before re-enabling the NIC's interrupt (0: none)"
+    )
+    gro_flush_timeout: int | None = option(
+        Int(0, 2**63 - 1),
+        "How long GRO may hold packets and the IRQ stays off (0: flush at once)",
+        unit="ns",
+    )
+
+    def groups(self) -> dict[str, dict[str, int | bool]]:
+        """The ethtool groups the entry sets, by name, in GROUPS' order."""
+        given = {
+            "coalesce": self.coalesce,
+            "ring": self.ring,
+            "channels": self.channels,
+            "pause": self.pause,
+        }
+        return {g: values for g in GROUPS if (values := given[g]) is not None}
 
 
-class NetPlugin(Plugin[NicTarget, NetRules, Options], FollowsDevices[NetRules]):
+@dataclass(frozen=True)
+class NetOptions:
+    nic: tuple[NicOptions, ...] = table(
+        NicOptions,
+        "NIC entries: the first one that matches a NIC (all of match, driver, bus, "
+        "mac it names) gives it its settings",
+    )
+
+
+class NetPlugin(Plugin[NicTarget, NetRules, NetOptions], FollowsDevices[NetRules]):
     name = "net"
     summary = "NIC coalescing, rings, channels, pause, features, RPS/XPS and NAPI knobs"
     targets = (NicSetting, NicFile)
@@ -304,14 +315,7 @@ class NetPlugin(Plugin[NicTarget, NetRules, Options], FollowsDevices[NetRules]):
         udev={"net": frozenset({"add", "remove", "move"}), "queues": frozenset({"add", "remove"})}
     )
     schema = Schema(
-        tables=(
-            ArrayOfTables(
-                "nic",
-                NIC_SCHEMA,
-                "NIC entries: the first one that matches a NIC (all of match, driver, bus, "
-                "mac it names) gives it its settings",
-            ),
-        ),
+        section=NetOptions,
         groups=(
             ("coalesce", ("nic.coalesce",)),
             ("steering", ("nic.rps_cpus", "nic.xps_cpus", "nic.napi_*", "nic.gro_*")),
@@ -423,21 +427,27 @@ class NetPlugin(Plugin[NicTarget, NetRules, Options], FollowsDevices[NetRules]):
     def nic_settings(rule: NicRule, nic: Nic) -> Settings:
         o = rule.options
         settings: Settings = {}
-        for group in GROUPS:
-            for key, value in o.get(group, {}).items():
+        for group, values in o.groups().items():
+            for key, value in values.items():
                 settings[NicSetting(nic.identity, group, key)] = value
-        for feature, on in o.get("features", {}).items():
+        for feature, on in (o.features or {}).items():
             for name in FEATURE_ALIASES.get(feature, (feature,)):
                 settings[NicSetting(nic.identity, "feature", name)] = on
-        for option, queues in (("rps_cpus", nic.rx_queues), ("xps_cpus", nic.tx_queues)):
-            if option in o:
+        steering = (
+            ("rps_cpus", o.rps_cpus, nic.rx_queues),
+            ("xps_cpus", o.xps_cpus, nic.tx_queues),
+        )
+        for file, cpus, queues in steering:
+            if cpus is not None:
                 for queue in queues:
-                    settings[NicFile(nic.identity, f"queues/{queue}/{option}")] = o[
-                        option
-                    ].to_list()
-        for option in NIC_FILES:
-            if option in o:
-                settings[NicFile(nic.identity, option)] = str(o[option])
+                    settings[NicFile(nic.identity, f"queues/{queue}/{file}")] = cpus.to_list()
+        napi = {
+            "napi_defer_hard_irqs": o.napi_defer_hard_irqs,
+            "gro_flush_timeout": o.gro_flush_timeout,
+        }
+        for file, number in napi.items():
+            if number is not None:
+                settings[NicFile(nic.identity, file)] = str(number)
         return settings
 
     def changed(self, rules: NetRules | None) -> bool:
@@ -447,8 +457,8 @@ class NetPlugin(Plugin[NicTarget, NetRules, Options], FollowsDevices[NetRules]):
     def _queues(self) -> frozenset[tuple[str, str]]:
         return frozenset((n.identity, q) for n in self.nics() for q in n.rx_queues + n.tx_queues)
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[NetRules]:
-        entries = tuple(NicRule(i, r) for i, r in enumerate(options.get("nic", []), 1))
+    def expand(self, options: NetOptions, owned: Mapping[Target, Value]) -> Expansion[NetRules]:
+        entries = tuple(NicRule(i, r) for i, r in enumerate(options.nic, 1))
         rules = NetRules(entries, self._queues())
         settings: Settings = {}
         for nic in self.nics():

@@ -10,5 +10,7 @@ from latencyd.core.plugin import Plugin
 
 
 def wanted(plugin: Plugin[Any, Any, Any], options: Mapping[str, Any]) -> dict[SettingId, Any]:
-    """The section's settings as engine.switch takes them (nothing owned yet)."""
-    return {(plugin.name, t): v for t, v in plugin.expand(options, {}).settings.items()}
+    """The section (validated, as a profile holds it) expanded to its settings as
+    engine.switch takes them (nothing owned yet)."""
+    expansion = plugin.expand(plugin.options_of(options), {})
+    return {(plugin.name, t): v for t, v in expansion.settings.items()}

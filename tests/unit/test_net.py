@@ -220,7 +220,8 @@ class Rig:
         return validate(section_schemas({"net": self.plugin})["net"], raw, self.machine)
 
     def expand(self, *entries: dict[str, Any]) -> Expansion:
-        return self.plugin.expand(plugin_options(self.section({"nic": list(entries)})), {})
+        section = plugin_options(self.section({"nic": list(entries)}))
+        return self.plugin.expand(self.plugin.options_of(section), {})
 
     def wanted(self, *entries: dict[str, Any]) -> dict[SettingId, Value]:
         return keyed_wanted(self.plugin, plugin_options(self.section({"nic": list(entries)})))
