@@ -25,7 +25,6 @@ from latencyd.core.plugin import (
     Expansion,
     Follows,
     Monitor,
-    Options,
     Plugin,
     Settings,
     Table,
@@ -33,7 +32,7 @@ from latencyd.core.plugin import (
     TaskEvent,
     Value,
 )
-from latencyd.core.schema import ArrayOfTables, Bool, Cpus, Option, Schema, Str
+from latencyd.core.schema import Bool, Cpus, Schema, Str, option, table
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.kernel.owners import IRQS, Claim
@@ -139,8 +138,46 @@ class IrqRules:
     coordinate: bool = False  # ban `isolate` in an irqbalance that starts later
 
 
+@dataclass(frozen=True)
+class IrqRule:
+    """One [[irq.rule]] entry."""
+
+    match: str = option(
+        Str(),
+        'IRQ number ("41", "40-43"), action-name glob '
+        '("virtio3-*"), or device: net/block device name or PCI address '
+        '("eth0", "vda", "0000:00:04.0"); prefix irq:, name: or dev: '
+        "to force one kind",
+        required=True,
+    )
+    cpus: CpuSet = option(Cpus(), "CPUs the matched IRQs may run on", required=True)
+
+
+@dataclass(frozen=True)
+class IrqOptions:
+    default_affinity: CpuSet | None = option(
+        Cpus(),
+        "Affinity given to IRQs the kernel creates later "
+        "(/proc/irq/default_smp_affinity); defaults to all CPUs but `isolate`",
+    )
+    isolate: CpuSet | None = option(
+        Cpus(), "Move every movable IRQ off these CPUs (rules still win)", shields=True
+    )
+    coordinate_irqbalance: bool = option(
+        Bool(),
+        "If irqbalance runs, ban the isolated CPUs in its config instead of fighting "
+        "it (IRQBALANCE_BANNED_CPULIST)",
+        default=True,
+    )
+    rule: tuple[IrqRule, ...] = table(
+        IrqRule, "Affinity rules; the first rule that matches an IRQ wins"
+    )
+
+
 class IrqPlugin(
-    Plugin[IrqTarget, IrqRules, Options], FollowsTasks[IrqRules, Options], FollowsDevices[IrqRules]
+    Plugin[IrqTarget, IrqRules, IrqOptions],
+    FollowsTasks[IrqRules, IrqOptions],
+    FollowsDevices[IrqRules],
 ):
     name = "irq"
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"
@@ -158,47 +195,7 @@ class IrqPlugin(
         },
     )
     schema = Schema(
-        options=(
-            Option(
-                "default_affinity",
-                Cpus(),
-                "Affinity given to IRQs the kernel creates later "
-                "(/proc/irq/default_smp_affinity); defaults to all CPUs but `isolate`",
-            ),
-            Option(
-                "isolate",
-                Cpus(),
-                "Move every movable IRQ off these CPUs (rules still win)",
-                shields=True,
-            ),
-            Option(
-                "coordinate_irqbalance",
-                Bool(),
-                "If irqbalance runs, ban the isolated CPUs in its config instead of fighting "
-                "it (IRQBALANCE_BANNED_CPULIST)",
-                default=True,
-            ),
-        ),
-        tables=(
-            ArrayOfTables(
-                "rule",
-                Schema(
-                    options=(
-                        Option(
-                            "match",
-                            Str(),
-                            'IRQ number ("41", "40-43"), action-name glob '
-                            '("virtio3-*"), or device: net/block device name or PCI address '
-                            '("eth0", "vda", "0000:00:04.0"); prefix irq:, name: or dev: '
-                            "to force one kind",
-                        ),
-                        Option("cpus", Cpus(), "CPUs the matched IRQs may run on"),
-                    ),
-                    required=("match", "cpus"),
-                ),
-                "Affinity rules; the first rule that matches an IRQ wins",
-            ),
-        ),
+        section=IrqOptions,
         groups=(
             ("isolate", ("isolate", "default_affinity", "coordinate_irqbalance")),
             ("rules", ("rule",)),
@@ -253,21 +250,21 @@ class IrqPlugin(
         return any(fnmatch.fnmatchcase(a, value) for a in irq.actions)
 
     # -- plugin verbs --------------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[IrqRules]:
+    def expand(self, options: IrqOptions, owned: Mapping[Target, Value]) -> Expansion[IrqRules]:
         online = self.system.online_cpus()
-        isolate: CpuSet = options.get("isolate", CpuSet())
+        isolate = options.isolate if options.isolate is not None else CpuSet()
         housekeeping = online - isolate
         if isolate and not housekeeping:
             raise NotApplicable(f"isolate = {isolate} leaves no CPU for interrupts")
         settings: Settings = {}
-        if "default_affinity" in options:
-            settings[DefaultAffinity()] = options["default_affinity"].to_list()
+        if options.default_affinity is not None:
+            settings[DefaultAffinity()] = options.default_affinity.to_list()
         elif isolate:
             settings[DefaultAffinity()] = housekeeping.to_list()
         _, irqs = self.inventory()
         coordinate = bool(isolate) and self.follows_user_tasks(options)
         rules = IrqRules(
-            tuple((r["match"], r["cpus"]) for r in options.get("rule", [])),
+            tuple((r.match, r.cpus) for r in options.rule),
             isolate,
             {i.number for i in irqs},
             coordinate,
@@ -277,8 +274,8 @@ class IrqPlugin(
             settings[IrqbalanceBan()] = isolate.to_list()
         return Expansion(settings, rules)
 
-    def follows_user_tasks(self, options: Options) -> bool:
-        return bool(options.get("isolate")) and bool(options.get("coordinate_irqbalance", True))
+    def follows_user_tasks(self, options: IrqOptions) -> bool:
+        return bool(options.isolate) and options.coordinate_irqbalance
 
     def on_task(
         self, rules: IrqRules | None, event: TaskEvent, owned: Mapping[Target, Value]

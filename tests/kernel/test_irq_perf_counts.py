@@ -27,7 +27,7 @@ from latencyd.plugins.irq import IrqPlugin
 
 system = System("/")
 plugin = IrqPlugin(system)
-rules = plugin.expand({}, {}).rules
+rules = plugin.expand(plugin.options_of({}), {}).rules
 plugin.on_applied(rules)
 before = {i.number: sum(i.counts) for i in plugin.inventory(with_counts=True)[1]}
 # Make the disk interrupt: write and fsync a file (virtio-blk completion IRQs).
@@ -82,7 +82,7 @@ def test_without_tracefs_status_says_why() -> None:
     if System("/").tracepoint_id("irq", "irq_handler_entry") is not None:
         pytest.skip("tracefs is mounted on this machine")
     plugin = IrqPlugin(System("/"))
-    rules = plugin.expand({}, {}).rules
+    rules = plugin.expand(plugin.options_of({}), {}).rules
     plugin.on_applied(rules)
     facts = plugin.monitor(rules).facts
     assert facts["perf_irq_handler_counts"] == "unavailable: tracefs is not mounted"

@@ -133,7 +133,7 @@ def section(plugin: IrqPlugin, machine: Machine, raw: dict[str, Any]) -> dict[st
 
 def expand(plugin: IrqPlugin, machine: Machine, raw: dict[str, Any]) -> Expansion:
     """What the engine asks the plugin: the section without its own options, nothing owned."""
-    return plugin.expand(plugin_options(section(plugin, machine, raw)), {})
+    return plugin.expand(plugin.options_of(plugin_options(section(plugin, machine, raw))), {})
 
 
 def wanted(plugin: IrqPlugin, machine: Machine, raw: dict[str, Any]) -> dict[SettingId, Value]:
@@ -819,7 +819,7 @@ def test_an_irqbalance_started_after_the_profile_is_banned_at_its_exec(
     assert ("irq", IrqbalanceBan()) not in engine.applied  # not running: nothing to ban
     rules = engine.sections["irq"].expansion.rules
     assert declares(plugin, FollowsTasks)
-    assert plugin.follows_user_tasks(section(plugin, machine, {"isolate": "1"}))
+    assert plugin.follows_user_tasks(plugin.options_of(section(plugin, machine, {"isolate": "1"})))
     add_task(root, 900, "irqbalance", uid=1000)  # a user's process of that name: no
     assert plugin.on_task(rules, TaskEvent("comm", 900, 900), engine.owned("irq")) == {}
     add_task(root, 901, "irqbalance")  # root's: its exec
@@ -831,7 +831,9 @@ def test_an_irqbalance_started_after_the_profile_is_banned_at_its_exec(
     assert engine.off() == []
     assert plugin.read(IrqbalanceBan()) is None
     coordinate_off = {"isolate": "1", "coordinate_irqbalance": False}
-    assert not plugin.follows_user_tasks(section(plugin, machine, coordinate_off))
+    assert not plugin.follows_user_tasks(
+        plugin.options_of(section(plugin, machine, coordinate_off))
+    )
 
 
 def test_irqbalance_original_ban_is_put_back(

@@ -271,7 +271,7 @@ def test_an_irq_event_lists_the_irqs_once_not_a_file_check_per_irq(
     interrupts()
     system = System(root)
     plugin = IrqPlugin(system)
-    rules = plugin.expand({"isolate": CpuSet({3})}, {}).rules
+    rules = plugin.expand(plugin.options_of({"isolate": CpuSet({3})}), {}).rules
     numbers.append(2100)
     interrupts()
     checks: list[str] = []
