@@ -32,7 +32,6 @@ from latencyd.core.plugin import (
     Expansion,
     Follows,
     Monitor,
-    Options,
     Settings,
     Target,
     TaskEvent,
@@ -42,15 +41,7 @@ from latencyd.core.plugin import (
     run_to_end,
     same_cpus,
 )
-from latencyd.core.schema import (
-    ArrayOfTables,
-    Choice,
-    Cpus,
-    Int,
-    Option,
-    Regex,
-    Schema,
-)
+from latencyd.core.schema import Choice, Cpus, Int, Regex, Schema, option, table
 from latencyd.cpuset import CpuSet
 from latencyd.kernel.owners import THREADS, Claim
 from latencyd.kernel.system import POLICIES, System, Task
@@ -175,18 +166,6 @@ class KthreadRules:
     scanned_at: float  # monotonic time of the expansion: the next rescan is due from here
 
 
-def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
-    return tuple(
-        Rule(
-            re.compile(r["match"]),
-            r.get("cpus"),
-            r.get("policy"),
-            r.get("priority", 0),
-        )
-        for r in options.get("rule", [])
-    )
-
-
 def _rule_is_whole(rule: Mapping[str, Any]) -> tuple[str, str] | None:
     """A rule sets CPUs, a policy or both (a user process's rule, [[shield.rule]], sets
     CPUs only)."""
@@ -195,8 +174,47 @@ def _rule_is_whole(rule: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+@dataclass(frozen=True)
+class KthreadRule:
+    """One [[kthread.rule]] entry."""
+
+    match: str = option(Regex(), "Regex on the kernel thread's name (searched)", required=True)
+    cpus: CpuSet | None = option(
+        Cpus(),
+        "CPUs the matched threads may run on (without it, a rule sets "
+        "a policy only: per-CPU threads such as ksoftirqd/N keep their CPU)",
+    )
+    policy: str | None = option(
+        Choice(tuple(POLICIES)), "Scheduling policy: other, fifo, rr, batch or idle"
+    )
+    priority: int | None = option(Int(0, 99), "Real-time priority for fifo/rr (1-99)")
+
+
+@dataclass(frozen=True)
+class KthreadOptions:
+    writeback_cpumask: CpuSet | None = option(
+        Cpus(),
+        "CPUs for the writeback workqueue (/sys/devices/virtual/workqueue/"
+        "writeback/cpumask; Linux >= 3.10)",
+    )
+    unbound_cpumask: CpuSet | None = option(
+        Cpus(), "CPUs for all unbound workqueues (/sys/devices/virtual/workqueue/cpumask)"
+    )
+    rule: tuple[KthreadRule, ...] = table(
+        KthreadRule,
+        "Kernel-thread rules (user processes: [[shield.rule]]); the first rule "
+        "whose regex matches wins",
+        consistent=_rule_is_whole,
+    )
+
+
+def rules_from(options: KthreadOptions) -> tuple[Rule, ...]:
+    return tuple(Rule(re.compile(r.match), r.cpus, r.policy, r.priority or 0) for r in options.rule)
+
+
 class KthreadPlugin(
-    TaskMover[KthreadTarget, KthreadRules, Options], FollowsTasks[KthreadRules, Options]
+    TaskMover[KthreadTarget, KthreadRules, KthreadOptions],
+    FollowsTasks[KthreadRules, KthreadOptions],
 ):
     name = "kthread"
     summary = "Kernel-thread affinity and policy by name, following threads as they come and go"
@@ -207,45 +225,7 @@ class KthreadPlugin(
     }
     follows = Follows(udev={"cpu": CPU_ACTIONS})
     schema = Schema(
-        options=(
-            Option(
-                "writeback_cpumask",
-                Cpus(),
-                "CPUs for the writeback workqueue (/sys/devices/virtual/workqueue/"
-                "writeback/cpumask; Linux >= 3.10)",
-            ),
-            Option(
-                "unbound_cpumask",
-                Cpus(),
-                "CPUs for all unbound workqueues (/sys/devices/virtual/workqueue/cpumask)",
-            ),
-        ),
-        tables=(
-            ArrayOfTables(
-                "rule",
-                Schema(
-                    options=(
-                        Option("match", Regex(), "Regex on the kernel thread's name (searched)"),
-                        Option(
-                            "cpus",
-                            Cpus(),
-                            "CPUs the matched threads may run on (without it, a rule sets "
-                            "a policy only: per-CPU threads such as ksoftirqd/N keep their CPU)",
-                        ),
-                        Option(
-                            "policy",
-                            Choice(tuple(POLICIES)),
-                            "Scheduling policy: other, fifo, rr, batch or idle",
-                        ),
-                        Option("priority", Int(0, 99), "Real-time priority for fifo/rr (1-99)"),
-                    ),
-                    required=("match",),
-                    consistent=_rule_is_whole,
-                ),
-                "Kernel-thread rules (user processes: [[shield.rule]]); the first rule "
-                "whose regex matches wins",
-            ),
-        ),
+        section=KthreadOptions,
         groups=(
             ("rules", ("rule",)),
             ("workqueues", ("writeback_cpumask", "unbound_cpumask")),
@@ -276,24 +256,27 @@ class KthreadPlugin(
         return settings
 
     def expand_steps(
-        self, options: Options, owned: Mapping[Target, Value]
+        self, options: KthreadOptions, owned: Mapping[Target, Value]
     ) -> Generator[None, None, Expansion[KthreadRules]]:
         """Yields after each task: a rescan looks at every one of 50,000."""
         rules = KthreadRules(rules_from(options), time.monotonic())
         settings: Settings = {}
-        for name in ("writeback", "unbound"):
-            if f"{name}_cpumask" in options:
-                settings[Workqueue(name)] = options[f"{name}_cpumask"].to_list()
+        masks = (("writeback", options.writeback_cpumask), ("unbound", options.unbound_cpumask))
+        for name, cpus in masks:
+            if cpus is not None:
+                settings[Workqueue(name)] = cpus.to_list()
         for task in self.system.tasks():
             if task.is_kthread:
                 settings.update(self.kthread_settings(rules, task))
             yield
         return Expansion(settings, rules)
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[KthreadRules]:
+    def expand(
+        self, options: KthreadOptions, owned: Mapping[Target, Value]
+    ) -> Expansion[KthreadRules]:
         return run_to_end(self.expand_steps(options, owned))
 
-    def follows_renames(self, options: Options) -> bool:
+    def follows_renames(self, options: KthreadOptions) -> bool:
         """Kernels before 6.4 name a new kthread after its fork: the rename says its name."""
         return not self.system.names_kthreads_at_fork()
 

@@ -501,12 +501,17 @@ def option(
 S = TypeVar("S")
 
 
-def table(entry: type[S], doc: str) -> tuple[S, ...]:
+def table(
+    entry: type[S],
+    doc: str,
+    consistent: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None,
+) -> tuple[S, ...]:
     """An array of tables (``[[cpu.cpus]]``) of a section's options class: a field whose
-    entries are each of the options class `entry` (its schema: Schema(section=entry))."""
+    entries are each of the options class `entry` (its schema: Schema(section=entry), and
+    `consistent`, the rule across an entry's options, Schema's)."""
 
     def declared(name: str) -> ArrayOfTables:
-        return ArrayOfTables(name, Schema(section=entry), doc)
+        return ArrayOfTables(name, Schema(section=entry, consistent=consistent), doc)
 
     empty: tuple[S, ...] = ()
     return field(default=empty, metadata={_DECLARES: (declared, False)})

@@ -314,7 +314,7 @@ def test_expand_stores_nothing_on_the_plugin(m: Machinery, machine: Machine) -> 
     assert first.settings != second.settings
     assert m.expand(machine, RULES).settings == first.settings
     assert isinstance(first.rules, KthreadRules) and isinstance(second.rules, KthreadRules)
-    assert first.rules.rules == rules_from(m.options(machine, RULES))
+    assert first.rules.rules == rules_from(m.typed(machine, RULES))
     assert second.rules.rules == ()
     # The first section's rules still decide for a new thread after the second expansion.
     add_kthread(m.root, 40, "kswapd1", start_time=9000)
@@ -331,7 +331,7 @@ def test_user_forks_cost_nothing(m: Machinery, machine: Machine) -> None:
     system = Counting(m.root, m.sched)
     plugin = KthreadPlugin(system)
     options = validate(plugin.schema, RULES, machine)
-    rules = plugin.expand(options, {}).rules
+    rules = plugin.expand(plugin.options_of(options), {}).rules
     system.looks = 0
     m.sched.calls.clear()
     for pid in range(1000, 1100):
@@ -378,7 +378,7 @@ def test_comm_of_a_user_task_is_the_shields(m: Machinery, machine: Machine) -> N
 def test_follows_threads_and_cpus_and_never_user_tasks(m: Machinery, machine: Machine) -> None:
     assert declares(m.plugin, FollowsTasks)
     assert m.plugin.follows.udev == {"cpu": CPU_ACTIONS}
-    assert not m.plugin.follows_user_tasks(m.options(machine, RULES))  # the shield's
+    assert not m.plugin.follows_user_tasks(m.typed(machine, RULES))  # the shield's
 
 
 # -- workqueues --------------------------------------------------------------------------------

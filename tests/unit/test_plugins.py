@@ -360,9 +360,12 @@ def test_sysctl_root_only_cannot_be_dodged_by_spelling(
 
 def test_other_plugins_are_never_root_only(fake_root: Path) -> None:
     system = System(fake_root)
-    assert WritebackPlugin(system).root_only({"dirty_ratio": 5}) is None
-    assert KthreadPlugin(system).root_only({"writeback_cpumask": CpuSet([1])}) is None
-    assert ShieldPlugin(system).root_only({"cpus": CpuSet([1])}) is None
+    for plugin, section in (
+        (WritebackPlugin(system), {"dirty_ratio": 5}),
+        (KthreadPlugin(system), {"writeback_cpumask": CpuSet([1])}),
+        (ShieldPlugin(system), {"cpus": CpuSet([1])}),
+    ):
+        assert plugin.root_only(plugin.options_of(section)) is None
 
 
 def test_daemon_applies_root_only_sections_only_for_root(tmp_path: Path, machine: Machine) -> None:
