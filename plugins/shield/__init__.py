@@ -22,7 +22,8 @@ restore (took_over).
 
 The package, a module per idea: plugin.py is the plugin (what the engine, the daemon
 and status ask of it), which hands each question to the mechanism chosen or answers it
-by the setting's kind; rules.py says who a task is to the shield (apps, allow, holds,
+by the setting's kind; options.py says what the section may hold (ShieldOptions, as
+which it is read); rules.py says who a task is to the shield (apps, allow, holds,
 rules); targets.py holds the settings' kinds; mechanism.py is the interface every
 mechanism keeps, each a module: chase.py, v1.py, partition.py (v2) and systemd.py, the
 three cpuset ones sharing cpusets.py. Not here: the machine's cgroup facts, the choice

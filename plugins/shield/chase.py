@@ -10,13 +10,14 @@ import itertools
 from collections.abc import Callable, Generator
 
 from latencyd.core.movable import Tasks
-from latencyd.core.plugin import Expansion, Options, Settings, Table, Target, Value, original_of
+from latencyd.core.plugin import Expansion, Settings, Table, Target, Value, original_of
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.kernel.cgroups import Chosen
 from latencyd.kernel.system import Task
 
 from .mechanism import Mechanism, Owned, chosen_table, thread_ids
+from .options import ShieldOptions
 from .rules import Judge, ShieldRules, rule_settings
 from .targets import TaskAffinity
 
@@ -55,7 +56,7 @@ class Chase(Mechanism):
             yield
         return Expansion(settings, rules, current=current)
 
-    def starts_afresh(self, chosen: Chosen, options: Options, owned: Owned) -> bool:
+    def starts_afresh(self, chosen: Chosen, options: ShieldOptions, owned: Owned) -> bool:
         """From cpusets to the chase: the tasks get their own CPUs back only once moved out
         of latencyd's cpusets, so the chase must judge them (and read their originals)
         after that, not before. (The other way round needs nothing: affinities given

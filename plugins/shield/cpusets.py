@@ -15,13 +15,14 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from latencyd.core.plugin import Expansion, Options, Settings, Table, Value, original_of
+from latencyd.core.plugin import Expansion, Settings, Table, Value, original_of
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused
 from latencyd.kernel.cgroups import SHIELD, Chosen, owner, placement
 from latencyd.kernel.system import Task
 
 from .mechanism import Mechanism, Owned, chosen_table, thread_ids
+from .options import ShieldOptions
 from .rules import PLACED, Rule, ShieldRules, rule_settings, ruled_inside
 from .targets import Cgroup, TaskAffinity, TaskCgroup, TaskUnit, inside_shield
 
@@ -79,14 +80,14 @@ class Cpusets(Mechanism):
         """The cgroups and units this mechanism makes for the shield, in the order they
         are written; what of the section it cannot do goes into `refused`."""
 
-    def starts_afresh(self, chosen: Chosen, options: Options, owned: Owned) -> bool:
+    def starts_afresh(self, chosen: Chosen, options: ShieldOptions, owned: Owned) -> bool:
         """A shield on other CPUs: v1's exclusive cpusets cannot trade CPUs in place
         (whichever is written first overlaps its exclusive sibling: EINVAL), so they are
         made anew; a shield that only grows or only shrinks (a hold's CPUs joining or
         leaving it) changes in place, what runs inside not moved (v1_groups orders the
         writes)."""
         was = shield_was(chosen.hierarchy or "", owned)
-        wanted: CpuSet = options["cpus"]
+        wanted = options.cpus or CpuSet()  # a cpuset mechanism is chosen for CPUs only
         return was is not None and not (was.issubset(wanted) or wanted.issubset(was))
 
     def own_made(self, rules: ShieldRules, pid: int, cpus: CpuSet) -> Settings:

@@ -21,10 +21,11 @@ from collections.abc import Generator, Iterator, Mapping
 from typing import ClassVar
 
 from latencyd.core.movable import Tasks
-from latencyd.core.plugin import Expansion, Options, Settings, Table, Target, Value
+from latencyd.core.plugin import Expansion, Settings, Table, Target, Value
 from latencyd.kernel.cgroups import CgroupFacts, Chosen
 from latencyd.kernel.system import System, Task
 
+from .options import ShieldOptions
 from .rules import Judge, ShieldRules
 
 Owned = Mapping[Target, Value]  # what the plugin owns, each with the value it set
@@ -68,7 +69,7 @@ class Mechanism(ABC):
     def place(self, rules: ShieldRules, task: Task, tids: list[int], owned: Owned) -> Settings:
         """Settings for a user task that just exec'd (its threads `tids`)."""
 
-    def starts_afresh(self, chosen: Chosen, options: Options, owned: Owned) -> bool:
+    def starts_afresh(self, chosen: Chosen, options: ShieldOptions, owned: Owned) -> bool:
         """Whether the cgroups some cpuset mechanism made (owned) must be given back before
         this one, `chosen` for the section's `options`, expands it."""
         return False

@@ -23,7 +23,6 @@ from latencyd.core.plugin import (
     Expansion,
     Follows,
     Monitor,
-    Options,
     Settings,
     Target,
     TaskEvent,
@@ -31,15 +30,8 @@ from latencyd.core.plugin import (
     run_to_end,
 )
 from latencyd.core.schema import (
-    ArrayOfTables,
-    Choice,
-    Cpus,
-    ListOf,
     Moved,
-    Option,
-    Regex,
     Schema,
-    Str,
 )
 from latencyd.core.sharing import read_then_write
 from latencyd.cpuset import CpuSet
@@ -54,6 +46,7 @@ from latencyd.kernel.system import System
 
 from .chase import Chase
 from .mechanism import Mechanism
+from .options import ShieldOptions
 from .partition import V2Partition
 from .rules import (
     Judge,
@@ -78,15 +71,13 @@ from .targets import (
 )
 from .v1 import V1Cpusets
 
-MECHANISM_ASKED = ("auto", "cpuset", "affinity")  # what `mechanism =` may say (choose)
-
 log = logging.getLogger(__name__)
 
 
 class ShieldPlugin(
-    TaskMover[ShieldTarget, ShieldRules, Options],
-    FollowsTasks[ShieldRules, Options],
-    SharesWithUser[ShieldTarget, ShieldRules, Options],
+    TaskMover[ShieldTarget, ShieldRules, ShieldOptions],
+    FollowsTasks[ShieldRules, ShieldOptions],
+    SharesWithUser[ShieldTarget, ShieldRules, ShieldOptions],
     ReportsGrouped[ShieldTarget],
     PlacesApplications[ShieldRules],
 ):
@@ -104,57 +95,7 @@ class ShieldPlugin(
     }
     follows = Follows(udev={"cpu": CPU_ACTIONS})
     schema = Schema(
-        options=(
-            Option(
-                "cpus",
-                Cpus(),
-                "Move every movable user task off these CPUs (and keep new ones off)",
-                shields=True,
-            ),
-            Option(
-                "allow",
-                ListOf(Str()),
-                "Name patterns (globs) of user tasks that may stay on the shielded CPUs",
-            ),
-            Option(
-                "apps",
-                ListOf(Str()),
-                "The application's executables (globs): a path (/opt/md/bin/*), or a file "
-                "name that only root's files match (not a process name, which any user "
-                "chooses): placed on the shielded CPUs as it starts (exec)",
-            ),
-            Option(
-                "mechanism",
-                Choice(MECHANISM_ASKED),
-                "How the shield is kept: cpuset has the kernel keep it (a cgroup v2 "
-                "isolated partition; under systemd, AllowedCPUs= set through systemd on "
-                "init.scope, system.slice, user.slice and a latencyd.slice for the "
-                "application; else v1 exclusive cpusets; inside one the kernel "
-                "refuses taskset to CPUs outside it: start the application with latencyctl "
-                "run, hold -- CMD or apps); affinity narrows each task's CPUs as it comes; "
-                "auto takes cpuset where the machine has one (status says which runs)",
-                default="auto",
-            ),
-        ),
-        tables=(
-            ArrayOfTables(
-                "rule",
-                Schema(
-                    options=(
-                        Option("match", Regex(), "Regex on the process's name (searched)"),
-                        Option(
-                            "cpus",
-                            Cpus(),
-                            "CPUs every thread of the matched processes may run on (CPUs "
-                            "only: start the process with chrt for a real-time policy)",
-                        ),
-                    ),
-                    required=("match", "cpus"),
-                ),
-                "User-process rules, by name, as TuneD's scheduler groups can; the first "
-                "rule whose regex matches wins, and a rule wins over the shield",
-            ),
-        ),
+        section=ShieldOptions,
         groups=(
             ("tasks", ("cpus", "allow", "apps", "mechanism")),
             ("rules", ("rule",)),
@@ -187,11 +128,11 @@ class ShieldPlugin(
         self.judge.holders(exempt, placed)
 
     # -- which mechanism keeps the shield, handed each question ---------------------------
-    def mechanism(self, options: Options) -> Chosen:
+    def mechanism(self, options: ShieldOptions) -> Chosen:
         """The mechanism that keeps the section's shield here (latencyd.kernel.cgroups.
         choose), and why not each other one; NotApplicable when the profile asks for a
         cpuset and the machine has none."""
-        choice = choose(self.system.cgroup_facts(), options.get("mechanism", "auto"))
+        choice = choose(self.system.cgroup_facts(), options.mechanism)
         if choice.mechanism is None:
             raise NotApplicable(
                 'mechanism = "cpuset", and no cpuset can run here: '
@@ -199,10 +140,10 @@ class ShieldPlugin(
             )
         return choice
 
-    def chosen(self, options: Options) -> Chosen:
+    def chosen(self, options: ShieldOptions) -> Chosen:
         """The mechanism for the section: mechanism() where it shields CPUs; the chase
         where it shields none (its rules are CPUs given by name, as the chase gives them)."""
-        return self.mechanism(options) if options.get("cpus") else Chosen(Chase.name, None)
+        return self.mechanism(options) if options.cpus else Chosen(Chase.name, None)
 
     def keeper_of(self, choice: Chosen) -> Mechanism:
         """The mechanism `choice` names (a cpuset that cannot run, None, never reaches here:
@@ -213,7 +154,7 @@ class ShieldPlugin(
         """The mechanism that keeps the shield the section expanded to."""
         return self.keeper_of(rules.choice)
 
-    def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
+    def starts_afresh(self, options: ShieldOptions, owned: Mapping[Target, Value]) -> bool:
         """Whether latencyd's cgroups are given back before the section is expanded again:
         only where some cpuset mechanism's are owned, and then as the mechanism chosen now
         says (Mechanism.starts_afresh: the chase always, a cpuset one when its shield moves
@@ -232,42 +173,44 @@ class ShieldPlugin(
         return self.keeper_of(chosen).starts_afresh(chosen, options, owned)
 
     def expand_steps(
-        self, options: Options, owned: Mapping[Target, Value]
+        self, options: ShieldOptions, owned: Mapping[Target, Value]
     ) -> Generator[None, None, Expansion[ShieldRules]]:
         """The section's settings, by the mechanism that keeps the shield here."""
         choice = self.chosen(options)
         rules = ShieldRules(
             rules_from(options),
-            options.get("cpus", CpuSet()),
-            tuple(options.get("allow", ())),
+            options.cpus if options.cpus is not None else CpuSet(),
+            tuple(options.allow or ()),
             time.monotonic(),
-            tuple(options.get("apps", ())),
+            tuple(options.apps or ()),
             choice,
         )
         expansion = yield from self.keeper(rules).expand_steps(rules, owned)
         expansion.refused.update(self.judge.given_way(rules))
         return expansion
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[ShieldRules]:
+    def expand(
+        self, options: ShieldOptions, owned: Mapping[Target, Value]
+    ) -> Expansion[ShieldRules]:
         return run_to_end(self.expand_steps(options, owned))
 
-    def follows_user_tasks(self, options: Options) -> bool:
+    def follows_user_tasks(self, options: ShieldOptions) -> bool:
         """Exec events: the affinity chase needs every one; under a cpuset only the
         application's and the rules' (the kernel places every other new task)."""
-        if options.get("rule") or options.get("apps"):
+        if options.rule or options.apps:
             return True
-        if not options.get("cpus"):
+        if not options.cpus:
             return False
         try:
             return self.keeper_of(self.mechanism(options)).follows_every_exec
         except NotApplicable:
             return False
 
-    def follows_renames(self, options: Options) -> bool:
+    def follows_renames(self, options: ShieldOptions) -> bool:
         """Rules match a process's name, which it may change (prctl PR_SET_NAME) as TuneD's
         scheduler groups follow; the rest of the shield judges a task at its exec (its
         CPUs do not change with its name) and the application by what it execs."""
-        return bool(options.get("rule"))
+        return bool(options.rule)
 
     def on_task(
         self, rules: ShieldRules | None, event: TaskEvent, owned: Mapping[Target, Value]

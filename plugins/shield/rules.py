@@ -10,7 +10,6 @@ import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from latencyd.core.plugin import Settings, Value
 from latencyd.cpuset import CpuSet
@@ -18,6 +17,7 @@ from latencyd.kernel.cgroups import Chosen
 from latencyd.kernel.system import System, Task
 from latencyd.text import printable
 
+from .options import ShieldOptions
 from .targets import ShieldTarget, TaskAffinity
 
 ANCESTRY_DEPTH = 64  # generations under_hold walks up at most (a loop cannot trap it)
@@ -63,8 +63,8 @@ class KeptInside:
         return None
 
 
-def rules_from(options: Mapping[str, Any]) -> tuple[Rule, ...]:
-    return tuple(Rule(re.compile(r["match"]), r["cpus"]) for r in options.get("rule", []))
+def rules_from(options: ShieldOptions) -> tuple[Rule, ...]:
+    return tuple(Rule(re.compile(r.match), r.cpus) for r in options.rule)
 
 
 def by_name(rules: ShieldRules, task: Task) -> Rule | None:

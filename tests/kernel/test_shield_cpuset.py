@@ -54,7 +54,9 @@ def tasks() -> Iterator[tuple[int, int]]:
 
 def shield(system: System, engine: Engine) -> None:
     plugin = engine.plugins["shield"]
-    options = validate(plugin.schema, {"cpus": "1", "mechanism": "cpuset"}, system.machine())
+    options = plugin.options_of(
+        validate(plugin.schema, {"cpus": "1", "mechanism": "cpuset"}, system.machine())
+    )
     wanted = plugin.expand(options, {}).settings
     engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
 
@@ -171,7 +173,9 @@ def hold(engine: Engine, system: System, holders: dict[int, str]) -> None:
     assert isinstance(plugin, ShieldPlugin)
     plugin.holders(frozenset(holders), {pid: CpuSet.from_list(c) for pid, c in holders.items()})
     shielded = ",".join(sorted(set(holders.values()))) or "1"
-    options = validate(plugin.schema, {"cpus": shielded, "mechanism": "cpuset"}, system.machine())
+    options = plugin.options_of(
+        validate(plugin.schema, {"cpus": shielded, "mechanism": "cpuset"}, system.machine())
+    )
     wanted = plugin.expand(options, engine.owned("shield")).settings
     engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
 

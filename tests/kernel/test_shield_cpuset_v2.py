@@ -79,7 +79,7 @@ def test_one_partition_write_takes_the_cpu_from_every_task_outside(
     engine = Engine({"shield": ShieldPlugin(system)}, Journal(tmp_path / "state"))
     try:
         plugin = engine.plugins["shield"]
-        options = validate(plugin.schema, {"cpus": "1"}, system.machine())
+        options = plugin.options_of(validate(plugin.schema, {"cpus": "1"}, system.machine()))
         assert plugin.mechanism(options).mechanism == "cpuset-v2"
         wanted = plugin.expand(options, {}).settings
         engine.switch({("shield", t): v for t, v in wanted.items()}, "p")

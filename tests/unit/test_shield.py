@@ -102,7 +102,7 @@ def test_user_rules_move_every_thread_of_matching_processes(m: Machinery, machin
     assert settings[TaskAffinity(400, 1000, 402)] == "1"  # kept off CPU 1 by its user: moved too
     assert all(isinstance(t, TaskAffinity) and t.pid != 14 for t in settings)
     assert TaskAffinity(300, 900, 300) in settings  # sshd is still shielded as before
-    assert m.plugin.follows_user_tasks(m.options(machine, {"rule": section["rule"]}))
+    assert m.plugin.follows_user_tasks(m.typed(machine, {"rule": section["rule"]}))
     # A process that exec's into the name gets the rule at its comm event.
     rules = m.expand(machine, {"rule": section["rule"]}).rules
     add_task(m.root, 700, "myapp", start_time=9000)
@@ -514,7 +514,7 @@ def test_expanding_a_task_of_many_threads_yields_between_chunks(
     add_task(m.root, 5000, "jvm", start_time=8000, threads=threads)
     for tid in (5000, *threads):
         m.sched.add(tid)
-    options = m.options(machine, ISOLATE)
+    options = m.typed(machine, ISOLATE)
     steps = m.plugin.expand_steps(options, {})
     pieces = 0
     with pytest.raises(StopIteration) as end:
@@ -611,15 +611,15 @@ def test_describe(m: Machinery) -> None:
 def test_follows_user_tasks_only_when_asked(m: Machinery, machine: Machine) -> None:
     assert declares(m.plugin, FollowsTasks)
     assert m.plugin.follows.udev == {"cpu": CPU_ACTIONS}
-    assert m.plugin.follows_user_tasks(m.options(machine, ISOLATE))
-    assert m.plugin.follows_user_tasks(m.options(machine, {"rule": [{"match": "a", "cpus": "1"}]}))
-    assert not m.plugin.follows_user_tasks(m.options(machine, {"allow": ["sshd"]}))
+    assert m.plugin.follows_user_tasks(m.typed(machine, ISOLATE))
+    assert m.plugin.follows_user_tasks(m.typed(machine, {"rule": [{"match": "a", "cpus": "1"}]}))
+    assert not m.plugin.follows_user_tasks(m.typed(machine, {"allow": ["sshd"]}))
 
 
 def test_user_forks_and_kernel_threads_cost_nothing(m: Machinery, machine: Machine) -> None:
     system = Counting(m.root, m.sched)
     plugin = ShieldPlugin(system)
-    rules = plugin.expand(validate(plugin.schema, ISOLATE, machine), {}).rules
+    rules = plugin.expand(plugin.options_of(validate(plugin.schema, ISOLATE, machine)), {}).rules
     system.looks = 0
     m.sched.calls.clear()
     for pid in range(1000, 1100):
@@ -645,11 +645,11 @@ def test_the_mechanism_is_chosen_in_one_place(m: Machinery, machine: Machine) ->
     """On a machine without a cpuset hierarchy, auto and affinity run the affinity chase;
     cpuset is not applicable, with the reason for each kind of cpuset."""
     for mechanism in ("auto", "affinity"):
-        options = m.options(machine, {**ISOLATE, "mechanism": mechanism})
+        options = m.typed(machine, {**ISOLATE, "mechanism": mechanism})
         assert m.plugin.mechanism(options).mechanism == "affinity"
         assert m.plugin.expand(options, {}).settings == m.settings(machine, ISOLATE)
     assert m.options(machine, ISOLATE)["mechanism"] == "auto"
-    cpuset = m.options(machine, {**ISOLATE, "mechanism": "cpuset"})
+    cpuset = m.typed(machine, {**ISOLATE, "mechanism": "cpuset"})
     with pytest.raises(NotApplicable, match="no cgroup v1 hierarchy has the cpuset controller"):
         m.plugin.expand(cpuset, {})
     with pytest.raises(SchemaError, match="expected one of auto, cpuset, affinity"):
@@ -774,7 +774,7 @@ def test_a_rename_deep_down_under_a_hold_walks_the_parents_once(
     verdict stands while the holders are the same: a rename loop costs one look each."""
     system = Counting(m.root, m.sched)
     plugin = ShieldPlugin(system)
-    rules = plugin.expand(validate(plugin.schema, ISOLATE, machine), {}).rules
+    rules = plugin.expand(plugin.options_of(validate(plugin.schema, ISOLATE, machine)), {}).rules
     plugin.holders(frozenset({300}), {})  # sshd holds a profile
     ppid = 1
     for n in range(60):

@@ -42,7 +42,7 @@ def rig(tmp_path: Path, v1: bool, v2: bool) -> tuple[Machinery, CgroupLikeSystem
 
 
 def switch(m: Machinery, engine: Engine, machine: Machine, section: dict[str, object]) -> None:
-    options = validate(m.plugin.schema, section, machine)
+    options = m.plugin.options_of(validate(m.plugin.schema, section, machine))
     expansion = m.plugin.expand(options, {})
     engine.switch({("shield", t): v for t, v in expansion.settings.items()}, "p")
 
@@ -230,12 +230,16 @@ def test_a_cpuset_shield_is_found_owned_by_what_it_makes_first(
     from either to the chase, the cpusets are given back first; to a shield on the same
     CPUs again, nothing is."""
     m, _, engine = rig(tmp_path, v1=version == "v1", v2=version == "v2")
-    chase = validate(m.plugin.schema, {"cpus": "1", "mechanism": "affinity"}, machine)
+    chase = m.plugin.options_of(
+        validate(m.plugin.schema, {"cpus": "1", "mechanism": "affinity"}, machine)
+    )
     assert not m.plugin.starts_afresh(chase, {})
     switch(m, engine, machine, {"cpus": "1", "apps": ["myapp"]})
     owned = engine.owned("shield")
     assert m.plugin.starts_afresh(chase, owned)
-    same = validate(m.plugin.schema, {"cpus": "1", "mechanism": "cpuset"}, machine)
+    same = m.plugin.options_of(
+        validate(m.plugin.schema, {"cpus": "1", "mechanism": "cpuset"}, machine)
+    )
     assert not m.plugin.starts_afresh(same, owned)
     assert engine.off() == []
 
@@ -390,7 +394,7 @@ def test_v1_a_holder_whose_hold_ends_leaves_for_housekeeping_not_the_shield(
     m, system, engine = rig(tmp_path, v1=True, v2=False)
     one = CpuSet.from_list("1")
     m.plugin.holders(frozenset({300, 400}), {300: one, 400: one})
-    options = validate(m.plugin.schema, {"cpus": "1"}, machine)
+    options = m.plugin.options_of(validate(m.plugin.schema, {"cpus": "1"}, machine))
     wanted = m.plugin.expand(options, engine.owned("shield")).settings
     engine.switch({("shield", t): v for t, v in wanted.items()}, "p")
     assert m.sched.affinity[300] == m.sched.affinity[400] == {1}

@@ -77,7 +77,7 @@ def calls(m: Machinery) -> list[list[object]]:
 
 
 def wanted(m: Machinery, machine: Machine, section: dict[str, object]) -> dict[object, object]:
-    options = validate(m.plugin.schema, section, machine)
+    options = m.plugin.options_of(validate(m.plugin.schema, section, machine))
     return {("shield", t): v for t, v in m.plugin.expand(options, {}).settings.items()}
 
 
@@ -91,7 +91,9 @@ def test_the_shield_is_set_through_systemd_and_off_gives_every_unit_back(
     m, system = systemd_rig
     before = files(m)
     engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
-    options = validate(m.plugin.schema, {"cpus": "1", "apps": ["myapp"]}, machine)
+    options = m.plugin.options_of(
+        validate(m.plugin.schema, {"cpus": "1", "apps": ["myapp"]}, machine)
+    )
     assert m.plugin.mechanism(options).mechanism == "cpuset-systemd"
     engine.switch(wanted(m, machine, {"cpus": "1", "apps": ["myapp"]}), "p")
     assert [c[:2] for c in calls(m)][:4] == [
@@ -172,12 +174,16 @@ def test_from_systemds_shield_to_the_chase_its_units_are_given_back_first(
     systemd on the same CPUs again changes in place."""
     m, _ = systemd_rig
     engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
-    assert not m.plugin.starts_afresh(validate(m.plugin.schema, {"cpus": "1"}, machine), {})
+    assert not m.plugin.starts_afresh(
+        m.plugin.options_of(validate(m.plugin.schema, {"cpus": "1"}, machine)), {}
+    )
     engine.switch(wanted(m, machine, {"cpus": "1", "apps": ["myapp"]}), "p")
     owned = engine.owned("shield")
-    chase = validate(m.plugin.schema, {"cpus": "1", "mechanism": "affinity"}, machine)
+    chase = m.plugin.options_of(
+        validate(m.plugin.schema, {"cpus": "1", "mechanism": "affinity"}, machine)
+    )
     assert m.plugin.starts_afresh(chase, owned)
-    again = validate(m.plugin.schema, {"cpus": "1"}, machine)
+    again = m.plugin.options_of(validate(m.plugin.schema, {"cpus": "1"}, machine))
     assert not m.plugin.starts_afresh(again, owned)
     assert engine.off() == []
 
@@ -255,7 +261,7 @@ def test_a_partition_the_kernel_refuses_is_said_and_the_shield_holds_without_it(
     put(m.root, f"{V2}/machine.slice/cpuset.cpus", "1-2")  # a VM's slice given CPU 1 too
     before = files(m)
     engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
-    options = validate(m.plugin.schema, {"cpus": "1"}, machine)
+    options = m.plugin.options_of(validate(m.plugin.schema, {"cpus": "1"}, machine))
     report = engine.switch(wanted(m, machine, {"cpus": "1"}), "p")
     refused = {sid[1]: r for sid, r in report.not_applicable.items()}
     assert list(refused) == [SlicePartition(V2)]
