@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.plugin import Expansion, FileTarget, Options, Plugin, Target, Value
+from latencyd.core.plugin import Expansion, FileTarget, Plugin, Target, Value
 from latencyd.core.schema import Int, OneOf, Schema, Str
 from latencyd.kernel.owners import SYSCTL, Claim
 from latencyd.kernel.system import System
@@ -80,7 +80,7 @@ def root_only_reason(key: str) -> str | None:
     return None
 
 
-def normalize(value: Any) -> str:
+def normalize(value: int | str) -> str:
     """Multi-field sysctls read back tab-separated; compare them field by field."""
     return " ".join(str(value).split())
 
@@ -112,7 +112,11 @@ class Sysctl(FileTarget[str]):
         return (Claim(SYSCTL, sysctl_path(self.key).removeprefix("proc/sys/")),)
 
 
-class SysctlPlugin(Plugin[Sysctl, None, Options]):
+# A section of free keys (Schema.free_keys) is read as the mapping it is: key -> value.
+SysctlOptions = Mapping[str, int | str]
+
+
+class SysctlPlugin(Plugin[Sysctl, None, SysctlOptions]):
     name = "sysctl"
     summary = "Any kernel sysctl under /proc/sys"
     targets = (Sysctl,)
@@ -148,7 +152,7 @@ class SysctlPlugin(Plugin[Sysctl, None, Options]):
         busy_poll = ("busy_poll", ("net.core.busy_read", "net.core.busy_poll"))
         return Schema(free_keys=check_key, free_kind=OneOf((Int(), Str())), groups=(busy_poll,))
 
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[None]:
+    def expand(self, options: SysctlOptions, owned: Mapping[Target, Value]) -> Expansion[None]:
         wanted: dict[Target, Value] = {}
         refused: dict[str, str] = {}
         for given, value in options.items():
@@ -159,6 +163,6 @@ class SysctlPlugin(Plugin[Sysctl, None, Options]):
                 wanted[Sysctl(key)] = normalize(value)
         return Expansion(wanted, refused=refused)
 
-    def root_only(self, options: Options) -> str | None:
+    def root_only(self, options: SysctlOptions) -> str | None:
         keys = (key.removeprefix(OPTIONAL) for key in options)
         return next(filter(None, map(root_only_reason, keys)), None)

@@ -33,7 +33,6 @@ from latencyd.core.plugin import (
     Expansion,
     FileTarget,
     Follows,
-    Options,
     Plugin,
     Settings,
     Target,
@@ -56,7 +55,7 @@ ROOT_ONLY = (
 MAX_KEY = 4096
 
 
-def normalize(value: Any) -> str:
+def normalize(value: int | str) -> str:
     """A value as compared: whitespace-separated words, single-spaced."""
     return " ".join(str(value).split())
 
@@ -130,7 +129,11 @@ class SysfsRules:
     found: frozenset[tuple[str, str]]  # (key, real path under root) pairs
 
 
-class SysfsPlugin(Plugin[SysfsFile, SysfsRules, Options], FollowsDevices[SysfsRules]):
+# A section of free keys (Schema.free_keys) is read as the mapping it is: path -> value.
+SysfsOptions = Mapping[str, int | str]
+
+
+class SysfsPlugin(Plugin[SysfsFile, SysfsRules, SysfsOptions], FollowsDevices[SysfsRules]):
     name = "sysfs"
     summary = "Any file under /sys, by absolute path or glob"
     targets = (SysfsFile,)
@@ -170,7 +173,7 @@ class SysfsPlugin(Plugin[SysfsFile, SysfsRules, Options], FollowsDevices[SysfsRu
         return None
 
     # -- what a section wants ---------------------------------------------------------------
-    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion[SysfsRules]:
+    def expand(self, options: SysfsOptions, owned: Mapping[Target, Value]) -> Expansion[SysfsRules]:
         settings: Settings = {}
         notes: dict[Target, str] = {}
         refused: dict[str, str] = {}
@@ -201,7 +204,7 @@ class SysfsPlugin(Plugin[SysfsFile, SysfsRules, Options], FollowsDevices[SysfsRu
         rules = SysfsRules(keys, frozenset(found))
         return Expansion(settings, rules, notes, refused)
 
-    def root_only(self, options: Options) -> str | None:
+    def root_only(self, options: SysfsOptions) -> str | None:
         return ROOT_ONLY if any(k.startswith("/") for k in options) else None
 
     def on_device(
