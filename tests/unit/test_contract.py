@@ -112,7 +112,8 @@ def test_a_plugins_hooks_get_its_section_as_its_options_class(key: str, tmp_path
     plugin = PLUGINS[key](system)
     options = validate(plugin.schema, plugin.example, system.machine())
     typed = plugin.options_of({**options, "on_drift": "restore"})  # the engine's: left out
-    if plugin.schema.section is None:
+    if plugin.schema.section is None:  # only a section of free keys ([sysctl]) has none
+        assert plugin.schema.free_keys is not None and not plugin.schema.options
         assert plugin.options_of(options) is options
         return
     assert isinstance(typed, plugin.schema.section)
