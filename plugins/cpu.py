@@ -39,6 +39,7 @@ from latencyd.core.plugin import (
     Expansion,
     FileTarget,
     Follows,
+    Json,
     Monitor,
     Plugin,
     Settings,
@@ -706,7 +707,7 @@ class CpuPlugin(Plugin[CpuTarget, None, CpuOptions]):
                     current,
                 )
             )
-        facts: dict[str, Any] = {}
+        facts: dict[str, Json] = {}
         for name in ("status", "no_turbo", "min_perf_pct", "max_perf_pct"):
             value = self._maybe(f"{PSTATE}/{name}")
             if value is not None:

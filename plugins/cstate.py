@@ -18,6 +18,7 @@ from latencyd.core.plugin import (
     Expansion,
     FileTarget,
     Follows,
+    Json,
     Monitor,
     Plugin,
     Settings,
@@ -490,7 +491,7 @@ class CstatePlugin(Plugin[CstateTarget, CstateRules, CstateOptions]):
         )
 
     def monitor(self, rules: CstateRules | None) -> Monitor:
-        facts: dict[str, Any] = {}
+        facts: dict[str, Json] = {}
         held = self.system.pmqos.held()
         if held is not None:
             facts["pm_qos_requested_us"] = held

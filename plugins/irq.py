@@ -24,8 +24,10 @@ from latencyd.core.plugin import (
     DeviceEvent,
     Expansion,
     Follows,
+    Json,
     Monitor,
     Plugin,
+    Row,
     Settings,
     Table,
     Target,
@@ -423,7 +425,7 @@ class IrqPlugin(
     def monitor(self, rules: IrqRules | None) -> Monitor:
         isolated = rules.isolate if rules is not None else CpuSet()
         self.columns, irqs = self.inventory(with_counts=True)
-        rows: list[tuple[Any, ...]] = []
+        rows: list[Row] = []
         per_cpu = [0] * len(self.columns)
         on_isolated = 0
         for irq in irqs:
@@ -442,7 +444,7 @@ class IrqPlugin(
             ("IRQ", "name", "affinity", *(f"CPU{c}" for c in self.columns)),
             tuple(rows),
         )
-        facts: dict[str, Any] = {}
+        facts: dict[str, Json] = {}
         if isolated:
             facts["isolated_cpus"] = isolated.to_list()
             facts["irqs_on_isolated_cpus_since_apply"] = on_isolated
@@ -460,14 +462,15 @@ class IrqPlugin(
         pid = self.irqbalance_pid()
         if pid:
             banned = self.read_banned()
-            facts["irqbalance"] = (
+            said = (
                 f"running (pid {pid}); banned CPUs in /{self.irqbalance_file()}: {banned or 'none'}"
             )
             if banned and not self.told_irqbalance:
-                facts["irqbalance"] += (
+                said += (
                     " (it reads this only at start, it has no socket to be told through, "
                     "and systemd could not restart it here: restart irqbalance to apply)"
                 )
+            facts["irqbalance"] = said
         else:
             facts["irqbalance"] = "not running"
         return Monitor((table,), facts)

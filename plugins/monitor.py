@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from latencyd.core.capabilities import ProvidesNoiseWatch
-from latencyd.core.plugin import Expansion, Monitor, Plugin, Row, Table, Target, Value
+from latencyd.core.plugin import Expansion, Json, Monitor, Plugin, Row, Table, Target, Value
 from latencyd.core.schema import Cpus, Int, Schema, option
 from latencyd.cpuset import CpuSet
 from latencyd.kernel.noise import (
@@ -90,7 +90,7 @@ class MonitorPlugin(Plugin[Target, WatchPlan, MonitorOptions], ProvidesNoiseWatc
         if rules is None:  # not expanded: nothing watched
             return Monitor()
         plan = rules
-        facts: dict[str, Any] = {
+        facts: dict[str, Json] = {
             "cpus": plan.cpus.to_list(),
             "interval_ms": plan.interval_ms,
             "budget_us": plan.budget_us,
@@ -114,4 +114,4 @@ def _without_task_names(row: Row) -> Row:
     """A row as a caller who may not see other users' tasks sees it: a task's time and
     events, not its pid and name."""
     cpu, source, *rest = row
-    return (cpu, HIDDEN_TASK if task_of(source) else source, *rest)
+    return (cpu, HIDDEN_TASK if isinstance(source, str) and task_of(source) else source, *rest)

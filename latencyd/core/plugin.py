@@ -19,7 +19,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (
@@ -374,7 +374,10 @@ DEVICE_ACTIONS = frozenset({"add", "remove", "bind", "unbind", "move", "change"}
 CPU_ACTIONS = frozenset({"online", "offline", "add", "remove"})
 
 
-Row = tuple[Any, ...]
+# What status shows as JSON (a table's cell, a fact): what a plugin reports is checked to be
+# one, where a CpuSet or a target would reach the D-Bus reply unconverted.
+Json = str | int | float | bool | None | Sequence["Json"] | Mapping[str, "Json"]
+Row = tuple[Json, ...]
 
 
 @dataclass(frozen=True)
@@ -411,7 +414,7 @@ class Monitor:
     """What a plugin measured: tables, and named facts (JSON values) for everything else."""
 
     tables: tuple[Table, ...] = ()
-    facts: Mapping[str, Any] = field(default_factory=dict)
+    facts: Mapping[str, Json] = field(default_factory=dict)
 
 
 class Plugin(Generic[T, R, Opt]):
