@@ -72,7 +72,7 @@ class IrqAffinity(CpuListFile):
         # The mask can be written in either form.
         return (self.rel, f"proc/irq/{self.irq}/smp_affinity")
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"IRQ {self.irq} affinity = {value}"
 
     def claims(self) -> tuple[Claim, ...]:
@@ -87,7 +87,7 @@ class DefaultAffinity(CpuMaskFile):
     def rel(self) -> str:
         return "proc/irq/default_smp_affinity"
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"default IRQ affinity = {value}"
 
     def claims(self) -> tuple[Claim, ...]:

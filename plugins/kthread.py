@@ -78,7 +78,7 @@ class Workqueue(CpuMaskFile):
             "threads: match them with a rule)"
         )
 
-    def describe(self, value: Value) -> str:
+    def describe(self, value: str) -> str:
         return f"workqueue {self.name} cpumask = {value}"
 
 
