@@ -27,6 +27,7 @@ _INTEGER = re.compile(r"-?[0-9]+")
 
 K = TypeVar("K", covariant=True)  # what a kind parses to
 X = TypeVar("X")
+Y = TypeVar("Y")
 
 
 class Kind(Protocol[K]):
@@ -189,18 +190,19 @@ class ListOf(Generic[X]):
 
 
 @dataclass(frozen=True)
-class OneOf:
-    """The first kind that accepts the value wins (e.g. µs or a symbolic name)."""
+class OneOf(Generic[X, Y]):
+    """The first of two kinds that accepts the value wins (e.g. µs or a symbolic name)."""
 
-    kinds: tuple[Kind[Any], ...]
+    kinds: tuple[Kind[X], Kind[Y]]
 
     @property
     def label(self) -> str:
         return " or ".join(k.label for k in self.kinds)
 
-    def parse(self, raw: Any, machine: Machine) -> Any:
+    def parse(self, raw: Any, machine: Machine) -> X | Y:
         errors = []
-        for kind in self.kinds:
+        kinds: tuple[Kind[X | Y], ...] = self.kinds
+        for kind in kinds:
             try:
                 return kind.parse(raw, machine)
             except ValueError as exc:
