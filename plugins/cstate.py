@@ -210,7 +210,7 @@ class CstateRules:
     idle: str = ""  # what `idle` resolved to on this machine, and why
 
 
-HALTPOLL_KEYS: dict[str, tuple[str, Kind[Any]]] = {  # key in profiles -> (file suffix, kind)
+HALTPOLL_KEYS: dict[str, tuple[str, Kind[int | bool]]] = {  # key in profiles -> (file suffix, kind)
     "poll_ns": ("ns", Int(0, 2**32 - 1)),
     "grow": ("grow", Int(0, 2**32 - 1)),
     "shrink": ("shrink", Int(0, 2**32 - 1)),

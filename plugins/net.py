@@ -39,7 +39,7 @@ from latencyd.core.plugin import (
     plain_path,
     same_cpus,
 )
-from latencyd.core.schema import Bool, Cpus, Fields, Int, ListOf, Schema, Str, option, table
+from latencyd.core.schema import Bool, Cpus, Fields, Int, Kind, ListOf, Schema, Str, option, table
 from latencyd.cpuset import CpuSet
 from latencyd.errors import KernelRefused, NotApplicable
 from latencyd.kernel.ethtool import FEATURE_ALIASES, GROUPS
@@ -227,8 +227,10 @@ class NetRules:
         return next((r for r in self.rules if r.matches(nic)), None)
 
 
-def _group_fields(group: str) -> Fields:
-    kinds = tuple((k.name, Bool() if k.flag else Int(0, 2**32 - 1)) for k in GROUPS[group].keys)
+def _group_fields(group: str) -> Fields[int | bool]:
+    kinds: tuple[tuple[str, Kind[int | bool]], ...] = tuple(
+        (k.name, Bool() if k.flag else Int(0, 2**32 - 1)) for k in GROUPS[group].keys
+    )
     return Fields(kinds, what=f"{group} key")
 
 

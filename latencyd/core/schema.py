@@ -244,14 +244,14 @@ class Regex:
 
 
 @dataclass(frozen=True)
-class Fields:
+class Fields(Generic[X]):
     """An inline table of named values (``{ rx-usecs = 0, adaptive-rx = false }``): the
     names come from `fields` (name -> kind), or any name `check` accepts (it returns an
-    error message or None) with values of `kind`."""
+    error message or None) with values of `kind`; each value an X."""
 
-    fields: tuple[tuple[str, Kind[Any]], ...] = ()
+    fields: tuple[tuple[str, Kind[X]], ...] = ()
     check: Callable[[str], str | None] | None = None
-    kind: Kind[Any] | None = None
+    kind: Kind[X] | None = None
     what: str = "key"
 
     @property
@@ -259,11 +259,11 @@ class Fields:
         names = f": {', '.join(n for n, _ in self.fields)}" if self.fields else ""
         return f"table of {self.what}s{names}"
 
-    def parse(self, raw: Any, machine: Machine) -> dict[str, Any]:
+    def parse(self, raw: Any, machine: Machine) -> dict[str, X]:
         if not isinstance(raw, dict):
             raise ValueError(f"expected a table like {{ name = value }}, got {raw!r}")
         known = dict(self.fields)
-        out = {}
+        out: dict[str, X] = {}
         for name, value in raw.items():
             kind = known.get(name)
             if kind is None and self.check is not None and self.kind is not None:
