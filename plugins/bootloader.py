@@ -185,20 +185,21 @@ class BootloaderPlugin(
         return WRITE_IS_ROOTS if options.write else None
 
     # -- the one target: written through the boot loader found ------------------------------
-    def write(self, target: BootArguments, value: str) -> None:
+    def write(self, target: BootArguments, value: Value) -> None:
         """The boot configuration as `value` asks, unless it is so already (a start after a
         reboot runs no tool for arguments written before it)."""
-        if target.same(self.system, value, target.read(self.system)):
+        text = str(value)  # its kind's: a Change's text
+        if target.same(self.system, text, target.read(self.system)):
             return
-        wanted = Change.from_text(str(value))
+        wanted = Change.from_text(text)
         write_boot(self.system, self.loader, wanted.added, wanted.removed)
 
     def original(
         self,
         target: BootArguments,
-        current: str,
+        current: Value,
         owned: Callable[[Target], tuple[Value, Value] | None],
-    ) -> str:
+    ) -> Value:
         """None of latencyd's, whatever the record holds now: arguments latencyd wrote
         (before a reboot that emptied the journal, say) are never the machine's own."""
         return ""
@@ -220,7 +221,7 @@ class BootloaderPlugin(
             return []
         return in_effect(Change(rules.added, rules.remove), cmdline)
 
-    def pending(self, target: BootArguments, value: str) -> str | None:
+    def pending(self, target: BootArguments, value: Value) -> str | None:
         """Written, not booted: which arguments the running kernel lacks."""
         try:
             cmdline = self.system.read("proc/cmdline")

@@ -343,7 +343,7 @@ class IrqPlugin(
         """The irqbalance ban is the plugin's to write: whether the running irqbalance
         could be told is what its status shows."""
         if isinstance(target, IrqbalanceBan):
-            self.write_banned(value)
+            self.write_banned(None if value is None else str(value))  # its kind's: str | None
         else:
             super().write(target, value)
 

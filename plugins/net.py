@@ -513,7 +513,8 @@ class NetPlugin(Plugin[NicTarget, NetRules, NetOptions], FollowsDevices[NetRules
 
     # -- one target: the kind's, on the NIC's name now ----------------------------------------
     def read(self, target: NicTarget) -> Value:
-        return target.read_nic(self.system, self._name(target))
+        value: Value = target.read_nic(self.system, self._name(target))  # its kind's
+        return value
 
     def write(self, target: NicTarget, value: Value) -> None:
         target.write_nic(self.system, self._name(target), value)

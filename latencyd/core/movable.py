@@ -129,7 +129,8 @@ class TaskMover(Plugin[T, S, Opt]):
     # -- one target: a task's through Tasks, any other kind's through the System ---------
     def read(self, target: T) -> Value:
         if isinstance(target, TaskTarget):
-            return target.read_task(self.tasks)
+            value: Value = target.read_task(self.tasks)  # its kind's, a JSON value
+            return value
         return super().read(target)
 
     def write(self, target: T, value: Value) -> None:

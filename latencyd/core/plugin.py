@@ -56,7 +56,12 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "latencyd.plugins"
 
-Value = Any  # JSON-serialisable: what a target is set to, as the engine holds it
+# What the journal and status hold: what a plugin hands the engine and reports is checked to
+# be one, where a CpuSet or a target would reach the journal or a D-Bus reply unconverted.
+Json = str | int | float | bool | None | Sequence["Json"] | Mapping[str, "Json"]
+# What a target is set to, as the engine holds (and journals) every kind's side by side: a
+# kind's own verbs take its type (Target[V]), a plugin's verbs this.
+Value = Json
 # One validated profile section as the engine holds it (each option's type: its schema's).
 # A plugin reads it as its options class, Opt (Schema.section, Plugin.options_of), or as
 # this mapping where its section has free keys ([sysctl]).
@@ -374,9 +379,6 @@ DEVICE_ACTIONS = frozenset({"add", "remove", "bind", "unbind", "move", "change"}
 CPU_ACTIONS = frozenset({"online", "offline", "add", "remove"})
 
 
-# What status shows as JSON (a table's cell, a fact): what a plugin reports is checked to be
-# one, where a CpuSet or a target would reach the D-Bus reply unconverted.
-Json = str | int | float | bool | None | Sequence["Json"] | Mapping[str, "Json"]
 Row = tuple[Json, ...]
 
 
@@ -477,7 +479,8 @@ class Plugin(Generic[T, R, Opt]):
     # -- one target: by default the target's own (Target.read, ..., FileTarget) -----------
     def read(self, target: T) -> Value:
         """The target's current value (to save the original, and to verify)."""
-        return target.read(self.system)
+        value: Value = target.read(self.system)  # its kind's, a JSON value
+        return value
 
     def write(self, target: T, value: Value) -> None:
         """Set one target; raise KernelRefused (or NotApplicable) when the kernel says no."""
