@@ -283,9 +283,9 @@ def original_of(owned: Mapping[Target, Value], target: Target) -> Value | None:
     return owned.original(target) if isinstance(owned, OwnedSettings) else None
 
 
-def encode_target(target: Target) -> dict[str, Any]:
+def encode_target(target: Target) -> dict[str, str | int | bool]:
     """{"kind": ..., field: value, ...}: the journal's and the D-Bus API's form of a target."""
-    encoded = {"kind": type(target).kind}
+    encoded: dict[str, str | int | bool] = {"kind": type(target).kind}
     for name in _field_names(type(target)):
         encoded[name] = getattr(target, name)
     return encoded
@@ -307,7 +307,7 @@ def _field_names(cls: type[Target]) -> tuple[str, ...]:
     return names
 
 
-def decode_target(kinds: Mapping[str, type[Target]], data: Any) -> Target:
+def decode_target(kinds: Mapping[str, type[Target]], data: object) -> Target:
     """The inverse of encode_target; ValueError when `data` is not one of `kinds`."""
     if (
         not isinstance(data, dict)
