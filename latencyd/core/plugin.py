@@ -395,13 +395,13 @@ class Table:
     rows: tuple[Row, ...]
     hide_tasks: Callable[[Row], Row | None] | None = field(default=None, compare=False)
 
-    def as_json(self, sees_tasks: bool = True) -> dict[str, Any]:
+    def as_json(self, sees_tasks: bool = True) -> dict[str, Json]:
         """The table as Status shows it; rows left out for a caller who may not see
         tasks are counted in "hidden"."""
         rows = self.rows
         if not sees_tasks and self.hide_tasks is not None:
             rows = tuple(row for row in map(self.hide_tasks, self.rows) if row is not None)
-        out: dict[str, Any] = {
+        out: dict[str, Json] = {
             "title": self.title,
             "columns": list(self.columns),
             "rows": [*map(list, rows)],
