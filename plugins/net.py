@@ -577,7 +577,7 @@ class NetPlugin(Plugin[NicTarget, NetRules, NetOptions], FollowsDevices[NetRules
             for target, wanted in self.nic_settings(rule, nic).items():
                 assert isinstance(target, NicTarget)
                 try:
-                    actual: Any = self.read(target)
+                    actual: Value = self.read(target)
                 except (KernelRefused, NotApplicable) as exc:
                     actual = f"n/a: {exc}"
                 setting_rows.append((nic.name, target.setting, wanted, actual))
