@@ -593,7 +593,7 @@ class Daemon:
         expanded again if the plugin cannot handle an event in place."""
         section = self.engine.sections.get(name)
         owned = self.engine.owned(name)
-        wanted: dict[SettingId, Any] = {}
+        wanted: dict[SettingId, Value] = {}
         touched: set[SettingId] = set()
         for event in events:
             update = (
