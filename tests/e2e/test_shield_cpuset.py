@@ -282,16 +282,22 @@ def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
         run.wait()
 
 
+@pytest.mark.parametrize(
+    "second_by",
+    [("run", "--profile", "cpu-partitioning"), ("hold", "cpu-partitioning")],
+    ids=["run", "hold"],
+)
 def test_a_second_application_on_the_shield_has_a_cpuset_of_its_own_and_moves_not_the_first(
-    start_daemon: Callable[..., Latencyd],
+    start_daemon: Callable[..., Latencyd], second_by: tuple[str, ...]
 ) -> None:
     """Issue 52 where one CPU can be shielded (this machine): A by `run --profile
     cpu-partitioning` (HoldAndPlace), then B by `run --profile cpu-partitioning --cpus 1`
-    (HoldAndPlaceOn, the hold naming its CPUs): B runs in a cpuset of its own beside A's,
-    both on CPU 1; status shows both holds, their CPUs and the cgroup of each of their
-    tasks; A's cpuset, its CPUs and its cpuset's CPUs, read back all along B's start,
-    life and end, never change, and no other task is let onto CPU 1. B's cpuset goes
-    with its hold. (Holds on disjoint CPUs, on a machine with more: tests/vm/test_holds.py.)"""
+    or `hold cpu-partitioning --cpus 1 -- CMD` (HoldAndPlaceOn, the hold naming its
+    CPUs): B runs in a cpuset of its own beside A's, both on CPU 1; status shows both
+    holds, their CPUs and the cgroup of each of their tasks; A's cpuset, its CPUs and its
+    cpuset's CPUs, read back all along B's start, life and end, never change, and no
+    other task is let onto CPU 1. B's cpuset goes with its hold. (Holds on disjoint CPUs,
+    on a machine with more: tests/vm/test_holds.py.)"""
     d = start_daemon(None)
     run = d.spawn_ctl("run", "--profile", "cpu-partitioning", "--", "sleep", "60")
     second: subprocess.Popen[str] | None = None
@@ -301,9 +307,7 @@ def test_a_second_application_on_the_shield_has_a_cpuset_of_its_own_and_moves_no
         alone = (mine, "1", "1", *HOUSEKEEPING)
         assert reading(app, mine) == alone
         with watched(app, mine) as seen:
-            second = d.spawn_ctl(
-                "run", "--profile", "cpu-partitioning", "--cpus", "1", "--", "sleep", "60"
-            )
+            second = d.spawn_ctl(*second_by, "--cpus", "1", "--", "sleep", "60")
             other = wait_for_child(second.pid, "sleep")
             theirs = f"/latencyd-shield/latencyd-app-{second.pid}"
             assert reading(other, theirs) == (theirs, "1", "1", *HOUSEKEEPING)
