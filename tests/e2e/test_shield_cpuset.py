@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from latencyd.cpuset import CpuSet
 from latencyd.kernel.system import System
 from tests.harness import BIN, Latencyd, sysctl, wait_for, wait_for_child
 
@@ -181,11 +182,13 @@ def test_a_daemon_killed_with_the_shield_up_restores_it_on_restart(
 # What an application and a housekeeping task are given, as one reading: the
 # application's cpuset, its CPUs and its cpuset's CPUs; this test's own cpuset and CPUs.
 Reading = tuple[str | None, str, str | None, str | None, str]
-HOUSEKEEPING = ("/latencyd-housekeeping", "0")  # this test's own, a task like any other
+# Every CPU but the shielded one (1), as the kernel lists them; read before any shield.
+OTHERS = CpuSet(os.sched_getaffinity(0) - {1}).to_list()
+HOUSEKEEPING = ("/latencyd-housekeeping", OTHERS)  # this test's own, a task like any other
 
 
 def cpus_of(pid: int) -> str:
-    return ",".join(map(str, sorted(os.sched_getaffinity(pid))))
+    return CpuSet(os.sched_getaffinity(pid)).to_list()
 
 
 def reading(app: int, own: str) -> Reading:
@@ -257,7 +260,7 @@ def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
             "Cpus_allowed_list:\t1",
             "cpu-partitioning+network-latency",
             "/latencyd-housekeeping",  # the other hold's command: not on A's CPU
-            "Cpus_allowed_list:\t0",
+            f"Cpus_allowed_list:\t{OTHERS}",
             "",
         ]
         assert seen == {alone}  # through that hold's start, life and end
