@@ -9,6 +9,9 @@ option, both values and where each was set. Option by option (Option.compose):
   CPUs are kept, so the shield is the union of what the holds need;
 - "intersection": CPUs other work may use (housekeeping masks, xps, a rule's CPUs): only
   the CPUs every hold leaves to it; none left is a conflict;
+- by its kind's own rule, for a kind that Composes: kernel arguments (`[bootloader]
+  cmdline`: latencyd.kernel.cmdline.composed_arguments), every hold's, a CPU-list
+  parameter's CPUs as above, any other parameter given two ways a conflict;
 - "same" (everything else, sysctls included): every hold that sets the option sets it to
   one value, else the newer hold is refused. An option a profile leaves at its schema's
   default is not set by it: the value another hold sets wins.
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from latencyd.core.profile import Profile
-from latencyd.core.schema import Cpus, Option, Schema
+from latencyd.core.schema import Composes, Cpus, Option, Schema
 from latencyd.cpuset import CpuSet
 from latencyd.errors import HoldConflict, Location
 
@@ -49,11 +52,14 @@ class _Value:
 
 
 def rule_of(option: Option | None) -> str:
-    """How an option's values from several holds compose: union, intersection or same."""
+    """How an option's values from several holds compose: union, intersection, same, or
+    by its kind's own rule ("kind": Composes)."""
     if option is None:
         return "same"
     if option.compose:
         return option.compose
+    if isinstance(option.kind, Composes):
+        return "kind"
     if option.shields:
         return "union"
     return "intersection" if isinstance(option.kind, Cpus) else "same"
@@ -125,7 +131,13 @@ def _merge(
     table = schema.table(key) if isinstance(path[-1], str) else None
     if table is not None:
         return _merge_tables(table.schema, section, path, old, new)
-    rule = rule_of(schema.option(key))
+    option = schema.option(key)
+    rule = rule_of(option)
+    if rule == "kind" and option is not None and isinstance(option.kind, Composes):
+        try:
+            return _Value(option.kind.composed(old.value, new.value), old.by, old.at)
+        except ValueError as exc:
+            raise _conflict(section, path, old, new, str(exc)) from exc
     if isinstance(old.value, CpuSet) and isinstance(new.value, CpuSet) and rule != "same":
         if rule == "union":
             return _Value(old.value | new.value, old.by, old.at)

@@ -10,7 +10,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.kernel.system import Machine
@@ -29,6 +29,15 @@ class Kind(Protocol):
     def label(self) -> str: ...
 
     def parse(self, raw: Any, machine: Machine) -> Any: ...
+
+
+@runtime_checkable
+class Composes(Protocol):
+    """A kind whose values, from several holds, compose by a rule of its own (kernel
+    arguments: latencyd.core.compose.rule_of's "kind"): the one value both make, or
+    ValueError saying, to complete "it and hold 1 ...", why they cannot be one."""
+
+    def composed(self, first: Any, second: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -283,7 +292,7 @@ class Option:
     shields: bool = False
     # How the values several holds give it compose (latencyd.core.compose.rule_of):
     # "union", "intersection" or "same"; "" derives it (shields: union, other CPU
-    # lists: intersection, the rest: same).
+    # lists: intersection, a kind that Composes: by its own rule, the rest: same).
     compose: str = ""
 
 

@@ -4,6 +4,7 @@ refused naming both holds, the setting, both values and their file:line."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from latencyd.core.plugin import load_plugins
 from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.cpuset import CpuSet
 from latencyd.errors import HoldConflict
+from latencyd.kernel.cmdline import ArgumentsDiffer, composed_arguments
 from latencyd.kernel.system import Machine, System
 from latencyd.paths import shipped_profiles_dir
 from tests.unit.fakesys import make_fake_root
@@ -44,6 +46,13 @@ def partitioning(pdir: Path, name: str, cpus: str) -> None:
 
 def held(lib: ProfileLibrary, *names: str) -> list[Held]:
     return [Held(f"hold {n} ({name})", lib.load(name)) for n, name in enumerate(names, 1)]
+
+
+def refusal(lib: ProfileLibrary, *names: str) -> str:
+    """What composing the holds of `names` is refused with."""
+    with pytest.raises(HoldConflict) as info:
+        compose(held(lib, *names), lib.schemas)
+    return str(info.value)
 
 
 def test_one_hold_is_its_profile_as_it_is(lib: ProfileLibrary) -> None:
@@ -85,9 +94,7 @@ def test_a_conflicting_machine_wide_value_refuses_the_newer_hold_saying_where(
 ) -> None:
     a = write(pdir, "swap-ten", '[sysctl]\n"vm.swappiness" = 10\n')
     b = write(pdir, "swap-sixty", '[main]\nsummary = "x"\n[sysctl]\n"vm.swappiness" = 60\n')
-    with pytest.raises(HoldConflict) as info:
-        compose(held(lib, "swap-ten", "swap-sixty"), lib.schemas)
-    message = str(info.value)
+    message = refusal(lib, "swap-ten", "swap-sixty")
     assert message.startswith("hold 2 (swap-sixty) is refused")
     assert "hold 1 (swap-ten)" in message
     assert "[sysctl] vm.swappiness: 60" in message and "against 10" in message
@@ -133,3 +140,83 @@ def test_composed_profile_names_every_file(lib: ProfileLibrary, pdir: Path) -> N
     partitioning(pdir, "app-two", "2")
     both: Profile = compose(held(lib, "app-one", "app-two"), lib.schemas)
     assert pdir / "app-one.toml" in both.files and pdir / "app-two.toml" in both.files
+
+
+def realtime(pdir: Path, name: str, cpus: str, extra: str = "") -> Path:
+    return write(
+        pdir,
+        name,
+        f'[main]\ninclude = ["realtime"]\n[variables]\nisolated_cores = "{cpus}"\n{extra}',
+    )
+
+
+def test_two_realtime_holds_compose_their_kernel_arguments(lib: ProfileLibrary, pdir: Path) -> None:
+    """Issue 52 with the shipped realtime profile: each hold's boot arguments name its own
+    CPUs (nohz_full=1, nohz_full=2), so two applications each on its own CPUs were
+    refused as asking [bootloader] cmdline two ways. Kernel arguments compose: the CPUs
+    either isolates, those both leave to housekeeping, every other argument as it is."""
+    realtime(pdir, "rt-one", "1")
+    realtime(pdir, "rt-two", "2")
+    both = compose(held(lib, "rt-one", "rt-two"), lib.schemas)
+    one = lib.load("rt-one").sections["bootloader"]["cmdline"]
+    composed = {
+        "isolcpus": "isolcpus=managed_irq,domain,1-2",
+        "nohz_full": "nohz_full=1-2",
+        "rcu_nocbs": "rcu_nocbs=1-2",
+        "irqaffinity": "irqaffinity=0,3",
+        "systemd.cpu_affinity": "systemd.cpu_affinity=0,3",
+    }
+    assert set(composed) <= {a.partition("=")[0] for a in one}
+    assert both.sections["bootloader"]["cmdline"] == [
+        composed.get(a.partition("=")[0], a) for a in one
+    ]
+    assert both.sections["shield"]["cpus"] == CpuSet.from_list("1-2")
+    # the same hold twice, or one CPU's: its arguments as they are
+    same = compose(held(lib, "rt-one", "rt-one"), lib.schemas)
+    assert same.sections["bootloader"] == lib.load("rt-one").sections["bootloader"]
+
+
+def test_a_kernel_argument_asked_two_ways_is_a_conflict_naming_it(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    realtime(pdir, "rt-one", "1")
+    other = realtime(pdir, "rt-prio", "2", '[bootloader]\ncmdline = ["rcutree.kthread_prio=20"]\n')
+    message = refusal(lib, "rt-one", "rt-prio")
+    assert message.startswith("hold 2 (rt-prio) is refused: it and hold 1 (rt-one) set ")
+    assert "rcutree.kthread_prio two ways (rcutree.kthread_prio=20 against " in message
+    assert "rcutree.kthread_prio=11)" in message and "[bootloader] cmdline" in message
+    assert f"{other}:6" in message
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "one"),
+    [
+        (["nohz_full=1", "quiet"], ["nohz_full=2", "skew_tick=1"],
+         ["nohz_full=1-2", "quiet", "skew_tick=1"]),
+        (["rcu-nocbs=1"], ["rcu_nocbs=3"], ["rcu-nocbs=1,3"]),  # - and _ alike
+        (["isolcpus=1"], ["isolcpus=domain,2"], ["isolcpus=1-2"]),  # no flag: domain
+        (["irqaffinity=0-2"], ["irqaffinity=0,3"], ["irqaffinity=0"]),
+        (["kthread_cpus=0,2"], ["kthread_cpus=0-1"], ["kthread_cpus=0"]),
+        (["a", "b=1"], ["b=1", "a"], ["a", "b=1"]),
+    ],
+)  # fmt: skip
+def test_kernel_arguments_compose_into_one_list(
+    first: list[str], second: list[str], one: list[str]
+) -> None:
+    assert composed_arguments(first, second) == one
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "why"),
+    [
+        (["a=1"], ["a=2"], "set a two ways (a=2 against a=1)"),
+        (["isolcpus=managed_irq,1"], ["isolcpus=domain,2"], "other kinds of isolation"),
+        (["irqaffinity=0"], ["irqaffinity=1"], "leave no CPU in common to irqaffinity"),
+        (["rcu_nocbs"], ["rcu_nocbs=1"], "set rcu_nocbs two ways"),  # bare: every CPU
+    ],
+)
+def test_kernel_arguments_that_cannot_be_one_say_which(
+    first: list[str], second: list[str], why: str
+) -> None:
+    with pytest.raises(ArgumentsDiffer, match=re.escape(why)):
+        composed_arguments(first, second)
