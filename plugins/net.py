@@ -309,6 +309,7 @@ class NetPlugin(Plugin[NicTarget, NetRules], FollowsDevices[NetRules]):
                 NIC_SCHEMA,
                 "NIC entries: the first one that matches a NIC (all of match, driver, bus, "
                 "mac it names) gives it its settings",
+                first_match_wins=True,
             ),
         ),
         groups=(

@@ -17,7 +17,10 @@ option, both values and where each was set. Option by option (Option.compose):
   default is not set by it: the value another hold sets wins.
 
 Arrays of tables ([[net.nic]]) are equal, or merged entry by entry when they have as many
-entries (each entry by its own schema), else a conflict. The base profile is not part of
+entries (each entry by its own schema), or, where the first entry that matches wins
+(rules, NIC entries: ArrayOfTables.first_match_wins), as far as the shorter goes and
+then the longer's own (cpu-partitioning's one [[kthread.rule]] and realtime's four),
+else a conflict. The base profile is not part of
 it: it is in force only while nothing is held (latencyd.service.daemon).
 """
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from latencyd.core.profile import Profile
-from latencyd.core.schema import Composes, Cpus, Option, Schema
+from latencyd.core.schema import ArrayOfTables, Composes, Cpus, Option, Schema
 from latencyd.cpuset import CpuSet
 from latencyd.errors import HoldConflict, Location
 
@@ -130,7 +133,7 @@ def _merge(
     key = str(path[-1])
     table = schema.table(key) if isinstance(path[-1], str) else None
     if table is not None:
-        return _merge_tables(table.schema, section, path, old, new)
+        return _merge_tables(table, section, path, old, new)
     option = schema.option(key)
     rule = rule_of(option)
     if rule == "kind" and option is not None and isinstance(option.kind, Composes):
@@ -153,24 +156,29 @@ def _merge(
 
 
 def _merge_tables(
-    schema: Schema, section: str, path: tuple[str | int, ...], old: _Value, new: _Value
+    table: ArrayOfTables, section: str, path: tuple[str | int, ...], old: _Value, new: _Value
 ) -> _Value:
-    """Arrays of tables: equal, or entry by entry when the holds have as many entries."""
+    """Arrays of tables: equal, or entry by entry when the holds have as many entries; or,
+    where the first entry that matches wins, entry by entry as far as the shorter goes,
+    then the longer's own: those match only what none of the other hold's entries match
+    (the entries merged match alike: their `match` is one), which it asked nothing of."""
     if old.value == new.value:
         return old
     olds, news = list(old.value), list(new.value)
-    if len(olds) != len(news):
+    if len(olds) != len(news) and not table.first_match_wins:
         raise _conflict(
             section, path, old, new, f"have {len(olds)} and {len(news)} entries (not one list)"
         )
+    schema = table.schema
     entries = []
-    for i, (a, b) in enumerate(zip(olds, news, strict=True)):
+    for i, (a, b) in enumerate(zip(olds, news, strict=False)):
         entry: dict[str, _Value] = {k: _Value(v, old.by, old.at) for k, v in a.items()}
         for k, v in b.items():
             entry[k] = _merge(
                 schema, section, (*path, i, k), entry.get(k), _Value(v, new.by, new.at)
             )
         entries.append({k: v.value for k, v in entry.items()})
+    entries += (olds if len(olds) > len(news) else news)[len(entries) :]
     return _Value(entries, old.by, old.at)
 
 

@@ -303,6 +303,10 @@ class ArrayOfTables:
     name: str
     schema: Schema
     doc: str
+    # The first entry that matches a thing is the one it gets (rules, NIC entries), not
+    # the last (per-CPU entries, later ones winning where they overlap): an entry after
+    # another hold's last matches only what none of that hold's did (latencyd.core.compose).
+    first_match_wins: bool = False
 
 
 @dataclass(frozen=True)

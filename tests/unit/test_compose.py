@@ -127,12 +127,43 @@ def test_exclusive_options_from_two_holds_are_a_conflict(lib: ProfileLibrary, pd
         compose(held(lib, "by-ratio", "by-bytes"), lib.schemas)
 
 
-def test_tables_of_different_lengths_are_a_conflict(lib: ProfileLibrary, pdir: Path) -> None:
-    write(pdir, "one-rule", '[[kthread.rule]]\nmatch = "^a"\ncpus = "0"\n')
-    two = '[[kthread.rule]]\nmatch = "^a"\ncpus = "0"\n[[kthread.rule]]\nmatch = "^b"\ncpus = "0"\n'
-    write(pdir, "two-rules", two)
+def test_tables_whose_later_entries_win_of_different_lengths_are_a_conflict(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    """Per-CPU entries, later ones winning where they overlap: another hold's entry after
+    this one's could undo it on its CPUs."""
+    one = '[[cstate.cpus]]\ncpus = "1"\nresume_latency_us = 0\n'
+    write(pdir, "one-entry", one)
+    write(pdir, "two-entries", one + '[[cstate.cpus]]\ncpus = "1-2"\nresume_latency_us = 20\n')
     with pytest.raises(HoldConflict, match=r"have 1 and 2 entries"):
-        compose(held(lib, "one-rule", "two-rules"), lib.schemas)
+        compose(held(lib, "one-entry", "two-entries"), lib.schemas)
+
+
+def test_rules_where_the_first_match_wins_compose_up_to_the_shorter_then_the_longers(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    """Issue 52: cpu-partitioning's one [[kthread.rule]] and realtime's four (the same
+    first rule, then policy rules) were refused as not one list, so an application under
+    realtime beside one under cpu-partitioning could not hold. Where the first matching
+    rule wins, the rules merge one by one as far as the shorter list goes and the longer's
+    follow: they match only threads none of the other's rules match."""
+    partitioning(pdir, "app-one", "1")
+    realtime(pdir, "rt-two", "2")
+    one, two = lib.load("app-one"), lib.load("rt-two")
+    assert len(one.sections["kthread"]["rule"]) == 1 < len(two.sections["kthread"]["rule"])
+    for names in (("app-one", "rt-two"), ("rt-two", "app-one")):
+        rules = compose(held(lib, *names), lib.schemas).sections["kthread"]["rule"]
+        housekeeping = CpuSet.from_list("0,3")
+        assert rules == [
+            {**two.sections["kthread"]["rule"][0], "cpus": housekeeping},
+            *two.sections["kthread"]["rule"][1:],
+        ]
+    # rules that differ where both have one are still a conflict
+    write(pdir, "rule-a", '[[kthread.rule]]\nmatch = "^a"\ncpus = "0"\n')
+    two_rules = '[[kthread.rule]]\nmatch = "^b"\ncpus = "0"\n[[kthread.rule]]\nmatch = "^a"\n'
+    write(pdir, "rules-b-a", two_rules + 'cpus = "0"\n')
+    refused = refusal(lib, "rule-a", "rules-b-a")
+    assert "ask for different values for [kthread] rule.0.match: '^b'" in refused
 
 
 def test_composed_profile_names_every_file(lib: ProfileLibrary, pdir: Path) -> None:
