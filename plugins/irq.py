@@ -195,7 +195,7 @@ class IrqPlugin(Plugin[IrqTarget, IrqRules], FollowsTasks[IrqRules], FollowsDevi
                     required=("match", "cpus"),
                 ),
                 "Affinity rules; the first rule that matches an IRQ wins",
-                first_match_wins=True,
+                selectors=("match",),
             ),
         ),
         groups=(

@@ -242,7 +242,7 @@ class KthreadPlugin(TaskMover[KthreadTarget, KthreadRules], FollowsTasks[Kthread
                 ),
                 "Kernel-thread rules (user processes: [[shield.rule]]); the first rule "
                 "whose regex matches wins",
-                first_match_wins=True,
+                selectors=("match",),
             ),
         ),
         groups=(

@@ -243,6 +243,8 @@ def _feature_name(name: str) -> str | None:
     return f"{name!r} is not a feature name (ethtool's, like gro, or the kernel's, like rx-gro)"
 
 
+# What chooses the NICs an entry applies to (the first entry that matches one wins).
+NIC_SELECTORS = ("match", "driver", "bus", "mac", "exclude")
 NIC_SCHEMA = Schema(
     options=(
         Option(
@@ -309,7 +311,7 @@ class NetPlugin(Plugin[NicTarget, NetRules], FollowsDevices[NetRules]):
                 NIC_SCHEMA,
                 "NIC entries: the first one that matches a NIC (all of match, driver, bus, "
                 "mac it names) gives it its settings",
-                first_match_wins=True,
+                selectors=NIC_SELECTORS,
             ),
         ),
         groups=(

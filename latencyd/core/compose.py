@@ -18,10 +18,10 @@ option, both values and where each was set. Option by option (Option.compose):
 
 Arrays of tables ([[net.nic]]) are equal, or merged entry by entry when they have as many
 entries (each entry by its own schema), or, where the first entry that matches wins
-(rules, NIC entries: ArrayOfTables.first_match_wins), as far as the shorter goes and
-then the longer's own (cpu-partitioning's one [[kthread.rule]] and realtime's four),
-else a conflict. The base profile is not part of
-it: it is in force only while nothing is held (latencyd.service.daemon).
+(rules, NIC entries: ArrayOfTables.selectors, which must be alike), as far as the
+shorter goes and then the longer's own (cpu-partitioning's one [[kthread.rule]] and
+realtime's four), else a conflict. The base profile is not part of it: it is in force
+only while nothing is held (latencyd.service.daemon).
 """
 
 from __future__ import annotations
@@ -159,19 +159,27 @@ def _merge_tables(
     table: ArrayOfTables, section: str, path: tuple[str | int, ...], old: _Value, new: _Value
 ) -> _Value:
     """Arrays of tables: equal, or entry by entry when the holds have as many entries; or,
-    where the first entry that matches wins, entry by entry as far as the shorter goes,
-    then the longer's own: those match only what none of the other hold's entries match
-    (the entries merged match alike: their `match` is one), which it asked nothing of."""
+    where the first entry that matches wins (the table has selectors), entry by entry as
+    far as the shorter goes, then the longer's own: those match only what none of the
+    other hold's entries match, which it asked nothing of. Entries merged there choose
+    alike (each selector the same, or named by neither): one naming a driver the other
+    does not would apply to fewer things than the other hold's asked."""
     if old.value == new.value:
         return old
     olds, news = list(old.value), list(new.value)
-    if len(olds) != len(news) and not table.first_match_wins:
+    if len(olds) != len(news) and not table.selectors:
         raise _conflict(
             section, path, old, new, f"have {len(olds)} and {len(news)} entries (not one list)"
         )
     schema = table.schema
     entries = []
     for i, (a, b) in enumerate(zip(olds, news, strict=False)):
+        for key in table.selectors:
+            if a.get(key) != b.get(key):
+                raise _conflict(
+                    section, (*path, i, key), _Value(a.get(key), old.by, old.at),
+                    _Value(b.get(key), new.by, new.at), "select other things in one entry",
+                )  # fmt: skip
         entry: dict[str, _Value] = {k: _Value(v, old.by, old.at) for k, v in a.items()}
         for k, v in b.items():
             entry[k] = _merge(
@@ -198,6 +206,8 @@ def _check_exclusive(schema: Schema, section: str, options: Mapping[str, _Value]
 
 
 def _shown(value: Any) -> str:
+    if value is None:
+        return "(not named)"
     return str(value) if isinstance(value, CpuSet) else repr(value)
 
 

@@ -303,10 +303,11 @@ class ArrayOfTables:
     name: str
     schema: Schema
     doc: str
-    # The first entry that matches a thing is the one it gets (rules, NIC entries), not
-    # the last (per-CPU entries, later ones winning where they overlap): an entry after
-    # another hold's last matches only what none of that hold's did (latencyd.core.compose).
-    first_match_wins: bool = False
+    # The options that choose what an entry applies to, where the first entry that
+    # matches a thing is the one it gets (rules, NIC entries); none: every entry applies
+    # to its CPUs, later ones winning where they overlap (per-CPU entries). How several
+    # holds' entries merge (latencyd.core.compose) depends on it.
+    selectors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

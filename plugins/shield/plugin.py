@@ -153,7 +153,7 @@ class ShieldPlugin(
                 ),
                 "User-process rules, by name, as TuneD's scheduler groups can; the first "
                 "rule whose regex matches wins, and a rule wins over the shield",
-                first_match_wins=True,
+                selectors=("match",),
             ),
         ),
         groups=(

@@ -163,7 +163,7 @@ def test_rules_where_the_first_match_wins_compose_up_to_the_shorter_then_the_lon
     two_rules = '[[kthread.rule]]\nmatch = "^b"\ncpus = "0"\n[[kthread.rule]]\nmatch = "^a"\n'
     write(pdir, "rules-b-a", two_rules + 'cpus = "0"\n')
     refused = refusal(lib, "rule-a", "rules-b-a")
-    assert "ask for different values for [kthread] rule.0.match: '^b'" in refused
+    assert "select other things in one entry for [kthread] rule.0.match: '^b'" in refused
 
 
 def test_composed_profile_names_every_file(lib: ProfileLibrary, pdir: Path) -> None:
@@ -251,3 +251,23 @@ def test_kernel_arguments_that_cannot_be_one_say_which(
 ) -> None:
     with pytest.raises(ArgumentsDiffer, match=re.escape(why)):
         composed_arguments(first, second)
+
+
+def test_entries_that_choose_other_things_are_a_conflict_not_one_narrowed(
+    lib: ProfileLibrary, pdir: Path
+) -> None:
+    """Two holds' first [[net.nic]] entries, one for every NIC and one naming a driver:
+    merged into one, the driver would narrow the first hold's entry to that driver's
+    NICs (its RPS setting gone from every other NIC, unsaid). Refused, naming the
+    selector; entries choosing alike merge."""
+    every = write(pdir, "nic-every", '[[net.nic]]\nrps_cpus = "none"\n')
+    write(pdir, "nic-driver", '[[net.nic]]\ndriver = ["e1000e"]\nrps_cpus = "none"\n')
+    refused = refusal(lib, "nic-every", "nic-driver")
+    assert "it and hold 1 (nic-every) select other things in one entry for [net] nic.0.driver" in (
+        refused
+    )
+    assert "['e1000e']" in refused and "against (not named)" in refused and f"{every}:1" in refused
+    write(pdir, "nic-gro", "[[net.nic]]\ngro_flush_timeout = 0\n")
+    both = compose(held(lib, "nic-every", "nic-gro"), lib.schemas).sections["net"]["nic"]
+    assert len(both) == 1 and both[0]["rps_cpus"] is not None
+    assert both[0]["gro_flush_timeout"] == 0
