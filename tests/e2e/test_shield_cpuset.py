@@ -223,6 +223,26 @@ def watched(app: int, own: str) -> Iterator[set[Reading]]:
     seen.add(reading(app, own))
 
 
+def alone(own: str) -> Reading:
+    """An application in its cpuset `own` on CPU 1 alone, this test on housekeeping."""
+    return own, "1", "1", *HOUSEKEEPING
+
+
+@contextlib.contextmanager
+def application_a(d: Latencyd) -> Iterator[tuple[int, int, str]]:
+    """A: `sleep` started by `latencyctl run --profile cpu-partitioning` (HoldAndPlace),
+    found in a cpuset of its own on CPU 1: (latencyctl's pid, A's pid, A's cpuset)."""
+    run = d.spawn_ctl("run", "--profile", "cpu-partitioning", "--", "sleep", "60")
+    try:
+        app = wait_for_child(run.pid, "sleep")
+        own = f"/latencyd-shield/latencyd-app-{run.pid}"
+        assert reading(app, own) == alone(own)
+        yield run.pid, app, own
+    finally:
+        run.kill()
+        run.wait()
+
+
 def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
     start_daemon: Callable[..., Latencyd], profiles: Path, tmp_path: Path
 ) -> None:
@@ -237,13 +257,7 @@ def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
     changed."""
     (profiles / "swap-60.toml").write_text('[sysctl]\n"vm.swappiness" = 60\n')
     d = start_daemon(None)
-    run = d.spawn_ctl("run", "--profile", "cpu-partitioning", "--", "sleep", "60")
-    try:
-        app = wait_for_child(run.pid, "sleep")
-        where = f"/latencyd-shield/latencyd-app-{run.pid}"
-        alone = (where, "1", "1", *HOUSEKEEPING)
-        assert reading(app, where) == alone
-
+    with application_a(d) as (holder, app, where):
         inside = tmp_path / "inside"
         script = (
             f"cat /proc/{app}/cpuset > {inside}; "
@@ -263,11 +277,11 @@ def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
             f"Cpus_allowed_list:\t{OTHERS}",
             "",
         ]
-        assert seen == {alone}  # through that hold's start, life and end
+        assert seen == {alone(where)}  # through that hold's start, life and end
         assert d.ctl("active").stdout.strip() == "cpu-partitioning"
         held = status(d)["holds"]  # each hold, its CPUs and its application's tasks
         assert [(h["profile"], h["cpus"]) for h in held] == [("cpu-partitioning", "1")]
-        assert run.pid in held[0]["tasks"] and app in held[0]["tasks"]
+        assert holder in held[0]["tasks"] and app in held[0]["tasks"]
 
         before = sysctl("vm.swappiness")
         with watched(app, where) as seen:
@@ -278,11 +292,8 @@ def test_a_held_application_keeps_its_cpu_and_cpuset_through_another_hold(
         assert "[sysctl] vm.swappiness: 60" in refused.stderr and "against 10" in refused.stderr
         assert "latency-performance.toml:" in refused.stderr  # where A's 10 comes from
         assert sysctl("vm.swappiness") == before
-        assert seen == {alone}
+        assert seen == {alone(where)}
         assert [h["profile"] for h in status(d)["holds"]] == ["cpu-partitioning"]
-    finally:
-        run.kill()
-        run.wait()
 
 
 @pytest.mark.parametrize(
@@ -302,37 +313,57 @@ def test_a_second_application_on_the_shield_has_a_cpuset_of_its_own_and_moves_no
     other task is let onto CPU 1. B's cpuset goes with its hold. (Holds on disjoint CPUs,
     on a machine with more: tests/vm/test_holds.py.)"""
     d = start_daemon(None)
-    run = d.spawn_ctl("run", "--profile", "cpu-partitioning", "--", "sleep", "60")
     second: subprocess.Popen[str] | None = None
-    try:
-        app = wait_for_child(run.pid, "sleep")
-        mine = f"/latencyd-shield/latencyd-app-{run.pid}"
-        alone = (mine, "1", "1", *HOUSEKEEPING)
-        assert reading(app, mine) == alone
-        with watched(app, mine) as seen:
-            second = d.spawn_ctl(*second_by, "--cpus", "1", "--", "sleep", "60")
-            other = wait_for_child(second.pid, "sleep")
-            theirs = f"/latencyd-shield/latencyd-app-{second.pid}"
-            assert reading(other, theirs) == (theirs, "1", "1", *HOUSEKEEPING)
-            held = status(d)["holds"]
-            assert [(h["profile"], h["cpus"]) for h in held] == [("cpu-partitioning", "1")] * 2
-            assert [h["cgroups"] for h in held] == [
-                {str(run.pid): mine, str(app): mine},
-                {str(second.pid): theirs, str(other): theirs},
-            ]
-            text = d.ctl("status").stdout
-            assert f"tasks {second.pid} in {theirs}, {other} in {theirs}" in text
-            # latencyctl passes SIGTERM to its command and releases the hold once it ended
-            second.terminate()
-            _, said = second.communicate(timeout=30)
-            assert "releasing hold" not in said, said  # released without an error
-        assert seen == {alone}  # through B's start, life and end
+    with application_a(d) as (holder, app, mine):
+        try:
+            with watched(app, mine) as seen:
+                second = d.spawn_ctl(*second_by, "--cpus", "1", "--", "sleep", "60")
+                other = wait_for_child(second.pid, "sleep")
+                theirs = f"/latencyd-shield/latencyd-app-{second.pid}"
+                assert reading(other, theirs) == alone(theirs)
+                held = status(d)["holds"]
+                assert [(h["profile"], h["cpus"]) for h in held] == [("cpu-partitioning", "1")] * 2
+                assert [h["cgroups"] for h in held] == [
+                    {str(holder): mine, str(app): mine},
+                    {str(second.pid): theirs, str(other): theirs},
+                ]
+                text = d.ctl("status").stdout
+                assert f"tasks {second.pid} in {theirs}, {other} in {theirs}" in text
+                # latencyctl passes SIGTERM to its command, releases the hold once it ended
+                second.terminate()
+                _, said = second.communicate(timeout=30)
+                assert "releasing hold" not in said, said  # released without an error
+        finally:
+            if second is not None:
+                second.kill()
+                second.wait()
+        assert seen == {alone(mine)}  # through B's start, life and end
         assert not (V1 / theirs.lstrip("/")).exists()
         held = status(d)["holds"]
         assert [(h["profile"], h["cpus"]) for h in held] == [("cpu-partitioning", "1")]
         assert d.ctl("verify").returncode == 0, d.log()
-    finally:
-        for proc in (run, second):
-            if proc is not None:
-                proc.kill()
-                proc.wait()
+
+
+def test_a_realtime_hold_composes_with_a_cpu_partitioning_one(
+    start_daemon: Callable[..., Latencyd], tmp_path: Path
+) -> None:
+    """Issue 52: an application under realtime beside one under cpu-partitioning. Their
+    [[kthread.rule]] lists (realtime's four, cpu-partitioning's one: the same first rule)
+    compose where the first matching rule wins, where main refused the second hold as
+    "not one list". While both hold, realtime's own rules are in force (ksoftirqd at FIFO
+    2); A, under cpu-partitioning, is not moved, read back all along; after, A's profile
+    alone."""
+    d = start_daemon(None)
+    with application_a(d) as (_, app, where):
+        seen_in = tmp_path / "seen"
+        ksoftirqd = "$(pgrep -x ksoftirqd/0)"
+        script = f"{BIN / 'latencyctl'} active > {seen_in}; chrt -p {ksoftirqd} >> {seen_in}"
+        with watched(app, where) as seen:
+            other = d.ctl("hold", "realtime", "--", "sh", "-c", script)
+        assert other.returncode == 0, other.stderr
+        active, policy, priority = seen_in.read_text().splitlines()
+        assert active == "cpu-partitioning+realtime"
+        assert policy.endswith("SCHED_FIFO") and priority.endswith(": 2"), (policy, priority)
+        assert seen == {alone(where)}
+        assert d.ctl("active").stdout.strip() == "cpu-partitioning"
+        assert d.ctl("verify").returncode == 0, d.log()
