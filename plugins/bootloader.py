@@ -26,12 +26,18 @@ from typing import Any, ClassVar
 
 from latencyd.core.capabilities import ActsAtBoot
 from latencyd.core.plugin import Expansion, Plugin, Target, Value
-from latencyd.core.schema import Bool, ListOf, Schema, option
+from latencyd.core.schema import Bool, Kind, ListOf, Schema, option
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.errors import LatencydError
 from latencyd.kernel.boot import booted
 from latencyd.kernel.bootloaders import Bootloader, detect, in_effect, read_record, write_boot
-from latencyd.kernel.cmdline import CPU_LIST_PARAMETERS, Change, split_isolcpus, unsafe
+from latencyd.kernel.cmdline import (
+    CPU_LIST_PARAMETERS,
+    Change,
+    composed_arguments,
+    split_isolcpus,
+    unsafe,
+)
 from latencyd.kernel.owners import BOOT, Claim
 from latencyd.kernel.system import Machine, System
 
@@ -84,6 +90,19 @@ class KernelArgument:
 
 
 @dataclass(frozen=True)
+class KernelArguments(ListOf[str]):
+    """`cmdline`: kernel arguments, of which several holds' compose into one list
+    (latencyd.kernel.cmdline.composed_arguments: two realtime holds on CPUs 1 and 2 ask
+    nohz_full=1-2, irqaffinity= the CPUs both leave), not a conflict of two lists: a
+    Composes[list[str]]."""
+
+    item: Kind[str] = KernelArgument()
+
+    def composed(self, first: list[str], second: list[str]) -> list[str]:
+        return composed_arguments(first, second)
+
+
+@dataclass(frozen=True)
 class BootArguments(Target[str]):
     """latencyd's change to the next boot's command line: its value is the arguments it
     added, then each it removed after a `-` ("" when it changed nothing)."""
@@ -122,7 +141,7 @@ class BootRules:
 @dataclass(frozen=True)
 class BootOptions:
     cmdline: list[str] | None = option(
-        ListOf(KernelArgument()),
+        KernelArguments(),
         'Arguments to add ("nohz_full=${isolated_cores}", "nosoftlockup"); CPU-list '
         "parameters take CPU expressions",
     )

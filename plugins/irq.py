@@ -172,7 +172,7 @@ class IrqOptions:
         default=True,
     )
     rule: tuple[IrqRule, ...] = table(
-        IrqRule, "Affinity rules; the first rule that matches an IRQ wins"
+        IrqRule, "Affinity rules; the first rule that matches an IRQ wins", selectors=("match",)
     )
 
 

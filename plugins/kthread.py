@@ -205,6 +205,7 @@ class KthreadOptions:
         "Kernel-thread rules (user processes: [[shield.rule]]); the first rule "
         "whose regex matches wins",
         consistent=_rule_is_whole,
+        selectors=("match",),
     )
 
 

@@ -240,6 +240,10 @@ def _feature_name(name: str) -> str | None:
     return f"{name!r} is not a feature name (ethtool's, like gro, or the kernel's, like rx-gro)"
 
 
+# What chooses the NICs an entry applies to (the first entry that matches one wins).
+NIC_SELECTORS = ("match", "driver", "bus", "mac", "exclude")
+
+
 @dataclass(frozen=True)
 class NicOptions:
     """One [[net.nic]] entry."""
@@ -302,6 +306,7 @@ class NetOptions:
         NicOptions,
         "NIC entries: the first one that matches a NIC (all of match, driver, bus, "
         "mac it names) gives it its settings",
+        selectors=NIC_SELECTORS,
     )
 
 

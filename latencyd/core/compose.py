@@ -9,13 +9,19 @@ option, both values and where each was set. Option by option (Option.compose):
   CPUs are kept, so the shield is the union of what the holds need;
 - "intersection": CPUs other work may use (housekeeping masks, xps, a rule's CPUs): only
   the CPUs every hold leaves to it; none left is a conflict;
+- by its kind's own rule, for a kind that Composes: kernel arguments (`[bootloader]
+  cmdline`: latencyd.kernel.cmdline.composed_arguments), every hold's, a CPU-list
+  parameter's CPUs as above, any other parameter given two ways a conflict;
 - "same" (everything else, sysctls included): every hold that sets the option sets it to
   one value, else the newer hold is refused. An option a profile leaves at its schema's
   default is not set by it: the value another hold sets wins.
 
 Arrays of tables ([[net.nic]]) are equal, or merged entry by entry when they have as many
-entries (each entry by its own schema), else a conflict. The base profile is not part of
-it: it is in force only while nothing is held (latencyd.service.daemon).
+entries (each entry by its own schema), or, where the first entry that matches wins
+(rules, NIC entries: ArrayOfTables.selectors, which must be alike), as far as the
+shorter goes and then the longer's own (cpu-partitioning's one [[kthread.rule]] and
+realtime's four), else a conflict. The base profile is not part of it: it is in force
+only while nothing is held (latencyd.service.daemon).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from latencyd.core.profile import Profile
-from latencyd.core.schema import Cpus, Option, Schema
+from latencyd.core.schema import ArrayOfTables, Composes, Cpus, Option, Schema
 from latencyd.cpuset import CpuSet
 from latencyd.errors import HoldConflict, Location
 
@@ -49,11 +55,14 @@ class _Value:
 
 
 def rule_of(option: Option | None) -> str:
-    """How an option's values from several holds compose: union, intersection or same."""
+    """How an option's values from several holds compose: union, intersection, same, or
+    by its kind's own rule ("kind": Composes)."""
     if option is None:
         return "same"
     if option.compose:
         return option.compose
+    if isinstance(option.kind, Composes):
+        return "kind"
     if option.shields:
         return "union"
     return "intersection" if isinstance(option.kind, Cpus) else "same"
@@ -124,8 +133,14 @@ def _merge(
     key = str(path[-1])
     table = schema.table(key) if isinstance(path[-1], str) else None
     if table is not None:
-        return _merge_tables(table.schema, section, path, old, new)
-    rule = rule_of(schema.option(key))
+        return _merge_tables(table, section, path, old, new)
+    option = schema.option(key)
+    rule = rule_of(option)
+    if rule == "kind" and option is not None and isinstance(option.kind, Composes):
+        try:
+            return _Value(option.kind.composed(old.value, new.value), old.by, old.at)
+        except ValueError as exc:
+            raise _conflict(section, path, old, new, str(exc)) from exc
     if isinstance(old.value, CpuSet) and isinstance(new.value, CpuSet) and rule != "same":
         if rule == "union":
             return _Value(old.value | new.value, old.by, old.at)
@@ -141,24 +156,37 @@ def _merge(
 
 
 def _merge_tables(
-    schema: Schema, section: str, path: tuple[str | int, ...], old: _Value, new: _Value
+    table: ArrayOfTables, section: str, path: tuple[str | int, ...], old: _Value, new: _Value
 ) -> _Value:
-    """Arrays of tables: equal, or entry by entry when the holds have as many entries."""
+    """Arrays of tables: equal, or entry by entry when the holds have as many entries; or,
+    where the first entry that matches wins (the table has selectors), entry by entry as
+    far as the shorter goes, then the longer's own: those match only what none of the
+    other hold's entries match, which it asked nothing of. Entries merged there choose
+    alike (each selector the same, or named by neither): one naming a driver the other
+    does not would apply to fewer things than the other hold's asked."""
     if old.value == new.value:
         return old
     olds, news = list(old.value), list(new.value)
-    if len(olds) != len(news):
+    if len(olds) != len(news) and not table.selectors:
         raise _conflict(
             section, path, old, new, f"have {len(olds)} and {len(news)} entries (not one list)"
         )
+    schema = table.schema
     entries = []
-    for i, (a, b) in enumerate(zip(olds, news, strict=True)):
+    for i, (a, b) in enumerate(zip(olds, news, strict=False)):
+        for key in table.selectors:
+            if a.get(key) != b.get(key):
+                raise _conflict(
+                    section, (*path, i, key), _Value(a.get(key), old.by, old.at),
+                    _Value(b.get(key), new.by, new.at), "select other things in one entry",
+                )  # fmt: skip
         entry: dict[str, _Value] = {k: _Value(v, old.by, old.at) for k, v in a.items()}
         for k, v in b.items():
             entry[k] = _merge(
                 schema, section, (*path, i, k), entry.get(k), _Value(v, new.by, new.at)
             )
         entries.append({k: v.value for k, v in entry.items()})
+    entries += (olds if len(olds) > len(news) else news)[len(entries) :]
     return _Value(entries, old.by, old.at)
 
 
@@ -178,6 +206,8 @@ def _check_exclusive(schema: Schema, section: str, options: Mapping[str, _Value]
 
 
 def _shown(value: Any) -> str:
+    if value is None:
+        return "(not named)"
     return str(value) if isinstance(value, CpuSet) else repr(value)
 
 

@@ -11,7 +11,17 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, Unpack, overload
+from typing import (
+    Any,
+    Generic,
+    Literal,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    overload,
+    runtime_checkable,
+)
 
 from latencyd.cpuset import CpuSet, CpuSetError
 from latencyd.kernel.system import Machine
@@ -38,6 +48,16 @@ class Kind(Protocol[K]):
     def label(self) -> str: ...
 
     def parse(self, raw: Any, machine: Machine) -> K: ...
+
+
+@runtime_checkable
+class Composes(Protocol[X]):
+    """A kind whose values, from several holds, compose by a rule of its own (kernel
+    arguments: latencyd.core.compose.rule_of's "kind"): the one value both make, or
+    ValueError saying, to complete "it and hold 1 ...", why they cannot be one. X is
+    what the kind parses to (a Kind[X] too)."""
+
+    def composed(self, first: X, second: X) -> X: ...
 
 
 @dataclass(frozen=True)
@@ -293,7 +313,7 @@ class Option:
     shields: bool = False
     # How the values several holds give it compose (latencyd.core.compose.rule_of):
     # "union", "intersection" or "same"; "" derives it (shields: union, other CPU
-    # lists: intersection, the rest: same).
+    # lists: intersection, a kind that Composes: by its own rule, the rest: same).
     compose: str = ""
 
 
@@ -304,6 +324,11 @@ class ArrayOfTables:
     name: str
     schema: Schema
     doc: str
+    # The options that choose what an entry applies to, where the first entry that
+    # matches a thing is the one it gets (rules, NIC entries); none: every entry applies
+    # to its CPUs, later ones winning where they overlap (per-CPU entries). How several
+    # holds' entries merge (latencyd.core.compose) depends on it.
+    selectors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -507,13 +532,21 @@ def table(
     entry: type[S],
     doc: str,
     consistent: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None,
+    *,
+    selectors: tuple[str, ...] = (),
 ) -> tuple[S, ...]:
     """An array of tables (``[[cpu.cpus]]``) of a section's options class: a field whose
     entries are each of the options class `entry` (its schema: Schema(section=entry), and
-    `consistent`, the rule across an entry's options, Schema's)."""
+    `consistent`, the rule across an entry's options, Schema's). `selectors`, fields of
+    `entry`, are ArrayOfTables': what chooses the things an entry applies to, where the
+    first entry that matches wins (rules, NIC entries)."""
+    unknown = [s for s in selectors if s not in _field_names(entry)]
+    if unknown:
+        raise TypeError(f"{entry.__name__} has no field {', '.join(unknown)} to select by")
 
     def declared(name: str) -> ArrayOfTables:
-        return ArrayOfTables(name, Schema(section=entry, consistent=consistent), doc)
+        schema = Schema(section=entry, consistent=consistent)
+        return ArrayOfTables(name, schema, doc, selectors=selectors)
 
     empty: tuple[S, ...] = ()
     return field(default=empty, metadata={_DECLARES: (declared, False)})

@@ -225,6 +225,64 @@ CPU_LIST_PARAMETERS = frozenset(
 )
 
 
+# Of those, the ones naming the CPUs kept for applications (isolated); the others name the
+# CPUs left to other work (housekeeping: IRQs, kernel threads, PID 1 and what it starts).
+ISOLATING_PARAMETERS = frozenset({"isolcpus", "nohz_full", "rcu_nocbs"})
+
+
+class ArgumentsDiffer(ValueError):
+    """Two lists of kernel arguments that cannot be one: which parameter, in words."""
+
+
+def composed_arguments(first: Sequence[str], second: Sequence[str]) -> list[str]:
+    """Two holds' kernel arguments (as a profile's [bootloader] cmdline gives them) as
+    one list: every argument of either, the first's in their order, then the second's
+    new ones. A parameter both give with different values is one argument only where its
+    value is a CPU list: where it isolates CPUs (nohz_full, rcu_nocbs, isolcpus with the
+    same flags), the CPUs either isolates; where it names housekeeping (irqaffinity,
+    systemd.cpu_affinity, kthread_cpus), the CPUs both leave to it. Otherwise
+    ArgumentsDiffer names the parameter and both arguments."""
+    out = list(dict.fromkeys(first))
+    at = {_key(arg): i for i, arg in enumerate(out)}
+    for arg in dict.fromkeys(second):
+        i = at.get(_key(arg))
+        if i is None:
+            at[_key(arg)] = len(out)
+            out.append(arg)
+        elif out[i] != arg:
+            out[i] = _one_argument(out[i], arg)
+    return out
+
+
+def _key(arg: str) -> str:
+    return arg.partition("=")[0].replace("-", "_")
+
+
+def _one_argument(first: str, second: str) -> str:
+    """One parameter's two arguments as one (composed_arguments)."""
+    key, name = _key(first), first.partition("=")[0]
+    a, b = first.partition("=")[2], second.partition("=")[2]
+    if key not in CPU_LIST_PARAMETERS or not a or not b:
+        raise ArgumentsDiffer(f"set {name} two ways ({second} against {first})")
+    (flags_a, cpus_a), (flags_b, cpus_b) = (
+        split_isolcpus(v) if key == "isolcpus" else ((), v) for v in (a, b)
+    )
+    if (set(flags_a) or {"domain"}) != (set(flags_b) or {"domain"}):  # none: domain
+        raise ArgumentsDiffer(f"ask {name} for other kinds of isolation ({second} against {first})")
+    try:
+        mine, theirs = CpuSet.from_list(cpus_a), CpuSet.from_list(cpus_b)
+    except CpuSetError as exc:
+        raise ArgumentsDiffer(f"set {name} two ways ({second} against {first}: {exc})") from exc
+    if key in ISOLATING_PARAMETERS:
+        cpus = mine | theirs
+    elif not (cpus := mine & theirs):
+        raise ArgumentsDiffer(
+            f"leave no CPU in common to {name} ({second} against {first}: these CPUs are "
+            "other work's)"
+        )
+    return f"{name}={','.join([*flags_a, cpus.to_list()])}"
+
+
 # Parameters that choose what the machine boots into rather than how its kernel runs: the
 # program run as init (init=, rdinit=, a runlevel or target handed to it, a command run
 # at boot, a debug shell), the root filesystem or initramfs it comes from, an image to

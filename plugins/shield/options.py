@@ -55,4 +55,5 @@ class ShieldOptions:
         ShieldRule,
         "User-process rules, by name, as TuneD's scheduler groups can; the first "
         "rule whose regex matches wins, and a rule wins over the shield",
+        selectors=("match",),
     )

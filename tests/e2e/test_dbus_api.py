@@ -86,6 +86,8 @@ def test_policy_introspection_and_code_name_the_same_methods(
         (INTERFACE, "SwitchProfile", ("test-bad",), "org.latencyd.Error.BadProfile"),
         (INTERFACE, "SwitchProfile", ("p" * 100_000,), "org.latencyd.Error.NoSuchProfile"),
         (INTERFACE, "HoldProfile", ("../x", ""), "org.latencyd.Error.NoSuchProfile"),
+        (INTERFACE, "HoldAndPlaceOn", ("test-a", "", "1-x"), "org.latencyd.Error.BadProfile"),
+        (INTERFACE, "HoldAndPlace", ("test-a", "", "1"), "org.freedesktop.DBus.Error.InvalidArgs"),
     ],
 )  # fmt: skip
 def test_every_error_is_declared_and_one_line(

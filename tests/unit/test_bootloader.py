@@ -343,6 +343,32 @@ def test_the_plugin_writes_only_when_asked_and_off_takes_it_back(tmp_path: Path)
     assert tree(system.root) == before and read_record(system) == Record()
 
 
+def test_a_plan_says_which_kernel_arguments_a_reboot_would_need(tmp_path: Path) -> None:
+    """Issue 52 part 2: `latencyctl plan` says which kernel arguments a reboot would need
+    (those the running kernel did not boot with, written or not), in its JSON and as the
+    table's last line, writing nothing itself; from a kernel booted with them, none."""
+    from latencyd.tools.cli import format_plan
+
+    system = rig(tmp_path)
+    plugin = BootloaderPlugin(system)
+    engine = Engine({"bootloader": plugin}, Journal(tmp_path / "state"))
+    asked = profile(system, plugin, {"cmdline": ["nohz_full=all - 0", "rcu_nocbs=1-3"]})
+    before = tree(system.root)
+    switch_plan = engine.plan_profile(asked)
+    assert tree(system.root) == before and not (tmp_path / "state/journal.jsonl").exists()
+    shown = switch_plan.as_json(engine.plugins)
+    assert shown["needs_boot"] == [
+        {"plugin": "bootloader", "arguments": ["nohz_full=1-3", "rcu_nocbs=1-3"]}
+    ]
+    assert format_plan(shown)[-1] == (
+        "a reboot would need ([bootloader]): nohz_full=1-3 rcu_nocbs=1-3"
+    )
+    (system.root / "proc/cmdline").write_text("root=/dev/vda1 nohz_full=1-3 rcu_nocbs=1-3\n")
+    booted = engine.plan_profile(asked).as_json(engine.plugins)
+    assert booted["needs_boot"] == []
+    assert not any(line.startswith("a reboot") for line in format_plan(booted))
+
+
 def test_what_this_kernel_ignores_is_not_applicable_and_never_written(tmp_path: Path) -> None:
     system = rig(tmp_path, nohz_full=False)
     plugin = BootloaderPlugin(system)

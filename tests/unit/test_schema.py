@@ -374,3 +374,20 @@ def test_a_validated_section_is_read_as_its_options_class() -> None:
     assert SectionOptions().tags is not SectionOptions().tags
     # A schema without a class (free keys): the mapping itself.
     assert Schema().typed(values) is values
+
+
+def test_a_table_declares_what_its_entries_select_by() -> None:
+    """table(..., selectors=...) is ArrayOfTables.selectors (where the first matching
+    entry wins: how holds' entries merge, latencyd.core.compose); a selector that is no
+    field of the entry class is refused where it is declared, not ignored at a merge."""
+
+    @dataclass(frozen=True)
+    class Rules:
+        rule: tuple[RuleOptions, ...] = table(RuleOptions, "thread rules", selectors=("match",))
+
+    (rule,) = Schema(section=Rules).tables
+    assert rule.selectors == ("match",)
+    (unselected,) = DECLARED.tables
+    assert unselected.selectors == ()
+    with pytest.raises(TypeError, match="RuleOptions has no field matches to select by"):
+        table(RuleOptions, "thread rules", selectors=("matches",))

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `pytest` run without `python -m` from the repo root
     sys.path.insert(0, str(ROOT))
 
-from latencyd.service.dbus import READ_METHODS  # noqa: E402
+from latencyd.service.dbus import READ_METHODS, Service, dbus_methods  # noqa: E402
 from latencyd.tools.manpages import PAGES, page  # noqa: E402
 from scripts.private_bus import PrivateBus, PrivateBusError  # noqa: E402
 
@@ -40,7 +40,8 @@ CONFIG = SYSTEMD / "latencyd.conf"
 NAME = "org.latencyd.Daemon1"
 OBJECT_PATH = "/org/latencyd/Daemon1"
 READ_ONLY = sorted(READ_METHODS)
-MUTATING = ["SwitchProfile", "Off", "Reload", "HoldProfile", "HoldAndPlace", "ReleaseProfile"]
+# Every other method the daemon exports (HoldAndPlaceOn too): none left out by a list here.
+MUTATING = sorted({m for (i, m) in dbus_methods(Service) if i == NAME} - READ_METHODS)
 TIMEOUT_S = 10
 UNITS_LOAD_STAMP = Path("/run/systemd/systemd-units-load")
 
@@ -249,6 +250,7 @@ def test_root_can_own_the_name(bus: PrivateBus) -> None:
 
 # A stand-in for the daemon: owns the name as root and answers every method.
 _FAKE_SERVICE = """
+import sys
 import dbus, dbus.service
 from dbus.mainloop.glib import DBusGMainLoop
 from latencyd.service.mainloop import MainLoop
@@ -256,31 +258,18 @@ from latencyd.service.mainloop import MainLoop
 IFACE = "org.latencyd.Daemon1"
 DBusGMainLoop(set_as_default=True)
 
-class Fake(dbus.service.Object):
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def ListProfiles(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def ActiveProfile(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def Status(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def Verify(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def Plan(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def ProfileFile(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def SwitchProfile(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def Off(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def Reload(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def HoldProfile(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def HoldAndPlace(self): return "ok"
-    @dbus.service.method(IFACE, in_signature="", out_signature="s")
-    def ReleaseProfile(self): return "ok"
+def answering(member):
+    def answer(self):
+        return "ok"
+    answer.__name__ = member
+    return dbus.service.method(IFACE, in_signature="", out_signature="s")(answer)
+
+# Every method of the interface (argv), answering "ok"; made at once: the class's
+# metaclass reads its methods when it is made.
+Fake = type(dbus.service.Object)(
+    "Fake", (dbus.service.Object,),
+    {"__module__": __name__, **{m: answering(m) for m in sys.argv[1:]}},
+)
 
 bus = dbus.SystemBus()
 name = dbus.service.BusName(IFACE, bus, do_not_queue=True)
@@ -294,7 +283,7 @@ MainLoop().run()
 def fake_daemon(bus: PrivateBus) -> Iterator[None]:
     env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=bus.address)
     proc = subprocess.Popen(
-        [sys.executable, "-c", _FAKE_SERVICE],
+        [sys.executable, "-c", _FAKE_SERVICE, *READ_ONLY, *MUTATING],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

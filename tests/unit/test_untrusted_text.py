@@ -277,6 +277,7 @@ def test_a_plan_shows_task_names_escaped_moves_nothing_and_exits_1(
     lines = capsys.readouterr().out.splitlines()
     assert all(line.isprintable() for line in lines), lines
     assert "plan: nothing applied -> p (nothing was changed)" in lines
+    assert "would change: 3 [shield] task_affinity" in lines  # which tasks would move
     assert (
         "  change          user task x\\n<0>pwned (pid 4242, thread 4242) CPUs = 0,2-3   (now: 0-3)"
         in lines
