@@ -211,7 +211,7 @@ def test_no_process_wide_stat_is_read_per_thread(
         return read(path)
 
     monkeypatch.setattr(system_module, "_read_text", counting)
-    options = {"cpus": CpuSet({1})}
+    options = plugin.options_of({"cpus": CpuSet({1})})
     report = engine.switch(
         {("shield", t): v for t, v in plugin.expand(options, {}).settings.items()}, "p"
     )
