@@ -226,7 +226,12 @@ def serve(root: Path) -> None:
             keep.append(Manager(conn, rig, units))
 
     (root / "run/systemd/system").mkdir(exist_ok=True)  # what says systemd runs it
-    server = Server(f"unix:path={socket}")  # last: its socket says the rig is ready
+    # Last, its socket says the rig is ready; bound and listening under another name first,
+    # then renamed: libdbus binds the path before it listens, and a client that saw the
+    # path in between was refused (ECONNREFUSED: seen under load, 1-2 runs in 3).
+    listening = socket.with_name(f"{socket.name}.listening")
+    server = Server(f"unix:path={listening}")
+    listening.rename(socket)
     loop = MainLoop()
     try:
         loop.run()
