@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.qemu import Shape, flake_in, qemu_argv, why_lost
+from tests.qemu import Consoles, Shape, flake_in, qemu_argv, retry_for, why_lost
 
 OOPS = (
     "[   41.113342] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n"
@@ -85,3 +85,54 @@ def test_a_starved_guest_is_slow_not_hung() -> None:
     assert not stalled(silent_seconds=STALL / 2, cpu_while_silent=STALL_CPU / 10)  # starved
     assert stalled(silent_seconds=STALL_CPU / 2, cpu_while_silent=STALL_CPU)  # had the CPUs
     assert stalled(silent_seconds=STALL, cpu_while_silent=0.0)  # idle, no ssh: given up
+
+
+# A guest's console as the tier records it: a boot, then what a test's commands printed.
+BOOTED = (
+    "[    0.000000] Linux version 6.12.117+deb12-amd64\n"
+    "[   38.902114] e1000e 0000:00:03.0 ens3: NIC Link is Up 1000 Mbps Full Duplex\n"
+    "vm login: "
+)
+# A real oops (a fault, as a kernel or driver bug gives): not the emulator's.
+REAL_OOPS = (
+    "[  212.551203] BUG: kernel NULL pointer dereference, address: 0000000000000008\n"
+    "[  212.551870] Oops: Oops: 0000 [#1] PREEMPT SMP NOPTI\n"
+    "[  212.552301] RIP: 0010:cpuset_attach_task+0x2b/0x90\n"
+)
+
+
+def test_a_failed_test_is_retried_only_when_its_guest_died_of_the_flake() -> None:
+    # after the login prompt, on its line (the prompt has no newline)
+    assert retry_for(True, BOOTED + OOPS) == "vm login: " + OOPS.splitlines()[0].strip()
+    assert retry_for(False, BOOTED + OOPS) is None  # passed: nothing to retry
+    assert retry_for(True, BOOTED) is None  # the test's own failure
+    assert retry_for(True, BOOTED + REAL_OOPS) is None  # a kernel bug is a real failure
+    # what a command echoed to the console is not the kernel's oops line
+    assert retry_for(True, BOOTED + "sh: echo Oops: int3 is the flake\n") is None
+
+
+def test_a_flake_a_retried_boot_met_is_not_the_tests(tmp_path: Path) -> None:
+    """The consoles as one stream: a flake that a reboot's retry met (a reset, the same
+    console file) and one on a power-on's console set aside are left out; one after them,
+    while the test ran, is not."""
+    consoles = Consoles(tmp_path / "serial.log")
+    consoles.path.write_text(BOOTED)
+    test_began = consoles.position()
+    with consoles.path.open("a") as f:
+        f.write(OOPS)  # a reboot in the test dies: its retry (a reset) meets it
+    consoles.flake_met()
+    with consoles.path.open("a") as f:
+        f.write(BOOTED)
+    assert retry_for(True, consoles.since(test_began)) is None
+    with consoles.path.open("a") as f:
+        f.write(OOPS)  # then the guest dies while the test runs
+    assert "Oops: int3" in str(retry_for(True, consoles.since(test_began)))
+    set_aside_at = consoles.position()
+    consoles.aside("serial-1.log")  # a power-on's flake, met by a fresh power-on
+    consoles.path.write_text(BOOTED)
+    assert consoles.since(test_began) == BOOTED
+    assert (tmp_path / "serial-1.log").read_text().endswith(OOPS)
+    consoles.keep()  # the VM stopped: its directory goes, its console stays readable
+    consoles.path.unlink()
+    assert consoles.since(set_aside_at) == BOOTED
+    assert consoles.position() == set_aside_at + len(BOOTED)
