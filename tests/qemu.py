@@ -76,6 +76,14 @@ class NotBuilt(RuntimeError):
     pass
 
 
+def not_built() -> str | None:
+    """Why no VM can boot here (the image not built into CACHE, or CACHE not readable by
+    this user: it is root's), or None."""
+    if not IMAGE.exists() or not KEY.exists():
+        return f"no VM image in {CACHE}: run make vm-image (make test does)"
+    return None
+
+
 class BootFailed(RuntimeError):
     pass
 
@@ -205,8 +213,8 @@ def _die_with_parent() -> None:
 
 class Vm:
     def __init__(self, shape: Shape = Shape()) -> None:
-        if not IMAGE.exists() or not KEY.exists():
-            raise NotBuilt(f"no VM image in {CACHE}: run make vm-image (make test does)")
+        if why := not_built():
+            raise NotBuilt(why)
         self.shape = shape
         self.dir = Path(tempfile.mkdtemp(prefix="latencyd-vm-"))
         self.overlay = self.dir / "overlay.qcow2"
