@@ -76,6 +76,9 @@ class Machines:
                 install_latencyd(vm)
                 vm.reboot()  # systemd starts latencyd at boot, as on a user's server
             vm.ssh("useradd --create-home alice")  # a plain user
+            # Which kernel the tests start on, in the run's summary: the RT entry was seen
+            # booted where the generic one was meant (test_bootloader's set-up).
+            self.log.append(f"{shape}: tests start on Linux {vm.ssh('uname -r').stdout.strip()}")
             self.current = Booted(vm, vm.ssh(BASELINE).stdout, installed)
         except BaseException:
             self.log.append(f"{shape}: failed; console tail:\n{vm.console()[-3000:]}")

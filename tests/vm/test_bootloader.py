@@ -24,37 +24,44 @@ BOOT_CONFIGURATION = (
 UPDATE_GRUB = "pgrep -x 'update-grub|grub-mkconfig'"
 
 
-def as_a_debian_machine(vm: Vm) -> None:
+def as_a_debian_machine(vm: Vm) -> str:
     """The boot configuration as on a user's Debian machine: grub.cfg update-grub's output
     (the image's first one is its recipe's, so any update-grub rewrites it), its default
-    the running kernel's entry by the id update-grub gives it here. The recipe's
-    GRUB_DEFAULT id does not survive update-grub in the VM: its entries came out with
-    root=/dev/vda1 and no file system UUID in their ids, so no entry had the default's id
-    and the first, the PREEMPT_RT kernel, booted (a title is no way out: grub-mkconfig
-    rewrites a title default into a submenu path, which the recipe's flat menu lacks).
-    The id is a menu entry's: grub.cfg's `set default="..."` names the stale one first."""
+    the generic kernel's entry by the id update-grub gives it here; returns that kernel's
+    release. The recipe's GRUB_DEFAULT id does not survive update-grub in the VM: its
+    entries came out with root=/dev/vda1 and no file system UUID in their ids, so no entry
+    had the default's id and the first, the PREEMPT_RT kernel, booted (a title is no way
+    out: grub-mkconfig rewrites a title default into a submenu path, which the recipe's
+    flat menu lacks). The kernel is named by its installed image, not by `uname -r`: a
+    machine that already runs the RT kernel (seen twice here, cause not yet read) would
+    otherwise keep it as its default, and the test would read its own set-up as a fault."""
+    generic = vm.ssh(
+        "cd /boot && ls vmlinuz-*-amd64 | grep -v -- -rt- | head -1 | sed 's/^vmlinuz-//'"
+    ).stdout.strip()
+    assert generic, "no generic kernel in /boot"
     vm.ssh(
         "update-grub && "
-        r"""id=$(sed -n "s/.*menuentry_id_option '\(gnulinux-$(uname -r)-advanced-"""
+        f"""id=$(sed -n "s/.*menuentry_id_option '\\(gnulinux-{generic}-advanced-"""
         r"""[^']*\)'.*/\1/p" /boot/grub/grub.cfg | head -1) && """
         '[ -n "$id" ] && sed -i "s|^GRUB_DEFAULT=.*|GRUB_DEFAULT=$id|" /etc/default/grub && '
         "update-grub",
         timeout=1200,
     )
+    return generic
 
 
 def booted_args(vm: Vm) -> set[str]:
     return set(vm.ssh("cat /proc/cmdline").stdout.split())
 
 
-def written_and_booted(vm: Vm) -> None:
+def written_and_booted(vm: Vm, kernel: str) -> None:
     """The machine rebooted into the arguments: on /proc/cmdline, the kernel isolating
     CPUs 2-3 as they ask, latencyd resumed the profile that wrote them (not the default,
     which would take them out again) and verifies clean; status reads every booted
     feature as CPUs 2-3's, none as a mismatch (finding 4c: booted rcu_nocbs=2-3 once read
     as a mismatch for CPUs 0-1)."""
     assert set(ARGUMENTS) <= booted_args(vm), vm.ssh("cat /proc/cmdline").stdout
-    assert "-rt-" not in vm.ssh("uname -r").stdout  # the default kernel, as before
+    assert vm.ssh("uname -r").stdout.strip() == kernel  # the default kernel, as before
     assert vm.ssh("cat /sys/devices/system/cpu/nohz_full").stdout.strip() == "2-3"
     assert vm.ssh("systemctl is-active latencyd", check=False).stdout.strip() == "active", vm.ssh(
         "journalctl -b -u latencyd --no-pager -o cat", check=False
@@ -89,7 +96,7 @@ def gone_after_a_reboot(vm: Vm, before: str) -> None:
 @pytest.mark.leaves_boot_changed
 def test_kernel_arguments_written_booted_and_taken_out_again(vm: Vm) -> None:
     assert not set(ARGUMENTS) & booted_args(vm)
-    as_a_debian_machine(vm)
+    kernel = as_a_debian_machine(vm)
     before = vm.ssh(BOOT_CONFIGURATION).stdout
     guest_profile(vm, WRITTEN, REALTIME_WRITTEN)
     # 1. switch to the profile, reboot into it, switch away (finding 4b: after the reboot
@@ -98,13 +105,13 @@ def test_kernel_arguments_written_booted_and_taken_out_again(vm: Vm) -> None:
     assert all(arg in vm.ssh("cat /boot/grub/grub.cfg").stdout for arg in ARGUMENTS)
     assert vm.ssh("latencyctl verify", check=False).returncode == 5  # reboot pending
     vm.reboot()
-    written_and_booted(vm)
+    written_and_booted(vm, kernel)
     vm.ssh(f"latencyctl switch {DEFAULT_PROFILE}")
     gone_after_a_reboot(vm, before)
     # 2. The same through `off`.
     vm.ssh(f"latencyctl switch {WRITTEN}")
     vm.reboot()
-    written_and_booted(vm)
+    written_and_booted(vm, kernel)
     vm.ssh("latencyctl off")
     gone_after_a_reboot(vm, before)
     # 3. kill -9 of the daemon while update-grub writes the arguments: the record says a
