@@ -22,6 +22,8 @@ import shlex
 import subprocess
 import tarfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -145,11 +147,29 @@ def main_pid(vm: Vm, unit: str) -> int:
     return int(vm.ssh(f"systemctl show -P MainPID {unit}").stdout)
 
 
+@contextmanager
+def guest_logs_on_failure(vm: Vm) -> Iterator[None]:
+    """On a failure, what the guest's dpkg and latencyd said (its journal is kept across
+    the reboot), printed before the VM is powered off and its disk with it."""
+    try:
+        yield
+    except BaseException:
+        logs = vm.ssh("tail -n 150 /var/log/apt/term.log; "
+                      "journalctl -o short-monotonic -u latencyd --no-pager | tail -n 250",
+                      check=False, lost_ok=True)  # fmt: skip
+        print(f"-- the guest's apt term.log and latencyd's journal:\n{logs.stdout}{logs.stderr}")
+        raise
+
+
 def test_the_package_from_install_through_upgrade_to_purge(
     debs: dict[str, Path], fresh_vm: Vm
 ) -> None:
+    with guest_logs_on_failure(fresh_vm):
+        from_install_to_purge(debs, fresh_vm)
+
+
+def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     started = time.monotonic()
-    vm = fresh_vm
     vm.put_tree(guest_tools(), WORK)
     for deb in debs.values():
         vm.ssh(f"cat > {WORK}/{deb.name}", stdin=deb.read_bytes())
