@@ -71,11 +71,13 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def guest_tools() -> bytes:
-    """tests/machine_state.py (with the latencyd code it reads tracefs with) and the
-    sampler, for the guest's python3."""
+    """tests/machine_state.py (with what it imports: the latencyd code it reads tracefs
+    with, tests/qemu.py's CACHE and so tests/harness.py) and the sampler, for the guest's
+    python3."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for rel in ("tests/__init__.py", "tests/machine_state.py", "tests/vm/guest_sampler.py"):
+        for rel in ("tests/__init__.py", "tests/machine_state.py", "tests/qemu.py",
+                    "tests/harness.py", "tests/vm/guest_sampler.py"):  # fmt: skip
             tar.add(REPO / rel, arcname=rel)
         tar.add(REPO / "latencyd", arcname="latencyd",
                 filter=lambda t: None if "__pycache__" in t.name else t)  # fmt: skip
