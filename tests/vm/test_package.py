@@ -59,6 +59,7 @@ BOOKKEEPING = ("/var/lib/dpkg/", "/var/lib/apt/", "/var/cache/apt/", "/var/log/"
 # systemd's own runtime directories, made on demand: what is in them is checked file by
 # file against the file list from before, after the purge).
 NOT_SETTINGS = ("pid ", "run_systemd: ")
+DAEMONS_CGROUP = "/sys/fs/cgroup/system.slice/latencyd.service/"
 APP = "vm-app"  # the application, a service in latencyd.slice
 APP_COMMAND = "python3 -c 'import time\nwhile True: time.sleep(0.01)'"
 ISOLATED = "2,3"  # PARTITIONING's isolated_cores, as an affinity reads
@@ -104,12 +105,15 @@ def made_by_profile(
     untuned: dict[str, object], tuned: dict[str, object]
 ) -> tuple[list[str], list[int]]:
     """The settings a profile made, from two snapshots: the files (cgroups among them) it
-    changed or made, and the kernel threads (pids) whose affinity or policy it changed."""
+    changed or made, and the kernel threads (pids) whose affinity or policy it changed.
+    Not the daemon's own cgroup's files: systemd makes that cgroup when it starts the
+    service and removes it when it stops (a restart's gap), as for any service."""
     files_before, files_tuned = untuned["files"], tuned["files"]
     threads_before, threads_tuned = untuned["kthreads"], tuned["kthreads"]
     assert isinstance(files_before, dict) and isinstance(files_tuned, dict)
     assert isinstance(threads_before, dict) and isinstance(threads_tuned, dict)
-    files = [k for k, v in files_tuned.items() if files_before.get(k) != v]
+    files = [k for k, v in files_tuned.items()
+             if files_before.get(k) != v and not k.startswith(DAEMONS_CGROUP)]  # fmt: skip
     threads = [int(k.split(":")[0]) for k, v in threads_tuned.items()
                if k in threads_before and threads_before[k] != v]  # fmt: skip
     return files, threads
