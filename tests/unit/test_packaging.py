@@ -9,9 +9,10 @@ builds it):
 - the config is the only file under /etc, so the only conffile;
 - each maintainer script passes `sh -n` and shellcheck, and holds #DEBHELPER# once, as
   a line of its own (debhelper replaces it wherever it stands, comments included);
-- the prerm, on remove, has the running daemon restore everything (`latencyctl off`) or,
-  where none runs, `latencyd --restore`; on upgrade it runs nothing of latencyd's; both
-  commands exist as it calls them.
+- the prerm, on remove, stops the service (under systemd) and then has `latencyd
+  --restore` put back what is left, never `latencyctl off` (which would note "no profile"
+  for a later install to resume); on upgrade it runs nothing of latencyd's; the option it
+  calls exists.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from pathlib import Path
 import pytest
 
 from latencyd.service.main import arg_parser
-from latencyd.tools import cliparser
 from tests.harness import REPO
 from tests.unit.test_dependencies import canonical
 
@@ -127,13 +127,14 @@ def test_maintainer_script_is_sound_shell(script: str) -> None:
 
 
 def run_prerm(tmp_path: Path, *args: str, active: bool) -> list[str]:
-    """debian/latencyd.prerm with stand-ins for latencyd, latencyctl and systemctl first on
-    PATH, each writing its command line down: what the script ran."""
+    """debian/latencyd.prerm with stand-ins for latencyd, latencyctl, systemctl and
+    deb-systemd-invoke first on PATH, each writing its command line down: what the script
+    ran."""
     bin_ = tmp_path / "bin"
     bin_.mkdir(exist_ok=True)
     calls = tmp_path / "calls"
     calls.write_text("")
-    for name in ("latencyd", "latencyctl", "systemctl"):
+    for name in ("latencyd", "latencyctl", "systemctl", "deb-systemd-invoke"):
         status = 0 if name != "systemctl" or active else 3
         (bin_ / name).write_text(f'#!/bin/sh\necho "{name} $*" >>"{calls}"\nexit {status}\n')
         (bin_ / name).chmod(0o755)
@@ -146,14 +147,10 @@ def run_prerm(tmp_path: Path, *args: str, active: bool) -> list[str]:
 
 
 def test_prerm_restores_on_remove_and_leaves_the_tuning_on_upgrade(tmp_path: Path) -> None:
-    systemd = Path("/run/systemd/system").is_dir()  # the script asks only under systemd
-    assert run_prerm(tmp_path, "remove", active=True) == (
-        ["latencyctl off"] if systemd else ["latencyd --restore"]
-    )
-    assert run_prerm(tmp_path, "remove", active=False) == ["latencyd --restore"]
-    assert run_prerm(tmp_path, "upgrade", "0.1.1", active=True) == []
-    assert run_prerm(tmp_path, "upgrade", "0.1.1", active=False) == []
-    # What it calls exists: latencyctl off, latencyd --restore.
-    sub = next(a for a in cliparser.parser()._actions if a.dest == "command")
-    assert "off" in sub.choices  # type: ignore[attr-defined]
+    systemd = Path("/run/systemd/system").is_dir()  # the script stops it only under systemd
+    stop = ["deb-systemd-invoke stop latencyd.service"] if systemd else []
+    for active in (True, False):
+        assert run_prerm(tmp_path, "remove", active=active) == [*stop, "latencyd --restore"]
+        assert run_prerm(tmp_path, "upgrade", "0.1.1", active=active) == []
+    # What it calls exists.
     assert "--restore" in arg_parser()._option_string_actions

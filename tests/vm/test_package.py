@@ -9,6 +9,8 @@ VM as the image boots (no `make install`):
 - an upgrade to a higher version under cpu-partitioning beside a running application
   (a service in latencyd.slice): sampled through the upgrade, none of the application's
   affinity samples off the shield and no setting the profile made seen with another value;
+- `apt remove latencyd`: the service stopped, the kernel's settings and cgroups as before
+  the install; installed again, the service resumes the profile in force before;
 - `apt purge latencyd`: the service stopped, the kernel's settings and cgroups as
   tests/machine_state.py reads them identical to before the install, no file of latencyd
   left; and once `apt autoremove --purge` has taken the Debian packages the install pulled
@@ -117,6 +119,11 @@ def made_by_profile(
     threads = [int(k.split(":")[0]) for k, v in threads_tuned.items()
                if k in threads_before and threads_before[k] != v]  # fmt: skip
     return files, threads
+
+
+def changed(before: dict[str, object], now: dict[str, object]) -> list[str]:
+    """What differs between two snapshots in kernel settings and cgroups (NOT_SETTINGS aside)."""
+    return [d for d in differences(before, now) if not d.startswith(NOT_SETTINGS)]
 
 
 def etc_and_boot(vm: Vm) -> dict[str, str]:
@@ -251,12 +258,22 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     flipped = {k: v for k, v in seen.items() if k != "app" and len(v) > 1}
     assert not flipped, f"settings flipped during the upgrade:\n{upgrade.stdout}\n{flipped}"
 
+    # -- remove: every original back, the service stopped; installed again, the profile
+    # in force before the remove resumes (the package chose no profile) ----------------
+    vm.ssh(f"systemctl stop {APP}")
+    vm.ssh("apt remove -y latencyd", timeout=BOOT_TIMEOUT)
+    assert vm.ssh("systemctl is-active latencyd", check=False).stdout.strip() == "inactive"
+    diffs = changed(before, snapshot(vm))
+    assert not diffs, "the remove left the machine changed:\n" + "\n".join(diffs)
+    vm.ssh(f"apt install -y {WORK}/latencyd_{UPGRADE}_all.deb", timeout=BOOT_TIMEOUT)
+    assert vm.ssh("latencyctl active").stdout.strip() == "vm-partitioning"
+
     # -- purge: the machine as before the install ----------------------------------------
-    vm.ssh(f"systemctl stop {APP}; rm /etc/latencyd/profiles/vm-partitioning.toml")
+    vm.ssh("rm /etc/latencyd/profiles/vm-partitioning.toml")
     vm.ssh("apt purge -y latencyd", timeout=BOOT_TIMEOUT)
     assert vm.ssh("dpkg-query -W latencyd", check=False).returncode != 0
     assert vm.ssh("systemctl is-active latencyd", check=False).stdout.strip() == "inactive"
-    diffs = [d for d in differences(before, snapshot(vm)) if not d.startswith(NOT_SETTINGS)]
+    diffs = changed(before, snapshot(vm))
     assert not diffs, "the purge left the machine changed:\n" + "\n".join(diffs)
     still = [p for p in files_of_latencyd if p not in paths_before and p in every_path(vm)]
     assert not still, f"latencyd's files left: {still}"
