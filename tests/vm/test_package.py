@@ -1,7 +1,8 @@
 """The Debian package on a machine like our users' (issue 54), from install to purge, on a
 VM as the image boots (no `make install`):
 
-- `apt install ./latencyd_*.deb` pulls only Debian's packages: the guest has no network,
+- `apt install ./latencyd_*.deb` beside a running tuned.service says so, and stops it;
+- it pulls only Debian's packages: the guest has no network,
   so its apt reads a copy of Debian's signed index and the files the install needs are
   fetched on the host (tests/qemu.py: serve_debian_index, serve_pool_files);
 - after a reboot the service is active with the default profile before multi-user.target,
@@ -61,6 +62,7 @@ BOOKKEEPING = ("/var/lib/dpkg/", "/var/lib/apt/", "/var/cache/apt/", "/var/log/"
 # systemd's own runtime directories, made on demand: what is in them is checked file by
 # file against the file list from before, after the purge).
 NOT_SETTINGS = ("pid ", "run_systemd: ")
+TUNED = "/run/systemd/system/tuned.service"  # a stand-in for TuneD's unit
 DAEMONS_CGROUP = "/sys/fs/cgroup/system.slice/latencyd.service/"
 APP = "vm-app"  # the application, a service in latencyd.slice
 APP_COMMAND = "python3 -c 'import time\nwhile True: time.sleep(0.01)'"
@@ -138,8 +140,11 @@ def etc_and_boot(vm: Vm) -> dict[str, str]:
 
 
 def every_path(vm: Vm) -> set[str]:
-    out = vm.ssh(f"find / /run -xdev \\( -path {WORK} -o -path /var/log/journal \\) -prune "
-                 "-o -print", timeout=BOOT_TIMEOUT).stdout  # fmt: skip
+    """Every path on / and /run but the test's own (its files, the Debian mirror it serves
+    the guest's apt from) and the journal."""
+    out = vm.ssh(f"find / /run -xdev \\( -path {WORK} -o -path {GUEST_MIRROR} "
+                 "-o -path /var/log/journal \\) -prune -o -print",
+                 timeout=BOOT_TIMEOUT).stdout  # fmt: skip
     return set(out.splitlines())
 
 
@@ -213,8 +218,16 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     for f in needed:
         assert f.uri.startswith(f"file:{GUEST_MIRROR}/deb.debian.org/debian"), f
     serve_pool_files(vm, needed)
+    # Beside a running tuned.service (a stand-in: Debian's TuneD is not in the image, and
+    # the postinst asks systemd only about the unit): the install says so, and latencyd's
+    # start stops it (Conflicts=). Gone again before anything is compared.
+    vm.ssh(f"printf '[Service]\\nExecStart=/bin/sleep infinity\\n' >{TUNED} && "
+           "systemctl daemon-reload && systemctl start tuned")  # fmt: skip
     done = vm.ssh(f"apt install -y {install}", timeout=BOOT_TIMEOUT)
     assert "cannot be authenticated" not in done.stdout + done.stderr
+    assert "tuned.service is running" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert vm.ssh("systemctl is-active tuned", check=False).stdout.strip() == "inactive"
+    vm.ssh(f"rm {TUNED} && systemctl daemon-reload")
     added = packages(vm) - packages_before
     from_debian = {"=".join(map(unquote, f.name.split("_")[:2])) for f in needed}
     assert added == {f"latencyd={VERSION}"} | from_debian, done.stdout
