@@ -154,3 +154,40 @@ def test_prerm_restores_on_remove_and_leaves_the_tuning_on_upgrade(tmp_path: Pat
         assert run_prerm(tmp_path, "upgrade", "0.1.1", active=active) == []
     # What it calls exists.
     assert "--restore" in arg_parser()._option_string_actions
+
+
+UNSET = (
+    '# This is a drop-in unit file extension, created via "systemctl set-property"\n'
+    "# or an equivalent operation. Do not edit.\n[Slice]\nAllowedCPUs=\nAllowedCPUs=\n"
+)  # what systemd 252 writes when AllowedCPUs= is set to nothing at run time
+
+
+def test_postrm_removes_the_shields_runtime_drop_ins_that_only_unset(tmp_path: Path) -> None:
+    """On remove, the drop-ins systemd keeps of the shield's AllowedCPUs= (restored: unset)
+    go, and their directories once empty; a drop-in that sets CPUs, another file in a
+    unit's directory and another unit's are kept. On upgrade nothing goes."""
+    control = tmp_path / "run/systemd/system.control"
+    files = {
+        "init.scope.d/50-AllowedCPUs.conf": UNSET,
+        "system.slice.d/50-AllowedCPUs.conf": UNSET,
+        "system.slice.d/50-MemoryMax.conf": "[Slice]\nMemoryMax=1G\n",
+        "user.slice.d/50-AllowedCPUs.conf": UNSET.removesuffix("\n") + "0-1\n",
+        "machine.slice.d/50-AllowedCPUs.conf": UNSET,
+    }
+    for rel, text in files.items():
+        (control / rel).parent.mkdir(parents=True, exist_ok=True)
+        (control / rel).write_text(text)
+    for args in (("upgrade", "0.1.1"), ("remove",)):
+        done = subprocess.run(["sh", str(DEBIAN / "latencyd.postrm"), *args],
+                              env={**os.environ, "DPKG_ROOT": str(tmp_path)},
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        if args[0] == "upgrade":
+            left = {str(p.relative_to(control)) for p in control.rglob("*") if p.is_file()}
+            assert left == set(files)
+    left = {str(p.relative_to(control)) for p in control.rglob("*")}
+    assert left == {
+        "system.slice.d", "system.slice.d/50-MemoryMax.conf",
+        "user.slice.d", "user.slice.d/50-AllowedCPUs.conf",
+        "machine.slice.d", "machine.slice.d/50-AllowedCPUs.conf",
+    }  # fmt: skip
