@@ -7,9 +7,10 @@ VM as the image boots (no `make install`):
   fetched on the host (tests/qemu.py: serve_debian_index, serve_pool_files);
 - after a reboot the service is active with the default profile before multi-user.target,
   and `latencyctl status` answers root and a plain user;
-- an upgrade to a higher version under cpu-partitioning beside a running application
-  (a service in latencyd.slice): sampled through the upgrade, none of the application's
-  affinity samples off the shield and no setting the profile made seen with another value;
+- an upgrade (`dpkg -i`) to a higher version under cpu-partitioning beside a running
+  application (a service in latencyd.slice): sampled through the upgrade, none of the
+  application's affinity samples off the shield and no setting the profile made seen with
+  another value;
 - `apt remove latencyd`: the service stopped, the kernel's settings and cgroups as before
   the install; installed again, the service resumes the profile in force before;
 - `apt purge latencyd`: the service stopped, the kernel's settings and cgroups as
@@ -258,7 +259,9 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     vm.ssh(f"cd {WORK} && nohup python3 tests/vm/guest_sampler.py samples.json stop {app} "
            "<settings.json >sampler.log 2>&1 &")  # fmt: skip
     old_daemon = main_pid(vm, "latencyd")
-    upgrade = vm.ssh(f"apt install -y {WORK}/latencyd_{UPGRADE}_all.deb", timeout=BOOT_TIMEOUT)
+    # By `dpkg -i` (the maintainer scripts are the same as apt's; the install and the
+    # install after the remove go through apt).
+    upgrade = vm.ssh(f"dpkg -i {WORK}/latencyd_{UPGRADE}_all.deb", timeout=BOOT_TIMEOUT)
     assert vm.ssh("dpkg-query -W -f '${Version}' latencyd").stdout == UPGRADE
     assert main_pid(vm, "latencyd") not in (0, old_daemon), "the upgrade did not restart it"
     assert vm.ssh("latencyctl active").stdout.strip() == "vm-partitioning"
