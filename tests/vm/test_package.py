@@ -201,8 +201,27 @@ def test_the_package_from_install_through_upgrade_to_purge(
         from_install_to_purge(debs, fresh_vm)
 
 
+class Findings:
+    """What the test found wrong, each said as it is found (with the seconds since the
+    start), the run going on where the next steps still mean something: a VM run costs
+    many minutes, and one run should show every problem it can."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.problems: list[str] = []
+
+    def step(self, name: str) -> None:
+        print(f"[{time.monotonic() - self.started:4.0f} s] {name}")
+
+    def check(self, ok: bool, problem: str) -> None:
+        if not ok:
+            self.step(f"FOUND: {problem}")
+            self.problems.append(problem)
+
+
 def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
-    started = time.monotonic()
+    found = Findings()
+    found.step("the guest's tools, the packages and Debian's index in; snapshots")
     vm.put_tree(guest_tools(), WORK)
     for deb in debs.values():
         vm.ssh(f"cat > {WORK}/{deb.name}", stdin=deb.read_bytes())
@@ -213,6 +232,7 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     packages_before = packages(vm)
 
     # -- install: only Debian's packages -------------------------------------------------
+    found.step("install")
     install = f"{WORK}/latencyd_{VERSION}_all.deb"
     needed = pool_files(vm, install)
     assert needed, "nothing to fetch: the image already has latencyd's dependencies"
@@ -226,8 +246,10 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
            "systemctl daemon-reload && systemctl start tuned")  # fmt: skip
     done = vm.ssh(f"apt install -y {install}", timeout=BOOT_TIMEOUT)
     assert "cannot be authenticated" not in done.stdout + done.stderr
-    assert "tuned.service is running" in done.stdout + done.stderr, done.stdout + done.stderr
-    assert vm.ssh("systemctl is-active tuned", check=False).stdout.strip() == "inactive"
+    said = done.stdout + done.stderr
+    found.check("tuned.service is running" in said, f"the install did not name TuneD:\n{said}")
+    tuned = vm.ssh("systemctl is-active tuned", check=False).stdout.strip()
+    found.check(tuned == "inactive", f"tuned.service {tuned} beside latencyd")
     vm.ssh(f"rm {TUNED} && systemctl daemon-reload")
     added = packages(vm) - packages_before
     from_debian = {"=".join(map(unquote, f.name.split("_")[:2])) for f in needed}
@@ -236,6 +258,7 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     assert vm.ssh("systemctl is-active latencyd").stdout.strip() == "active"
 
     # -- a reboot: started before multi-user.target, with the default profile -------------
+    found.step("reboot")
     vm.reboot()
     assert vm.ssh("systemctl is-enabled latencyd").stdout.strip() == "enabled"
     assert vm.ssh("systemctl is-active latencyd").stdout.strip() == "active"
@@ -247,6 +270,7 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
         assert f"active profile: {DEFAULT_PROFILE}" in out
 
     # -- an upgrade under cpu-partitioning beside a running application -------------------
+    found.step("cpu-partitioning, the application, the sampler")
     guest_profile(vm, "vm-partitioning", PARTITIONING)
     vm.ssh("latencyctl switch vm-partitioning")
     vm.ssh(f"systemd-run --quiet --unit={APP} --slice=latencyd.slice {APP_COMMAND}")
@@ -259,6 +283,7 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     vm.ssh(f"cd {WORK} && nohup python3 tests/vm/guest_sampler.py samples.json stop {app} "
            "<settings.json >sampler.log 2>&1 &")  # fmt: skip
     old_daemon = main_pid(vm, "latencyd")
+    found.step("upgrade")
     # By `dpkg -i` (the maintainer scripts are the same as apt's; the install and the
     # install after the remove go through apt).
     upgrade = vm.ssh(f"dpkg -i {WORK}/latencyd_{UPGRADE}_all.deb", timeout=BOOT_TIMEOUT)
@@ -270,42 +295,53 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     sampled = json.loads(vm.ssh(f"cat {WORK}/samples.json").stdout)
     seen: dict[str, dict[str, int]] = sampled["seen"]
     print(f"upgrade sampled {sampled['samples']} times: app {seen['app']}")
-    assert set(seen["app"]) == {ISOLATED}, f"the application's affinity: {seen['app']}"
+    found.check(set(seen["app"]) == {ISOLATED}, f"the application's affinity: {seen['app']}")
     flipped = {k: v for k, v in seen.items() if k != "app" and len(v) > 1}
-    assert not flipped, f"settings flipped during the upgrade:\n{upgrade.stdout}\n{flipped}"
+    found.check(not flipped, f"settings flipped during the upgrade:\n{upgrade.stdout}\n{flipped}")
 
     # -- remove: every original back, the service stopped; installed again, the profile
     # in force before the remove resumes (the package chose no profile) ----------------
+    found.step("remove")
     vm.ssh(f"systemctl stop {APP}")
     vm.ssh("apt remove -y latencyd", timeout=BOOT_TIMEOUT)
-    assert vm.ssh("systemctl is-active latencyd", check=False).stdout.strip() == "inactive"
+    state = vm.ssh("systemctl is-active latencyd", check=False).stdout.strip()
+    found.check(state == "inactive", f"latencyd.service {state} after the remove")
     diffs = changed(before, snapshot(vm))
-    assert not diffs, "the remove left the machine changed:\n" + "\n".join(diffs)
+    found.check(not diffs, "the remove left the machine changed:\n" + "\n".join(diffs))
+    found.step("installed again")
     vm.ssh(f"apt install -y {WORK}/latencyd_{UPGRADE}_all.deb", timeout=BOOT_TIMEOUT)
-    assert vm.ssh("latencyctl active").stdout.strip() == "vm-partitioning"
+    active = vm.ssh("latencyctl active").stdout.strip()
+    found.check(active == "vm-partitioning", f"installed again, latencyd resumed {active!r}")
 
     # -- purge: the machine as before the install ----------------------------------------
+    found.step("purge")
     vm.ssh("rm /etc/latencyd/profiles/vm-partitioning.toml")
     vm.ssh("apt purge -y latencyd", timeout=BOOT_TIMEOUT)
     assert vm.ssh("dpkg-query -W latencyd", check=False).returncode != 0
-    assert vm.ssh("systemctl is-active latencyd", check=False).stdout.strip() == "inactive"
+    state = vm.ssh("systemctl is-active latencyd", check=False).stdout.strip()
+    found.check(state == "inactive", f"latencyd.service {state} after the purge")
     diffs = changed(before, snapshot(vm))
-    assert not diffs, "the purge left the machine changed:\n" + "\n".join(diffs)
+    found.check(not diffs, "the purge left the machine changed:\n" + "\n".join(diffs))
     still = [p for p in files_of_latencyd if p not in paths_before and p in every_path(vm)]
-    assert not still, f"latencyd's files left: {still}"
-    assert not [p for p, names in owned(vm, files_of_latencyd).items() if "latencyd" in names]
+    found.check(not still, f"latencyd's files left: {still}")
+    claimed = [p for p, names in owned(vm, files_of_latencyd).items() if "latencyd" in names]
+    found.check(not claimed, f"dpkg -S still names latencyd for {claimed}")
     # The Debian packages the install pulled in stay (apt marks them as installed
     # automatically) and hold files of their own (/etc/ld.so.cache lists their libraries):
     # the machine reads as before the install once they go too, as `apt autoremove` takes
     # them. Their files are theirs, so what is left after it is latencyd's.
+    found.step("autoremove")
     vm.ssh("apt autoremove --purge -y", timeout=BOOT_TIMEOUT)
-    assert packages(vm) == packages_before
+    now = packages(vm)
+    found.check(now == packages_before, f"packages: {now ^ packages_before}")
     etc_boot_after = etc_and_boot(vm)
-    assert etc_boot_after == etc_boot_before, {
+    differ = {
         p: (etc_boot_before.get(p), etc_boot_after.get(p))
-        for p in set(etc_boot_before) ^ set(etc_boot_after)
-        | {p for p in etc_boot_before if etc_boot_after.get(p) not in (None, etc_boot_before[p])}
+        for p in set(etc_boot_before) | set(etc_boot_after)
+        if etc_boot_before.get(p) != etc_boot_after.get(p)
     }
+    found.check(not differ, f"/etc and /boot changed: {differ}")
     left = [p for p in sorted(every_path(vm) - paths_before) if not p.startswith(BOOKKEEPING)]
-    assert not left, f"left after the purge: {owners(vm, left)}"
-    print(f"install to purge: {time.monotonic() - started:.0f} s; boots {vm.boot_seconds}")
+    found.check(not left, f"left after the purge: {owners(vm, left) if left else ''}")
+    found.step(f"done; boots to ssh {[round(s) for s in vm.boot_seconds]} s")
+    assert not found.problems, "\n\n".join(found.problems)
