@@ -571,6 +571,25 @@ def guest_profile(vm: Vm, name: str, text: str) -> None:
     vm.ssh(f"cat > /etc/latencyd/profiles/{name}.toml && latencyctl reload", stdin=text.encode())
 
 
+def as_a_debian_machine(vm: Vm) -> None:
+    """The boot configuration as on a user's Debian machine: grub.cfg update-grub's output
+    (the image's first one is its recipe's, so any update-grub rewrites it), its default
+    the running kernel's entry by the id update-grub gives it here. The recipe's
+    GRUB_DEFAULT id does not survive update-grub in the VM: its entries came out with
+    root=/dev/vda1 and no file system UUID in their ids, so no entry had the default's id
+    and the first, the PREEMPT_RT kernel, booted (a title is no way out: grub-mkconfig
+    rewrites a title default into a submenu path, which the recipe's flat menu lacks).
+    The id is a menu entry's: grub.cfg's `set default="..."` names the stale one first."""
+    vm.ssh(
+        "update-grub && "
+        r"""id=$(sed -n "s/.*menuentry_id_option '\(gnulinux-$(uname -r)-advanced-"""
+        r"""[^']*\)'.*/\1/p" /boot/grub/grub.cfg | head -1) && """
+        '[ -n "$id" ] && sed -i "s|^GRUB_DEFAULT=.*|GRUB_DEFAULT=$id|" /etc/default/grub && '
+        "update-grub",
+        timeout=1200,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Boot the VM tier's machine until Ctrl-C.")
     parser.add_argument("--cpus", type=int, default=4)

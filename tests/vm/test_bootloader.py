@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.qemu import Vm, guest_profile
+from tests.qemu import Vm, as_a_debian_machine, guest_profile
 from tests.vm.profiles import DEFAULT_PROFILE, REALTIME_WRITTEN
 
 ARGUMENTS = ("nohz_full=2-3", "rcu_nocbs=2-3", "isolcpus=managed_irq,domain,2-3")
@@ -22,25 +22,6 @@ BOOT_CONFIGURATION = (
 )
 # What update-grub runs as (it execs grub-mkconfig), for a kill while it runs.
 UPDATE_GRUB = "pgrep -x 'update-grub|grub-mkconfig'"
-
-
-def as_a_debian_machine(vm: Vm) -> None:
-    """The boot configuration as on a user's Debian machine: grub.cfg update-grub's output
-    (the image's first one is its recipe's, so any update-grub rewrites it), its default
-    the running kernel's entry by the id update-grub gives it here. The recipe's
-    GRUB_DEFAULT id does not survive update-grub in the VM: its entries came out with
-    root=/dev/vda1 and no file system UUID in their ids, so no entry had the default's id
-    and the first, the PREEMPT_RT kernel, booted (a title is no way out: grub-mkconfig
-    rewrites a title default into a submenu path, which the recipe's flat menu lacks).
-    The id is a menu entry's: grub.cfg's `set default="..."` names the stale one first."""
-    vm.ssh(
-        "update-grub && "
-        r"""id=$(sed -n "s/.*menuentry_id_option '\(gnulinux-$(uname -r)-advanced-"""
-        r"""[^']*\)'.*/\1/p" /boot/grub/grub.cfg | head -1) && """
-        '[ -n "$id" ] && sed -i "s|^GRUB_DEFAULT=.*|GRUB_DEFAULT=$id|" /etc/default/grub && '
-        "update-grub",
-        timeout=1200,
-    )
 
 
 def booted_args(vm: Vm) -> set[str]:
