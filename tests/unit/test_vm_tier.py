@@ -85,3 +85,50 @@ def test_a_starved_guest_is_slow_not_hung() -> None:
     assert not stalled(silent_seconds=STALL / 2, cpu_while_silent=STALL_CPU / 10)  # starved
     assert stalled(silent_seconds=STALL_CPU / 2, cpu_while_silent=STALL_CPU)  # had the CPUs
     assert stalled(silent_seconds=STALL, cpu_while_silent=0.0)  # idle, no ssh: given up
+
+
+def test_the_guest_sampler_sees_a_flip_and_leaves_an_exited_thread_out(tmp_path: Path) -> None:
+    """tests/vm/guest_sampler.py, run here as in the guest: marks its start, sees a file
+    that changes while it samples with both values, the application's affinity and cgroup
+    each with one, and samples no more a thread that has exited (no setting flipped)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.harness import REPO
+
+    setting, out = tmp_path / "setting", tmp_path / "samples.json"
+    setting.write_text("before\n")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    app = subprocess.Popen(["sleep", "60"])
+    sampler = subprocess.Popen(
+        [sys.executable, str(REPO / "tests/vm/guest_sampler.py"), str(out),
+         str(tmp_path / "stop"), str(app.pid)],
+        stdin=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert sampler.stdin is not None
+        sampler.stdin.write(json.dumps({"files": [str(setting)], "kthreads": [gone.pid]}))
+        sampler.stdin.close()
+        deadline = time.monotonic() + 60
+        while not Path(f"{out}.started").exists():
+            assert sampler.poll() is None and time.monotonic() < deadline, "never started"
+            time.sleep(0.01)
+        setting.write_text("after\n")
+        (tmp_path / "stop").touch()  # the sampler's last sample is taken once it sees it
+        assert sampler.wait(timeout=60) == 0
+    finally:
+        for process in (sampler, app):
+            process.kill()
+            process.wait()
+    sampled = json.loads(out.read_text())
+    seen = sampled["seen"]
+    assert sampled["samples"] > 0
+    assert set(seen[str(setting)]) == {"before", "after"}
+    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))  # the application's: ours
+    assert set(seen["app"]) == {cpus}
+    assert len(seen["app cgroup"]) == 1
+    assert f"kthread {gone.pid}" not in seen
