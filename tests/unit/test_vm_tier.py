@@ -87,6 +87,41 @@ def test_a_starved_guest_is_slow_not_hung() -> None:
     assert stalled(silent_seconds=STALL, cpu_while_silent=0.0)  # idle, no ssh: given up
 
 
+def test_the_package_test_samples_the_profiles_settings_not_services_coming_and_going() -> None:
+    """What the package test samples through an upgrade: files the profile changed and
+    those of latencyd.slice (the application's slice, and the application's cgroup in it);
+    not the files of a service that started since (latencyd.service itself, stopped for a
+    restart's gap); kernel threads whose affinity it changed."""
+    from tests.vm.test_package import made_by_profile
+
+    slice_, service = "/sys/fs/cgroup/latencyd.slice", "/sys/fs/cgroup/system.slice"
+    untuned: dict[str, object] = {
+        "files": {"/proc/sys/vm/stat_interval": "1", f"{service}/cpuset.cpus": "",
+                  "/proc/irq/24/smp_affinity_list": "0-3"},
+        "kthreads": {"2:kthreadd": "[0, 1, 2, 3] policy=0 prio=0",
+                     "9:ksoftirqd/0": "[0] policy=0 prio=0"},
+    }  # fmt: skip
+    tuned: dict[str, object] = {
+        "files": {"/proc/sys/vm/stat_interval": "10", f"{service}/cpuset.cpus": "0-1",
+                  "/proc/irq/24/smp_affinity_list": "0-3",
+                  f"{slice_}/cpuset.cpus": "2-3",
+                  f"{slice_}/vm-app.service/cpuset.cpus.effective": "2-3",
+                  f"{service}/latencyd.service/cpuset.cpus.effective": "0-1",
+                  f"{service}/systemd-hostnamed.service/cpuset.cpus.effective": "0-1"},
+        "kthreads": {"2:kthreadd": "[0, 1] policy=0 prio=0",
+                     "9:ksoftirqd/0": "[0] policy=0 prio=0",
+                     "300:kworker/u8:2": "[0, 1] policy=0 prio=0"},
+    }  # fmt: skip
+    files, kthreads = made_by_profile(untuned, tuned)
+    assert files == [
+        "/proc/sys/vm/stat_interval",
+        f"{service}/cpuset.cpus",
+        f"{slice_}/cpuset.cpus",
+        f"{slice_}/vm-app.service/cpuset.cpus.effective",
+    ]
+    assert kthreads == [2]
+
+
 def test_the_guest_sampler_sees_a_flip_and_leaves_an_exited_thread_out(tmp_path: Path) -> None:
     """tests/vm/guest_sampler.py, run here as in the guest: marks its start, sees a file
     that changes while it samples with both values, the application's affinity and cgroup

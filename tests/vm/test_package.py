@@ -1,5 +1,5 @@
 """The Debian package on a machine like our users' (issue 54), from install to purge, on a
-VM as the image boots (no `make install`):
+VM as the image boots (no `make install`), its grub.cfg update-grub's as on a user's:
 
 - `apt install ./latencyd_*.deb` beside a running tuned.service says so, and stops it;
 - it pulls only Debian's packages: the guest has no network,
@@ -7,16 +7,20 @@ VM as the image boots (no `make install`):
   fetched on the host (tests/qemu.py: serve_debian_index, serve_pool_files);
 - after a reboot the service is active with the default profile before multi-user.target,
   and `latencyctl status` answers root and a plain user;
-- an upgrade (`dpkg -i`) to a higher version under cpu-partitioning beside a running
-  application (a service in latencyd.slice): sampled through the upgrade, none of the
-  application's affinity samples off the shield and no setting the profile made seen with
-  another value;
+- two upgrades to a higher version, by apt and by `dpkg -i`, under cpu-partitioning (its
+  boot arguments written to GRUB's configuration) beside a running application (a
+  service in latencyd.slice): sampled through each upgrade, none of the application's
+  affinity samples off the shield, the application kept in its cgroup, no setting the
+  profile made seen with another value, the boot configuration as before;
 - `apt remove latencyd`: the service stopped, the kernel's settings and cgroups as before
-  the install; installed again, the service resumes the profile in force before;
+  the install, the boot configuration too (update-grub run) and no boot record left;
+  installed again, the service resumes the profile in force before;
 - `apt purge latencyd`: the service stopped, the kernel's settings and cgroups as
-  tests/machine_state.py reads them identical to before the install, no file of latencyd
-  left; and once `apt autoremove --purge` has taken the Debian packages the install pulled
-  in, /etc, /boot and the file list (of / and /run) as before the install.
+  tests/machine_state.py reads them identical to before the install, /etc and /boot too
+  but for the files of the Debian packages the install pulled in (dpkg -S), and no file
+  of latencyd's left (its file list, a directory another package holds aside); and once
+  `apt autoremove --purge` has taken those packages, /etc, /boot and the file list (of /
+  and /run) as before the install.
 """
 
 from __future__ import annotations
@@ -30,28 +34,35 @@ import tarfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 
+from latencyd.kernel import bootloaders
+from latencyd.kernel.cgroups import APP_SLICE
+from latencyd.paths import BOOT_RECORD
 from tests.machine_state import differences
 from tests.qemu import (
     BOOT_TIMEOUT,
     GUEST_MIRROR,
     REPO,
     Vm,
+    as_a_debian_machine,
     guest_profile,
     pool_files,
     serve_debian_index,
     serve_pool_files,
 )
-from tests.vm.profiles import DEFAULT_PROFILE, PARTITIONING
+from tests.vm.profiles import DEFAULT_PROFILE, PARTITIONING_WRITTEN
 
 CHANGELOG = REPO / "debian/changelog"
 VERSION = subprocess.run(["dpkg-parsechangelog", "-l", str(CHANGELOG), "-S", "Version"],
                          capture_output=True, text=True).stdout.strip()  # fmt: skip
-UPGRADE = f"{VERSION}+vmtest1"  # dpkg orders it after VERSION
+# The upgrades, each to a higher version (dpkg orders them after VERSION): apt's, then
+# dpkg -i's.
+UPGRADES = (f"{VERSION}+vmtest1", f"{VERSION}+vmtest2")
 WORK = "/root/pkgtest"  # the test's own files in the guest, left out of every comparison
 # Where apt and dpkg keep their own records (what they installed, logs, caches): these
 # change with any install and are not latencyd's.
@@ -64,23 +75,37 @@ BOOKKEEPING = ("/var/lib/dpkg/", "/var/lib/apt/", "/var/cache/apt/", "/var/log/"
 # file against the file list from before, after the purge).
 NOT_SETTINGS = ("pid ", "run_systemd: ")
 TUNED = "/run/systemd/system/tuned.service"  # a stand-in for TuneD's unit
-DAEMONS_CGROUP = "/sys/fs/cgroup/system.slice/latencyd.service/"
+UNIFIED = "/sys/fs/cgroup/"
 APP = "vm-app"  # the application, a service in latencyd.slice
 APP_COMMAND = "python3 -c 'import time\nwhile True: time.sleep(0.01)'"
-ISOLATED = "2,3"  # PARTITIONING's isolated_cores, as an affinity reads
+ISOLATED = "2,3"  # PARTITIONING_WRITTEN's isolated_cores, as an affinity reads
+PROFILE = "vm-partitioning"  # PARTITIONING_WRITTEN: cpu-partitioning, boot arguments written
+GRUB_DROP_IN = f"/{bootloaders.GRUB_DROP_IN}"  # latencyd's arguments for GRUB
 
 
 @pytest.fixture(scope="module")
 def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """latencyd's package at debian/changelog's version and at a higher one (`make deb`)."""
+    """latencyd's package at debian/changelog's version and at the first upgrade's
+    (`make deb`, ~2 min each), and the second upgrade's: the first's files at a higher
+    version (dpkg-deb), an upgrade that changes no file."""
     built = {}
-    for version in (VERSION, UPGRADE):
+    for version, asked in ((VERSION, ""), (UPGRADES[0], UPGRADES[0])):  # "": the changelog's
         out = tmp_path_factory.mktemp("deb")
-        done = subprocess.run(["make", "--no-print-directory", "deb", f"DEB_VERSION={version}"],
+        done = subprocess.run(["make", "--no-print-directory", "deb", f"DEB_VERSION={asked}"],
                               cwd=REPO, env={**os.environ, "DEB_OUT": str(out)},
                               capture_output=True, text=True, timeout=1800)  # fmt: skip
         assert done.returncode == 0, done.stderr + done.stdout
         built[version] = out / f"latencyd_{version}_all.deb"
+    tree = tmp_path_factory.mktemp("repack") / "tree"
+    subprocess.run(["dpkg-deb", "--raw-extract", str(built[UPGRADES[0]]), str(tree)],
+                   check=True, capture_output=True)  # fmt: skip
+    control = tree / "DEBIAN/control"
+    text = control.read_text()
+    assert f"\nVersion: {UPGRADES[0]}\n" in text, text
+    control.write_text(text.replace(f"\nVersion: {UPGRADES[0]}\n", f"\nVersion: {UPGRADES[1]}\n"))
+    built[UPGRADES[1]] = tree.parent / f"latencyd_{UPGRADES[1]}_all.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(tree),
+                    str(built[UPGRADES[1]])], check=True, capture_output=True)  # fmt: skip
     return built
 
 
@@ -109,16 +134,19 @@ def snapshot(vm: Vm) -> dict[str, object]:
 def made_by_profile(
     untuned: dict[str, object], tuned: dict[str, object]
 ) -> tuple[list[str], list[int]]:
-    """The settings a profile made, from two snapshots: the files (cgroups among them) it
-    changed or made, and the kernel threads (pids) whose affinity or policy it changed.
-    Not the daemon's own cgroup's files: systemd makes that cgroup when it starts the
-    service and removes it when it stops (a restart's gap), as for any service."""
+    """The settings a profile made, from two snapshots: the files it changed (cgroups'
+    among them) and those of the cgroups it made (latencyd.slice's: the application's
+    slice and the application's own), and the kernel threads (pids) whose affinity or
+    policy it changed. Not other cgroups new since `untuned`: services systemd starts
+    and stops (latencyd.service itself, for a restart's gap; a D-Bus-activated one),
+    whose files come and go with them."""
     files_before, files_tuned = untuned["files"], tuned["files"]
     threads_before, threads_tuned = untuned["kthreads"], tuned["kthreads"]
     assert isinstance(files_before, dict) and isinstance(files_tuned, dict)
     assert isinstance(threads_before, dict) and isinstance(threads_tuned, dict)
+    made = f"{UNIFIED}{APP_SLICE}/"
     files = [k for k, v in files_tuned.items()
-             if files_before.get(k) != v and not k.startswith(DAEMONS_CGROUP)]  # fmt: skip
+             if (files_before[k] != v if k in files_before else k.startswith(made))]  # fmt: skip
     threads = [int(k.split(":")[0]) for k, v in threads_tuned.items()
                if k in threads_before and threads_before[k] != v]  # fmt: skip
     return files, threads
@@ -172,6 +200,11 @@ def owned(vm: Vm, paths: list[str]) -> dict[str, str]:
     return found
 
 
+def names(said: str) -> set[str]:
+    """The package names in what `dpkg -S` says owns a path ("a, b:amd64"), arch left out."""
+    return {name.split(":")[0] for name in said.split(", ") if name}
+
+
 def monotonic_active(vm: Vm, unit: str) -> int:
     return int(vm.ssh(f"systemctl show -P ActiveEnterTimestampMonotonic {unit}").stdout)
 
@@ -219,13 +252,73 @@ class Findings:
             self.problems.append(problem)
 
 
+@dataclass
+class Watched:
+    """What an upgrade is sampled for: the application and the settings the profile made."""
+
+    app: int  # the application's pid
+    files: list[str]
+    kthreads: list[int]
+
+
+def boot_part(etc_boot: dict[str, str]) -> dict[str, str]:
+    """etc_and_boot's boot configuration: /etc/default/grub, its drop-ins, and /boot."""
+    return {p: v for p, v in etc_boot.items() if p.startswith(("/etc/default/grub", "/boot"))}
+
+
+def differing(before: dict[str, str], after: dict[str, str]) -> dict[str, tuple[str | None, ...]]:
+    return {p: (before.get(p), after.get(p)) for p in sorted(set(before) | set(after))
+            if before.get(p) != after.get(p)}  # fmt: skip
+
+
+def sampled_upgrade(vm: Vm, found: Findings, command: str, version: str, watched: Watched) -> None:
+    """`command` upgrades latencyd to `version` while the sampler (tests/vm/guest_sampler.py)
+    runs, from before it starts until a few seconds after the new daemon's start: none of
+    the application's affinity samples off the shield, the application kept in its cgroup,
+    no setting seen with two values, the boot configuration as before; the new daemon
+    runs the profile the old one did."""
+    old_daemon = main_pid(vm, "latencyd")
+    boot_before = boot_part(etc_and_boot(vm))
+    vm.ssh(f"cd {WORK} && rm -f samples.json samples.json.started stop && "
+           f"nohup python3 tests/vm/guest_sampler.py samples.json stop {watched.app} "
+           "<settings.json >sampler.log 2>&1 &")  # fmt: skip
+    started = vm.ssh(f"cd {WORK} && for i in $(seq 600); do [ -e samples.json.started ] && "
+                     "exit 0; sleep 0.5; done; cat sampler.log; exit 1", check=False)  # fmt: skip
+    assert started.returncode == 0, f"the sampler did not start: {started.stdout}"
+    done = vm.ssh(command, timeout=BOOT_TIMEOUT)
+    assert vm.ssh("dpkg-query -W -f '${Version}' latencyd").stdout == version
+    assert main_pid(vm, "latencyd") not in (0, old_daemon), "the upgrade did not restart it"
+    active = vm.ssh("latencyctl active").stdout.strip()
+    found.check(active == PROFILE, f"after the upgrade to {version}, {active!r} in force")
+    time.sleep(5)  # samples after the new daemon's start, too
+    ended = vm.ssh(f"cd {WORK} && touch stop; for i in $(seq 600); do [ -s samples.json ] && "
+                   "exit 0; sleep 0.5; done; cat sampler.log; exit 1", check=False)  # fmt: skip
+    assert ended.returncode == 0, f"the sampler wrote nothing: {ended.stdout}"
+    sampled = json.loads(vm.ssh(f"cat {WORK}/samples.json").stdout)
+    seen: dict[str, dict[str, int]] = sampled["seen"]
+    print(f"upgrade to {version} sampled {sampled['samples']} times: app {seen.get('app')}")
+    assert sampled["samples"] > 0
+    found.check(set(seen.get("app", {})) == {ISOLATED},
+                f"upgrade to {version}: the application's affinity: {seen.get('app')}")  # fmt: skip
+    cgroups = set(seen.get("app cgroup", {}))
+    found.check(len(cgroups) == 1 and next(iter(cgroups)).startswith(f"0::/{APP_SLICE}/"),
+                f"upgrade to {version}: the application's cgroup: {cgroups}")  # fmt: skip
+    flipped = {k: v for k, v in seen.items() if k not in ("app", "app cgroup") and len(v) > 1}
+    found.check(not flipped, f"settings flipped during the upgrade to {version}:\n"
+                f"{done.stdout}{done.stderr}\n{flipped}")  # fmt: skip
+    boot = differing(boot_before, boot_part(etc_and_boot(vm)))
+    found.check(not boot, f"the upgrade to {version} changed the boot configuration: {boot}")
+
+
 def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     found = Findings()
-    found.step("the guest's tools, the packages and Debian's index in; snapshots")
+    found.step("GRUB as on a user's machine (update-grub); the guest's tools, the packages")
+    as_a_debian_machine(vm)  # so a restore's update-grub writes back the grub.cfg of before
     vm.put_tree(guest_tools(), WORK)
     for deb in debs.values():
         vm.ssh(f"cat > {WORK}/{deb.name}", stdin=deb.read_bytes())
     serve_debian_index(vm)
+    found.step("snapshots")
     before = snapshot(vm)
     etc_boot_before = etc_and_boot(vm)
     paths_before = every_path(vm)
@@ -233,8 +326,8 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
 
     # -- install: only Debian's packages -------------------------------------------------
     found.step("install")
-    install = f"{WORK}/latencyd_{VERSION}_all.deb"
-    needed = pool_files(vm, install)
+    install = f"latencyd_{VERSION}_all.deb"
+    needed = pool_files(vm, f"{WORK}/{install}")
     assert needed, "nothing to fetch: the image already has latencyd's dependencies"
     for f in needed:
         assert f.uri.startswith(f"file:{GUEST_MIRROR}/deb.debian.org/debian"), f
@@ -244,9 +337,9 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     # start stops it (Conflicts=). Gone again before anything is compared.
     vm.ssh(f"printf '[Service]\\nExecStart=/bin/sleep infinity\\n' >{TUNED} && "
            "systemctl daemon-reload && systemctl start tuned")  # fmt: skip
-    done = vm.ssh(f"apt install -y {install}", timeout=BOOT_TIMEOUT)
-    assert "cannot be authenticated" not in done.stdout + done.stderr
+    done = vm.ssh(f"cd {WORK} && apt install -y ./{install}", timeout=BOOT_TIMEOUT)  # as a user
     said = done.stdout + done.stderr
+    assert "cannot be authenticated" not in said
     found.check("tuned.service is running" in said, f"the install did not name TuneD:\n{said}")
     tuned = vm.ssh("systemctl is-active tuned", check=False).stdout.strip()
     found.check(tuned == "inactive", f"tuned.service {tuned} beside latencyd")
@@ -254,6 +347,7 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     added = packages(vm) - packages_before
     from_debian = {"=".join(map(unquote, f.name.split("_")[:2])) for f in needed}
     assert added == {f"latencyd={VERSION}"} | from_debian, done.stdout
+    pulled_in = {p.split("=")[0] for p in from_debian}
     files_of_latencyd = vm.ssh("dpkg -L latencyd").stdout.splitlines()
     assert vm.ssh("systemctl is-active latencyd").stdout.strip() == "active"
 
@@ -269,38 +363,30 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
                 vm.as_user("alice", "latencyctl status").stdout):  # fmt: skip
         assert f"active profile: {DEFAULT_PROFILE}" in out
 
-    # -- an upgrade under cpu-partitioning beside a running application -------------------
-    found.step("cpu-partitioning, the application, the sampler")
-    guest_profile(vm, "vm-partitioning", PARTITIONING)
-    vm.ssh("latencyctl switch vm-partitioning")
-    vm.ssh(f"systemd-run --quiet --unit={APP} --slice=latencyd.slice {APP_COMMAND}")
+    # -- upgrades under cpu-partitioning beside a running application -------------------
+    found.step("cpu-partitioning (its boot arguments written), the application")
+    guest_profile(vm, PROFILE, PARTITIONING_WRITTEN)
+    vm.ssh(f"latencyctl switch {PROFILE}", timeout=BOOT_TIMEOUT)  # update-grub: minutes
+    assert "nohz_full=2-3" in vm.ssh(f"cat {GRUB_DROP_IN} /boot/grub/grub.cfg").stdout
+    vm.ssh(f"systemd-run --quiet --unit={APP} --slice={APP_SLICE} {APP_COMMAND}")
     app = main_pid(vm, APP)
     assert vm.ssh(f"taskset -pc {app}").stdout.strip().endswith(f": {ISOLATED}")
     files, kthreads = made_by_profile(before, snapshot(vm))
     assert files and kthreads, "cpu-partitioning changed nothing to watch"
+    watched = Watched(app, [*files, GRUB_DROP_IN], kthreads)
     vm.ssh(f"cat > {WORK}/settings.json",
-           stdin=json.dumps({"files": files, "kthreads": kthreads}).encode())  # fmt: skip
-    vm.ssh(f"cd {WORK} && nohup python3 tests/vm/guest_sampler.py samples.json stop {app} "
-           "<settings.json >sampler.log 2>&1 &")  # fmt: skip
-    old_daemon = main_pid(vm, "latencyd")
-    found.step("upgrade")
-    # By `dpkg -i` (the maintainer scripts are the same as apt's; the install and the
-    # install after the remove go through apt).
-    upgrade = vm.ssh(f"dpkg -i {WORK}/latencyd_{UPGRADE}_all.deb", timeout=BOOT_TIMEOUT)
-    assert vm.ssh("dpkg-query -W -f '${Version}' latencyd").stdout == UPGRADE
-    assert main_pid(vm, "latencyd") not in (0, old_daemon), "the upgrade did not restart it"
-    assert vm.ssh("latencyctl active").stdout.strip() == "vm-partitioning"
-    time.sleep(5)  # samples after the new daemon's start, too
-    vm.ssh(f"touch {WORK}/stop; while [ ! -s {WORK}/samples.json ]; do sleep 0.2; done")
-    sampled = json.loads(vm.ssh(f"cat {WORK}/samples.json").stdout)
-    seen: dict[str, dict[str, int]] = sampled["seen"]
-    print(f"upgrade sampled {sampled['samples']} times: app {seen['app']}")
-    found.check(set(seen["app"]) == {ISOLATED}, f"the application's affinity: {seen['app']}")
-    flipped = {k: v for k, v in seen.items() if k != "app" and len(v) > 1}
-    found.check(not flipped, f"settings flipped during the upgrade:\n{upgrade.stdout}\n{flipped}")
+           stdin=json.dumps({"files": watched.files, "kthreads": kthreads}).encode())  # fmt: skip
+    # By apt, as a user upgrades, then by `dpkg -i` (the issue's "through dpkg -i too").
+    found.step("upgrade by apt")
+    sampled_upgrade(vm, found, f"cd {WORK} && apt install -y ./latencyd_{UPGRADES[0]}_all.deb",
+                    UPGRADES[0], watched)  # fmt: skip
+    found.step("upgrade by dpkg -i")
+    sampled_upgrade(vm, found, f"dpkg -i {WORK}/latencyd_{UPGRADES[1]}_all.deb",
+                    UPGRADES[1], watched)  # fmt: skip
 
-    # -- remove: every original back, the service stopped; installed again, the profile
-    # in force before the remove resumes (the package chose no profile) ----------------
+    # -- remove: every original back (the boot configuration too), the service stopped;
+    # installed again, the profile in force before the remove resumes (the package chose
+    # no profile) -----------------------------------------------------------------------
     found.step("remove")
     vm.ssh(f"systemctl stop {APP}")
     vm.ssh("apt remove -y latencyd", timeout=BOOT_TIMEOUT)
@@ -308,39 +394,50 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     found.check(state == "inactive", f"latencyd.service {state} after the remove")
     diffs = changed(before, snapshot(vm))
     found.check(not diffs, "the remove left the machine changed:\n" + "\n".join(diffs))
+    boot = differing(boot_part(etc_boot_before), boot_part(etc_and_boot(vm)))
+    found.check(not boot, f"the remove left the boot configuration changed: {boot}")
+    record = vm.ssh(f"cat {BOOT_RECORD}", check=False).stdout
+    found.check(not record, f"the remove left latencyd's boot record: {record}")
     found.step("installed again")
-    vm.ssh(f"apt install -y {WORK}/latencyd_{UPGRADE}_all.deb", timeout=BOOT_TIMEOUT)
+    vm.ssh(f"cd {WORK} && apt install -y ./latencyd_{UPGRADES[1]}_all.deb", timeout=BOOT_TIMEOUT)
     active = vm.ssh("latencyctl active").stdout.strip()
-    found.check(active == "vm-partitioning", f"installed again, latencyd resumed {active!r}")
+    found.check(active == PROFILE, f"installed again, latencyd resumed {active!r}")
+    written = vm.ssh(f"cat {GRUB_DROP_IN}", check=False).stdout
+    found.check("nohz_full=2-3" in written, f"installed again, GRUB's drop-in: {written!r}")
 
     # -- purge: the machine as before the install ----------------------------------------
     found.step("purge")
-    vm.ssh("rm /etc/latencyd/profiles/vm-partitioning.toml")
+    vm.ssh(f"rm /etc/latencyd/profiles/{PROFILE}.toml")  # the administrator's, not latencyd's
     vm.ssh("apt purge -y latencyd", timeout=BOOT_TIMEOUT)
     assert vm.ssh("dpkg-query -W latencyd", check=False).returncode != 0
     state = vm.ssh("systemctl is-active latencyd", check=False).stdout.strip()
     found.check(state == "inactive", f"latencyd.service {state} after the purge")
     diffs = changed(before, snapshot(vm))
     found.check(not diffs, "the purge left the machine changed:\n" + "\n".join(diffs))
-    still = [p for p in files_of_latencyd if p not in paths_before and p in every_path(vm)]
+    # /etc and /boot: what differs is the Debian packages' the install pulled in (dpkg -S),
+    # or /etc/ld.so.cache, which lists their libraries.
+    etc_boot = differing(etc_boot_before, etc_and_boot(vm))
+    theirs = owned(vm, list(etc_boot))
+    not_theirs = {p: v for p, v in etc_boot.items() if p != "/etc/ld.so.cache"
+                  and not pulled_in & names(theirs.get(p, ""))}  # fmt: skip
+    found.check(not not_theirs, f"the purge left /etc or /boot changed: {not_theirs}")
+    # latencyd's files (its file list, dpkg -L) not there before: a directory another
+    # package holds too (dpkg -S names it) stays, nothing else of latencyd's.
+    now = every_path(vm)
+    remaining = [p for p in files_of_latencyd if p not in paths_before and p in now]
+    others = owned(vm, remaining)
+    still = [p for p in remaining if p not in others]
     found.check(not still, f"latencyd's files left: {still}")
-    claimed = [p for p, names in owned(vm, files_of_latencyd).items() if "latencyd" in names]
-    found.check(not claimed, f"dpkg -S still names latencyd for {claimed}")
     # The Debian packages the install pulled in stay (apt marks them as installed
     # automatically) and hold files of their own (/etc/ld.so.cache lists their libraries):
     # the machine reads as before the install once they go too, as `apt autoremove` takes
     # them. Their files are theirs, so what is left after it is latencyd's.
     found.step("autoremove")
     vm.ssh("apt autoremove --purge -y", timeout=BOOT_TIMEOUT)
-    now = packages(vm)
-    found.check(now == packages_before, f"packages: {now ^ packages_before}")
-    etc_boot_after = etc_and_boot(vm)
-    differ = {
-        p: (etc_boot_before.get(p), etc_boot_after.get(p))
-        for p in set(etc_boot_before) | set(etc_boot_after)
-        if etc_boot_before.get(p) != etc_boot_after.get(p)
-    }
-    found.check(not differ, f"/etc and /boot changed: {differ}")
+    installed = packages(vm)
+    found.check(installed == packages_before, f"packages: {installed ^ packages_before}")
+    etc_boot = differing(etc_boot_before, etc_and_boot(vm))
+    found.check(not etc_boot, f"/etc and /boot changed: {etc_boot}")
     left = [p for p in sorted(every_path(vm) - paths_before) if not p.startswith(BOOKKEEPING)]
     found.check(not left, f"left after the purge: {owners(vm, left) if left else ''}")
     found.step(f"done; boots to ssh {[round(s) for s in vm.boot_seconds]} s")
