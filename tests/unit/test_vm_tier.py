@@ -122,6 +122,37 @@ def test_the_package_test_samples_the_profiles_settings_not_services_coming_and_
     assert kthreads == [2]
 
 
+def test_the_package_test_tells_latencyds_cgroups_from_services_coming_and_going() -> None:
+    """After a remove or a purge: a service's cgroup that came or went since the snapshot
+    before the install is no change; latencyd.service's still there, latencyd.slice's
+    still there, and a slice's AllowedCPUs= left set are."""
+    from tests.vm.test_package import changed
+
+    def snap(files: dict[str, str | None]) -> dict[str, object]:
+        return {"files": files, "kthreads": {}, "nics": {}, "task_cpusets": {},
+                "pm_qos_holders": [], "netns": [], "loop_devices": "", "mounts": [],
+                "run_systemd": [], "cgroups": {}}  # fmt: skip
+
+    root = "/sys/fs/cgroup"
+    before = snap({f"{root}/system.slice/cpuset.cpus": "",
+                   f"{root}/system.slice/apt-daily.service/cpuset.cpus": ""})  # fmt: skip
+    assert changed(before, snap({
+        f"{root}/system.slice/cpuset.cpus": "",
+        f"{root}/system.slice/systemd-hostnamed.service/cpuset.cpus": "",
+        f"{root}/user.slice/user-1000.slice/session-3.scope/cpuset.cpus": "",
+    })) == []  # fmt: skip
+    left = changed(before, snap({
+        f"{root}/system.slice/cpuset.cpus": "0-1",
+        f"{root}/system.slice/latencyd.service/cpuset.cpus": "",
+        f"{root}/latencyd.slice/cpuset.cpus": "2-3",
+    }))  # fmt: skip
+    assert [d.split(":")[0] for d in left] == [
+        f"{root}/latencyd.slice/cpuset.cpus",
+        f"{root}/system.slice/cpuset.cpus",
+        f"{root}/system.slice/latencyd.service/cpuset.cpus",
+    ]
+
+
 def test_the_guest_sampler_sees_a_flip_and_leaves_an_exited_thread_out(tmp_path: Path) -> None:
     """tests/vm/guest_sampler.py, run here as in the guest: marks its start, sees a file
     that changes while it samples with both values, the application's affinity and cgroup

@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import tarfile
@@ -76,6 +77,9 @@ BOOKKEEPING = ("/var/lib/dpkg/", "/var/lib/apt/", "/var/cache/apt/", "/var/log/"
 NOT_SETTINGS = ("pid ", "run_systemd: ")
 TUNED = "/run/systemd/system/tuned.service"  # a stand-in for TuneD's unit
 UNIFIED = "/sys/fs/cgroup/"
+DAEMON_CGROUP = f"{UNIFIED}system.slice/latencyd.service/"
+# A cgroup systemd makes for a unit running under its system or user slice.
+UNIT_CGROUP = re.compile(r"/sys/fs/cgroup/(system|user)\.slice/(.+/)?[^/]+\.(service|scope)/")
 APP = "vm-app"  # the application, a service in latencyd.slice
 APP_COMMAND = "python3 -c 'import time\nwhile True: time.sleep(0.01)'"
 ISOLATED = "2,3"  # PARTITIONING_WRITTEN's isolated_cores, as an affinity reads
@@ -153,8 +157,19 @@ def made_by_profile(
 
 
 def changed(before: dict[str, object], now: dict[str, object]) -> list[str]:
-    """What differs between two snapshots in kernel settings and cgroups (NOT_SETTINGS aside)."""
-    return [d for d in differences(before, now) if not d.startswith(NOT_SETTINGS)]
+    """What differs between two snapshots in kernel settings and cgroups (NOT_SETTINGS aside).
+    A cgroup of a service or scope under system.slice or user.slice that is in only one of
+    them is left out: systemd made it for a unit that started since (or removed it for one
+    that ended), as on any machine; latencyd's own (latencyd.service after it stopped,
+    latencyd.slice, the shield's unit settings) are compared."""
+    files_before, files_now = before["files"], now["files"]
+    assert isinstance(files_before, dict) and isinstance(files_now, dict)
+    units = {k for k in files_before.keys() ^ files_now.keys()
+             if UNIT_CGROUP.match(k) and not k.startswith(DAEMON_CGROUP)}  # fmt: skip
+    kept_before = {k: v for k, v in files_before.items() if k not in units}
+    kept_now = {k: v for k, v in files_now.items() if k not in units}
+    diffs = differences({**before, "files": kept_before}, {**now, "files": kept_now})
+    return [d for d in diffs if not d.startswith(NOT_SETTINGS)]
 
 
 def etc_and_boot(vm: Vm) -> dict[str, str]:
