@@ -67,7 +67,9 @@ def main() -> None:
             Path(f"{out}.started").touch()
         if stopping:
             break
-    Path(out).write_text(json.dumps({"samples": samples, "seen": seen}))
+    partial = Path(f"{out}.partial")  # OUT appears whole: its caller waits for it
+    partial.write_text(json.dumps({"samples": samples, "seen": seen}))
+    partial.rename(out)
 
 
 if __name__ == "__main__":
