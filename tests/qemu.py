@@ -640,6 +640,30 @@ def guest_profile(vm: Vm, name: str, text: str) -> None:
     vm.ssh(f"cat > /etc/latencyd/profiles/{name}.toml && latencyctl reload", stdin=text.encode())
 
 
+def as_a_debian_machine(vm: Vm) -> str:
+    """The boot configuration as on a user's Debian machine: grub.cfg update-grub's output
+    (the image's first one is its recipe's, so any update-grub rewrites it), its default
+    the generic kernel's entry by the id update-grub gives it here; returns that kernel's
+    release. The kernel is named by its installed image, not by `uname -r`, so a set-up
+    on a machine that already runs the RT kernel still makes the generic one the default
+    (a title is no way out: grub-mkconfig rewrites a title default into a submenu path,
+    which this flat menu lacks). The id is a menu entry's: grub.cfg's `set default="..."`
+    names the stale one first."""
+    generic = vm.ssh(
+        "cd /boot && ls vmlinuz-*-amd64 | grep -v -- -rt- | head -1 | sed 's/^vmlinuz-//'"
+    ).stdout.strip()
+    assert generic, "no generic kernel in /boot"
+    vm.ssh(
+        "update-grub && "
+        f"""id=$(sed -n "s/.*menuentry_id_option '\\(gnulinux-{generic}-advanced-"""
+        r"""[^']*\)'.*/\1/p" /boot/grub/grub.cfg | head -1) && """
+        '[ -n "$id" ] && sed -i "s|^GRUB_DEFAULT=.*|GRUB_DEFAULT=$id|" /etc/default/grub && '
+        "update-grub",
+        timeout=1200,
+    )
+    return generic
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Boot the VM tier's machine until Ctrl-C.")
     parser.add_argument("--cpus", type=int, default=4)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.qemu import Vm, guest_profile
+from tests.qemu import Vm, as_a_debian_machine, guest_profile
 from tests.vm.profiles import DEFAULT_PROFILE, REALTIME_WRITTEN
 
 ARGUMENTS = ("nohz_full=2-3", "rcu_nocbs=2-3", "isolcpus=managed_irq,domain,2-3")
@@ -22,29 +22,6 @@ BOOT_CONFIGURATION = (
 )
 # What update-grub runs as (it execs grub-mkconfig), for a kill while it runs.
 UPDATE_GRUB = "pgrep -x 'update-grub|grub-mkconfig'"
-
-
-def as_a_debian_machine(vm: Vm) -> str:
-    """The boot configuration as on a user's Debian machine: grub.cfg update-grub's output
-    (the image's first one is its recipe's, so any update-grub rewrites it), its default
-    the generic kernel's entry by the id update-grub gives it here; returns that kernel's
-    release. The kernel is named by its installed image, not by `uname -r`, so a set-up
-    on a machine that already runs the RT kernel still makes the generic one the default
-    (a title is no way out: grub-mkconfig rewrites a title default into a submenu path,
-    which this flat menu lacks)."""
-    generic = vm.ssh(
-        "cd /boot && ls vmlinuz-*-amd64 | grep -v -- -rt- | head -1 | sed 's/^vmlinuz-//'"
-    ).stdout.strip()
-    assert generic, "no generic kernel in /boot"
-    vm.ssh(
-        "update-grub && "
-        f"""id=$(sed -n "s/.*menuentry_id_option '\\(gnulinux-{generic}-advanced-"""
-        r"""[^']*\)'.*/\1/p" /boot/grub/grub.cfg | head -1) && """
-        '[ -n "$id" ] && sed -i "s|^GRUB_DEFAULT=.*|GRUB_DEFAULT=$id|" /etc/default/grub && '
-        "update-grub",
-        timeout=1200,
-    )
-    return generic
 
 
 def only_the_arguments_added(before: str, after: str) -> None:
