@@ -192,4 +192,5 @@ def test_two_applications_each_on_its_own_cpu_and_a_release_moves_not_the_other(
     assert a_cgroup.startswith("/latencyd.slice/latencyd-app-"), a_cgroup
     assert b_cgroup.startswith("/latencyd.slice/latencyd-app-") and b_cgroup != a_cgroup
     status = json.loads(vm.ssh("latencyctl status --json").stdout)
-    assert (status["active_profile"], status["last_error"]) == (DEFAULT_PROFILE, None), status
+    assert status["last_error"] is None, status["last_error"]  # the whole reason, not cut
+    assert status["active_profile"] == DEFAULT_PROFILE
