@@ -73,6 +73,13 @@ class NotApplicable(LatencydError):
     dbus_name = "org.latencyd.Error.NotApplicable"
 
 
+class LeftInPlace(NotApplicable):
+    """Giving a setting back was refused where it stands, and it stays as it is (a task
+    whose unit ended or will not take it back, a slice processes still run in). A step
+    goes on without it: rolling the step back would keep in force a profile nobody
+    holds. `off`, which gives everything back, lists it among its problems."""
+
+
 class ApplyFailed(LatencydError):
     """Applying a profile failed; everything changed in that step was rolled back."""
 

@@ -14,7 +14,10 @@ The known emulator flake: multi-threaded TCG sometimes gets the guest kernel's l
 patching (a static key flipped) wrong, and the kernel dies with `Oops: int3` on the serial
 console; or the guest never answers ssh. A boot that shows either is retried once (a fresh
 overlay at power-on; a reset of the same disk after a reboot, which keeps what the test
-wrote). QEMU dies with the process that started it (PR_SET_PDEATHSIG), and `stop` kills it.
+wrote). A test that failed because its guest died of it at any other moment (the oops on
+the console while it ran, not met by such a retry: retry_for) is run once more on a fresh
+machine, loudly (tests/vm/conftest.py); a failure without it never is. QEMU dies with
+the process that started it (PR_SET_PDEATHSIG), and `stop` kills it.
 
 `python -m tests.qemu [--cpus N] [--numa-nodes N]` boots one for a developer
 (scripts/vm/boot.sh), prints how to reach it, and kills it at Ctrl-C.
@@ -27,6 +30,7 @@ import ctypes
 import hashlib
 import io
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -46,8 +50,9 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LATENCYD_VM_CACHE", "/var/cache/latencyd-test/vm"))
 IMAGE = CACHE / "image"
 KEY = CACHE / "id"
-# What the guest kernel prints when the emulator flake hits (see the module's docstring).
-FLAKES = ("Oops: int3",)
+# What the guest kernel prints when the emulator flake hits (see the module's docstring):
+# its oops line, after printk's time stamp (or at the start of the line without one).
+FLAKE = re.compile(r"(?:^|\] )Oops: int3\b")
 # Power-on to ssh takes ~40 s on an idle 2-CPU machine and many minutes on a loaded one
 # (every vCPU is a host thread emulating instructions; `make test` runs the tier at nice 10
 # beside the host suites, which then leave it little). A boot is given up (a hung kernel,
@@ -69,6 +74,14 @@ SSH_OPTIONS = (
 
 class NotBuilt(RuntimeError):
     pass
+
+
+def not_built() -> str | None:
+    """Why no VM can boot here (the image not built into CACHE, or CACHE not readable by
+    this user: it is root's), or None."""
+    if not IMAGE.exists() or not KEY.exists():
+        return f"no VM image in {CACHE}: run make vm-image (make test does)"
+    return None
 
 
 class BootFailed(RuntimeError):
@@ -123,9 +136,18 @@ def qemu_argv(shape: Shape, overlay: Path, port: int, serial: Path, monitor: Pat
 def flake_in(console: str) -> str | None:
     """The line of the serial console that shows the emulator flake, if one does."""
     for line in console.splitlines():
-        if any(f in line for f in FLAKES):
+        if FLAKE.search(line.strip()):
             return line.strip()
     return None
+
+
+def retry_for(failed: bool, console: str) -> str | None:
+    """Whether a VM test is run once more, on a fresh machine: only when it failed and its
+    guest died of the emulator flake, as the serial console written while it ran shows
+    (Consoles.since: less what a retried boot met already); the flake's line, else None.
+    A failure without the flake on the console is the test's own, never retried: ssh
+    losing the guest is no sign by itself (a host too loaded to run it loses it too)."""
+    return flake_in(console) if failed else None
 
 
 SSH_LOST = 255  # ssh's own exit status: no connection, or the connection dropped
@@ -191,8 +213,8 @@ def _die_with_parent() -> None:
 
 class Vm:
     def __init__(self, shape: Shape = Shape()) -> None:
-        if not IMAGE.exists() or not KEY.exists():
-            raise NotBuilt(f"no VM image in {CACHE}: run make vm-image (make test does)")
+        if why := not_built():
+            raise NotBuilt(why)
         self.shape = shape
         self.dir = Path(tempfile.mkdtemp(prefix="latencyd-vm-"))
         self.overlay = self.dir / "overlay.qcow2"
@@ -202,6 +224,7 @@ class Vm:
         self.qemu: subprocess.Popen[bytes] | None = None
         self.boot_seconds: list[float] = []  # power-on or reboot to ssh, each boot
         self.flakes: list[str] = []  # the flakes seen and retried
+        self.consoles = Consoles(self.serial)
 
     # -- power -------------------------------------------------------------------------
     def boot(self) -> Vm:
@@ -215,7 +238,7 @@ class Vm:
             except Flake as flake:
                 self.flakes.append(f"power-on: {flake}")
                 self._power_off()
-                self.serial.rename(self.dir / f"serial-attempt{attempt}.log")
+                self.consoles.aside(f"serial-attempt{attempt}.log")
                 if attempt == 2:
                     raise BootFailed(f"the emulator flake twice: {self.flakes}") from flake
         raise AssertionError("unreachable")
@@ -234,6 +257,7 @@ class Vm:
         except Flake as flake:
             self.flakes.append(f"reboot: {flake}")
             serial_from = self.serial.stat().st_size
+            self.consoles.flake_met()
             self._monitor("system_reset")
             try:
                 self._wait_up(serial_from, old)
@@ -243,8 +267,10 @@ class Vm:
         self.ssh("systemctl is-system-running --wait", check=False, timeout=BOOT_TIMEOUT)
 
     def stop(self) -> None:
-        """Kill QEMU (the overlay goes with the work directory)."""
+        """Kill QEMU (the overlay goes with the work directory; its last console is kept,
+        for Consoles.since)."""
         self._power_off()
+        self.consoles.keep()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def power_cycle(self, shape: Shape) -> None:
@@ -260,13 +286,14 @@ class Vm:
         self.shape = shape
         for attempt in (1, 2):
             self._power_off()
-            self.serial.rename(self.dir / f"serial-{len(self.boot_seconds)}-{attempt}.log")
+            self.consoles.aside(f"serial-{len(self.boot_seconds)}-{attempt}.log")
             self._start()
             try:
                 self._wait_up(serial_from=0, old_boot_id=None)
                 return
             except Flake as flake:
                 self.flakes.append(f"power-cycle: {flake}")
+                self.consoles.flake_met()
                 if attempt == 2:
                     raise BootFailed(f"the emulator flake twice: {self.flakes}") from flake
 
@@ -399,7 +426,49 @@ class Vm:
         self.ssh(f"mkdir -p {shlex.quote(into)} && tar -x -C {shlex.quote(into)}", stdin=tar)
 
     def console(self) -> str:
-        return self.serial.read_text(errors="replace") if self.serial.exists() else ""
+        """The serial console of the current power-on (of the last, once stopped)."""
+        return self.consoles.current().decode(errors="replace")
+
+
+@dataclass
+class Consoles:
+    """A VM's serial consoles as one stream over its power-ons: the file QEMU writes the
+    current one to (`path`), the bytes of earlier ones set aside (`base`), the position up
+    to which each flake was met by a retried boot (`met`), and the last one, kept once the
+    VM is stopped (its directory goes)."""
+
+    path: Path
+    base: int = 0
+    met: int = 0
+    kept: bytes | None = None
+
+    def current(self) -> bytes:
+        if self.kept is not None:
+            return self.kept
+        return self.path.read_bytes() if self.path.exists() else b""
+
+    def position(self) -> int:
+        """Where the stream stands now."""
+        return self.base + len(self.current())
+
+    def aside(self, name: str) -> None:
+        """The current console renamed `name` (beside it); the next starts at its end."""
+        self.base += len(self.current())
+        self.path.rename(self.path.with_name(name))
+
+    def flake_met(self) -> None:
+        """A retried boot met the flake on the console so far."""
+        self.met = self.position()
+
+    def keep(self) -> None:
+        if self.kept is None:
+            self.kept = self.current()
+
+    def since(self, position: int) -> str:
+        """What the current console said since `position`, but for what retried boots met
+        (consoles set aside were those of flakes met, or of a machine since powered off)."""
+        start = max(position, self.met) - self.base
+        return self.current()[max(start, 0) :].decode(errors="replace")
 
 
 # -- latencyd into the guest, as a user installs it ---------------------------------------
@@ -569,6 +638,30 @@ def serve_pool_files(vm: Vm, files: list[PoolFile]) -> None:
 def guest_profile(vm: Vm, name: str, text: str) -> None:
     """A profile into the guest's /etc/latencyd/profiles, re-read by its daemon."""
     vm.ssh(f"cat > /etc/latencyd/profiles/{name}.toml && latencyctl reload", stdin=text.encode())
+
+
+def as_a_debian_machine(vm: Vm) -> str:
+    """The boot configuration as on a user's Debian machine: grub.cfg update-grub's output
+    (the image's first one is its recipe's, so any update-grub rewrites it), its default
+    the generic kernel's entry by the id update-grub gives it here; returns that kernel's
+    release. The kernel is named by its installed image, not by `uname -r`, so a set-up
+    on a machine that already runs the RT kernel still makes the generic one the default
+    (a title is no way out: grub-mkconfig rewrites a title default into a submenu path,
+    which this flat menu lacks). The id is a menu entry's: grub.cfg's `set default="..."`
+    names the stale one first."""
+    generic = vm.ssh(
+        "cd /boot && ls vmlinuz-*-amd64 | grep -v -- -rt- | head -1 | sed 's/^vmlinuz-//'"
+    ).stdout.strip()
+    assert generic, "no generic kernel in /boot"
+    vm.ssh(
+        "update-grub && "
+        f"""id=$(sed -n "s/.*menuentry_id_option '\\(gnulinux-{generic}-advanced-"""
+        r"""[^']*\)'.*/\1/p" /boot/grub/grub.cfg | head -1) && """
+        '[ -n "$id" ] && sed -i "s|^GRUB_DEFAULT=.*|GRUB_DEFAULT=$id|" /etc/default/grub && '
+        "update-grub",
+        timeout=1200,
+    )
+    return generic
 
 
 def main() -> None:

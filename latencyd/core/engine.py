@@ -49,6 +49,7 @@ from latencyd.errors import (
     JournalError,
     KernelRefused,
     LatencydError,
+    LeftInPlace,
     NotApplicable,
 )
 from latencyd.kernel.owners import OwnerIndex
@@ -871,6 +872,8 @@ class Engine:
                 self._give_back(sid, report)
             except NotApplicable as exc:
                 _not_restored(sid, plugin, self.originals[sid], exc)
+                if isinstance(exc, LeftInPlace):  # off gives everything back: it was not
+                    problems.append(f"[{sid[0]}] {exc}")
             except Exception as exc:  # one bad setting must not keep the others changed
                 # Asked only when the restore failed (a stat per setting was a fifth of
                 # an off beside 20,000 threads): a target that is gone cannot be written.
@@ -1175,8 +1178,10 @@ def _not_restored(
     sid: SettingId, plugin: Plugin[Any, Any, Any], original: Value, exc: NotApplicable
 ) -> None:
     """A restore the plugin says cannot apply where the target is now (a task kept in a
-    cgroup whose CPUs exclude its original ones): given up, not a failure of the step."""
-    log.info("[%s] %s: not restored: %s", sid[0], _what(plugin, sid[1], original), exc)
+    cgroup whose CPUs exclude its original ones): given up, not a failure of the step.
+    One refused where it stands (LeftInPlace) is a warning: it stays as latencyd left it."""
+    level = logging.WARNING if isinstance(exc, LeftInPlace) else logging.INFO
+    log.log(level, "[%s] %s: not restored: %s", sid[0], _what(plugin, sid[1], original), exc)
 
 
 def _quietly(action: Callable[[], object]) -> None:

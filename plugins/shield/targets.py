@@ -19,7 +19,7 @@ from latencyd.core.plugin import (
     same_cpus,
 )
 from latencyd.cpuset import CpuSet, CpuSetError
-from latencyd.errors import KernelRefused, NotApplicable
+from latencyd.errors import KernelRefused, LeftInPlace, NotApplicable
 from latencyd.kernel.cgroups import (
     APP_SLICE,
     CGROUP_FILES,
@@ -36,6 +36,7 @@ from latencyd.kernel.cgroups import (
 )
 from latencyd.kernel.owners import CPUS, Claim
 from latencyd.kernel.system import System
+from latencyd.kernel.systemd import UnitGone
 
 
 def _hierarchy_problem(hierarchy: str) -> str | None:
@@ -153,14 +154,22 @@ class TaskUnit(ProcessCgroup):
             pids += [pid for pid in started if pid != self.pid]
         try:
             system.systemd.attach(unit[0], unit[1], pids)
+        except UnitGone as exc:
+            # Its unit ended once latencyd had moved it out (`systemd-run --scope`'s scope
+            # goes when empty): nowhere to go back to.
+            raise LeftInPlace(
+                f"moving pid {self.pid} back to {unit[0]}: {exc.reason}; it stays in "
+                f"{now or 'its scope'} until it exits, its CPUs no longer limited once "
+                f"{APP_SLICE} is left"
+            ) from exc
         except KernelRefused as exc:
             # systemd moves processes only into units delegated to their manager
             # (Delegate=yes: user@.service, containers); a login session's scope is not.
             # Its cgroup.procs is systemd's to write: the process stays where it is.
-            raise KernelRefused(
-                f"moving pid {self.pid} back to {unit[0]}",
-                f"{exc.reason}; it stays in {now or 'its scope'} until it exits, its "
-                f"CPUs no longer limited once {APP_SLICE} is left",
+            raise LeftInPlace(
+                f"moving pid {self.pid} back to {unit[0]}: {exc.reason}; it stays in "
+                f"{now or 'its scope'} until it exits, its CPUs no longer limited once "
+                f"{APP_SLICE} is left"
             ) from exc
 
 
@@ -374,10 +383,10 @@ class UnitCpus(Target[str | None]):
             systemd.stop(APP_SLICE)
             return
         systemd.set_allowed_cpus(APP_SLICE, CpuSet())
-        raise KernelRefused(
-            f"removing {APP_SLICE}",
-            f"{len(running)} processes run in it (units given Slice={APP_SLICE}): left "
-            "there, its AllowedCPUs= unset",
+        raise LeftInPlace(
+            f"removing {APP_SLICE}: {len(running)} processes run in it (units given "
+            f"Slice={APP_SLICE}, or an application whose own unit ended): left there, its "
+            "AllowedCPUs= unset"
         )
 
     def same(self, system: System, wanted: str | None, actual: str | None) -> bool:

@@ -9,9 +9,13 @@ builds it):
 - the config is the only file under /etc, so the only conffile;
 - each maintainer script passes `sh -n` and shellcheck, and holds #DEBHELPER# once, as
   a line of its own (debhelper replaces it wherever it stands, comments included);
-- the prerm, on remove, has the running daemon restore everything (`latencyctl off`) or,
-  where none runs, `latencyd --restore`; on upgrade it runs nothing of latencyd's; both
-  commands exist as it calls them.
+- the prerm, on remove, stops the service (under systemd) and then has `latencyd
+  --restore` put back what is left, never `latencyctl off` (which would note "no profile"
+  for a later install to resume); on upgrade it runs nothing of latencyd's; the option it
+  calls exists; under dpkg --root (DPKG_ROOT) it runs nothing;
+- the postrm, on remove, takes out the shield's runtime drop-ins that only unset; on purge,
+  latencyd's state, an empty /etc/latencyd and a boot change a failed restore left
+  (GRUB's drop-in, update-grub run), each at latencyd's own paths under DPKG_ROOT.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from latencyd.kernel.bootloaders import GRUB_DROP_IN
+from latencyd.paths import BOOT_RECORD, DEFAULT_STATE_DIR, ETC_PROFILES
 from latencyd.service.main import arg_parser
-from latencyd.tools import cliparser
 from tests.harness import REPO
 from tests.unit.test_dependencies import canonical
 
@@ -126,18 +131,19 @@ def test_maintainer_script_is_sound_shell(script: str) -> None:
         assert done.returncode == 0, done.stdout
 
 
-def run_prerm(tmp_path: Path, *args: str, active: bool) -> list[str]:
-    """debian/latencyd.prerm with stand-ins for latencyd, latencyctl and systemctl first on
-    PATH, each writing its command line down: what the script ran."""
+def run_prerm(tmp_path: Path, *args: str, active: bool, dpkg_root: str = "") -> list[str]:
+    """debian/latencyd.prerm with stand-ins for latencyd, latencyctl, systemctl and
+    deb-systemd-invoke first on PATH, each writing its command line down: what the script
+    ran."""
     bin_ = tmp_path / "bin"
     bin_.mkdir(exist_ok=True)
     calls = tmp_path / "calls"
     calls.write_text("")
-    for name in ("latencyd", "latencyctl", "systemctl"):
+    for name in ("latencyd", "latencyctl", "systemctl", "deb-systemd-invoke"):
         status = 0 if name != "systemctl" or active else 3
         (bin_ / name).write_text(f'#!/bin/sh\necho "{name} $*" >>"{calls}"\nexit {status}\n')
         (bin_ / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "DPKG_ROOT": dpkg_root}
     done = subprocess.run(
         ["sh", str(DEBIAN / "latencyd.prerm"), *args], env=env, capture_output=True, timeout=30
     )
@@ -146,14 +152,94 @@ def run_prerm(tmp_path: Path, *args: str, active: bool) -> list[str]:
 
 
 def test_prerm_restores_on_remove_and_leaves_the_tuning_on_upgrade(tmp_path: Path) -> None:
-    systemd = Path("/run/systemd/system").is_dir()  # the script asks only under systemd
-    assert run_prerm(tmp_path, "remove", active=True) == (
-        ["latencyctl off"] if systemd else ["latencyd --restore"]
-    )
-    assert run_prerm(tmp_path, "remove", active=False) == ["latencyd --restore"]
-    assert run_prerm(tmp_path, "upgrade", "0.1.1", active=True) == []
-    assert run_prerm(tmp_path, "upgrade", "0.1.1", active=False) == []
-    # What it calls exists: latencyctl off, latencyd --restore.
-    sub = next(a for a in cliparser.parser()._actions if a.dest == "command")
-    assert "off" in sub.choices  # type: ignore[attr-defined]
+    systemd = Path("/run/systemd/system").is_dir()  # the script stops it only under systemd
+    stop = ["deb-systemd-invoke stop latencyd.service"] if systemd else []
+    for active in (True, False):
+        assert run_prerm(tmp_path, "remove", active=active) == [*stop, "latencyd --restore"]
+        assert run_prerm(tmp_path, "upgrade", "0.1.1", active=active) == []
+    # Under dpkg --root the running machine's service and settings are not that root's.
+    assert run_prerm(tmp_path, "remove", active=True, dpkg_root=str(tmp_path)) == []
+    # What it calls exists.
     assert "--restore" in arg_parser()._option_string_actions
+
+
+UNSET = (
+    '# This is a drop-in unit file extension, created via "systemctl set-property"\n'
+    "# or an equivalent operation. Do not edit.\n[Slice]\nAllowedCPUs=\nAllowedCPUs=\n"
+)  # what systemd 252 writes when AllowedCPUs= is set to nothing at run time
+
+
+def test_postrm_removes_the_shields_runtime_drop_ins_that_only_unset(tmp_path: Path) -> None:
+    """On remove, the drop-ins systemd keeps of the shield's AllowedCPUs= (restored: unset)
+    go, and their directories once empty; a drop-in that sets CPUs, another file in a
+    unit's directory and another unit's are kept. On upgrade nothing goes."""
+    control = tmp_path / "run/systemd/system.control"
+    files = {
+        "init.scope.d/50-AllowedCPUs.conf": UNSET,
+        "system.slice.d/50-AllowedCPUs.conf": UNSET,
+        "system.slice.d/50-MemoryMax.conf": "[Slice]\nMemoryMax=1G\n",
+        "user.slice.d/50-AllowedCPUs.conf": UNSET.removesuffix("\n") + "0-1\n",
+        "machine.slice.d/50-AllowedCPUs.conf": UNSET,
+    }
+    for rel, text in files.items():
+        (control / rel).parent.mkdir(parents=True, exist_ok=True)
+        (control / rel).write_text(text)
+    for args in (("upgrade", "0.1.1"), ("remove",)):
+        done = subprocess.run(["sh", str(DEBIAN / "latencyd.postrm"), *args],
+                              env={**os.environ, "DPKG_ROOT": str(tmp_path)},
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        if args[0] == "upgrade":
+            left = {str(p.relative_to(control)) for p in control.rglob("*") if p.is_file()}
+            assert left == set(files)
+    left = {str(p.relative_to(control)) for p in control.rglob("*")}
+    assert left == {
+        "system.slice.d", "system.slice.d/50-MemoryMax.conf",
+        "user.slice.d", "user.slice.d/50-AllowedCPUs.conf",
+        "machine.slice.d", "machine.slice.d/50-AllowedCPUs.conf",
+    }  # fmt: skip
+
+
+def test_postrm_purge_removes_state_config_and_a_boot_change_left_behind(tmp_path: Path) -> None:
+    """Purge after a remove whose restore failed (the boot record and GRUB's drop-in still
+    there): the record is printed, the drop-in goes, the state directories and an empty
+    /etc/latencyd go; an administrator's profile keeps /etc/latencyd, and says so. The
+    paths are latencyd's own (latencyd.paths, latencyd.kernel.bootloaders), under
+    DPKG_ROOT; update-grub, which would rewrite the running machine's grub.cfg, is named
+    for the administrator instead of run. Remove and upgrade leave all of it alone."""
+    root = tmp_path / "root"
+    drop_in = root / GRUB_DROP_IN
+    record = root / BOOT_RECORD.relative_to("/")
+    state = root / DEFAULT_STATE_DIR.relative_to("/")
+    profiles = root / ETC_PROFILES.relative_to("/")
+    for path, text in ((drop_in, 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX nohz_full=2-3"\n'),
+                       (record, "nohz_full=2-3\n"), (state / "journal", "{}\n")):  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    profiles.mkdir(parents=True)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "update-grub").write_text(f"#!/bin/sh\ntouch {tmp_path}/update-grub-ran\n")
+    (bin_ / "update-grub").chmod(0o755)
+    env = {**os.environ, "DPKG_ROOT": str(root), "PATH": f"{bin_}:{os.environ['PATH']}"}
+
+    def postrm(*args: str) -> str:
+        done = subprocess.run(["sh", str(DEBIAN / "latencyd.postrm"), *args], env=env,
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    for args in (("upgrade", "0.1.1"), ("remove",)):
+        postrm(*args)
+        assert drop_in.exists() and record.exists() and state.is_dir() and profiles.is_dir()
+    said = postrm("purge")
+    assert "latencyd:   nohz_full=2-3" in said and "run update-grub" in said, said
+    assert not (tmp_path / "update-grub-ran").exists()
+    assert not drop_in.exists() and drop_in.parent.is_dir()
+    assert not record.parent.exists() and not state.exists()
+    assert not profiles.parent.exists()
+    # An administrator's profile: /etc/latencyd kept, and said.
+    profiles.mkdir(parents=True)
+    (profiles / "mine.toml").write_text("[main]\n")
+    assert "kept" in postrm("purge")
+    assert (profiles / "mine.toml").exists()

@@ -364,3 +364,26 @@ def test_each_held_application_gets_a_scope_of_its_own_on_its_own_cpus(
     assert daemon.engine.off() == []
     assert system.task_cgroup(400) == system.task_cgroup(500) == f"/{SESSION}"
     assert not (m.root / V2 / "latencyd.slice").exists()
+
+
+def test_a_task_whose_unit_ended_stays_and_the_rest_is_given_back(
+    systemd_rig: tuple[Machinery, CgroupLikeSystem], machine: Machine, tmp_path: Path
+) -> None:
+    """`systemd-run --scope latencyctl run ...`: once latencyd moved the application into
+    a scope of its own, the scope it came from was empty and systemd ended it. Giving
+    back then has nowhere to move the application to: it stays (said, not applicable),
+    and the step goes on. The VM tier's holds test found the last release rolled back
+    ("Unit latencyd-test-b.scope not loaded"), the held profile in force with no hold."""
+    m, system = systemd_rig
+    engine = Engine({"shield": m.plugin}, Journal(tmp_path / "state"))
+    engine.switch(wanted(m, machine, {"cpus": "1", "apps": ["myapp"]}), "p")
+    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
+    system.systemd.stop("session-3.scope")  # empty: systemd ends it
+    assert not (m.root / V2 / SESSION).exists()
+    report = engine.switch({}, "nothing")  # raised ApplyFailed, the step rolled back
+    assert report.restored >= 1
+    assert system.task_cgroup(400) == "/latencyd.slice/latencyd-app-400.scope"
+    assert system.read(f"{V2}/latencyd.slice/cpuset.cpus") == ""
+    assert system.read(f"{V2}/system.slice/cpuset.cpus") == ""
+    assert system.read(f"{V2}/user.slice/cpuset.cpus") == ""
+    assert engine.owned("shield") == {}

@@ -140,6 +140,11 @@ def test_unit_keeps_what_the_daemon_needs() -> None:
     ):
         assert forbidden not in settings, forbidden
     assert "/dev/cpu_dma_latency rw" in settings["DeviceAllow"]
+    # update-grub's grub-probe reads the root's block device (its UUID): refused it,
+    # grub-mkconfig wrote another grub.cfg (root=/dev/vda1, new menu entry ids) and the VM
+    # booted another kernel. Read only: writing a disk is nothing latencyd does.
+    assert "block-* r" in settings["DeviceAllow"]
+    assert not any(a.startswith("block-") and "w" in a.split()[-1] for a in settings["DeviceAllow"])
     caps = " ".join(settings["CapabilityBoundingSet"]).split()
     assert {"CAP_SYS_NICE", "CAP_SYS_ADMIN", "CAP_NET_ADMIN"} <= set(caps)
     assert not any(f.startswith("~") and "@debug" in f for f in settings["SystemCallFilter"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.qemu import Shape, flake_in, qemu_argv, why_lost
+from tests.qemu import Consoles, Shape, flake_in, qemu_argv, retry_for, why_lost
 
 OOPS = (
     "[   41.113342] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n"
@@ -85,3 +85,171 @@ def test_a_starved_guest_is_slow_not_hung() -> None:
     assert not stalled(silent_seconds=STALL / 2, cpu_while_silent=STALL_CPU / 10)  # starved
     assert stalled(silent_seconds=STALL_CPU / 2, cpu_while_silent=STALL_CPU)  # had the CPUs
     assert stalled(silent_seconds=STALL, cpu_while_silent=0.0)  # idle, no ssh: given up
+
+
+# A guest's console as the tier records it: a boot, then what a test's commands printed.
+BOOTED = (
+    "[    0.000000] Linux version 6.12.117+deb12-amd64\n"
+    "[   38.902114] e1000e 0000:00:03.0 ens3: NIC Link is Up 1000 Mbps Full Duplex\n"
+    "vm login: "
+)
+# A real oops (a fault, as a kernel or driver bug gives): not the emulator's.
+REAL_OOPS = (
+    "[  212.551203] BUG: kernel NULL pointer dereference, address: 0000000000000008\n"
+    "[  212.551870] Oops: Oops: 0000 [#1] PREEMPT SMP NOPTI\n"
+    "[  212.552301] RIP: 0010:cpuset_attach_task+0x2b/0x90\n"
+)
+
+
+def test_a_failed_test_is_retried_only_when_its_guest_died_of_the_flake() -> None:
+    # after the login prompt, on its line (the prompt has no newline)
+    assert retry_for(True, BOOTED + OOPS) == "vm login: " + OOPS.splitlines()[0].strip()
+    assert retry_for(False, BOOTED + OOPS) is None  # passed: nothing to retry
+    assert retry_for(True, BOOTED) is None  # the test's own failure
+    assert retry_for(True, BOOTED + REAL_OOPS) is None  # a kernel bug is a real failure
+    # what a command echoed to the console is not the kernel's oops line
+    assert retry_for(True, BOOTED + "sh: echo Oops: int3 is the flake\n") is None
+
+
+def test_a_flake_a_retried_boot_met_is_not_the_tests(tmp_path: Path) -> None:
+    """The consoles as one stream: a flake that a reboot's retry met (a reset, the same
+    console file) and one on a power-on's console set aside are left out; one after them,
+    while the test ran, is not."""
+    consoles = Consoles(tmp_path / "serial.log")
+    consoles.path.write_text(BOOTED)
+    test_began = consoles.position()
+    with consoles.path.open("a") as f:
+        f.write(OOPS)  # a reboot in the test dies: its retry (a reset) meets it
+    consoles.flake_met()
+    with consoles.path.open("a") as f:
+        f.write(BOOTED)
+    assert retry_for(True, consoles.since(test_began)) is None
+    with consoles.path.open("a") as f:
+        f.write(OOPS)  # then the guest dies while the test runs
+    assert "Oops: int3" in str(retry_for(True, consoles.since(test_began)))
+    set_aside_at = consoles.position()
+    consoles.aside("serial-1.log")  # a power-on's flake, met by a fresh power-on
+    consoles.path.write_text(BOOTED)
+    assert consoles.since(test_began) == BOOTED
+    assert (tmp_path / "serial-1.log").read_text().endswith(OOPS)
+    consoles.keep()  # the VM stopped: its directory goes, its console stays readable
+    consoles.path.unlink()
+    assert consoles.since(set_aside_at) == BOOTED
+    assert consoles.position() == set_aside_at + len(BOOTED)
+
+
+def test_the_package_test_samples_the_profiles_settings_not_services_coming_and_going() -> None:
+    """What the package test samples through an upgrade: files the profile changed and
+    those of latencyd.slice (the application's slice, and the application's cgroup in it);
+    not the files of a service that started since (latencyd.service itself, stopped for a
+    restart's gap); kernel threads whose affinity it changed."""
+    from tests.vm.test_package import made_by_profile
+
+    slice_, service = "/sys/fs/cgroup/latencyd.slice", "/sys/fs/cgroup/system.slice"
+    untuned: dict[str, object] = {
+        "files": {"/proc/sys/vm/stat_interval": "1", f"{service}/cpuset.cpus": "",
+                  "/proc/irq/24/smp_affinity_list": "0-3"},
+        "kthreads": {"2:kthreadd": "[0, 1, 2, 3] policy=0 prio=0",
+                     "9:ksoftirqd/0": "[0] policy=0 prio=0"},
+    }  # fmt: skip
+    tuned: dict[str, object] = {
+        "files": {"/proc/sys/vm/stat_interval": "10", f"{service}/cpuset.cpus": "0-1",
+                  "/proc/irq/24/smp_affinity_list": "0-3",
+                  f"{slice_}/cpuset.cpus": "2-3",
+                  f"{slice_}/vm-app.service/cpuset.cpus.effective": "2-3",
+                  f"{service}/latencyd.service/cpuset.cpus.effective": "0-1",
+                  f"{service}/systemd-hostnamed.service/cpuset.cpus.effective": "0-1"},
+        "kthreads": {"2:kthreadd": "[0, 1] policy=0 prio=0",
+                     "9:ksoftirqd/0": "[0] policy=0 prio=0",
+                     "300:kworker/u8:2": "[0, 1] policy=0 prio=0"},
+    }  # fmt: skip
+    files, kthreads = made_by_profile(untuned, tuned)
+    assert files == [
+        "/proc/sys/vm/stat_interval",
+        f"{service}/cpuset.cpus",
+        f"{slice_}/cpuset.cpus",
+        f"{slice_}/vm-app.service/cpuset.cpus.effective",
+    ]
+    assert kthreads == [2]
+
+
+def test_the_package_test_tells_latencyds_cgroups_from_services_coming_and_going() -> None:
+    """After a remove or a purge: a service's cgroup that came or went since the snapshot
+    before the install is no change; latencyd.service's still there, latencyd.slice's
+    still there, and a slice's AllowedCPUs= left set are."""
+    from tests.vm.test_package import changed
+
+    def snap(files: dict[str, str | None]) -> dict[str, object]:
+        return {"files": files, "kthreads": {}, "nics": {}, "task_cpusets": {},
+                "pm_qos_holders": [], "netns": [], "loop_devices": "", "mounts": [],
+                "run_systemd": [], "cgroups": {}}  # fmt: skip
+
+    root = "/sys/fs/cgroup"
+    before = snap({f"{root}/system.slice/cpuset.cpus": "",
+                   f"{root}/system.slice/apt-daily.service/cpuset.cpus": ""})  # fmt: skip
+    assert changed(before, snap({
+        f"{root}/system.slice/cpuset.cpus": "",
+        f"{root}/system.slice/systemd-hostnamed.service/cpuset.cpus": "",
+        f"{root}/user.slice/user-1000.slice/session-3.scope/cpuset.cpus": "",
+    })) == []  # fmt: skip
+    left = changed(before, snap({
+        f"{root}/system.slice/cpuset.cpus": "0-1",
+        f"{root}/system.slice/latencyd.service/cpuset.cpus": "",
+        f"{root}/latencyd.slice/cpuset.cpus": "2-3",
+    }))  # fmt: skip
+    assert [d.split(":")[0] for d in left] == [
+        f"{root}/latencyd.slice/cpuset.cpus",
+        f"{root}/system.slice/cpuset.cpus",
+        f"{root}/system.slice/latencyd.service/cpuset.cpus",
+    ]
+
+
+def test_the_guest_sampler_sees_a_flip_and_leaves_an_exited_thread_out(tmp_path: Path) -> None:
+    """tests/vm/guest_sampler.py, run here as in the guest: marks its start, sees a file
+    that changes while it samples with both values, samples the application's affinity
+    and cgroup each time, and samples no more a thread that has exited (no setting
+    flipped)."""
+    import json
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from tests.harness import REPO
+
+    setting, out = tmp_path / "setting", tmp_path / "samples.json"
+    setting.write_text("before\n")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    app = subprocess.Popen(["sleep", "60"])
+    sampler = subprocess.Popen(
+        [sys.executable, str(REPO / "tests/vm/guest_sampler.py"), str(out),
+         str(tmp_path / "stop"), str(app.pid)],
+        stdin=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert sampler.stdin is not None
+        sampler.stdin.write(json.dumps({"files": [str(setting)], "kthreads": [gone.pid]}))
+        sampler.stdin.close()
+        deadline = time.monotonic() + 60
+        while not Path(f"{out}.started").exists():
+            assert sampler.poll() is None and time.monotonic() < deadline, "never started"
+            time.sleep(0.01)
+        new = tmp_path / "setting.new"  # replaced whole, as a kernel file reads
+        new.write_text("after\n")
+        new.rename(setting)
+        (tmp_path / "stop").touch()  # the sampler's last sample is taken once it sees it
+        assert sampler.wait(timeout=60) == 0
+    finally:
+        for process in (sampler, app):
+            process.kill()
+            process.wait()
+    sampled = json.loads(out.read_text())
+    seen = sampled["seen"]
+    assert sampled["samples"] > 0
+    assert set(seen[str(setting)]) == {"before", "after"}
+    # The application's affinity and cgroup, each sample's (not their values: on this
+    # machine a shield test beside may move every task while it runs).
+    assert sum(seen["app"].values()) == sum(seen["app cgroup"].values()) == sampled["samples"]
+    assert all(re.fullmatch(r"[0-9]+(,[0-9]+)*", cpus) for cpus in seen["app"]), seen["app"]
+    assert f"kthread {gone.pid}" not in seen

@@ -10,17 +10,25 @@ that leave boot arguments behind therefore cost a new VM for whichever test foll
 `pytest_collection_modifyitems` runs them last. A test that installs latencyd its own way
 (the Debian package) asks for `fresh_vm`: the image as it boots, without `make install`,
 powered off after it; such tests run first.
+
+A test whose guest died of the emulator flake (tests/qemu.py: `Oops: int3` on its serial
+console while the test ran, not met by a retried boot) is run once more on a fresh
+machine, and said: a line as it happens, a warning, and the run's summary. A failure
+without it is never run again (pytest_runtest_protocol).
 """
 
 from __future__ import annotations
 
 import subprocess
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from _pytest.runner import runtestprotocol
 
-from tests.qemu import CACHE, Shape, Vm, install_latencyd
+from tests.conftest import in_vm_tier
+from tests.qemu import CACHE, Shape, Vm, install_latencyd, retry_for
 
 # What a machine reads right after its first boot with latencyd, once systemd has finished
 # starting it: the kernel's arguments, the boot configuration, the service and its profile.
@@ -46,6 +54,7 @@ class Machines:
     def __init__(self) -> None:
         self.current: Booted | None = None
         self.log: list[str] = []  # what each machine cost, for the run's summary
+        self.vms: list[Vm] = []  # every machine powered on, in order (console_since)
 
     def get(self, shape: Shape, installed: bool = True) -> Vm:
         if self.current is not None:
@@ -60,12 +69,16 @@ class Machines:
                     return vm
             self.close()
         vm = Vm(shape)
+        self.vms.append(vm)
         try:
             vm.boot()
             if installed:
                 install_latencyd(vm)
                 vm.reboot()  # systemd starts latencyd at boot, as on a user's server
             vm.ssh("useradd --create-home alice")  # a plain user
+            # Which kernel the tests start on, in the run's summary: the RT entry was seen
+            # booted where the generic one was meant (test_bootloader's set-up).
+            self.log.append(f"{shape}: tests start on Linux {vm.ssh('uname -r').stdout.strip()}")
             self.current = Booted(vm, vm.ssh(BASELINE).stdout, installed)
         except BaseException:
             self.log.append(f"{shape}: failed; console tail:\n{vm.console()[-3000:]}")
@@ -80,6 +93,22 @@ class Machines:
             self.log.append(f"{vm.shape}: boots to ssh {boots}; flakes retried: {vm.flakes or 0}")
             vm.stop()
             self.current = None
+
+    def mark(self) -> tuple[int, int]:
+        """Where the machines' consoles stand now (for console_since): the last machine
+        powered on, and its console's position."""
+        if not self.vms:
+            return 0, 0
+        return len(self.vms) - 1, self.vms[-1].consoles.position()
+
+    def console_since(self, mark: tuple[int, int]) -> str:
+        """What the consoles said since `mark`: that machine's since then, and all of each
+        powered on after it (Consoles.since leaves out the flakes retried boots met)."""
+        first, position = mark
+        return "".join(
+            vm.consoles.since(position if n == first else 0)
+            for n, vm in enumerate(self.vms[first:], start=first)
+        )
 
 
 MACHINES = Machines()
@@ -133,6 +162,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
 
     items.sort(key=order)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """A VM test run as pytest runs any (set-up, call, tear-down, then reported), and run
+    once more on a fresh machine when it failed because its guest died of the emulator
+    flake (retry_for, on the consoles written while it ran); only the second run's
+    outcome is reported, the first said as a line, a warning and in the summary."""
+    if not in_vm_tier(item):
+        return None
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    mark = MACHINES.mark()
+    reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    flake = retry_for(any(r.failed for r in reports), MACHINES.console_since(mark))
+    if flake is not None:
+        failure = next(r for r in reports if r.failed)
+        crash = getattr(failure.longrepr, "reprcrash", None)
+        why = str(getattr(crash, "message", failure.longreprtext)).splitlines()[:1]
+        said = (
+            f"RETRIED {item.nodeid}: its guest died of the emulator flake ({flake}); its "
+            f"first run failed in {failure.when}: {' '.join(why)}"
+        )
+        MACHINES.log.append(said)
+        MACHINES.close()  # the dead guest: the second run gets a fresh machine
+        terminal = item.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.write_line("")
+            terminal.write_line(said, yellow=True, bold=True)
+        warnings.warn(pytest.PytestWarning(said), stacklevel=1)
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    for report in reports:
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -12,6 +12,19 @@ include = ["cpu-partitioning"]
 isolated_cores = "2-3"
 """
 
+PARTITIONING_WRITTEN = """\
+[main]
+summary = "cpu-partitioning with CPUs 2-3 isolated, and boot arguments written (the VM tier)"
+include = ["cpu-partitioning"]
+
+[variables]
+isolated_cores = "2-3"
+
+[bootloader]
+cmdline = ["nohz_full=${isolated_cores}", "rcu_nocbs=${isolated_cores}"]
+write = true
+"""
+
 REALTIME_WRITTEN = """\
 [main]
 summary = "realtime with CPUs 2-3 isolated, its boot arguments written (the VM tier)"
