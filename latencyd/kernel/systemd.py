@@ -169,13 +169,10 @@ class SystemdManager:
 
     def attach(self, unit: str, subcgroup: str, pids: list[int]) -> None:
         """Move `pids` into a running service or scope (AttachProcessesToUnit, systemd >=
-        238), into its sub-cgroup `subcgroup` ("" for its own). UnitGone when systemd has
-        no such unit: a transient scope goes once its last process left it."""
+        238), into its sub-cgroup `subcgroup` ("" for its own)."""
         import dbus
 
         with self._connection(f"moving pids {pids} back to {unit}") as conn:
-            if self._unit_path(conn, unit) is None:
-                raise UnitGone(f"moving pids {pids} back to {unit}", f"systemd has no {unit}")
             self._call(
                 conn, MANAGER_PATH, MANAGER, "AttachProcessesToUnit", "ssau",
                 unit, f"/{subcgroup}" if subcgroup else "",
@@ -189,11 +186,6 @@ class SystemdManager:
                 return
             self._call(conn, MANAGER_PATH, MANAGER, "StopUnit", "ss", unit, "fail")
             self._settle(conn, unit, {None, "inactive", "failed"})
-
-
-class UnitGone(KernelRefused):
-    """The unit named is not loaded: it ended (a transient scope whose processes all
-    left or exited), or never was."""
 
 
 def _said(exc: BaseException) -> str:

@@ -36,7 +36,6 @@ from latencyd.kernel.cgroups import (
 )
 from latencyd.kernel.owners import CPUS, Claim
 from latencyd.kernel.system import System
-from latencyd.kernel.systemd import UnitGone
 
 
 def _hierarchy_problem(hierarchy: str) -> str | None:
@@ -154,18 +153,12 @@ class TaskUnit(ProcessCgroup):
             pids += [pid for pid in started if pid != self.pid]
         try:
             system.systemd.attach(unit[0], unit[1], pids)
-        except UnitGone as exc:
-            # Its unit ended once latencyd had moved it out (`systemd-run --scope`'s scope
-            # goes when empty): nowhere to go back to.
-            raise LeftInPlace(
-                f"moving pid {self.pid} back to {unit[0]}: {exc.reason}; it stays in "
-                f"{now or 'its scope'} until it exits, its CPUs no longer limited once "
-                f"{APP_SLICE} is left"
-            ) from exc
         except KernelRefused as exc:
             # systemd moves processes only into units delegated to their manager
             # (Delegate=yes: user@.service, containers); a login session's scope is not.
-            # Its cgroup.procs is systemd's to write: the process stays where it is.
+            # And a unit may have ended once latencyd moved its processes out
+            # (`systemd-run --scope`'s scope goes when empty: "not loaded"). Its
+            # cgroup.procs is systemd's to write: the process stays where it is.
             raise LeftInPlace(
                 f"moving pid {self.pid} back to {unit[0]}: {exc.reason}; it stays in "
                 f"{now or 'its scope'} until it exits, its CPUs no longer limited once "
