@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # typing costs ~2 ms of every latencyctl call; annotations on
 
 from latencyd import BUS_NAME, INTERFACE, OBJECT_PATH
 from latencyd.text import printable
-from latencyd.tools.cliparser import parser
+from latencyd.tools.cliparser import parse, parser
 
 OK, DRIFT, USAGE, UNREACHABLE, DENIED = 0, 1, 2, 3, 4
 PENDING = 5  # verify: as the profile wants, but part of it takes effect at the next boot
@@ -1008,9 +1008,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
     try:
-        args = p.parse_args(argv)
+        args = parse(parser(), sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:
         return USAGE if exc.code not in (0, None) else OK
     handler = HANDLERS[args.handler]

@@ -27,6 +27,8 @@ CPUS_HELP = (
     "the hold's own CPUs (a list: 1,3-4): the profile's isolated_cores, or which of its "
     "shielded CPUs; holds on other CPUs compose, each command on its own"
 )
+# The help of the argument that is a command to run (hold, run): parse() finds it by it.
+COMMAND_HELP = "-- command and arguments"
 
 
 def _cookie(text: str) -> int:
@@ -83,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     hold.add_argument("profile")
     hold.add_argument("--reason", help="shown in status (default: the command line)")
     hold.add_argument("--cpus", help=CPUS_HELP)
-    hold.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
+    hold.add_argument("command", nargs=argparse.REMAINDER, help=COMMAND_HELP)
     run = add(
         "run",
         "start a command on the shielded CPUs, holding a profile while it runs: "
@@ -95,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     policy.add_argument("--fifo", type=_priority, metavar="N", help="SCHED_FIFO at priority N")
     policy.add_argument("--rr", type=_priority, metavar="N", help="SCHED_RR at priority N")
     run.add_argument("--reason", help="shown in status (default: the command line)")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
+    run.add_argument("command", nargs=argparse.REMAINDER, help=COMMAND_HELP)
     release = add("release", "end a hold by its cookie")
     release.add_argument("cookie", type=_cookie)
     add("off", "restore every original value (also ends every hold)")
@@ -255,3 +257,29 @@ def parser() -> argparse.ArgumentParser:
     complete.add_argument("kind", choices=("profiles", "plugins", "options"))
     complete.set_defaults(handler="__complete")
     return p
+
+
+def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """latencyctl's arguments as `p` (parser()) reads them; after the first `--`, a command's.
+
+    argparse.REMAINDER after a positional (hold's PROFILE) takes every later word, options
+    included, so `hold PROFILE --cpus 1 -- CMD` gave `--cpus 1 --` to CMD: the words
+    before `--` are read with the command left out (in any order, as latencyctl's own),
+    and those after it are the command's as they are. Only a subcommand that runs a
+    command takes any. The parser keeps REMAINDER for help, man page and completions."""
+    if "--" not in argv:
+        return p.parse_args(argv)
+    split = argv.index("--")
+    (sub,) = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+    commands = [a for sp in sub.choices.values() for a in sp._actions if a.help == COMMAND_HELP]
+    for action in commands:
+        action.nargs = "*"
+    try:
+        args = p.parse_args(argv[:split])
+    finally:
+        for action in commands:
+            action.nargs = argparse.REMAINDER
+    if not any(a.help == COMMAND_HELP for a in sub.choices[args.handler]._actions):
+        p.error(f"{args.handler} takes no command after --")
+    args.command = argv[split + 1 :]
+    return args
