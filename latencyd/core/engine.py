@@ -53,6 +53,7 @@ from latencyd.errors import (
     NotApplicable,
 )
 from latencyd.kernel.owners import OwnerIndex
+from latencyd.kernel.system import Writer
 
 log = logging.getLogger(__name__)
 
@@ -1076,13 +1077,20 @@ class Engine:
         return str(section.options.get("on_drift", "reapply")) if section else "reapply"
 
     def handle_drift(
-        self, drifts: Iterable[Drift], owners: OwnerIndex | None = None
+        self,
+        drifts: Iterable[Drift],
+        owners: OwnerIndex | None = None,
+        writers: Mapping[SettingId, Writer] | None = None,
     ) -> list[dict[str, Any]]:
         """Put drifted settings back or report them, as each section's `on_drift` says;
-        with the machine's `owners`, name the one whose value a setting drifted to."""
+        with the machine's `owners`, name the one whose value a setting drifted to, and
+        with `writers`, the process seen writing it."""
         records = []
         for d in drifts:
             record = d.as_json() | {"action": "reported"}
+            writer = writers.get((d.plugin, d.target)) if writers else None
+            if writer is not None:
+                record["written_by"] = writer.as_json()
             by = owners.changed_by(d.target.claims(), d.actual) if owners else None
             if by is not None:
                 record["changed_by"] = by.as_json()
@@ -1094,7 +1102,8 @@ class Engine:
                 except LatencydError as exc:
                     record["action"] = f"failed: {exc}"
             log.warning(
-                "drift: [%s] %s, but it is %r%s: %s", d.plugin, d.text, d.actual,
+                "drift: [%s] %s, but it is %r%s%s: %s", d.plugin, d.text, d.actual,
+                f", written by {writer}" if writer else "",
                 f", the value {by.who} sets from {by.where} ({by.when})" if by else "",
                 record["action"],
             )  # fmt: skip

@@ -37,6 +37,7 @@ from latencyd.kernel.cgroups import (
     task_cgroup,
 )
 from latencyd.kernel.trust import untrusted
+from latencyd.text import printable
 
 KERNEL_SETTINGS = ("/proc/", "/sys/")  # where System.write may write
 CGROUP_DRAIN_SECONDS = 5.0  # how long a cgroup's tasks are moved out before removing it gives up
@@ -214,6 +215,26 @@ def parse_stat(pid: int, text: str) -> Task:
     fields = rest.split()
     last_cpu = int(fields[36]) if len(fields) > 36 else -1
     return Task(pid, comm, int(fields[1]), int(fields[6]), int(fields[19]), last_cpu)
+
+
+@dataclass(frozen=True)
+class Writer:
+    """A process that wrote a file, as fanotify names it (its pid) and as /proc said right
+    after (comm and command line; "" once it had exited). Its own words are untrusted:
+    `str()` escapes them for a log line or a terminal."""
+
+    pid: int
+    comm: str = ""
+    cmdline: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.pid} ({printable(self.comm)})" if self.comm else str(self.pid)
+
+    def as_json(self) -> dict[str, object]:
+        return {"pid": self.pid, "comm": self.comm, "cmdline": self.cmdline}
+
+
+CMDLINE_HEAD = 4096  # of a writer's command line: what names it, not its 2 MB of arguments
 
 
 @dataclass(frozen=True)
@@ -469,6 +490,22 @@ class System:
             return _read_text(self.fspath(rel))
         except OSError:
             return ""
+
+    def writer(self, pid: int) -> Writer:
+        """The process `pid` as it is now: its comm and the head of its command line
+        (arguments joined by blanks), or the pid alone once it has exited."""
+        comm = self.read_or_empty(f"proc/{pid}/comm").removesuffix("\n")
+        try:
+            fd = os.open(self.fspath(f"proc/{pid}/cmdline"), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return Writer(pid, comm)
+        try:
+            head = os.read(fd, CMDLINE_HEAD)
+        except OSError:
+            head = b""
+        finally:
+            os.close(fd)
+        return Writer(pid, comm, head.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace"))
 
     def task_cgroup(self, pid: int) -> str | None:
         """The process's cpuset cgroup (latencyd.kernel.cgroups.task_cgroup); None once it

@@ -54,7 +54,7 @@ from latencyd.errors import (
 )
 from latencyd.kernel.boot import BootState, booted, compare, unmet
 from latencyd.kernel.owners import Owner, OwnerIndex, read_owners
-from latencyd.kernel.system import System
+from latencyd.kernel.system import System, Writer
 from latencyd.service.taskevents import coalesce
 from latencyd.text import printable
 
@@ -729,16 +729,19 @@ class Daemon:
                 log.error("applying the profile to new targets failed: %s", exc)
         return self.check_drift(verify)
 
-    def check_drift(self, sids: Iterable[SettingId] | None) -> list[dict[str, Any]]:
-        """Verify some (or all) owned settings; put drift back or report it, per section."""
+    def check_drift(
+        self, sids: Iterable[SettingId] | None, writers: Mapping[SettingId, Writer] | None = None
+    ) -> list[dict[str, Any]]:
+        """Verify some (or all) owned settings; put drift back or report it, per section,
+        naming the process that wrote a setting where the file watch saw it (`writers`)."""
         if sids is not None:
             sids = list(sids)
-        if self.deferred(lambda: self.check_drift(sids)):
+        if self.deferred(lambda: self.check_drift(sids, writers)):
             return []
         drifts: list[Drift] = self.engine.verify(sids)
         if not drifts:
             return []
-        records = self.engine.handle_drift(drifts, read_owners(self.system))
+        records = self.engine.handle_drift(drifts, read_owners(self.system), writers)
         for callback in self.on_drift:
             callback(records)
         return records

@@ -21,7 +21,7 @@ from latencyd.core.plugin import TaskEvent, load_plugins
 from latencyd.core.profile import Profile, ProfileLibrary
 from latencyd.errors import ConfigError, LatencydError
 from latencyd.kernel.owners import overlap, running_tuners
-from latencyd.kernel.system import System
+from latencyd.kernel.system import System, Writer
 from latencyd.paths import CONFIG_FILE, DEFAULT_KEEP_DIR, DEFAULT_STATE_DIR
 from latencyd.service.config import (
     Config,
@@ -214,8 +214,9 @@ class TaskWatch:
 
 
 class DriftWatch:
-    """Drift, found as it happens: inotify on every file that holds an owned setting, so
-    a rewrite by anyone is put back (or reported) at once and idle costs nothing. Owned
+    """Drift, found as it happens: fanotify (or inotify) on every file that holds an owned
+    setting, so a rewrite by anyone is put back (or reported) at once, naming the writer
+    where fanotify tells it, and idle costs nothing. Owned
     settings that live in no file (thread affinities, NIC settings, the PM QoS request)
     are read back in turn, at most POLL_SLICE every `poll_interval_s` and only while
     there are any: each is checked every ceil(n / POLL_SLICE) polls, and a daemon beside
@@ -227,7 +228,7 @@ class DriftWatch:
         self.daemon = daemon
         self.loop = loop
         self.poll_ms = int(poll_interval_s * 1000)
-        self.files = FileWatcher()
+        self.files = FileWatcher(daemon.system.writer)
         self.watched: dict[SettingId, tuple[str, ...]] = {}  # owned setting -> its files
         self.by_path: dict[str, set[SettingId]] = {}
         self.unwatched: set[SettingId] = set()
@@ -276,10 +277,15 @@ class DriftWatch:
             self.poll_source = None
 
     def _readable(self) -> bool:
-        changed = self.files.read()
-        sids = {sid for path in changed for sid in self.by_path.get(path, ())}
+        sids: set[SettingId] = set()
+        writers: dict[SettingId, Writer] = {}
+        for path, writer in self.files.read().items():
+            for sid in self.by_path.get(path, ()):
+                sids.add(sid)
+                if writer is not None:
+                    writers[sid] = writer
         if sids:
-            self.daemon.check_drift(sids)
+            self.daemon.check_drift(sids, writers)
         return True
 
     def _poll(self) -> bool:

@@ -65,7 +65,11 @@ def isolated(
     return start_daemon("isolate", config=f"verify_interval_s = {interval}\n")
 
 
-def test_another_process_rewriting_an_owned_mask_is_put_back(isolated: Latencyd) -> None:
+def test_another_process_rewriting_an_owned_mask_is_put_back_naming_it(
+    isolated: Latencyd,
+) -> None:
+    """The writer is named (issue 52): fanotify gave the daemon its pid, and its comm and
+    command line were read while it ran (it waits on its stdin until the mask is back)."""
     irq = virtio4_irqs()[-1]
     assert mask(irq) == "1"
     monitor = subprocess.Popen(
@@ -80,14 +84,24 @@ def test_another_process_rewriting_an_owned_mask_is_put_back(isolated: Latencyd)
     )
     time.sleep(0.2)
     try:
-        subprocess.run(["sh", "-c", f"echo 0 > /proc/irq/{irq}/smp_affinity_list"], check=True)
-        wait_for(lambda: mask(irq) == "1", timeout=5)
+        script = f"echo 0 > /proc/irq/{irq}/smp_affinity_list; echo written; read x"
+        writer = subprocess.Popen(
+            ["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        try:
+            assert writer.stdout is not None and writer.stdout.readline() == b"written\n"
+            wait_for(lambda: mask(irq) == "1", timeout=5)
+        finally:
+            writer.communicate(b"\n", timeout=5)
         time.sleep(0.1)
     finally:
         monitor.terminate()
         out = monitor.communicate(timeout=5)[0]
     assert "member=Drift" in out and f'"irq": {irq}' in out and "reapplied" in out
-    line = f"drift: [irq] IRQ {irq} affinity = 1, but it is '0': reapplied"
+    by = json.dumps({"pid": writer.pid, "comm": "sh", "cmdline": f"sh -c {script}"})
+    assert f'"written_by": {by}' in out
+    line = f"drift: [irq] IRQ {irq} affinity = 1, but it is '0', written by {writer.pid} (sh)"
+    line += ": reapplied"
     wait_for(lambda: line in isolated.log(), timeout=2)
 
 

@@ -29,7 +29,7 @@ from latencyd.kernel.owners import (
     running_tuners,
     sysctl_key,
 )
-from latencyd.kernel.system import Machine, System
+from latencyd.kernel.system import Machine, System, Writer
 from latencyd.service.main import say_other_tuners
 from latencyd.text import printable
 from latencyd.tools.cli import format_explain, format_plan, format_status
@@ -443,3 +443,31 @@ def test_a_tuner_started_by_systemd_is_named_with_its_unit(
 )
 def test_the_unit_a_task_runs_in(proc_cgroup: str, unit: str | None) -> None:
     assert systemd_unit(proc_cgroup) == unit
+
+
+def test_drift_repair_names_the_process_seen_writing_it(
+    tmp_path: Path, machine: Machine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The file watch saw who wrote (fanotify's pid, its comm and command line read then):
+    # the record carries it as read, the log line says it escaped (a comm is anyone's).
+    root, daemon = swap_daemon(tmp_path, machine)
+    daemon.start("swap")
+    (root / "proc/sys/vm/swappiness").write_text("77\n")
+    writer = Writer(4321, "evil\x1b[2J", "sh -c echo 77 > /proc/sys/vm/swappiness")
+    other = Writer(4322, "other")  # of a setting that did not drift: no record
+    with caplog.at_level(logging.WARNING):
+        (record,) = daemon.check_drift(
+            None, {("sysctl", Sysctl("vm.swappiness")): writer, ("sysctl", Sysctl("x.y")): other}
+        )
+    assert record["written_by"] == {
+        "pid": 4321,
+        "comm": "evil\x1b[2J",
+        "cmdline": "sh -c echo 77 > /proc/sys/vm/swappiness",
+    }
+    assert record["action"] == "reapplied"
+    assert "but it is '77', written by 4321 (evil\\x1b[2J): reapplied" in caplog.text
+    assert "\x1b" not in caplog.text
+    # Drift no write was seen for (found by the tick) names no process.
+    (root / "proc/sys/vm/swappiness").write_text("78\n")
+    (record,) = daemon.check_drift(None)
+    assert "written_by" not in record
