@@ -18,6 +18,7 @@ import functools
 import importlib
 import logging
 import os
+import pkgutil
 import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -581,11 +582,62 @@ def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, st
     return found
 
 
-def discover(path: list[str] | None = None) -> dict[str, type[Plugin[Any, Any, Any]]]:
-    """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too),
-    as installed on `path` (default: sys.path, where they are imported from)."""
+BUILT_IN_PACKAGE = "latencyd.plugins"  # the repository's plugins/, as installed
+
+
+def built_in_plugin(module: object, name: str) -> type[Plugin[Any, Any, Any]] | None:
+    """The plugin a module (or package) of `plugins/` is: the Plugin class it holds whose
+    `name` is the module's name (`plugins/ksm.py` holds `class KsmPlugin(...): name = "ksm"`);
+    None when it holds none (a helper module)."""
+    for value in vars(module).values():
+        if (
+            isinstance(value, type)
+            and issubclass(value, Plugin)
+            and value is not Plugin
+            and getattr(value, "name", None) == name
+        ):
+            return value
+    return None
+
+
+def built_in(package: str = BUILT_IN_PACKAGE) -> dict[str, type[Plugin[Any, Any, Any]]]:
+    """The plugins in `package`, found by listing it: each module or subpackage whose
+    Plugin class carries its name. A new file in plugins/ is a new plugin, with nothing
+    else to edit (no entry point, no list)."""
     found: dict[str, type[Plugin[Any, Any, Any]]] = {}
+    where = importlib.import_module(package)
+    for info in sorted(pkgutil.iter_modules(where.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        try:
+            module = importlib.import_module(f"{package}.{info.name}")
+        except Exception as exc:  # one broken plugin must not stop the daemon
+            log.error("plugin %s (%s) failed to load: %s", info.name, package, exc)
+            continue
+        cls = built_in_plugin(module, info.name)
+        if cls is not None:
+            found[info.name] = cls
+    return found
+
+
+def discover(
+    path: list[str] | None = None, package: str = BUILT_IN_PACKAGE
+) -> dict[str, type[Plugin[Any, Any, Any]]]:
+    """Every plugin: the built-ins of `package` (latencyd's plugins/, listed), then those
+    other installed packages register under the `latencyd.plugins` entry-point group on
+    `path` (default: sys.path, where they are imported from). A registered plugin with a
+    built-in's name is refused (logged, the built-in kept): a profile's [irq] means
+    latencyd's irq whatever else is installed."""
+    found = built_in(package)
     for name, spec in entry_point_specs(ENTRY_POINT_GROUP, path).items():
+        if name in found:
+            log.error(
+                "plugin %s (%s) refused: %s is a built-in plugin's name; rename it",
+                name,
+                spec,
+                name,
+            )
+            continue
         module, _, attr = spec.partition(":")
         try:
             cls = getattr(importlib.import_module(module.strip()), attr.strip())
