@@ -428,8 +428,10 @@ class Plugin(Generic[T, R, Opt]):
     `summary`, `schema`, `targets`, `example` and `expand`; `read`, `write` and `describe`
     too unless the target kinds do them (Target.read, ...: every FileTarget does); the rest
     has defaults. What only some plugins do (follow tasks or devices, share a setting with
-    its user, report grouped, provide the noise watch, act at boot, place the application)
-    is a capability the plugin declares among its bases (latencyd.core.capabilities).
+    its user, report grouped, provide the noise watch, act at boot, place the application,
+    keep what a step read, name a device's files, take over another's kinds, hold
+    resources to release) is a capability the plugin declares among its bases
+    (latencyd.core.capabilities).
 
     The hooks that take `rules` get the applied section's (the Expansion.rules of its last
     expansion), or None where there are none: the section was refused whole
@@ -443,10 +445,6 @@ class Plugin(Generic[T, R, Opt]):
     # A section that exercises the plugin: the contract test (tests/unit/test_contract.py)
     # applies it on a fake machine, verifies it and restores it, for every plugin found.
     example: ClassVar[dict[str, Any]] = {}
-    # Target kinds this plugin took over from another (kind -> the plugin that had it):
-    # a journal an older version wrote keys them by that plugin, and the engine's adopt
-    # gives them to this one, so a kill -9 across the upgrade still restores them.
-    took_over: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, system: System) -> None:
         self.system = system
@@ -503,15 +501,6 @@ class Plugin(Generic[T, R, Opt]):
         (Target.same): not a hook, a kind says it."""
         return target.same(self.system, wanted, actual)
 
-    def begin_step(self) -> None:
-        """A step (an apply, a verify, an off) begins: until end_step, a plugin may keep
-        what it read of the machine that cannot change meanwhile (which process a pid
-        is), instead of reading it again for each of thousands of targets. A long step
-        ends and begins anew each time it gives the main loop a turn."""
-
-    def end_step(self) -> None:
-        """The step is over: forget what begin_step allowed to keep."""
-
     def exists(self, target: T) -> bool:
         """Whether the target is still there; vanished ones are dropped without error."""
         return target.exists(self.system)
@@ -519,11 +508,6 @@ class Plugin(Generic[T, R, Opt]):
     def describe(self, target: T, value: Value) -> str:
         """The setting in words (status, logs, errors)."""
         return target.describe(value)
-
-    def watch_files(self, target: T) -> tuple[str, ...]:
-        """Files (under the System root) whose modification can change this target: a
-        write to any of them makes the engine check it at once. None: polled instead."""
-        return target.watch_files(self.system)
 
     # -- who may apply it, and targets that appear later -------------------------------------
     def root_only(self, options: Opt) -> str | None:
@@ -542,9 +526,6 @@ class Plugin(Generic[T, R, Opt]):
 
     def monitor(self, rules: R | None) -> Monitor:
         return Monitor()
-
-    def close(self) -> None:
-        """Release held resources (perf counters); called when the daemon stops."""
 
 
 def target_kinds(plugin: Plugin[Any, Any, Any]) -> dict[str, type[Target]]:

@@ -15,6 +15,7 @@ from latencyd.core.capabilities import (
     PlacesApplications,
     ReportsGrouped,
     SharesWithUser,
+    TookOver,
 )
 from latencyd.core.movable import TaskMover
 from latencyd.core.movable import require_movable as _require_movable
@@ -80,6 +81,7 @@ class ShieldPlugin(
     SharesWithUser[ShieldTarget, ShieldRules, ShieldOptions],
     ReportsGrouped[ShieldTarget],
     PlacesApplications[ShieldRules],
+    TookOver,
 ):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"

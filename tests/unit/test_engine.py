@@ -17,7 +17,7 @@ from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.core import engine as engine_module
-from latencyd.core.capabilities import SharesWithUser
+from latencyd.core.capabilities import RemembersInStep, SharesWithUser
 from latencyd.core.engine import SECTION, Engine, Plan, Refused, Section, plan, section_schemas
 from latencyd.core.journal import Journal, JournalState
 from latencyd.core.plugin import (
@@ -1075,7 +1075,7 @@ def test_a_capability_is_asked_only_of_a_plugin_that_declares_it(tmp_path: Path)
     assert plugin.asked == []
 
 
-class SharedKnobsCountingSteps(SharedKnobs):
+class SharedKnobsCountingSteps(SharedKnobs, RemembersInStep):
     """SharedKnobs that say which step of theirs (begin_step to end_step: the engine
     begins one after each turn of the main loop) a setting was judged and described in."""
 
@@ -1087,6 +1087,9 @@ class SharedKnobsCountingSteps(SharedKnobs):
 
     def begin_step(self) -> None:
         self.step += 1
+
+    def end_step(self) -> None:
+        pass
 
     def write_unless_changed(self, target: Knob | SoftKnob, value: Value, judged: Value) -> Any:
         self.judged_in[target.name] = self.step

@@ -16,13 +16,18 @@ from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.core.capabilities import (
     ActsAtBoot,
+    FindsDeviceFiles,
     FollowsDevices,
     FollowsTasks,
+    HoldsResources,
     PlacesApplications,
     ProvidesNoiseWatch,
+    RemembersInStep,
     ReportsGrouped,
     SharesWithUser,
+    TookOver,
     declares,
+    files_to_watch,
 )
 from latencyd.core.engine import ENGINE_OPTIONS, Engine, plugin_options, section_schemas
 from latencyd.core.journal import Journal
@@ -494,7 +499,7 @@ def test_watch_files_exist_and_cover_every_change(
     settings = plugin.expand(options, {}).settings
     assert settings
     for target, value in settings.items():
-        files = plugin.watch_files(target)
+        files = files_to_watch(plugin, target)
         assert files, target
         for rel in files:
             assert not rel.startswith("/") and (fake_root / rel).is_file(), (target, rel)
@@ -583,12 +588,13 @@ def test_plugin_defaults(fake_root: Path) -> None:
     assert plugin.writes == [(k, 3)]
     assert plugin.same(k, 1, 1) and not plugin.same(k, 1, "1")
     assert plugin.exists(k)
-    assert plugin.watch_files(k) == ()  # polled
+    assert files_to_watch(plugin, k) == ()  # polled
     assert plugin.root_only({"x": 1}) is None
     assert plugin.follows == Follows()
     # A capability is declared, never inherited: the engine and the daemon ask none of these.
     capabilities = (FollowsTasks, FollowsDevices, SharesWithUser, ReportsGrouped,
-                    ProvidesNoiseWatch, ActsAtBoot, PlacesApplications)  # fmt: skip
+                    ProvidesNoiseWatch, ActsAtBoot, PlacesApplications, RemembersInStep,
+                    FindsDeviceFiles, TookOver, HoldsResources)  # fmt: skip
     assert not any(declares(plugin, c) for c in capabilities)
     hooks = {m for c in capabilities for m in vars(c) if not m.startswith("_")}
     assert hooks and not any(hasattr(plugin, hook) for hook in hooks)
