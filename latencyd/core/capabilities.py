@@ -11,6 +11,7 @@ it has. One line each (docs/architecture.md has them too):
 - SharesWithUser: settings their user may set too (a task's CPUs): what the user set
   stays theirs, by the plugin's Handover rule (the engine's Shared ownership,
   latencyd.core.sharing).
+- StartsAfresh: what it owns is given back before its section is expanded again.
 - ReportsGrouped: says a step's changes in few lines, and shows settings of one group
   (the threads of a process) as one status row.
 - ProvidesNoiseWatch: its section has the daemon watch CPUs for noise, and is told what
@@ -103,7 +104,7 @@ class Handover(Protocol[T]):
         ...
 
 
-class SharesWithUser(Protocol[T, R, Opt]):
+class SharesWithUser(Protocol[T, R]):
     """Settings their user may set too (a task's CPUs). The engine owns them through
     latencyd.core.sharing.Shared: each new one is written with write_unless_changed,
     and each owned one given back with it; what the handover calls theirs is not
@@ -122,10 +123,17 @@ class SharesWithUser(Protocol[T, R, Opt]):
         where the kernel offers nothing closer)."""
         ...
 
+
+class StartsAfresh(Protocol[Opt]):
+    """A section whose expansion reads what the plugin's own settings changed (a cgroup
+    tree it made): the engine gives back what it owns, in a step of its own, before it
+    expands the section again when the plugin says so (latencyd.core.sharing.Ownership,
+    the first of its three points)."""
+
     def starts_afresh(self, options: Opt, owned: Mapping[Target, Value]) -> bool:
         """Whether what the plugin owns must be given back before the section is expanded
-        again: the restores would change what the expansion reads. Default: no."""
-        return False
+        again: the restores would change what the expansion reads."""
+        ...
 
 
 class ReportsGrouped(Protocol[G]):

@@ -429,7 +429,7 @@ class Plugin(Generic[T, R, Opt]):
     too unless the target kinds do them (Target.read, ...: every FileTarget does); the rest
     has defaults. What only some plugins do (follow tasks or devices, share a setting with
     its user, report grouped, provide the noise watch, act at boot, place the application,
-    keep what a step read, name a device's files, take over another's kinds, hold
+    keep what a step read, start afresh, name a device's files, take over another's kinds, hold
     resources to release) is a capability the plugin declares among its bases
     (latencyd.core.capabilities).
 

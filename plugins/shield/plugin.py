@@ -15,6 +15,7 @@ from latencyd.core.capabilities import (
     PlacesApplications,
     ReportsGrouped,
     SharesWithUser,
+    StartsAfresh,
     TookOver,
 )
 from latencyd.core.movable import TaskMover
@@ -78,7 +79,8 @@ log = logging.getLogger(__name__)
 class ShieldPlugin(
     TaskMover[ShieldTarget, ShieldRules, ShieldOptions],
     FollowsTasks[ShieldRules, ShieldOptions],
-    SharesWithUser[ShieldTarget, ShieldRules, ShieldOptions],
+    SharesWithUser[ShieldTarget, ShieldRules],
+    StartsAfresh[ShieldOptions],
     ReportsGrouped[ShieldTarget],
     PlacesApplications[ShieldRules],
     TookOver,

@@ -25,6 +25,7 @@ from latencyd.core.capabilities import (
     RemembersInStep,
     ReportsGrouped,
     SharesWithUser,
+    StartsAfresh,
     TookOver,
     declares,
     files_to_watch,
@@ -594,7 +595,7 @@ def test_plugin_defaults(fake_root: Path) -> None:
     # A capability is declared, never inherited: the engine and the daemon ask none of these.
     capabilities = (FollowsTasks, FollowsDevices, SharesWithUser, ReportsGrouped,
                     ProvidesNoiseWatch, ActsAtBoot, PlacesApplications, RemembersInStep,
-                    FindsDeviceFiles, TookOver, HoldsResources)  # fmt: skip
+                    FindsDeviceFiles, TookOver, HoldsResources, StartsAfresh)  # fmt: skip
     assert not any(declares(plugin, c) for c in capabilities)
     hooks = {m for c in capabilities for m in vars(c) if not m.startswith("_")}
     assert hooks and not any(hasattr(plugin, hook) for hook in hooks)
