@@ -608,9 +608,13 @@ def discover(
     other installed packages register under the `latencyd.plugins` entry-point group on
     `path` (default: sys.path, where they are imported from). A registered plugin with a
     built-in's name is refused (logged, the built-in kept): a profile's [irq] means
-    latencyd's irq whatever else is installed."""
+    latencyd's irq whatever else is installed. One that names the built-in itself is the
+    metadata of an install made when built-ins were registered so (an editable install
+    not redone): nothing to say."""
     found = built_in(package)
     for name, spec in entry_point_specs(ENTRY_POINT_GROUP, path).items():
+        if name in found and spec.partition(":")[0].strip() == f"{package}.{name}":
+            continue
         if name in found:
             log.error(
                 "plugin %s (%s) refused: %s is a built-in plugin's name; rename it",

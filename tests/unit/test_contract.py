@@ -183,11 +183,16 @@ def test_an_installed_plugin_with_a_built_in_name_is_refused(
     (site / "other-1.0.dist-info" / "entry_points.txt").write_text(
         "[latencyd.plugins]\nirq = other_irq:IrqPlugin\n"
     )
+    (site / "latencyd-0.1.dist-info").mkdir()  # an install made when built-ins had lines
+    (site / "latencyd-0.1.dist-info" / "entry_points.txt").write_text(
+        "[latencyd.plugins]\nnet = latencyd.plugins.net:NetPlugin\n"
+    )
     found = discover([str(site)])
-    assert found["irq"] is built_in()["irq"]
+    assert found["irq"] is built_in()["irq"] and found["net"] is built_in()["net"]
     assert "plugin irq (other_irq:IrqPlugin) refused: irq is a built-in plugin's name" in (
         caplog.text
     )
+    assert "plugin net" not in caplog.text  # the built-in's own line: nothing to refuse
 
 
 def test_the_schemas_tables_are_documented_in_plugin_docs() -> None:
