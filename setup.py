@@ -8,8 +8,8 @@
 # from there to <prefix>/share/{man,bash-completion,zsh}, with the README the pages name.
 # The build environment has neither latencyd nor its plugins installed, so the generator
 # runs in a child Python on a copy of the packages laid out as installed (plugins/ is
-# latencyd.plugins; profiles/ beside them, as in a checkout) next to the egg-info, whose
-# entry points make the plugins known.
+# latencyd.plugins, where the plugins are found; profiles/ beside them, as in a checkout)
+# next to the egg-info.
 import glob
 import os
 import shutil
@@ -17,13 +17,23 @@ import subprocess
 import sys
 import tempfile
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from latencyd.tools.manpages import README, SHARE  # standard library only: fine to import here
 
 GENERATED = "build/share"
+
+
+def packages() -> list[str]:
+    """latencyd's packages, found in the tree: latencyd/ and, as latencyd.plugins.*, plugins/
+    and every package under it (a plugin that is a package is installed with no list to
+    edit; pyproject.toml's package-dir maps latencyd.plugins to plugins/)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return find_packages(here, include=["latencyd", "latencyd.*"]) + [
+        f"latencyd.{name}" for name in find_packages(here, include=["plugins", "plugins.*"])
+    ]
 
 
 class BuildPyAndDocs(build_py):
@@ -60,12 +70,15 @@ class BuildPyAndDocs(build_py):
             print("warning: man pages and completions not generated", file=sys.stderr)
 
 
-setup(
-    cmdclass={"build_py": BuildPyAndDocs},
-    data_files=[(os.path.dirname(f"share/{path}"), [f"{GENERATED}/{path}"]) for path in SHARE]
-    + [(os.path.dirname(README), ["README.md"])]
-    # Beside it, the pages its links lead to (docs/…), so they resolve where it is installed.
-    + [(f"{os.path.dirname(README)}/docs", sorted(glob.glob("docs/*.md")))]
-    # The shipped profiles, where latencyd.service.config.shipped_profiles_dir looks for them.
-    + [("share/latencyd/profiles", sorted(glob.glob("profiles/*.toml")))],
-)
+# Run as setuptools runs it (build_meta: __name__ "__main__"), not when a test imports it.
+if __name__ == "__main__":
+    setup(
+        packages=packages(),
+        cmdclass={"build_py": BuildPyAndDocs},
+        data_files=[(os.path.dirname(f"share/{path}"), [f"{GENERATED}/{path}"]) for path in SHARE]
+        + [(os.path.dirname(README), ["README.md"])]
+        # Beside it, the pages its links lead to (docs/…), so they resolve where it is installed.
+        + [(f"{os.path.dirname(README)}/docs", sorted(glob.glob("docs/*.md")))]
+        # The shipped profiles, where latencyd.service.config.shipped_profiles_dir looks for them.
+        + [("share/latencyd/profiles", sorted(glob.glob("profiles/*.toml")))],
+    )

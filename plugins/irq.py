@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from latencyd.core.capabilities import FollowsDevices, FollowsTasks
+from latencyd.core.capabilities import FollowsDevices, FollowsTasks, HoldsResources
 from latencyd.core.plugin import (
     CPU_ACTIONS,
     DEVICE_ACTIONS,
@@ -180,6 +180,7 @@ class IrqPlugin(
     Plugin[IrqTarget, IrqRules, IrqOptions],
     FollowsTasks[IrqRules, IrqOptions],
     FollowsDevices[IrqRules],
+    HoldsResources,
 ):
     name = "irq"
     summary = "IRQ affinity: rules by number, name or device; isolate CPUs from movable IRQs"

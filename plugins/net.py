@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from latencyd.core.capabilities import FollowsDevices
+from latencyd.core.capabilities import FindsDeviceFiles, FollowsDevices
 from latencyd.core.plugin import (
     DeviceEvent,
     Expansion,
@@ -310,7 +310,9 @@ class NetOptions:
     )
 
 
-class NetPlugin(Plugin[NicTarget, NetRules, NetOptions], FollowsDevices[NetRules]):
+class NetPlugin(
+    Plugin[NicTarget, NetRules, NetOptions], FollowsDevices[NetRules], FindsDeviceFiles[NicTarget]
+):
     name = "net"
     summary = "NIC coalescing, rings, channels, pause, features, RPS/XPS and NAPI knobs"
     targets = (NicSetting, NicFile)

@@ -11,6 +11,7 @@ it has. One line each (docs/architecture.md has them too):
 - SharesWithUser: settings their user may set too (a task's CPUs): what the user set
   stays theirs, by the plugin's Handover rule (the engine's Shared ownership,
   latencyd.core.sharing).
+- StartsAfresh: what it owns is given back before its section is expanded again.
 - ReportsGrouped: says a step's changes in few lines, and shows settings of one group
   (the threads of a process) as one status row.
 - ProvidesNoiseWatch: its section has the daemon watch CPUs for noise, and is told what
@@ -18,6 +19,10 @@ it has. One line each (docs/architecture.md has them too):
 - ActsAtBoot: settings that act from the next boot on (kernel arguments): pending until
   then, kept on disk beyond the journal, and named by a plan.
 - PlacesApplications: puts a held application on CPUs of its own; is told the holders.
+- RemembersInStep: keeps what it read of the machine for one step (which task a pid is).
+- FindsDeviceFiles: the files to watch for a target follow its device's current name.
+- TookOver: holds target kinds another plugin had (journals that plugin's versions wrote).
+- HoldsResources: holds something to release when the daemon stops (perf counters).
 
 The capabilities are not runtime-checkable, so `isinstance` cannot be asked by mistake:
 of a runtime Protocol it only compares the names of members (a plugin with a `report`
@@ -29,9 +34,9 @@ and each of 50,000 settings of a plan; `declares` is a lookup in the class's bas
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
-from latencyd.core.plugin import DeviceEvent, Settings, Target, TaskEvent, Value
+from latencyd.core.plugin import DeviceEvent, Plugin, Settings, Target, TaskEvent, Value
 from latencyd.cpuset import CpuSet
 
 if TYPE_CHECKING:  # only the noise watch's hooks name them
@@ -99,7 +104,7 @@ class Handover(Protocol[T]):
         ...
 
 
-class SharesWithUser(Protocol[T, R, Opt]):
+class SharesWithUser(Protocol[T, R]):
     """Settings their user may set too (a task's CPUs). The engine owns them through
     latencyd.core.sharing.Shared: each new one is written with write_unless_changed,
     and each owned one given back with it; what the handover calls theirs is not
@@ -118,10 +123,17 @@ class SharesWithUser(Protocol[T, R, Opt]):
         where the kernel offers nothing closer)."""
         ...
 
+
+class StartsAfresh(Protocol[Opt]):
+    """A section whose expansion reads what the plugin's own settings changed (a cgroup
+    tree it made): the engine gives back what it owns, in a step of its own, before it
+    expands the section again when the plugin says so (latencyd.core.sharing.Ownership,
+    the first of its three points)."""
+
     def starts_afresh(self, options: Opt, owned: Mapping[Target, Value]) -> bool:
         """Whether what the plugin owns must be given back before the section is expanded
-        again: the restores would change what the expansion reads. Default: no."""
-        return False
+        again: the restores would change what the expansion reads."""
+        ...
 
 
 class ReportsGrouped(Protocol[G]):
@@ -193,3 +205,55 @@ class PlacesApplications(Protocol[R]):
         """Why the process `pid` is not on the CPUs this section's `rules` keep for the
         application, with what to do instead; None when it is (or the section keeps none)."""
         ...
+
+
+class RemembersInStep(Protocol):
+    """Keeps what it read of the machine that cannot change within a step (which process
+    a pid is: latencyd.core.movable.TaskMover) instead of reading it again for each of
+    thousands of targets. A long step ends and begins anew each time it gives the main
+    loop a turn; the engine tells only the plugins that declare this."""
+
+    def begin_step(self) -> None:
+        """A step (an apply, a verify, an off) begins: until end_step, keep what was read."""
+        ...
+
+    def end_step(self) -> None:
+        """The step is over: forget what begin_step allowed to keep."""
+        ...
+
+
+class FindsDeviceFiles(Protocol[T]):
+    """Targets whose files are named after a device's current name (a NIC's, which a
+    rename changes): the plugin, which keeps the name, says which files a write to makes
+    the daemon check the target at once. Other plugins' targets name theirs
+    (Target.watch_files; files_to_watch asks the right one)."""
+
+    def watch_files(self, target: T) -> tuple[str, ...]:
+        """Files (under the System root) whose modification can change this target; none:
+        polled instead."""
+        ...
+
+
+class TookOver(Protocol):
+    """Target kinds this plugin took over from another: a journal an older version wrote
+    keys them by that plugin, and the engine's adopt gives them to this one, so a kill -9
+    across the upgrade still restores them."""
+
+    took_over: ClassVar[Mapping[str, str]]  # kind -> the plugin that had it
+
+
+class HoldsResources(Protocol):
+    """Holds something the kernel keeps for it (perf counters) beyond a step: released
+    when the daemon stops."""
+
+    def close(self) -> None:
+        """Release what it holds."""
+        ...
+
+
+def files_to_watch(plugin: Plugin[Any, Any, Any], target: Target) -> tuple[str, ...]:
+    """Files (under the System root) a write to makes the daemon check `target` at once:
+    its plugin's word where it declares FindsDeviceFiles, else the target's own."""
+    if declares(plugin, FindsDeviceFiles):
+        return cast(FindsDeviceFiles[Target], plugin).watch_files(target)
+    return target.watch_files(plugin.system)

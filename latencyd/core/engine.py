@@ -23,7 +23,14 @@ from collections.abc import Callable, Collection, Generator, Iterable, Iterator,
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from latencyd.core.capabilities import ActsAtBoot, ReportsGrouped, SharesWithUser, declares
+from latencyd.core.capabilities import (
+    ActsAtBoot,
+    RemembersInStep,
+    ReportsGrouped,
+    SharesWithUser,
+    TookOver,
+    declares,
+)
 from latencyd.core.journal import Journal, JournalKey, JournalState, key_of
 from latencyd.core.planning import CHANGE, NOT_APPLICABLE, UNCHANGED, PlannedSetting, SwitchPlan
 from latencyd.core.plugin import (
@@ -291,13 +298,13 @@ class Engine:
 
     @contextlib.contextmanager
     def stepping(self) -> Iterator[None]:
-        """One step for the plugins (Plugin.begin_step, end_step), however nested, and
+        """One step for the plugins (RemembersInStep's begin_step, end_step), however nested, and
         each plugin's Ownership for it: made before anything is read or written, and what
         it left to a setting's user said at each turn and once the step is done."""
         self._depth += 1
         if self._depth == 1:
             self._own_afresh()
-            for plugin in self.plugins.values():
+            for plugin in self._remembering():
                 plugin.begin_step()
         try:
             yield
@@ -306,7 +313,7 @@ class Engine:
             if self._depth == 0:
                 self._say_left()
                 self._own_afresh(made=False)
-                for plugin in self.plugins.values():
+                for plugin in self._remembering():
                     plugin.end_step()
 
     def _turn(self, progress: Progress) -> Steps[None]:
@@ -317,9 +324,15 @@ class Engine:
         left to a setting's user is said before, while its pid is still the task judged."""
         self._say_left()
         yield progress
-        for plugin in self.plugins.values():
+        for plugin in self._remembering():
             plugin.end_step()
             plugin.begin_step()
+
+    def _remembering(self) -> list[RemembersInStep]:
+        """The plugins that keep what they read for a step (RemembersInStep)."""
+        return [
+            cast(RemembersInStep, p) for p in self.plugins.values() if declares(p, RemembersInStep)
+        ]
 
     def _say_left(self) -> None:
         """Log what each plugin's Ownership left to a setting's user since it last said
@@ -978,13 +991,13 @@ class Engine:
     def _heir(self, name: str, target: Any) -> str:
         """The plugin a journaled target of plugin `name` belongs to now: `name`, unless
         it no longer has that kind of target and another plugin took it over
-        (Plugin.took_over)."""
+        (TookOver)."""
         kind = target.get("kind") if isinstance(target, dict) else None
         plugin = self.plugins.get(name)
         if not isinstance(kind, str) or (plugin and kind in target_kinds(plugin)):
             return name
         for heir, other in self.plugins.items():
-            if type(other).took_over.get(kind) == name:
+            if declares(other, TookOver) and cast(TookOver, other).took_over.get(kind) == name:
                 return heir
         return name
 

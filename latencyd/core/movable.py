@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from latencyd.core.capabilities import RemembersInStep
 from latencyd.core.plugin import Plugin, Target, V, Value
 from latencyd.errors import NotApplicable
 from latencyd.kernel.system import System, Task
@@ -97,9 +98,10 @@ class TaskTarget(Target[V]):
         raise NotImplementedError
 
 
-class TaskMover(Plugin[T, S, Opt]):
-    """A plugin whose targets name tasks: it keeps who each pid is for the step, and hands
-    that to its TaskTarget kinds; its other kinds reach their settings as any do."""
+class TaskMover(Plugin[T, S, Opt], RemembersInStep):
+    """A plugin whose targets name tasks: it keeps who each pid is for the step
+    (RemembersInStep), and hands that to its TaskTarget kinds; its other kinds reach their
+    settings as any do."""
 
     def __init__(self, system: System) -> None:
         super().__init__(system)

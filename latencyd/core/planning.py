@@ -46,7 +46,7 @@ class SwitchPlan:
     refused: dict[str, dict[str, str]] = field(default_factory=dict)
     # What only a boot brings, by plugin (ActsAtBoot.needs_boot): the kernel arguments.
     needs_boot: dict[str, list[str]] = field(default_factory=dict)
-    # Sections whose plugin starts afresh (SharesWithUser.starts_afresh): all they own given back
+    # Sections whose plugin starts afresh (StartsAfresh): all they own given back
     # first, then applied again as planned.
     afresh: list[str] = field(default_factory=list)
 

@@ -18,6 +18,7 @@ import functools
 import importlib
 import logging
 import os
+import pkgutil
 import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -427,8 +428,10 @@ class Plugin(Generic[T, R, Opt]):
     `summary`, `schema`, `targets`, `example` and `expand`; `read`, `write` and `describe`
     too unless the target kinds do them (Target.read, ...: every FileTarget does); the rest
     has defaults. What only some plugins do (follow tasks or devices, share a setting with
-    its user, report grouped, provide the noise watch, act at boot, place the application)
-    is a capability the plugin declares among its bases (latencyd.core.capabilities).
+    its user, report grouped, provide the noise watch, act at boot, place the application,
+    keep what a step read, start afresh, name a device's files, take over another's kinds, hold
+    resources to release) is a capability the plugin declares among its bases
+    (latencyd.core.capabilities).
 
     The hooks that take `rules` get the applied section's (the Expansion.rules of its last
     expansion), or None where there are none: the section was refused whole
@@ -442,10 +445,6 @@ class Plugin(Generic[T, R, Opt]):
     # A section that exercises the plugin: the contract test (tests/unit/test_contract.py)
     # applies it on a fake machine, verifies it and restores it, for every plugin found.
     example: ClassVar[dict[str, Any]] = {}
-    # Target kinds this plugin took over from another (kind -> the plugin that had it):
-    # a journal an older version wrote keys them by that plugin, and the engine's adopt
-    # gives them to this one, so a kill -9 across the upgrade still restores them.
-    took_over: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, system: System) -> None:
         self.system = system
@@ -502,15 +501,6 @@ class Plugin(Generic[T, R, Opt]):
         (Target.same): not a hook, a kind says it."""
         return target.same(self.system, wanted, actual)
 
-    def begin_step(self) -> None:
-        """A step (an apply, a verify, an off) begins: until end_step, a plugin may keep
-        what it read of the machine that cannot change meanwhile (which process a pid
-        is), instead of reading it again for each of thousands of targets. A long step
-        ends and begins anew each time it gives the main loop a turn."""
-
-    def end_step(self) -> None:
-        """The step is over: forget what begin_step allowed to keep."""
-
     def exists(self, target: T) -> bool:
         """Whether the target is still there; vanished ones are dropped without error."""
         return target.exists(self.system)
@@ -518,11 +508,6 @@ class Plugin(Generic[T, R, Opt]):
     def describe(self, target: T, value: Value) -> str:
         """The setting in words (status, logs, errors)."""
         return target.describe(value)
-
-    def watch_files(self, target: T) -> tuple[str, ...]:
-        """Files (under the System root) whose modification can change this target: a
-        write to any of them makes the engine check it at once. None: polled instead."""
-        return target.watch_files(self.system)
 
     # -- who may apply it, and targets that appear later -------------------------------------
     def root_only(self, options: Opt) -> str | None:
@@ -541,9 +526,6 @@ class Plugin(Generic[T, R, Opt]):
 
     def monitor(self, rules: R | None) -> Monitor:
         return Monitor()
-
-    def close(self) -> None:
-        """Release held resources (perf counters); called when the daemon stops."""
 
 
 def target_kinds(plugin: Plugin[Any, Any, Any]) -> dict[str, type[Target]]:
@@ -581,11 +563,66 @@ def entry_point_specs(group: str, path: list[str] | None = None) -> dict[str, st
     return found
 
 
-def discover(path: list[str] | None = None) -> dict[str, type[Plugin[Any, Any, Any]]]:
-    """All plugins registered under the `latencyd.plugins` entry-point group (built-ins too),
-    as installed on `path` (default: sys.path, where they are imported from)."""
+BUILT_IN_PACKAGE = "latencyd.plugins"  # the repository's plugins/, as installed
+
+
+def built_in_plugin(module: object, name: str) -> type[Plugin[Any, Any, Any]] | None:
+    """The plugin a module (or package) of `plugins/` is: the Plugin class it holds whose
+    `name` is the module's name (`plugins/ksm.py` holds `class KsmPlugin(...): name = "ksm"`);
+    None when it holds none (a helper module)."""
+    for value in vars(module).values():
+        if (
+            isinstance(value, type)
+            and issubclass(value, Plugin)
+            and value is not Plugin
+            and getattr(value, "name", None) == name
+        ):
+            return value
+    return None
+
+
+def built_in(package: str = BUILT_IN_PACKAGE) -> dict[str, type[Plugin[Any, Any, Any]]]:
+    """The plugins in `package`, found by listing it: each module or subpackage whose
+    Plugin class carries its name. A new file in plugins/ is a new plugin, with nothing
+    else to edit (no entry point, no list)."""
     found: dict[str, type[Plugin[Any, Any, Any]]] = {}
+    where = importlib.import_module(package)
+    for info in sorted(pkgutil.iter_modules(where.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        try:
+            module = importlib.import_module(f"{package}.{info.name}")
+        except Exception as exc:  # one broken plugin must not stop the daemon
+            log.error("plugin %s (%s) failed to load: %s", info.name, package, exc)
+            continue
+        cls = built_in_plugin(module, info.name)
+        if cls is not None:
+            found[info.name] = cls
+    return found
+
+
+def discover(
+    path: list[str] | None = None, package: str = BUILT_IN_PACKAGE
+) -> dict[str, type[Plugin[Any, Any, Any]]]:
+    """Every plugin: the built-ins of `package` (latencyd's plugins/, listed), then those
+    other installed packages register under the `latencyd.plugins` entry-point group on
+    `path` (default: sys.path, where they are imported from). A registered plugin with a
+    built-in's name is refused (logged, the built-in kept): a profile's [irq] means
+    latencyd's irq whatever else is installed. One that names the built-in itself is the
+    metadata of an install made when built-ins were registered so (an editable install
+    not redone): nothing to say."""
+    found = built_in(package)
     for name, spec in entry_point_specs(ENTRY_POINT_GROUP, path).items():
+        if name in found and spec.partition(":")[0].strip() == f"{package}.{name}":
+            continue
+        if name in found:
+            log.error(
+                "plugin %s (%s) refused: %s is a built-in plugin's name; rename it",
+                name,
+                spec,
+                name,
+            )
+            continue
         module, _, attr = spec.partition(":")
         try:
             cls = getattr(importlib.import_module(module.strip()), attr.strip())

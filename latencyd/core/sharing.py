@@ -8,7 +8,8 @@ per plugin for the step (`ownership_of`) at three named points, the same calls f
 plugin:
 
 1. `starts_afresh`: before the section is expanded again, whether what the plugin owns
-   must be given back first (the restores change what the expansion reads);
+   must be given back first (the restores change what the expansion reads; asked of a
+   plugin that declares StartsAfresh);
 2. `claim`: a setting first owned now, before its original is journaled: whether it is
    taken (False: someone else's already, left alone);
 3. `write` and `give_back`: the writes, each saying whether it wrote, found the setting
@@ -31,7 +32,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
-from latencyd.core.capabilities import Handover, SharesWithUser, declares
+from latencyd.core.capabilities import Handover, SharesWithUser, StartsAfresh, declares
 from latencyd.core.plugin import Options, Plugin, Target, Value
 from latencyd.errors import LatencydError
 
@@ -65,8 +66,11 @@ class Ownership(Generic[T]):
     def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
         """Whether what the plugin owns must be given back before the section (`options`,
         as the profile holds it) is expanded again (the restores would change what the
-        expansion reads)."""
-        return False
+        expansion reads): asked of a plugin that declares StartsAfresh."""
+        if not declares(self.plugin, StartsAfresh):
+            return False
+        plugin = cast(StartsAfresh[Any], self.plugin)
+        return plugin.starts_afresh(self.plugin.options_of(options), owned)
 
     # -- 2. a setting first owned now ---------------------------------------------------
     def claim(self, target: T, now: Value, judged_by_expansion: bool) -> bool:
@@ -128,7 +132,7 @@ class Shared(Ownership[T]):
 
     def __init__(self, plugin: Plugin[T, Any, Any], rules: Callable[[bool], Any]) -> None:
         super().__init__(plugin, rules)
-        sharer = self.sharer = cast(SharesWithUser[T, Any, Any], plugin)  # see ownership_of
+        sharer = self.sharer = cast(SharesWithUser[T, Any], plugin)  # see ownership_of
         # The plugin's rule of what is theirs, by the rules being applied and by those in
         # force: made once, before anything is written.
         self.judges: tuple[Handover[T] | None, Handover[T] | None] = (
@@ -137,9 +141,6 @@ class Shared(Ownership[T]):
         )
         # What each setting claimed in this step held then: its write is judged by it.
         self.claimed: dict[T, Value] = {}
-
-    def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
-        return self.sharer.starts_afresh(self.plugin.options_of(options), owned)
 
     def claim(self, target: T, now: Value, judged_by_expansion: bool) -> bool:
         # Without the expansion's read, the plugin judged one the engine did not see (an

@@ -15,6 +15,7 @@ from typing import Any, cast
 from latencyd.core.capabilities import (
     FollowsDevices,
     FollowsTasks,
+    HoldsResources,
     PlacesApplications,
     ReportsGrouped,
     declares,
@@ -221,7 +222,8 @@ class Daemon:
         The base profile stays noted: the next start (a reboot's) resumes it."""
         problems = self.engine.off(stopping=True) if restore else []
         for plugin in self.plugins.values():
-            plugin.close()
+            if declares(plugin, HoldsResources):
+                cast(HoldsResources, plugin).close()
         return problems
 
     # -- requests -----------------------------------------------------------------

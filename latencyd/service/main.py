@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from latencyd.core.capabilities import FollowsTasks, declares
+from latencyd.core.capabilities import FollowsTasks, declares, files_to_watch
 from latencyd.core.engine import Engine, SettingId, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import TaskEvent, load_plugins
@@ -259,7 +259,7 @@ class DriftWatch:
                     del self.by_path[path]
             self.unwatched.discard(sid)
         for sid in new:
-            files = self.daemon.plugins[sid[0]].watch_files(sid[1])
+            files = files_to_watch(self.daemon.plugins[sid[0]], sid[1])
             paths = tuple(str(system.path(rel)) for rel in files)
             self.watched[sid] = paths
             for path in paths:

@@ -412,9 +412,9 @@ def complete_words(kind: str) -> list[str]:
             config = Config()
         return list(profile_files(search_path([], config)))
     if kind == "plugins":
-        from latencyd.core.plugin import ENTRY_POINT_GROUP, entry_point_specs
+        from latencyd.core.plugin import discover
 
-        return sorted(entry_point_specs(ENTRY_POINT_GROUP))
+        return sorted(discover())
     if kind != "options":
         raise ValueError(f"unknown completion kind {kind!r} (known: {COMPLETION_KINDS})")
     from latencyd.tools.explain import plugin_docs
@@ -444,10 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     outdir, ready = args.outdir, args.completions_from
-    from latencyd.core.plugin import ENTRY_POINT_GROUP, discover
+    from latencyd.core.plugin import BUILT_IN_PACKAGE, discover
 
     if not discover():  # a page without them would look fine and be wrong
-        p.error(f"no plugins found (entry points {ENTRY_POINT_GROUP!r}): is latencyd installed?")
+        p.error(f"no plugins found (package {BUILT_IN_PACKAGE!r}): is latencyd installed?")
     for rel, name in SHARE.items():
         (outdir / rel).parent.mkdir(parents=True, exist_ok=True)
         if name in PAGES:

@@ -15,6 +15,8 @@ from latencyd.core.capabilities import (
     PlacesApplications,
     ReportsGrouped,
     SharesWithUser,
+    StartsAfresh,
+    TookOver,
 )
 from latencyd.core.movable import TaskMover
 from latencyd.core.movable import require_movable as _require_movable
@@ -77,9 +79,11 @@ log = logging.getLogger(__name__)
 class ShieldPlugin(
     TaskMover[ShieldTarget, ShieldRules, ShieldOptions],
     FollowsTasks[ShieldRules, ShieldOptions],
-    SharesWithUser[ShieldTarget, ShieldRules, ShieldOptions],
+    SharesWithUser[ShieldTarget, ShieldRules],
+    StartsAfresh[ShieldOptions],
     ReportsGrouped[ShieldTarget],
     PlacesApplications[ShieldRules],
+    TookOver,
 ):
     name = "shield"
     summary = "Keep user tasks off the application's CPUs, following tasks as they come"

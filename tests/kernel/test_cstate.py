@@ -40,7 +40,9 @@ def engine(plugin: CstatePlugin, tmp_path: Path) -> Engine:
 def poll_share(cpu: int, seconds: float, min_idle_s: float = 0.1) -> float:
     """Share of CPU `cpu`'s idle time spent in its POLL idle state, over at least `seconds`
     and until it was idle `min_idle_s` (another load on the CPU leaves it little idle
-    time: a CI run beside a busy neighbour once saw none in 0.5 s and read 0 % held)."""
+    time: a CI run beside a busy neighbour once saw none in 0.5 s and read 0 % held).
+    A CPU another load keeps busy for 10 s has no idle time to share out: the test is
+    skipped, saying so, as it cannot say anything of the plugin then (issue 53, part 6)."""
     states = Path(f"/sys/devices/system/cpu/cpu{cpu}/cpuidle")
     assert (states / "state0/name").read_text().strip() == "POLL"
 
@@ -54,7 +56,8 @@ def poll_share(cpu: int, seconds: float, min_idle_s: float = 0.1) -> float:
         idle_s = sum(spent) / 1e6
         if idle_s >= min_idle_s:
             return spent[0] / sum(spent)
-        assert time.monotonic() - start < 10, f"CPU {cpu} was idle only {idle_s:.3f} s in 10 s"
+        if time.monotonic() - start >= 10:
+            pytest.skip(f"CPU {cpu} was idle only {idle_s:.3f} s in 10 s: the machine's load")
         time.sleep(0.1)
 
 
@@ -134,7 +137,10 @@ def test_per_cpu_resume_latency_and_state_disable_are_applied_and_restored(
 def test_residency_table_counts_since_apply(engine: Engine, plugin: CstatePlugin) -> None:
     """While "poll" is held, the table's POLL share takes most of CPU 1's idle time since
     the apply (its share of wall time is what is idle: another load on the CPU lowers it,
-    so the test waits for some idle time rather than a fixed share of the clock)."""
+    so the test waits for some idle time rather than a fixed share of the clock, and is
+    skipped, saying so, when the load leaves CPU 1 under 10 % idle for 10 s: issue 53,
+    part 6). POLL's share is judged against the idle time the table counts (busy% is
+    100 minus the states' shares), which the load does not move."""
     engine.switch(wanted(plugin, {"force_latency_us": "poll"}), "t")
     try:
         plugin.on_applied(None)
@@ -148,6 +154,7 @@ def test_residency_table_counts_since_apply(engine: Engine, plugin: CstatePlugin
     finally:
         engine.off()
     assert table.columns[:3] == ("CPU", "busy%", "POLL %")
-    assert 100 - row1[1] >= 10, f"CPU 1 was busy {row1[1]} % for 10 s: the test needs idle time"
+    if 100 - row1[1] < 10:
+        pytest.skip(f"CPU 1 was busy {row1[1]} % for 10 s (the machine's load): no idle time")
     assert row1[2] > 0.5 * (100 - row1[1]), row1  # POLL: most of the idle time while held
     assert row1[3] > 0  # POLL usage count since apply

@@ -117,7 +117,7 @@ def test_a_shield_moved_to_other_cpus_is_made_anew(
 ) -> None:
     """v1's exclusive cpusets cannot trade CPUs in place (either write overlaps the
     exclusive sibling: EINVAL), so a profile shielding other CPUs gives the cpusets back
-    first (SharesWithUser.starts_afresh) and makes them again: the mis-tuned scenario of `bench
+    first (StartsAfresh) and makes them again: the mis-tuned scenario of `bench
     latency` was the first profile's shield kept, *not applicable*, until then."""
     free, confined = tasks
     profiles = tmp_path / "profiles"

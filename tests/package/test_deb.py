@@ -108,8 +108,8 @@ def test_the_packaged_commands_run_on_debians_python_and_its_packages(
     built: Path, tmp_path: Path
 ) -> None:
     """The package's files, unpacked, with /usr/bin/python3 and Debian's python3-dbus,
-    -pyudev and -prometheus-client (nothing of the .venv): the plugins are found through
-    the package's entry points, the man pages are written, D-Bus is reached (no daemon
+    -pyudev and -prometheus-client (nothing of the .venv): the plugins are found in
+    the package's latencyd.plugins, the man pages are written, D-Bus is reached (no daemon
     here: exit 3), and `latencyctl completion` refuses a shtab that writes broken scripts
     (or none) and names the package's."""
     root = tmp_path / "root"

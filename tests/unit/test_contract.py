@@ -1,7 +1,7 @@
-"""The plugin contract, checked for every plugin found through the entry-point group
-(and for the example plugin in the README): documented options, targets that round-trip
-through the journal, and an example section that applies, verifies and restores on a
-fake machine leaving it exactly as it was."""
+"""The plugin contract, checked for every plugin found (the files of plugins/, then the
+entry-point group of other installed packages) and for the example plugin in the README:
+documented options, targets that round-trip through the journal, and an example section
+that applies, verifies and restores on a fake machine leaving it exactly as it was."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,24 +19,35 @@ import pytest
 
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
-from latencyd.core.plugin import Plugin, decode_target, discover, encode_target, target_kinds
+from latencyd.core.plugin import (
+    Plugin,
+    built_in,
+    decode_target,
+    discover,
+    encode_target,
+    target_kinds,
+)
 from latencyd.core.profile import Profile
 from latencyd.core.schema import ArrayOfTables, Schema, validate
 from tests.harness import REPO
 from tests.unit.fakesys import make_fake_machine, tree_values
 
 
-def readme_plugin() -> type[Plugin[Any, Any, Any]]:
-    """The "Writing a plugin" example, loaded from the README's code block as it stands."""
+def readme_example() -> str:
+    """The "Writing a plugin" example: the README's code block as it stands."""
     text = (REPO / "README.md").read_text()
-    section = text[text.index("## Writing a plugin") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
+    code = re.search(r"```python\n(.*?)```", text[text.index("## Writing a plugin") :], re.S)
     assert code, "the README's plugin example is missing"
+    return code.group(1)
+
+
+def readme_plugin() -> type[Plugin[Any, Any, Any]]:
+    """The README's example, loaded."""
     spec = importlib.util.spec_from_loader("readme_plugin", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["readme_plugin"] = module
-    exec(compile(code.group(1), "README.md", "exec"), module.__dict__)
+    exec(compile(readme_example(), "README.md", "exec"), module.__dict__)
     plugins = [
         v for v in vars(module).values()
         if isinstance(v, type) and issubclass(v, Plugin) and v is not Plugin
@@ -130,9 +142,57 @@ def test_a_plugins_hooks_get_its_section_as_its_options_class(key: str, tmp_path
         assert set_fields == value, name
 
 
-def test_every_built_in_plugin_is_a_file_in_plugins_with_an_entry_point() -> None:
-    files = {p.stem for p in (REPO / "plugins").glob("*.py") if p.stem != "__init__"}
-    assert files <= set(discover())
+def test_every_file_and_package_in_plugins_is_a_built_in_plugin() -> None:
+    in_plugins = {p.stem for p in (REPO / "plugins").glob("*.py") if p.stem != "__init__"}
+    in_plugins |= {p.parent.name for p in (REPO / "plugins").glob("*/__init__.py")}
+    assert set(built_in()) == in_plugins
+    assert in_plugins <= set(discover())
+
+
+def test_a_new_file_in_plugins_is_a_plugin_with_no_other_file_edited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 53: the README's example saved as one more file of a copy of plugins/ is
+    found beside the built-ins and applied: no entry point, no list, nothing outside
+    plugins/ to edit."""
+    site = tmp_path / "site"
+    copied = site / "copied_plugins"
+    shutil.copytree(REPO / "plugins", copied, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (copied / "ksm.py").write_text(readme_example())
+    monkeypatch.syspath_prepend(str(site))
+    found = discover([str(tmp_path / "nothing installed")], package="copied_plugins")
+    assert set(found) == set(built_in()) | {"ksm"}
+    assert found["ksm"].__module__ == "copied_plugins.ksm"
+    system = make_fake_machine(tmp_path / "machine")
+    before = tree_values(system.root, "sys")
+    plugins = {"ksm": found["ksm"](system)}
+    engine = Engine(plugins, Journal(tmp_path / "state"))
+    section = validate(section_schemas(plugins)["ksm"], {"run": True}, system.machine())
+    report = engine.apply(Profile("p", tmp_path / "p.toml", "", {"ksm": section}, {}))
+    assert report.applied == 1 and engine.verify() == []
+    assert engine.off() == [] and tree_values(system.root, "sys") == before
+
+
+def test_an_installed_plugin_with_a_built_in_name_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A profile's [irq] is latencyd's irq whatever else is installed: an entry point
+    under a built-in's name is refused with a log line saying so, and others still load."""
+    site = tmp_path / "site"
+    (site / "other-1.0.dist-info").mkdir(parents=True)
+    (site / "other-1.0.dist-info" / "entry_points.txt").write_text(
+        "[latencyd.plugins]\nirq = other_irq:IrqPlugin\n"
+    )
+    (site / "latencyd-0.1.dist-info").mkdir()  # an install made when built-ins had lines
+    (site / "latencyd-0.1.dist-info" / "entry_points.txt").write_text(
+        "[latencyd.plugins]\nnet = latencyd.plugins.net:NetPlugin\n"
+    )
+    found = discover([str(site)])
+    assert found["irq"] is built_in()["irq"] and found["net"] is built_in()["net"]
+    assert "plugin irq (other_irq:IrqPlugin) refused: irq is a built-in plugin's name" in (
+        caplog.text
+    )
+    assert "plugin net" not in caplog.text  # the built-in's own line: nothing to refuse
 
 
 def test_the_schemas_tables_are_documented_in_plugin_docs() -> None:
@@ -190,17 +250,14 @@ def test_a_plugin_written_from_the_readme_needs_only_its_own_files(
     package = site / "ksm_plugins"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    text = (REPO / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", text[text.index("## Writing a plugin") :], re.S)
-    assert code
-    (package / "ksm.py").write_text(code.group(1))
+    (package / "ksm.py").write_text(readme_example())
     (package / "sayksm.py").write_text(GROUPED_PLUGIN)
     (site / "ksm_plugins-1.0.dist-info").mkdir()
     (site / "ksm_plugins-1.0.dist-info" / "entry_points.txt").write_text(
         "[latencyd.plugins]\nksm = ksm_plugins.ksm:KsmPlugin\nsayksm = ksm_plugins.sayksm:SaysKsm\n"
     )
     monkeypatch.syspath_prepend(str(site))
-    found = discover([str(site)])
+    found = {n: c for n, c in discover([str(site)]).items() if n not in built_in()}
     assert sorted(found) == ["ksm", "sayksm"]
     system = make_fake_machine(tmp_path / "machine")
     before = tree_values(system.root, "sys")

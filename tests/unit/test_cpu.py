@@ -22,6 +22,7 @@ from latencyd.plugins.cpu import (
     PolicyBoost,
 )
 
+from latencyd.core.capabilities import files_to_watch
 from latencyd.core.engine import SECTION, Engine, Refused
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Target, Value
@@ -629,7 +630,7 @@ def test_watch_files_and_describe(intel: Rig) -> None:
         (NoTurbo(), "1", "intel_pstate/no_turbo", "intel_pstate turbo off (no_turbo = 1)"),
     ]  # fmt: skip
     for target, value, rel, text in cases:
-        assert p.watch_files(target) == (f"{CPU}/{rel}",)
+        assert files_to_watch(p, target) == (f"{CPU}/{rel}",)
         assert p.describe(target, value) == text
 
 

@@ -22,6 +22,7 @@ from latencyd.plugins.cstate import (
     state_matches,
 )
 
+from latencyd.core.capabilities import files_to_watch
 from latencyd.core.engine import Engine, SettingId, plugin_options, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import Expansion, Value
@@ -372,9 +373,11 @@ def test_read_write_and_exists_for_state_disables(root: Path, plugin: CstatePlug
 
 def test_watch_files(plugin: CstatePlugin) -> None:
     # The PM QoS request lives in this process's fd: nothing to watch.
-    assert plugin.watch_files(PmQosRequest()) == ()
-    assert plugin.watch_files(ResumeLatency(2)) == (f"{CPU}/cpu2/power/pm_qos_resume_latency_us",)
-    assert plugin.watch_files(StateDisable(1, 3)) == (f"{CPU}/cpu1/cpuidle/state3/disable",)
+    assert files_to_watch(plugin, PmQosRequest()) == ()
+    assert files_to_watch(plugin, ResumeLatency(2)) == (
+        f"{CPU}/cpu2/power/pm_qos_resume_latency_us",
+    )
+    assert files_to_watch(plugin, StateDisable(1, 3)) == (f"{CPU}/cpu1/cpuidle/state3/disable",)
 
 
 # -- through the engine ---------------------------------------------------------------------

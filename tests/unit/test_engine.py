@@ -17,7 +17,7 @@ from latencyd.plugins.sysctl import Sysctl, SysctlPlugin
 from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.core import engine as engine_module
-from latencyd.core.capabilities import SharesWithUser
+from latencyd.core.capabilities import RemembersInStep, SharesWithUser, StartsAfresh, declares
 from latencyd.core.engine import SECTION, Engine, Plan, Refused, Section, plan, section_schemas
 from latencyd.core.journal import Journal, JournalState
 from latencyd.core.plugin import (
@@ -979,7 +979,7 @@ class UsersChoice:
         return "the user set it" if actual == "user" else None
 
 
-class SharedKnobs(FakePlugin, SharesWithUser[Knob | SoftKnob, None, Options]):
+class SharedKnobs(FakePlugin, SharesWithUser[Knob | SoftKnob, None]):
     """Knobs their user may set too: `pinned` ones are set to "user" by their user right
     between the engine's judging and its write (as `taskset -c 1 app` after an exec)."""
 
@@ -1075,7 +1075,7 @@ def test_a_capability_is_asked_only_of_a_plugin_that_declares_it(tmp_path: Path)
     assert plugin.asked == []
 
 
-class SharedKnobsCountingSteps(SharedKnobs):
+class SharedKnobsCountingSteps(SharedKnobs, RemembersInStep):
     """SharedKnobs that say which step of theirs (begin_step to end_step: the engine
     begins one after each turn of the main loop) a setting was judged and described in."""
 
@@ -1087,6 +1087,9 @@ class SharedKnobsCountingSteps(SharedKnobs):
 
     def begin_step(self) -> None:
         self.step += 1
+
+    def end_step(self) -> None:
+        pass
 
     def write_unless_changed(self, target: Knob | SoftKnob, value: Value, judged: Value) -> Any:
         self.judged_in[target.name] = self.step
@@ -1125,3 +1128,38 @@ def test_what_is_left_to_its_user_is_said_before_the_turn_it_was_judged_in(
     assert engine.verify() == [] and engine.applied == {}
     assert "[fake] saying what was left to its user" in caplog.text
     assert engine.off() == [] and read_sysctl(root, "fake/c") == "user"
+
+
+class AfreshKnobs(FakePlugin, StartsAfresh[Options]):
+    """FakePlugin whose settings are given back before its section is expanded again, and
+    which shares nothing with their user: StartsAfresh is a capability of its own."""
+
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        self.owned_at_expand: list[dict[str, Value]] = []
+
+    def expand(self, options: Options, owned: Mapping[Target, Value]) -> Expansion:
+        self.owned_at_expand.append({str(t): v for t, v in owned.items()})
+        return super().expand(options, owned)
+
+    def starts_afresh(self, options: Options, owned: Mapping[Target, Value]) -> bool:
+        return bool(owned)
+
+
+def test_a_plugin_that_starts_afresh_without_sharing_has_its_settings_given_back_first(
+    tmp_path: Path,
+) -> None:
+    """Issue 53: StartsAfresh apart from SharesWithUser. A plugin that declares only it
+    expands its section again with nothing owned (what it set was given back first), and
+    the settings end as the new section says: set, given back, set anew."""
+    root = make_fake_root(tmp_path, sysctls=FAKE_KEYS)
+    system = KernelLikeSystem(root)
+    plugin = AfreshKnobs(system)
+    engine = Engine({"fake": plugin}, Journal(tmp_path / "state"))
+    for value in ("1", "2"):
+        engine.apply(_profile("p", {"fake": {"a": value}}))
+    assert not declares(plugin, SharesWithUser)
+    assert plugin.owned_at_expand[0] == {} and plugin.owned_at_expand[-1] == {}
+    assert [w for w in plugin.writes if w[0] == "a"] == [("a", "1"), ("a", "0"), ("a", "2")]
+    assert (root / "proc/sys/fake/a").read_text().strip() == "2"
+    assert engine.verify() == []

@@ -26,7 +26,7 @@ from latencyd.plugins.irq import (
     IrqRules,
 )
 
-from latencyd.core.capabilities import FollowsTasks, declares
+from latencyd.core.capabilities import FollowsTasks, declares, files_to_watch
 from latencyd.core.engine import (
     SECTION,
     ApplyFailed,
@@ -480,12 +480,12 @@ def test_only_an_irq_refusing_means_not_applicable() -> None:
 
 def test_watch_files(plugin: IrqPlugin) -> None:
     # The mask can be written in either form, so both files are watched.
-    assert plugin.watch_files(IrqAffinity(25)) == (
+    assert files_to_watch(plugin, IrqAffinity(25)) == (
         "proc/irq/25/smp_affinity_list",
         "proc/irq/25/smp_affinity",
     )
-    assert plugin.watch_files(DefaultAffinity()) == ("proc/irq/default_smp_affinity",)
-    assert plugin.watch_files(IrqbalanceBan()) == ("etc/default/irqbalance",)
+    assert files_to_watch(plugin, DefaultAffinity()) == ("proc/irq/default_smp_affinity",)
+    assert files_to_watch(plugin, IrqbalanceBan()) == ("etc/default/irqbalance",)
 
 
 @pytest.mark.parametrize("reason", [EPERM_REASON, EIO_REASON])
@@ -842,7 +842,7 @@ def test_irqbalance_original_ban_is_put_back(
     add_task(root, 812, "irqbalance")
     put(root, "etc/sysconfig/irqbalance", "IRQBALANCE_ARGS=\nIRQBALANCE_BANNED_CPULIST=3")
     assert plugin.irqbalance_file() == "etc/sysconfig/irqbalance"
-    assert plugin.watch_files(IrqbalanceBan()) == ("etc/sysconfig/irqbalance",)
+    assert files_to_watch(plugin, IrqbalanceBan()) == ("etc/sysconfig/irqbalance",)
     assert plugin.read(IrqbalanceBan()) == "3"
     engine = engine_for(tmp_path, plugin)
     engine.apply(profile(plugin, machine, "p", {"isolate": "1-2"}))

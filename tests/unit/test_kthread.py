@@ -19,7 +19,7 @@ from latencyd.plugins.kthread import (
     rules_from,
 )
 
-from latencyd.core.capabilities import FollowsTasks, declares
+from latencyd.core.capabilities import FollowsTasks, declares, files_to_watch
 from latencyd.core.engine import Engine, Refused, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.movable import MOVE_REFUSED
@@ -398,10 +398,10 @@ def test_workqueue_cpumasks_are_hex_masks(m: Machinery, machine: Machine) -> Non
 
 def test_watch_files_name_workqueue_files_and_no_thread_files(m: Machinery) -> None:
     """Workqueue masks are files (inotify); thread affinities are not and must be polled."""
-    assert m.plugin.watch_files(Workqueue("writeback")) == (WRITEBACK,)
-    assert m.plugin.watch_files(Workqueue("unbound")) == (UNBOUND,)
+    assert files_to_watch(m.plugin, Workqueue("writeback")) == (WRITEBACK,)
+    assert files_to_watch(m.plugin, Workqueue("unbound")) == (UNBOUND,)
     for target in (ThreadAffinity(13, 10), ThreadPolicy(10, 10)):
-        assert m.plugin.watch_files(target) == ()
+        assert files_to_watch(m.plugin, target) == ()
 
 
 def test_missing_workqueue_file_is_not_applicable(m: Machinery) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from latencyd.plugins.net import NetPlugin, NetRules, NicFile, NicSetting
 
+from latencyd.core.capabilities import files_to_watch
 from latencyd.core.engine import Engine, Refused, SettingId, plugin_options, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import (
@@ -1221,16 +1222,16 @@ def test_the_daemon_tunes_hot_plugged_nics_and_drops_removed_ones(
 
 def test_watch_files_name_sysfs_files_under_the_current_name(rig: Rig) -> None:
     rps = NicFile(VETH0, "queues/rx-0/rps_cpus")
-    assert rig.plugin.watch_files(rps) == (f"{NET}/veth0/queues/rx-0/rps_cpus",)
-    assert rig.plugin.watch_files(NicFile(ETH0, "napi_defer_hard_irqs")) == (
+    assert files_to_watch(rig.plugin, rps) == (f"{NET}/veth0/queues/rx-0/rps_cpus",)
+    assert files_to_watch(rig.plugin, NicFile(ETH0, "napi_defer_hard_irqs")) == (
         f"{NET}/eth0/napi_defer_hard_irqs",
     )
     rig.rename("veth0", "peer0")
-    assert rig.plugin.watch_files(rps) == (f"{NET}/peer0/queues/rx-0/rps_cpus",)
-    assert rig.plugin.watch_files(NicSetting(ETH0, "coalesce", "rx-usecs")) == ()
-    assert rig.plugin.watch_files(NicSetting(ETH0, "feature", "rx-gro")) == ()
+    assert files_to_watch(rig.plugin, rps) == (f"{NET}/peer0/queues/rx-0/rps_cpus",)
+    assert files_to_watch(rig.plugin, NicSetting(ETH0, "coalesce", "rx-usecs")) == ()
+    assert files_to_watch(rig.plugin, NicSetting(ETH0, "feature", "rx-gro")) == ()
     rig.unplug("peer0")
-    assert rig.plugin.watch_files(rps) == ()
+    assert files_to_watch(rig.plugin, rps) == ()
 
 
 def test_describe(rig: Rig) -> None:

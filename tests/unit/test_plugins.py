@@ -16,13 +16,19 @@ from latencyd.plugins.writeback import DirtyLimit, VmKnob, WritebackPlugin
 
 from latencyd.core.capabilities import (
     ActsAtBoot,
+    FindsDeviceFiles,
     FollowsDevices,
     FollowsTasks,
+    HoldsResources,
     PlacesApplications,
     ProvidesNoiseWatch,
+    RemembersInStep,
     ReportsGrouped,
     SharesWithUser,
+    StartsAfresh,
+    TookOver,
     declares,
+    files_to_watch,
 )
 from latencyd.core.engine import ENGINE_OPTIONS, Engine, plugin_options, section_schemas
 from latencyd.core.journal import Journal
@@ -494,7 +500,7 @@ def test_watch_files_exist_and_cover_every_change(
     settings = plugin.expand(options, {}).settings
     assert settings
     for target, value in settings.items():
-        files = plugin.watch_files(target)
+        files = files_to_watch(plugin, target)
         assert files, target
         for rel in files:
             assert not rel.startswith("/") and (fake_root / rel).is_file(), (target, rel)
@@ -549,7 +555,7 @@ def test_on_drift_is_the_engines_option_in_every_section(fake_root: Path, machin
 # -- plugin registry -----------------------------------------------------------------
 
 
-def test_builtin_plugins_are_registered_through_entry_points(fake_root: Path) -> None:
+def test_builtin_plugins_are_found_in_the_plugins_package(fake_root: Path) -> None:
     found = discover()
     assert found["writeback"] is WritebackPlugin
     assert found["sysctl"] is SysctlPlugin
@@ -583,12 +589,13 @@ def test_plugin_defaults(fake_root: Path) -> None:
     assert plugin.writes == [(k, 3)]
     assert plugin.same(k, 1, 1) and not plugin.same(k, 1, "1")
     assert plugin.exists(k)
-    assert plugin.watch_files(k) == ()  # polled
+    assert files_to_watch(plugin, k) == ()  # polled
     assert plugin.root_only({"x": 1}) is None
     assert plugin.follows == Follows()
     # A capability is declared, never inherited: the engine and the daemon ask none of these.
     capabilities = (FollowsTasks, FollowsDevices, SharesWithUser, ReportsGrouped,
-                    ProvidesNoiseWatch, ActsAtBoot, PlacesApplications)  # fmt: skip
+                    ProvidesNoiseWatch, ActsAtBoot, PlacesApplications, RemembersInStep,
+                    FindsDeviceFiles, TookOver, HoldsResources, StartsAfresh)  # fmt: skip
     assert not any(declares(plugin, c) for c in capabilities)
     hooks = {m for c in capabilities for m in vars(c) if not m.startswith("_")}
     assert hooks and not any(hasattr(plugin, hook) for hook in hooks)
@@ -625,14 +632,6 @@ def test_entry_point_specs_reads_installed_metadata_first_wins(tmp_path: Path) -
         (base / dist / "entry_points.txt").write_text(body)
     specs = entry_point_specs("latencyd.plugins", [str(first), str(second), str(tmp_path / "no")])
     assert specs == {"nic": "thirdparty.nic:NicPlugin", "rtc": "other.rtc : RtcPlugin"}
-
-
-def test_installed_entry_points_name_every_builtin_plugin() -> None:
-    from latencyd.core.plugin import ENTRY_POINT_GROUP, entry_point_specs
-
-    specs = entry_point_specs(ENTRY_POINT_GROUP)
-    assert {"sysctl", "writeback", "cstate", "irq", "kthread"} <= set(specs)
-    assert specs["irq"] == "latencyd.plugins.irq:IrqPlugin"
 
 
 def test_events_kept_for_a_long_change_are_bounded(tmp_path: Path, machine: Machine) -> None:

@@ -15,7 +15,7 @@ from latencyd.plugins.monitor import MonitorPlugin
 from latencyd.plugins.shield import THREAD_CHUNK, ShieldPlugin, ShieldRules, TaskAffinity
 
 from latencyd.core import engine as engine_module
-from latencyd.core.capabilities import FollowsTasks, declares
+from latencyd.core.capabilities import FollowsTasks, declares, files_to_watch
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal, JournalState, key_of
 from latencyd.core.movable import MOVE_REFUSED
@@ -605,7 +605,7 @@ def test_describe(m: Machinery) -> None:
         m.plugin.describe(TaskAffinity(400, 1000, 401), "0")
         == "user task myapp (pid 400, thread 401) CPUs = 0"
     )
-    assert m.plugin.watch_files(TaskAffinity(400, 1000, 401)) == ()  # polled
+    assert files_to_watch(m.plugin, TaskAffinity(400, 1000, 401)) == ()  # polled
 
 
 def test_follows_user_tasks_only_when_asked(m: Machinery, machine: Machine) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from latencyd.plugins.sysfs import ROOT_ONLY, SysfsFile, SysfsPlugin, SysfsRules, bracketed
 
+from latencyd.core.capabilities import files_to_watch
 from latencyd.core.engine import Engine, section_schemas
 from latencyd.core.journal import Journal
 from latencyd.core.plugin import DeviceEvent, Plugin
@@ -319,7 +320,7 @@ def test_drift_is_seen_in_the_file_and_put_back(rig: Rig) -> None:
     engine = rig.engine()
     engine.apply(rig.profile({f"/{THP}": "never"}))
     target = SysfsFile(f"/{THP}")
-    assert rig.plugin.watch_files(target) == (THP,)
+    assert files_to_watch(rig.plugin, target) == (THP,)
     rig.system.write(THP, "always")  # an admin, behind latencyd's back
     (drift,) = engine.verify()
     assert (drift.wanted, drift.actual, drift.text) == ("never", "always", f"/{THP} = never")
