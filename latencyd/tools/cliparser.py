@@ -281,5 +281,6 @@ def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
             action.nargs = argparse.REMAINDER
     if not any(a.help == COMMAND_HELP for a in sub.choices[args.handler]._actions):
         p.error(f"{args.handler} takes no command after --")
-    args.command = argv[split + 1 :]
+    # A command already begun before `--` (`run git log -- path`) keeps its own `--`.
+    args.command = args.command + argv[split:] if args.command else argv[split + 1 :]
     return args

@@ -24,6 +24,9 @@ def test_every_subcommand_has_a_handler_and_every_handler_a_subcommand() -> None
         (["run", "--cpus", "2", "--reason", "B", "--", "a", "--cpus", "--", "b"], "2", "B",
          ["a", "--cpus", "--", "b"]),
         (["hold", "p"], None, None, []),
+        # A command begun before `--` is the command's, its `--` included.
+        (["run", "git", "log", "--", "path"], None, None, ["git", "log", "--", "path"]),
+        (["hold", "p", "./wrapper", "--", "./app"], None, None, ["./wrapper", "--", "./app"]),
     ],
 )  # fmt: skip
 def test_options_before_the_double_dash_are_latencyctls_and_after_it_the_commands(
