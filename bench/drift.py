@@ -1,13 +1,14 @@
 """drift benchmark: how fast drift is put back, and what keeping watch costs while idle.
 
 Design (see latencyd/service/main.py DriftWatch): every procfs/sysfs file holding an owned
-setting is watched with inotify, so a write by anyone wakes the daemon at once and
-nothing wakes it otherwise; settings that live in no file (thread affinities, NIC
-settings, the PM QoS request) are read back every `poll_interval_s` (1 s) while a
-profile owns any; the full verify tick (`verify_interval_s`, 10 s) is the safety net.
+setting is watched with fanotify (inotify without CAP_SYS_ADMIN), so a write by anyone
+wakes the daemon at once and nothing wakes it otherwise; settings that live in no file
+(thread affinities, NIC settings, the PM QoS request) are read back every
+`poll_interval_s` (1 s) while a profile owns any; the full verify tick
+(`verify_interval_s`, 10 s) is the safety net.
 
 Figures, at the default configuration:
-- a rewritten sysctl (file: inotify) -> put back: p50 / p99 over --samples;
+- a rewritten sysctl (file: fanotify) -> put back: p50 / p99 over --samples;
 - a moved kernel thread (no file: the poll) -> put back: p50 / p99;
 - the daemon's idle CPU over --idle-seconds, for the default profile (files only) and
   for cpu-partitioning (which owns thread affinities, so the 1 s poll runs);
@@ -206,7 +207,7 @@ def report(r: dict[str, Any]) -> None:
     s, t = r["sysctl_put_back_ms"], r["thread_put_back_ms"]
     print("drift put back (outside write -> value back), goal <= 1000 ms")
     print(
-        f"  sysctl (inotify):        p50 {s['p50']:8.2f} ms  p99 {s['p99']:8.2f} ms  "
+        f"  sysctl (fanotify):       p50 {s['p50']:8.2f} ms  p99 {s['p99']:8.2f} ms  "
         f"[{verdict(s['p99'] <= 1000)}]"
     )
     print(

@@ -92,6 +92,10 @@ AT_FDCWD = -100
 _FAN_EVENT = struct.Struct("IBBHQii")  # event_len, vers, reserved, metadata_len, mask, fd, pid
 # Each fanotify event read holds an open fd: a read takes at most 64 of them at a time.
 _FAN_READ = 64 * _FAN_EVENT.size
+# Before FAN_REPORT_FD_ERROR (Linux 6.13), an event whose fd the kernel cannot open fails
+# the read(2) only when it comes first: later in a read it is dropped with no trace. One
+# event per read makes every such failure the read's, seen as "events were lost".
+_FAN_READ_ONE = _FAN_EVENT.size
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fanotify_mark.argtypes = [
     ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p
@@ -156,16 +160,19 @@ class _Watch:
     marked: bool  # fanotify's FAN_MODIFY mark is on the file
 
 
-def _fanotify_init() -> tuple[int, str]:
-    """A fanotify fd, or -1 and why not (EPERM without CAP_SYS_ADMIN, ENOSYS)."""
+def _fanotify_init() -> tuple[int, str, int]:
+    """A fanotify fd and how many bytes one read(2) of it may take, or -1 and why not
+    (EPERM without CAP_SYS_ADMIN, ENOSYS)."""
     flags = FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_MARKS
     event_flags = os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC
     fd = _libc.fanotify_init(flags | FAN_REPORT_FD_ERROR, event_flags)
-    if fd < 0 and ctypes.get_errno() == errno.EINVAL:  # before Linux 6.13
+    if fd >= 0:
+        return int(fd), "", _FAN_READ
+    if ctypes.get_errno() == errno.EINVAL:  # before Linux 6.13
         fd = _libc.fanotify_init(flags, event_flags)
-    if fd < 0:
-        return -1, os.strerror(ctypes.get_errno())
-    return int(fd), ""
+        if fd >= 0:
+            return int(fd), "", _FAN_READ_ONE
+    return -1, os.strerror(ctypes.get_errno()), 0
 
 
 class FileWatcher:
@@ -183,7 +190,7 @@ class FileWatcher:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         self.fd = int(fd)
-        self.fanotify, why = _fanotify_init()
+        self.fanotify, why, self.fan_read = _fanotify_init()
         self.describe = describe
         self.own_pid = os.getpid()
         self.poller = select.epoll()  # one fd for the main loop, readable when either is
@@ -309,7 +316,7 @@ class FileWatcher:
         written: list[tuple[Ident | None, int]] = []
         while True:
             try:
-                data = os.read(self.fanotify, _FAN_READ)
+                data = os.read(self.fanotify, self.fan_read)
             except BlockingIOError:
                 return written
             except OSError:  # an event whose fd the kernel could not open, lost

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from latencyd.kernel.system import System, Writer
-from latencyd.service.watchers import FileWatcher
+from latencyd.service.watchers import _FAN_READ_ONE, FileWatcher
 
 SHM = Path("/dev/shm")  # tmpfs
 
@@ -98,7 +98,7 @@ def test_a_file_replaced_is_watched_again_at_the_next_sync(
 
 FALLBACK = """
 import json, select, subprocess, sys
-from latencyd.service.watchers import FileWatcher
+from latencyd.service.watchers import _FAN_READ_ONE, FileWatcher
 w = FileWatcher()
 w.sync({sys.argv[1]})
 subprocess.run(["sh", "-c", 'echo 1 > "$0"', sys.argv[1]], check=True)
@@ -117,3 +117,20 @@ def test_without_cap_sys_admin_inotify_sees_writes_but_not_writers(
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"names_writers": False, "changed": [[str(a), None]]}
+
+
+def test_read_one_event_at_a_time_as_before_linux_6_13_every_writer_comes(
+    watcher: FileWatcher, files: tuple[Path, Path]
+) -> None:
+    """Without FAN_REPORT_FD_ERROR the watch reads one event per read(2) (an event whose
+    fd cannot be opened is otherwise dropped unseen when it is not the read's first): the
+    events of several writers still all come, each with its own writer."""
+    a, b = files
+    watcher.fan_read = _FAN_READ_ONE
+    watcher.sync({str(a), str(b)})
+    script = 'echo 1 > "$0"; echo 1 > "$1"'
+    done = subprocess.run(["sh", "-c", script, str(a), str(b)], check=True)
+    assert done.returncode == 0
+    changed = written(watcher)
+    assert set(changed) == {str(a), str(b)}
+    assert all(w is not None and w.pid > 0 for w in changed.values())
