@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -140,7 +141,9 @@ def test_verify_reports_drift_when_the_profile_says_report(
             "actual": "33",
         }
     ]
-    assert "but it is '33': reported" in d.log()
+    # This test wrote it: the drift names it, by pid and name.
+    me = f"{os.getpid()} ({Path('/proc/self/comm').read_text().strip()})"
+    assert f"but it is '33', written by {me}: reported" in d.log()
     assert d.ctl("verify").stdout.startswith("drift: [sysctl] sysctl vm.swappiness = 11")
 
 
