@@ -536,10 +536,13 @@ GUEST_MIRROR = "/srv/debian"
 # lz4, so the .xz and .gz that InRelease names are not at hand): apt is told every
 # compression type's tool is missing ("false"), and so fetches the uncompressed one.
 MIRROR_CONF = "/etc/apt/apt.conf.d/50latencyd-vm-mirror"
-MIRROR_APT_CONF = "".join(
-    f'Acquire::CompressionTypes::{kind} "false";\n'
-    for kind in ("xz", "bz2", "lzma", "gz", "lz4", "zst")
-)
+MIRROR_APT_CONF = (
+    "".join(
+        f'Acquire::CompressionTypes::{kind} "false";\n'
+        for kind in ("xz", "bz2", "lzma", "gz", "lz4", "zst")
+    )
+    + 'Acquire::Languages "none";\n'
+)  # the host fetched no Translation-* (apt's default here)
 DEBS = CACHE / "debs"
 
 
@@ -596,8 +599,18 @@ def serve_debian_index(vm: Vm) -> None:
                 tar.addfile(info, io.BytesIO(data))
     vm.ssh("tar -xz -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
     vm.ssh(f"cat > {MIRROR_CONF} && sed -i 's#http://#file:{GUEST_MIRROR}/#' "
-           "/etc/apt/sources.list && apt-get update --error-on=any",
-           stdin=MIRROR_APT_CONF.encode(), timeout=BOOT_TIMEOUT)  # fmt: skip
+           "/etc/apt/sources.list", stdin=MIRROR_APT_CONF.encode())  # fmt: skip
+    update = vm.ssh("apt-get update --error-on=any", check=False, timeout=BOOT_TIMEOUT)
+    if update.returncode != 0:
+        # What the guest's apt and its file method saw, and what lies where it looked.
+        seen = vm.ssh(f"ls -lR {GUEST_MIRROR} | head -40; id _apt; apt-get update "
+                      "-o Debug::Acquire::file=1 -o Debug::pkgAcquire::Worker=1 2>&1 "
+                      "| grep -v '^ ' | head -80", check=False, timeout=BOOT_TIMEOUT)  # fmt: skip
+        raise GuestCommandFailed(
+            f"the guest's apt-get update against the served index exited "
+            f"{update.returncode}:\n{update.stdout[-2000:]}{update.stderr[-2000:]}\n"
+            f"diagnosis:\n{seen.stdout[-6000:]}"
+        )
 
 
 def pool_files(vm: Vm, install: str) -> list[PoolFile]:
