@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import os
+import pkgutil
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -46,7 +48,16 @@ def as_nobody(fn: Callable[[], int]) -> int:
 def cli_as_nobody(address: str, *args: str, capture: Path) -> int:
     import dbus  # noqa: F401  (imported before dropping privileges)
 
+    import latencyd.kernel
+    import latencyd.tools
     from latencyd.tools import cli
+
+    # What latencyctl imports only when it needs it (status's boot lines import
+    # latencyd.kernel.noise) is read as nobody, who may not read a checkout under a
+    # private directory: the suite passed only when an earlier test had imported it.
+    for package in (latencyd.kernel, latencyd.tools):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            importlib.import_module(module.name)
 
     # Opened before dropping privileges: pytest's tmp dir is private to root.
     fd = os.open(capture, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
