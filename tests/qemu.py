@@ -109,8 +109,19 @@ class Shape:
     memory_mb: int = 2048
 
 
-def qemu_argv(shape: Shape, overlay: Path, port: int, serial: Path, monitor: Path) -> list[str]:
-    """QEMU's command line for `shape`, its disk the qcow2 `overlay`, ssh on 127.0.0.1:port."""
+@dataclass(frozen=True)
+class Snapshot:
+    """A machine saved in its overlay (Vm.save): its shape, and the boot it was saved in."""
+
+    shape: Shape
+    boot_id: str
+
+
+def qemu_argv(
+    shape: Shape, overlay: Path, port: int, serial: Path, monitor: Path, loadvm: str | None = None
+) -> list[str]:
+    """QEMU's command line for `shape`, its disk the qcow2 `overlay`, ssh on 127.0.0.1:port;
+    started from the overlay's snapshot `loadvm` (Vm.save) instead of powered on."""
     if shape.cpus % shape.numa_nodes:
         raise ValueError(f"{shape.cpus} vCPUs do not spread evenly over {shape.numa_nodes} nodes")
     numa: list[str] = []
@@ -129,7 +140,7 @@ def qemu_argv(shape: Shape, overlay: Path, port: int, serial: Path, monitor: Pat
         "-device", "virtio-net-pci,netdev=n0,mq=on,vectors=10",
         "-netdev", "user,id=n1,restrict=on", "-device", "e1000e,netdev=n1",
         "-serial", f"file:{serial}", "-monitor", f"unix:{monitor},server,nowait",
-        "-display", "none", "-nodefaults",
+        "-display", "none", "-nodefaults", *(["-loadvm", loadvm] if loadvm else []),
     ]  # fmt: skip
 
 
@@ -223,6 +234,8 @@ class Vm:
         self.port = 0
         self.qemu: subprocess.Popen[bytes] | None = None
         self.boot_seconds: list[float] = []  # power-on or reboot to ssh, each boot
+        self.snapshots: dict[str, Snapshot] = {}  # saved in the overlay (save), by tag
+        self.snapshot_seconds: list[str] = []  # each save and restore, for the summary
         self.flakes: list[str] = []  # the flakes seen and retried
         self.consoles = Consoles(self.serial)
 
@@ -297,16 +310,74 @@ class Vm:
                 if attempt == 2:
                     raise BootFailed(f"the emulator flake twice: {self.flakes}") from flake
 
+    # -- snapshots: a set-up machine again in seconds -----------------------------------
+    def save(self, tag: str) -> None:
+        """The running machine, its memory, vCPUs and disk, saved in the overlay as `tag`
+        (QEMU's savevm: a qcow2 internal snapshot) for `restore`. The guest's page cache is
+        dropped first, so only memory in use is written; no ssh session is open during the
+        save (each command's ended), so none is half-open in a restored guest."""
+        boot_id = self.ssh(
+            "sync && echo 3 > /proc/sys/vm/drop_caches && cat /proc/sys/kernel/random/boot_id"
+        ).stdout.strip()
+        started = time.monotonic()
+        reply = self._monitor(f"savevm {tag}", timeout=BOOT_TIMEOUT)
+        if reply:
+            raise BootFailed(f"QEMU's savevm {tag}: {reply}")
+        self.snapshots[tag] = Snapshot(self.shape, boot_id)
+        self.snapshot_seconds.append(f"save {tag} {time.monotonic() - started:.0f} s")
+
+    def restore(self, tag: str) -> None:
+        """The machine as `save(tag)` left it: the same boot, memory and disk, in seconds
+        where a boot takes one to three minutes. On a running QEMU of the snapshot's shape
+        it is the monitor's loadvm; else QEMU starts again on the overlay with -loadvm. The
+        guest's wall clock reads the moment of the save afterwards (its monotonic clock
+        goes on from there, as after a suspend): set from the host's."""
+        snapshot = self.snapshots[tag]
+        started = time.monotonic()
+        if self.qemu is not None and self.qemu.poll() is None and self.shape == snapshot.shape:
+            reply = self._monitor(f"loadvm {tag}", timeout=BOOT_TIMEOUT)
+            if reply:
+                raise BootFailed(f"QEMU's loadvm {tag}: {reply}")
+        else:
+            self._power_off()
+            self.consoles.aside(f"serial-{len(self.boot_seconds)}-before-{tag}.log")
+            self.shape = snapshot.shape
+            self._start(loadvm=tag)
+        self._wait_restored(snapshot.boot_id)
+        self.ssh(f"date --set=@{time.time():.3f} >/dev/null")
+        self.snapshot_seconds.append(f"restore {tag} {time.monotonic() - started:.0f} s")
+
+    def _wait_restored(self, boot_id: str) -> None:
+        """Until ssh answers in the restored guest (its boot the saved one's); a starved
+        guest is given STALL seconds."""
+        deadline = time.monotonic() + STALL
+        while time.monotonic() < deadline:
+            assert self.qemu is not None
+            if self.qemu.poll() is not None:
+                raise BootFailed("QEMU exited:\n" + (self.dir / "qemu.log").read_text()[-3000:])
+            probe = self.ssh("cat /proc/sys/kernel/random/boot_id", check=False, timeout=30,
+                             lost_ok=True)  # fmt: skip
+            if probe.returncode == 0:
+                if probe.stdout.strip() != boot_id:
+                    raise BootFailed(f"restored, but the guest's boot is {probe.stdout.strip()}, "
+                                     f"not the saved one's {boot_id}")  # fmt: skip
+                return
+            time.sleep(1)
+        raise BootFailed(f"no ssh {STALL:.0f} s after a restore")
+
     def _power_on(self) -> None:
         self.overlay.unlink(missing_ok=True)
+        self.snapshots.clear()  # they were in the overlay
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw",
                         "-b", str(IMAGE.resolve()), str(self.overlay)], check=True)  # fmt: skip
         self._start()
 
-    def _start(self) -> None:
+    def _start(self, loadvm: str | None = None) -> None:
         self.serial.write_bytes(b"")
         self.port = free_port()
-        argv = qemu_argv(self.shape, self.overlay, self.port, self.serial, self.monitor_socket)
+        argv = qemu_argv(
+            self.shape, self.overlay, self.port, self.serial, self.monitor_socket, loadvm
+        )
         with open(self.dir / "qemu.log", "ab") as log:
             self.qemu = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -353,11 +424,11 @@ class Vm:
             time.sleep(2)
         raise Flake(f"no ssh after {BOOT_TIMEOUT:.0f} s; console:\n{self.console()[-2000:]}")
 
-    def _monitor(self, command: str) -> str:
+    def _monitor(self, command: str, timeout: float = 60) -> str:
         """A command to QEMU's human monitor; returns what it answered (empty when a
         command such as device_add succeeded)."""
         with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(60)
+            s.settimeout(timeout)
             s.connect(str(self.monitor_socket))
             _until_prompt(s)  # the banner
             s.sendall(command.encode() + b"\n")

@@ -1,13 +1,17 @@
-"""The VM tier's pure parts (tests/qemu.py): QEMU's command line for a shape, the
-emulator flake told from the serial console, and why ssh lost the guest."""
+"""The VM tier's pure parts (tests/qemu.py, tests/vm/conftest.py): QEMU's command line for
+a shape, the emulator flake told from the serial console, why ssh lost the guest, and
+which machine a test is handed (as it is, a snapshot restored, another shape)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from tests.qemu import Consoles, Shape, flake_in, qemu_argv, retry_for, why_lost
+from tests.qemu import BootFailed, Consoles, Shape, Vm, flake_in, qemu_argv, retry_for, why_lost
+from tests.vm.conftest import BASELINE, Booted, Machines, set_up
 
 OOPS = (
     "[   41.113342] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n"
@@ -253,3 +257,90 @@ def test_the_guest_sampler_sees_a_flip_and_leaves_an_exited_thread_out(tmp_path:
     assert sum(seen["app"].values()) == sum(seen["app cgroup"].values()) == sampled["samples"]
     assert all(re.fullmatch(r"[0-9]+(,[0-9]+)*", cpus) for cpus in seen["app"]), seen["app"]
     assert f"kthread {gone.pid}" not in seen
+
+
+def test_a_snapshot_is_started_from_only_when_asked() -> None:
+    started = qemu_argv(Shape(), Path("/o.qcow2"), 1, Path("/s"), Path("/m"), loadvm="set-up")
+    assert started[started.index("-loadvm") + 1] == "set-up"
+    assert "-loadvm" not in argv(Shape())
+
+
+class FakeMachine:
+    """What Machines._reuse asks of a Vm: the baseline it reads (one string standing for
+    the machine's state), its snapshots, and what it was told to do, in order."""
+
+    def __init__(self, shape: Shape, state: str) -> None:
+        self.shape, self.state = shape, state
+        self.snapshots: dict[str, tuple[Shape, str]] = {}
+        self.done: list[str] = []
+
+    def ssh(self, command: str, **_: object) -> subprocess.CompletedProcess[str]:
+        assert command == BASELINE
+        return subprocess.CompletedProcess([], 0, self.state, "")
+
+    def save(self, tag: str) -> None:
+        self.snapshots[tag] = (self.shape, self.state)
+        self.done.append(f"save {tag}")
+
+    def restore(self, tag: str) -> None:
+        self.shape, self.state = self.snapshots[tag]
+        self.done.append(f"restore {tag}")
+
+    def power_cycle(self, shape: Shape) -> None:
+        self.shape = shape
+        self.done.append(f"power-cycle {shape.cpus}")
+
+
+def reuse(machine: FakeMachine, baselines: dict[Shape, str], shape: Shape) -> object:
+    return Machines._reuse(Booted(cast(Vm, machine), baselines, installed=True), shape)
+
+
+def test_a_machine_that_still_reads_as_set_up_is_handed_out_as_it_is() -> None:
+    machine = FakeMachine(Shape(), "set up")
+    machine.save(set_up(Shape()))
+    assert reuse(machine, {Shape(): "set up"}, Shape()) is machine
+    assert machine.done == ["save set-up-4cpus-1nodes-2048mb"]
+
+
+def test_a_changed_machine_gets_its_set_up_snapshot_restored() -> None:
+    machine = FakeMachine(Shape(), "set up")
+    machine.save(set_up(Shape()))
+    machine.state = "booted on the RT kernel"
+    assert reuse(machine, {Shape(): "set up"}, Shape()) is machine
+    assert machine.done[1:] == ["restore set-up-4cpus-1nodes-2048mb"]
+    assert machine.state == "set up"
+
+
+def test_another_shape_is_powered_on_from_the_set_up_state_and_saved_then_restored() -> None:
+    numa = Shape(cpus=8, numa_nodes=2)
+    machine = FakeMachine(Shape(), "set up")
+    machine.save(set_up(Shape()))
+    machine.state = "a profile switched"
+    baselines = {Shape(): "set up"}
+    assert reuse(machine, baselines, numa) is machine
+    assert machine.done[1:] == [
+        "restore set-up-4cpus-1nodes-2048mb",  # not the changed state on the NUMA machine
+        "power-cycle 8",
+        "save set-up-8cpus-2nodes-2048mb",
+    ]
+    assert baselines[numa] == "set up"
+    machine.state = "changed on the NUMA machine"
+    machine.done.clear()
+    assert reuse(machine, baselines, Shape()) is machine  # back: a restore, no boot
+    assert machine.done == ["restore set-up-4cpus-1nodes-2048mb"]
+    assert (machine.shape, machine.state) == (Shape(), "set up")
+
+
+def test_a_restore_that_reads_otherwise_is_refused() -> None:
+    machine = FakeMachine(Shape(), "set up")
+    machine.save(set_up(Shape()))
+    machine.snapshots[set_up(Shape())] = (Shape(), "saved otherwise")
+    machine.state = "changed"
+    with pytest.raises(BootFailed, match="as set up it read"):
+        reuse(machine, {Shape(): "set up"}, Shape())
+
+
+def test_a_machine_without_a_snapshot_is_not_reused() -> None:
+    machine = FakeMachine(Shape(), "changed")
+    assert reuse(machine, {Shape(): "set up"}, Shape()) is None
+    assert machine.done == []

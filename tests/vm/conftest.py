@@ -2,14 +2,16 @@
 latencyd installed in it as a user installs it, then rebooted, so every test starts on a
 machine where systemd started latencyd at boot with its default profile.
 
-A test may change the machine (a profile, the boot configuration); the next test that asks
-for a machine gets the same one only if it still reads as it did after that first boot
-(`BASELINE`), else a fresh one. A test asking for another shape (8 vCPUs on 2 NUMA nodes)
-gets the same disk powered on as that shape, which costs a boot, not an install. Tests
-that leave boot arguments behind therefore cost a new VM for whichever test follows them:
-`pytest_collection_modifyitems` runs them last. A test that installs latencyd its own way
-(the Debian package) asks for `fresh_vm`: the image as it boots, without `make install`,
-powered off after it; such tests run first.
+A machine so set up is saved (QEMU's savevm, a snapshot in its disk's overlay). A test may
+change the machine (a profile, the boot configuration, another kernel booted); the next
+test that asks for a machine gets it as it is only if it still reads as it did when set
+up (`BASELINE`), else the snapshot restored, in seconds, where a fresh machine costs a
+boot, the install and a reboot. A test asking for another shape (8 vCPUs on 2 NUMA nodes)
+gets the same disk powered on as that shape, which costs a boot, not an install, and is
+saved as that shape too. Tests that leave boot arguments behind still run last
+(`pytest_collection_modifyitems`). A test that installs latencyd its own way (the Debian
+package) asks for `fresh_vm`: the image as it boots, without `make install`, powered off
+after it; such tests run first.
 
 A test whose guest died of the emulator flake (tests/qemu.py: `Oops: int3` on its serial
 console while the test ran, not met by a retried boot) is run once more on a fresh
@@ -28,7 +30,15 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from tests.conftest import in_vm_tier
-from tests.qemu import CACHE, Shape, Vm, install_latencyd, retry_for
+from tests.qemu import (
+    CACHE,
+    BootFailed,
+    GuestCommandFailed,
+    Shape,
+    Vm,
+    install_latencyd,
+    retry_for,
+)
 
 # What a machine reads right after its first boot with latencyd, once systemd has finished
 # starting it: the kernel's arguments, the boot configuration, the service and its profile.
@@ -43,13 +53,21 @@ NUMA = Shape(cpus=8, numa_nodes=2, memory_mb=2048)
 @dataclass
 class Booted:
     vm: Vm
-    baseline: str
+    baselines: dict[Shape, str]  # each shape set up on its disk: what it read then
     installed: bool  # latencyd put in by make install (else the image as built)
+
+
+def set_up(shape: Shape) -> str:
+    """The tag of the snapshot (Vm.save) of a machine of `shape` as it was set up."""
+    return f"set-up-{shape.cpus}cpus-{shape.numa_nodes}nodes-{shape.memory_mb}mb"
 
 
 class Machines:
     """Hands out one VM of a shape, with latencyd installed by `make install` or as the
-    image boots (`installed=False`), reused while its baseline holds."""
+    image boots (`installed=False`), reused while its baseline holds; a machine installed
+    is saved as set up (a snapshot in its overlay, per shape), and a test that changed
+    it hands the next one that snapshot restored: seconds, where a fresh machine costs a
+    boot, the install and a reboot (6 min), and another shape a boot."""
 
     def __init__(self) -> None:
         self.current: Booted | None = None
@@ -57,17 +75,13 @@ class Machines:
         self.vms: list[Vm] = []  # every machine powered on, in order (console_since)
 
     def get(self, shape: Shape, installed: bool = True) -> Vm:
-        if self.current is not None:
-            vm, baseline = self.current.vm, self.current.baseline
-            if self.current.installed == installed and (
-                vm.ssh(BASELINE, check=False, lost_ok=True).stdout == baseline
-            ):
-                if vm.shape == shape:
+        if self.current is not None and self.current.installed == installed:
+            try:
+                if (vm := self._reuse(self.current, shape)) is not None:
                     return vm
-                vm.power_cycle(shape)  # the same disk as another machine: no new install
-                if vm.ssh(BASELINE, check=False, lost_ok=True).stdout == baseline:
-                    return vm
-            self.close()
+            except (BootFailed, GuestCommandFailed) as failed:  # say it, then a fresh machine
+                self.log.append(f"{shape}: the machine set up could not be had again: {failed}")
+        self.close()
         vm = Vm(shape)
         self.vms.append(vm)
         try:
@@ -79,11 +93,44 @@ class Machines:
             # Which kernel the tests start on, in the run's summary: the RT entry was seen
             # booted where the generic one was meant (test_bootloader's set-up).
             self.log.append(f"{shape}: tests start on Linux {vm.ssh('uname -r').stdout.strip()}")
-            self.current = Booted(vm, vm.ssh(BASELINE).stdout, installed)
+            self.current = Booted(vm, {shape: vm.ssh(BASELINE).stdout}, installed)
+            if installed:  # a fresh_vm is never handed out again
+                vm.save(set_up(shape))
         except BaseException:
             self.log.append(f"{shape}: failed; console tail:\n{vm.console()[-3000:]}")
             vm.stop()
             raise
+        return vm
+
+    @staticmethod
+    def _reuse(booted: Booted, shape: Shape) -> Vm | None:
+        """The machine of `booted` as set up in `shape`: as it is if it still reads so; its
+        snapshot of that shape restored; or, a shape its disk has not had yet, powered on
+        as that shape from the set-up state (restored first if a test changed it) and
+        saved so. None if it cannot be had so (no snapshot: a machine not installed)."""
+        vm = booted.vm
+        if (
+            vm.shape == shape
+            and vm.ssh(BASELINE, check=False, lost_ok=True).stdout == (booted.baselines[shape])
+        ):
+            return vm
+        if shape in booted.baselines:
+            if set_up(shape) not in vm.snapshots:
+                return None
+            vm.restore(set_up(shape))
+        else:
+            if set_up(vm.shape) not in vm.snapshots:
+                return None
+            if vm.ssh(BASELINE, check=False, lost_ok=True).stdout != booted.baselines[vm.shape]:
+                vm.restore(set_up(vm.shape))
+            baseline = booted.baselines[vm.shape]
+            vm.power_cycle(shape)  # the same disk as another machine: no new install
+            booted.baselines[shape] = baseline
+        read = vm.ssh(BASELINE, check=False, lost_ok=True).stdout
+        if read != booted.baselines[shape]:
+            raise BootFailed(f"as set up it read {booted.baselines[shape]!r}, now {read!r}")
+        if set_up(shape) not in vm.snapshots:
+            vm.save(set_up(shape))
         return vm
 
     def close(self) -> None:
@@ -91,6 +138,8 @@ class Machines:
             vm = self.current.vm
             boots = ", ".join(f"{s:.0f} s" for s in vm.boot_seconds)
             self.log.append(f"{vm.shape}: boots to ssh {boots}; flakes retried: {vm.flakes or 0}")
+            if vm.snapshot_seconds:
+                self.log.append(f"{vm.shape}: snapshots: {', '.join(vm.snapshot_seconds)}")
             vm.stop()
             self.current = None
 
@@ -148,10 +197,10 @@ def fresh_vm(machines: Machines) -> Iterator[Vm]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that leave the machine changed for good (marked `leaves_boot_changed`) last,
     those on the same machine shape together, so the fewest VMs are booted: the 4-vCPU
-    machine is installed, its disk powered on as the NUMA machine for those tests, then as
-    the 4-vCPU one again. (Installing on 8 vCPUs instead saves that boot, but a starved
-    8-vCPU guest stalls: seen on a loaded 2-CPU host, its reboot after the install never
-    answered ssh in 15 min.)"""
+    machine is installed, its disk powered on as the NUMA machine for those tests, then
+    its 4-vCPU snapshot restored (no boot). (Installing on 8 vCPUs instead saves a boot,
+    but a starved 8-vCPU guest stalls: seen on a loaded 2-CPU host, its reboot after the
+    install never answered ssh in 15 min.)"""
 
     def order(item: pytest.Item) -> tuple[bool, bool, bool]:
         fixtures = getattr(item, "fixturenames", ())
