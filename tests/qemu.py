@@ -615,6 +615,9 @@ MIRROR_APT_CONF = (
     + 'Acquire::Languages "none";\n'
 )  # the host fetched no Translation-* (apt's default here)
 DEBS = CACHE / "debs"
+# The archives hold files only: tar makes their directories with the session's umask, and
+# apt's methods read as the user _apt, who must get through every one of them.
+SERVED = "umask 022"
 
 
 @dataclass(frozen=True)
@@ -668,13 +671,13 @@ def serve_debian_index(vm: Vm) -> None:
                 info = tarfile.TarInfo(f"{into}{name}")
                 info.size, info.mode = len(data), 0o644
                 tar.addfile(info, io.BytesIO(data))
-    vm.ssh("tar -xz -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
+    vm.ssh(f"{SERVED} && tar -xz -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
     vm.ssh(f"cat > {MIRROR_CONF} && sed -i 's#http://#file:{GUEST_MIRROR}/#' "
            "/etc/apt/sources.list", stdin=MIRROR_APT_CONF.encode())  # fmt: skip
     update = vm.ssh("apt-get update --error-on=any", check=False, timeout=BOOT_TIMEOUT)
     if update.returncode != 0:
         # What the guest's apt and its file method saw, and what lies where it looked.
-        seen = vm.ssh(f"ls -lR {GUEST_MIRROR} | head -40; id _apt; apt-get update "
+        seen = vm.ssh(f"umask; ls -lR {GUEST_MIRROR} | head -40; id _apt; apt-get update "
                       "-o Debug::Acquire::file=1 -o Debug::pkgAcquire::Worker=1 2>&1 "
                       "| grep -v '^ ' | head -80", check=False, timeout=BOOT_TIMEOUT)  # fmt: skip
         raise GuestCommandFailed(
@@ -716,7 +719,7 @@ def serve_pool_files(vm: Vm, files: list[PoolFile]) -> None:
                     f"{cached}: sha256 {digest}, the guest's index says {f.sha256}"
                 )
             tar.add(cached, arcname=f.uri.removeprefix("file:").lstrip("/"))
-    vm.ssh("tar -x -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
+    vm.ssh(f"{SERVED} && tar -x -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
 
 
 def guest_profile(vm: Vm, name: str, text: str) -> None:
