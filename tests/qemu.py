@@ -57,9 +57,14 @@ FLAKE = re.compile(r"(?:^|\] )Oops: int3\b")
 # (every vCPU is a host thread emulating instructions; `make test` runs the tier at nice 10
 # beside the host suites, which then leave it little). A boot is given up (a hung kernel,
 # or a guest up without sshd) when its console has been silent without ssh answering
-# while QEMU had STALL_CPU seconds of host CPU, or for STALL seconds whatever it had (a
-# starved guest is slow, not hung), or after BOOT_TIMEOUT in all.
+# while QEMU had STALL_CPU seconds of host CPU; or for IDLE_STALL seconds in which QEMU
+# neither ran nor waited for a CPU more than IDLE_SHARE of the time (an idle guest that
+# does not answer: seen once after a reboot, its login prompt on the console, sshd silent
+# at the banner); or for STALL seconds whatever it had (a starved guest is slow, not
+# hung); or after BOOT_TIMEOUT in all.
 STALL_CPU = 180.0
+IDLE_STALL = 180.0
+IDLE_SHARE = 0.1
 STALL = 900.0
 BOOT_TIMEOUT = 1800.0
 # The guest's own Python (Debian 12's 3.11), the one `make install` installs for: the
@@ -179,19 +184,42 @@ def why_lost(console: str, qemu_exit: int | None) -> str:
     )
 
 
-def cpu_seconds(pid: int) -> float:
-    """The host CPU time a process (all its threads: QEMU's vCPUs) has had so far."""
+@dataclass(frozen=True)
+class HostTime:
+    """What a process's threads (QEMU's vCPUs) had of the host: seconds on a CPU, and
+    seconds runnable but waiting for one (a starved guest waits; an idle one does neither)."""
+
+    ran: float
+    waited: float
+
+    def __sub__(self, earlier: HostTime) -> HostTime:
+        return HostTime(self.ran - earlier.ran, self.waited - earlier.waited)
+
+
+def host_time(pid: int) -> HostTime:
+    """A process's HostTime so far, over all its threads (/proc/PID/task/TID/schedstat:
+    nanoseconds run, nanoseconds waited on a run queue, time slices)."""
+    ran = waited = 0
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0.0  # exited: the caller sees it
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        return HostTime(0.0, 0.0)  # exited: the caller sees it
+    for tid in tids:
+        try:
+            run_ns, wait_ns, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue  # a thread gone meanwhile
+        ran, waited = ran + int(run_ns), waited + int(wait_ns)
+    return HostTime(ran / 1e9, waited / 1e9)
 
 
-def stalled(silent_seconds: float, cpu_while_silent: float) -> bool:
+def stalled(silent_seconds: float, had: HostTime) -> bool:
     """Whether a boot whose console has been silent that long, while QEMU had that much
-    CPU, is given up (see STALL)."""
-    return cpu_while_silent >= STALL_CPU or silent_seconds >= STALL
+    of the host, is given up (see STALL)."""
+    idle = had.ran + had.waited < IDLE_SHARE * silent_seconds
+    return (
+        had.ran >= STALL_CPU or (silent_seconds >= IDLE_STALL and idle) or silent_seconds >= STALL
+    )
 
 
 MONITOR_PROMPT = b"(qemu) "
@@ -394,7 +422,7 @@ class Vm:
     def _wait_up(self, serial_from: int, old_boot_id: str | None) -> None:
         started = quiet_since = time.monotonic()
         assert self.qemu is not None
-        quiet_cpu = cpu_seconds(self.qemu.pid)
+        quiet_had = host_time(self.qemu.pid)
         console_size = serial_from
         while time.monotonic() - started < BOOT_TIMEOUT:
             assert self.qemu is not None
@@ -407,8 +435,8 @@ class Vm:
                 raise Flake(oops)
             if serial_from + len(console) != console_size:
                 console_size, quiet_since = serial_from + len(console), time.monotonic()
-                quiet_cpu = cpu_seconds(self.qemu.pid)
-            elif stalled(time.monotonic() - quiet_since, cpu_seconds(self.qemu.pid) - quiet_cpu):
+                quiet_had = host_time(self.qemu.pid)
+            elif stalled(time.monotonic() - quiet_since, host_time(self.qemu.pid) - quiet_had):
                 raise Flake(f"no ssh, and the console silent for "
                             f"{time.monotonic() - quiet_since:.0f} s:\n"
                             f"{self.console()[-2000:]}")  # fmt: skip

@@ -4,7 +4,9 @@ which machine a test is handed (as it is, a snapshot restored, another shape).""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 from typing import cast
 
@@ -84,11 +86,43 @@ def test_the_monitors_answer_is_told_from_its_echo_of_the_command() -> None:
 
 
 def test_a_starved_guest_is_slow_not_hung() -> None:
-    from tests.qemu import STALL, STALL_CPU, stalled
+    from tests.qemu import IDLE_STALL, STALL, STALL_CPU, HostTime, stalled
 
-    assert not stalled(silent_seconds=STALL / 2, cpu_while_silent=STALL_CPU / 10)  # starved
-    assert stalled(silent_seconds=STALL_CPU / 2, cpu_while_silent=STALL_CPU)  # had the CPUs
-    assert stalled(silent_seconds=STALL, cpu_while_silent=0.0)  # idle, no ssh: given up
+    starved = HostTime(ran=STALL_CPU / 10, waited=STALL / 2)
+    assert not stalled(silent_seconds=STALL / 2, had=starved)
+    assert stalled(silent_seconds=STALL_CPU / 2, had=HostTime(STALL_CPU, 0.0))  # had the CPUs
+    assert stalled(silent_seconds=STALL, had=starved)  # given up in the end, whatever it had
+    # Idle: QEMU neither ran nor waited to, the console silent, no ssh: given up after
+    # IDLE_STALL, not STALL; a guest that ran while silent (a boot's quiet work) is not.
+    assert stalled(silent_seconds=IDLE_STALL, had=HostTime(ran=2.0, waited=1.0))
+    assert not stalled(silent_seconds=IDLE_STALL / 2, had=HostTime(ran=1.0, waited=0.5))
+    assert not stalled(silent_seconds=IDLE_STALL, had=HostTime(ran=IDLE_STALL / 2, waited=0.0))
+
+
+def test_a_process_host_time_is_read_over_its_threads() -> None:
+    import threading
+
+    from tests.qemu import HostTime, host_time
+
+    spun, leave = threading.Event(), threading.Event()
+
+    def spin() -> None:  # CPU in another thread, read while that thread lives
+        ran = time.thread_time()
+        while time.thread_time() - ran < 0.2:
+            pass
+        spun.set()
+        leave.wait()
+
+    before, main_before = host_time(os.getpid()), time.thread_time()
+    worker = threading.Thread(target=spin)
+    worker.start()
+    spun.wait()
+    had, main_ran = host_time(os.getpid()) - before, time.thread_time() - main_before
+    leave.set()
+    worker.join()
+    assert had.ran - main_ran >= 0.15  # the other thread's 0.2 s counted (a tick or so late)
+    assert had.waited >= 0
+    assert host_time(2**22 + 1) == HostTime(0.0, 0.0)  # above pid_max's limit: no process
 
 
 # A guest's console as the tier records it: a boot, then what a test's commands printed.
