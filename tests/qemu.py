@@ -679,7 +679,13 @@ def _in_mirror(uri: str) -> str:
 def serve_debian_index(vm: Vm) -> None:
     """The guest's apt sources served from the host's copy of Debian's index (see above),
     then `apt-get update` in the guest, which fails on anything it cannot verify."""
-    wanted = vm.ssh("apt-get indextargets --format '$(BASE_URI)' 'Identifier: Packages'")
+    # --no-release-info: without it apt lists only the suites whose Release it has, and
+    # the image has none (its lists are empty), so nothing would be served.
+    wanted = vm.ssh(
+        "apt-get indextargets --no-release-info --format '$(BASE_URI)' 'Identifier: Packages'"
+    )
+    if not wanted.stdout.split():
+        raise GuestCommandFailed(f"the guest's apt names no suite to serve: {wanted.stderr}")
     host = _host_indexes()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
