@@ -654,7 +654,25 @@ class PoolFile:
 
     uri: str
     name: str
-    sha256: str
+    algorithm: str  # hashlib's name of the hash apt printed (md5, sha256, ...)
+    digest: str
+
+
+# apt's names of the hashes `--print-uris` prints -> hashlib's. Which one it prints is
+# apt's choice: MD5Sum was seen for the guest's served Packages file.
+APT_HASHES = {"MD5Sum": "md5", "SHA1": "sha1", "SHA256": "sha256", "SHA512": "sha512"}
+
+
+def pool_file(line: str) -> PoolFile | None:
+    """A line of `apt-get install --print-uris` as a PoolFile: 'URI' NAME SIZE HASH:DIGEST;
+    None for a local file given to the install (./latencyd_*.deb), which has no hash."""
+    if len(line.split()) < 4:
+        return None
+    uri, name, _size, checksum = line.split()
+    kind, _, digest = checksum.partition(":")
+    if kind not in APT_HASHES:
+        raise ValueError(f"a hash apt names {kind!r}, not known here: {line}")
+    return PoolFile(uri.strip("'"), name, APT_HASHES[kind], digest)
 
 
 def _host_indexes() -> dict[str, tuple[Path, str]]:
@@ -724,15 +742,7 @@ def serve_debian_index(vm: Vm) -> None:
 def pool_files(vm: Vm, install: str) -> list[PoolFile]:
     """The package files `apt-get install <install>` would fetch in the guest."""
     out = vm.ssh(f"apt-get install --print-uris -qq -y {install}").stdout
-    files = []
-    for line in out.splitlines():
-        if len(line.split()) < 4:
-            continue  # a local file given to the install (./latencyd_*.deb): no hash
-        uri, name, _size, checksum = line.split()
-        algorithm, _, digest = checksum.partition(":")
-        assert algorithm == "SHA256", line
-        files.append(PoolFile(uri.strip("'"), name, digest))
-    return files
+    return [f for line in out.splitlines() if (f := pool_file(line)) is not None]
 
 
 def serve_pool_files(vm: Vm, files: list[PoolFile]) -> None:
@@ -747,10 +757,10 @@ def serve_pool_files(vm: Vm, files: list[PoolFile]) -> None:
                 package, version, _arch = f.name.removesuffix(".deb").split("_")
                 subprocess.run(["apt-get", "download", "-q", f"{package}={unquote(version)}"],
                                cwd=DEBS, check=True, capture_output=True)  # fmt: skip
-            digest = hashlib.sha256(cached.read_bytes()).hexdigest()
-            if digest != f.sha256:
+            digest = hashlib.new(f.algorithm, cached.read_bytes()).hexdigest()
+            if digest != f.digest:
                 raise AssertionError(
-                    f"{cached}: sha256 {digest}, the guest's index says {f.sha256}"
+                    f"{cached}: {f.algorithm} {digest}, the guest's index says {f.digest}"
                 )
             tar.add(cached, arcname=f.uri.removeprefix("file:").lstrip("/"))
     vm.ssh(f"{SERVED} && tar -x -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)

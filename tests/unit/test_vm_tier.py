@@ -12,7 +12,18 @@ from typing import cast
 
 import pytest
 
-from tests.qemu import BootFailed, Consoles, Shape, Vm, flake_in, qemu_argv, retry_for, why_lost
+from tests.qemu import (
+    BootFailed,
+    Consoles,
+    PoolFile,
+    Shape,
+    Vm,
+    flake_in,
+    pool_file,
+    qemu_argv,
+    retry_for,
+    why_lost,
+)
 from tests.vm.conftest import BASELINE, Booted, Machines, set_up
 
 OOPS = (
@@ -378,3 +389,15 @@ def test_a_machine_without_a_snapshot_is_not_reused() -> None:
     machine = FakeMachine(Shape(), "changed")
     assert reuse(machine, {Shape(): "set up"}, Shape()) is None
     assert machine.done == []
+
+
+def test_a_package_file_apt_would_fetch_is_read_with_the_hash_apt_printed() -> None:
+    uri = "file:/srv/debian/deb.debian.org/debian/pool/main/g/gi/libgi_1.74.0-3_amd64.deb"
+    line = f"'{uri}' libgi_1.74.0-3_amd64.deb 100664 MD5Sum:096aaa08bb9cda8d3cf17233af90a379"
+    assert pool_file(line) == PoolFile(
+        uri, "libgi_1.74.0-3_amd64.deb", "md5", "096aaa08bb9cda8d3cf17233af90a379"
+    )
+    assert pool_file(f"'{uri}' x.deb 1 SHA256:ab") == PoolFile(uri, "x.deb", "sha256", "ab")
+    assert pool_file("'file:/root/latencyd_1_all.deb' latencyd_1_all.deb 0") is None
+    with pytest.raises(ValueError, match="not known"):
+        pool_file(f"'{uri}' x.deb 1 Blake3:ab")
