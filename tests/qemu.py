@@ -643,9 +643,6 @@ MIRROR_APT_CONF = (
     + 'Acquire::Languages "none";\n'
 )  # the host fetched no Translation-* (apt's default here)
 DEBS = CACHE / "debs"
-# The archives hold files only: tar makes their directories with the session's umask, and
-# apt's methods read as the user _apt, who must get through every one of them.
-SERVED = "umask 022"
 
 
 @dataclass(frozen=True)
@@ -723,7 +720,7 @@ def serve_debian_index(vm: Vm) -> None:
                 info = tarfile.TarInfo(f"{into}{name}")
                 info.size, info.mode = len(data), 0o644
                 tar.addfile(info, io.BytesIO(data))
-    vm.ssh(f"{SERVED} && tar -xz -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
+    vm.ssh("tar -xz -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
     vm.ssh(f"cat > {MIRROR_CONF} && sed -i 's#http://#file:{GUEST_MIRROR}/#' "
            "/etc/apt/sources.list", stdin=MIRROR_APT_CONF.encode())  # fmt: skip
     update = vm.ssh("apt-get update --error-on=any", check=False, timeout=BOOT_TIMEOUT)
@@ -763,7 +760,7 @@ def serve_pool_files(vm: Vm, files: list[PoolFile]) -> None:
                     f"{cached}: {f.algorithm} {digest}, the guest's index says {f.digest}"
                 )
             tar.add(cached, arcname=f.uri.removeprefix("file:").lstrip("/"))
-    vm.ssh(f"{SERVED} && tar -x -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
+    vm.ssh("tar -x -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
 
 
 def guest_profile(vm: Vm, name: str, text: str) -> None:
