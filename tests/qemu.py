@@ -380,9 +380,7 @@ class Vm:
         guest is given STALL seconds."""
         deadline = time.monotonic() + STALL
         while time.monotonic() < deadline:
-            assert self.qemu is not None
-            if self.qemu.poll() is not None:
-                raise BootFailed("QEMU exited:\n" + (self.dir / "qemu.log").read_text()[-3000:])
+            self._fail_if_exited()
             probe = self.ssh("cat /proc/sys/kernel/random/boot_id", check=False, timeout=30,
                              lost_ok=True)  # fmt: skip
             if probe.returncode == 0:
@@ -425,9 +423,7 @@ class Vm:
         quiet_had = host_time(self.qemu.pid)
         console_size = serial_from
         while time.monotonic() - started < BOOT_TIMEOUT:
-            assert self.qemu is not None
-            if self.qemu.poll() is not None:
-                raise BootFailed("QEMU exited:\n" + (self.dir / "qemu.log").read_text()[-3000:])
+            self._fail_if_exited()
             with open(self.serial, "rb") as f:
                 f.seek(serial_from)
                 console = f.read()
@@ -451,6 +447,12 @@ class Vm:
                 return
             time.sleep(2)
         raise Flake(f"no ssh after {BOOT_TIMEOUT:.0f} s; console:\n{self.console()[-2000:]}")
+
+    def _fail_if_exited(self) -> None:
+        """While waiting for the guest: QEMU gone is a failed boot, with its last words."""
+        assert self.qemu is not None
+        if self.qemu.poll() is not None:
+            raise BootFailed("QEMU exited:\n" + (self.dir / "qemu.log").read_text()[-3000:])
 
     def _monitor(self, command: str, timeout: float = 60) -> str:
         """A command to QEMU's human monitor; returns what it answered (empty when a
