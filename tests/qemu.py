@@ -656,6 +656,12 @@ class PoolFile:
     algorithm: str  # hashlib's name of the hash apt printed (md5, sha256, ...)
     digest: str
 
+    @property
+    def guest_path(self) -> str:
+        """The path its file: URI names, %-escapes undone as apt undoes them: a version's
+        "+" is printed "%2b" (python3-gi_3.42.2-3%2bb1_amd64.deb) and read back as "+"."""
+        return unquote(self.uri.removeprefix("file:"))
+
 
 # apt's names of the hashes `--print-uris` prints -> hashlib's. Which one it prints is
 # apt's choice: MD5Sum was seen for the guest's served Packages file.
@@ -761,7 +767,7 @@ def serve_pool_files(vm: Vm, files: list[PoolFile]) -> None:
                 raise AssertionError(
                     f"{cached}: {f.algorithm} {digest}, the guest's index says {f.digest}"
                 )
-            tar.add(cached, arcname=f.uri.removeprefix("file:").lstrip("/"))
+            tar.add(cached, arcname=f.guest_path.lstrip("/"))
     vm.ssh("tar -x -C /", stdin=buf.getvalue(), timeout=BOOT_TIMEOUT)
 
 

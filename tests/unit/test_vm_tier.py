@@ -401,3 +401,11 @@ def test_a_package_file_apt_would_fetch_is_read_with_the_hash_apt_printed() -> N
     assert pool_file("'file:/root/latencyd_1_all.deb' latencyd_1_all.deb 0") is None
     with pytest.raises(ValueError, match="not known"):
         pool_file(f"'{uri}' x.deb 1 Blake3:ab")
+
+
+def test_a_package_file_is_served_where_apt_reads_its_escaped_uri() -> None:
+    # apt prints a version's "+" as "%2b" in the URI and opens the file named with "+".
+    pool = "/srv/debian/deb.debian.org/debian/pool/main/p/pygobject"
+    found = pool_file(f"'file:{pool}/python3-gi_3.42.2-3%2bb1_amd64.deb' x.deb 219 MD5Sum:ab")
+    assert found is not None
+    assert found.guest_path == f"{pool}/python3-gi_3.42.2-3+b1_amd64.deb"
