@@ -294,9 +294,11 @@ def sampled_upgrade(vm: Vm, found: Findings, command: str, version: str, watched
     runs the profile the old one did."""
     old_daemon = main_pid(vm, "latencyd")
     boot_before = boot_part(etc_and_boot(vm))
+    # In braces, so only the sampler goes to the background: a list `a && b &` runs in a
+    # subshell that holds ssh's output open until the sampler ends.
     vm.ssh(f"cd {WORK} && rm -f samples.json samples.json.started stop && "
-           f"nohup python3 tests/vm/guest_sampler.py samples.json stop {watched.app} "
-           "<settings.json >sampler.log 2>&1 &")  # fmt: skip
+           f"{{ nohup python3 tests/vm/guest_sampler.py samples.json stop {watched.app} "
+           "<settings.json >sampler.log 2>&1 & }")  # fmt: skip
     started = vm.ssh(f"cd {WORK} && for i in $(seq 600); do [ -e samples.json.started ] && "
                      "exit 0; sleep 0.5; done; cat sampler.log; exit 1", check=False)  # fmt: skip
     assert started.returncode == 0, f"the sampler did not start: {started.stdout}"
