@@ -318,6 +318,10 @@ class FakeMachine:
         self.shape, self.state = shape, state
         self.snapshots: dict[str, tuple[Shape, str]] = {}
         self.done: list[str] = []
+        self.boot_seconds: list[float] = []  # what Machines.close reports
+        self.flakes: list[str] = []
+        self.snapshot_seconds: list[str] = []
+        self.restore_fails = False
 
     def ssh(self, command: str, **_: object) -> subprocess.CompletedProcess[str]:
         assert command == BASELINE
@@ -328,8 +332,13 @@ class FakeMachine:
         self.done.append(f"save {tag}")
 
     def restore(self, tag: str) -> None:
+        if self.restore_fails:
+            raise BootFailed("no ssh after a restore")
         self.shape, self.state = self.snapshots[tag]
         self.done.append(f"restore {tag}")
+
+    def stop(self) -> None:
+        self.done.append("stop")
 
     def power_cycle(self, shape: Shape) -> None:
         self.shape = shape
@@ -409,3 +418,39 @@ def test_a_package_file_is_served_where_apt_reads_its_escaped_uri() -> None:
     found = pool_file(f"'file:{pool}/python3-gi_3.42.2-3%2bb1_amd64.deb' x.deb 219 MD5Sum:ab")
     assert found is not None
     assert found.guest_path == f"{pool}/python3-gi_3.42.2-3+b1_amd64.deb"
+
+
+def machines_with(machine: FakeMachine, installed: bool = True) -> Machines:
+    machines = Machines()
+    machines.current = Booted(cast(Vm, machine), {machine.shape: "set up"}, installed)
+    return machines
+
+
+def test_a_guest_dead_of_the_flake_is_restored_as_set_up_for_the_second_run() -> None:
+    machine = FakeMachine(Shape(), "set up")
+    machine.save(set_up(Shape()))
+    machine.state = "dead: Oops: int3"
+    machines = machines_with(machine)
+    machines.after_flake()
+    assert machine.done[-1] == "restore set-up-4cpus-1nodes-2048mb"
+    assert machine.state == "set up"
+    assert machines.current is not None and machines.current.vm is cast(Vm, machine)
+
+
+def test_a_guest_dead_of_the_flake_without_a_snapshot_is_powered_off() -> None:
+    machine = FakeMachine(Shape(), "dead: Oops: int3")  # fresh_vm's: never saved
+    machines = machines_with(machine, installed=False)
+    machines.after_flake()
+    assert machine.done == ["stop"]
+    assert machines.current is None
+
+
+def test_a_guest_dead_of_the_flake_that_cannot_be_restored_is_powered_off() -> None:
+    machine = FakeMachine(Shape(), "set up")
+    machine.save(set_up(Shape()))
+    machine.restore_fails = True
+    machines = machines_with(machine)
+    machines.after_flake()
+    assert machine.done[-1] == "stop"
+    assert machines.current is None
+    assert "not restored after the flake: no ssh after a restore" in machines.log[0]

@@ -14,9 +14,10 @@ package) asks for `fresh_vm`: the image as it boots, without `make install`, pow
 after it; such tests run first.
 
 A test whose guest died of the emulator flake (tests/qemu.py: `Oops: int3` on its serial
-console while the test ran, not met by a retried boot) is run once more on a fresh
-machine, and said: a line as it happens, a warning, and the run's summary. A failure
-without it is never run again (pytest_runtest_protocol).
+console while the test ran, not met by a retried boot) is run once more on its machine as
+set up (the snapshot restored; a fresh machine where there is none), and said: a line as
+it happens, a warning, and the run's summary. A failure without it is never run again
+(pytest_runtest_protocol).
 """
 
 from __future__ import annotations
@@ -136,6 +137,21 @@ class Machines:
             vm.save(set_up(shape))
         return vm
 
+    def after_flake(self) -> None:
+        """The machine whose guest died of the emulator flake made ready for the test's
+        second run: its set-up snapshot restored (seconds: the dead guest's memory and
+        disk replaced by the saved ones), or, a machine without one (fresh_vm's) or one
+        that cannot be restored, powered off for a fresh machine."""
+        if self.current is not None and set_up(self.current.vm.shape) in self.current.vm.snapshots:
+            vm = self.current.vm
+            try:
+                vm.restore(set_up(vm.shape))
+                self.log.append(f"{vm.shape}: restored as set up after the flake")
+                return
+            except (BootFailed, GuestCommandFailed) as failed:
+                self.log.append(f"{vm.shape}: not restored after the flake: {failed}")
+        self.close()
+
     def close(self) -> None:
         if self.current is not None:
             vm = self.current.vm
@@ -219,9 +235,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     """A VM test run as pytest runs any (set-up, call, tear-down, then reported), and run
-    once more on a fresh machine when it failed because its guest died of the emulator
-    flake (retry_for, on the consoles written while it ran); only the second run's
-    outcome is reported, the first said as a line, a warning and in the summary."""
+    once more on its machine as set up (Machines.after_flake) when it failed because its
+    guest died of the emulator flake (retry_for, on the consoles written while it ran);
+    only the second run's outcome is reported, the first said as a line, a warning and in
+    the summary."""
     if not in_vm_tier(item):
         return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
@@ -237,7 +254,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             f"first run failed in {failure.when}: {' '.join(why)}"
         )
         MACHINES.log.append(said)
-        MACHINES.close()  # the dead guest: the second run gets a fresh machine
+        MACHINES.after_flake()  # the dead guest: the second run gets it as set up
         terminal = item.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             terminal.write_line("")
