@@ -19,8 +19,11 @@ VM as the image boots (no `make install`), its grub.cfg update-grub's as on a us
   tests/machine_state.py reads them identical to before the install, /etc and /boot too
   but for the files of the Debian packages the install pulled in (dpkg -S), and no file
   of latencyd's left (its file list, a directory another package holds aside); and once
-  `apt autoremove --purge` has taken those packages, /etc, /boot and the file list (of /
-  and /run) as before the install.
+  `apt autoremove --purge` has taken those packages (and those apt keeps because a package
+  of the image recommends them, purged), /etc, /boot and the file list (of / and /run) as
+  before the install;
+- between the install and the remove the machine reboots: what the kernel sets anew at a
+  boot (memory reserves, an IRQ thread's affinity, which follows its IRQ) is not compared.
 """
 
 from __future__ import annotations
@@ -156,6 +159,27 @@ def made_by_profile(
     return files, threads
 
 
+# What the kernel sets anew at each boot, so reads otherwise after the reboot between the
+# install and the remove without a setting changing: the memory reserves, computed at boot
+# from the memory free then (mm/util.c: a 32nd of it, at most 128 MB, for user_reserve).
+BOOT_COMPUTED = ("/proc/sys/vm/user_reserve_kbytes", "/proc/sys/vm/admin_reserve_kbytes")
+# An IRQ thread's affinity is its IRQ's effective affinity, which the kernel gives it the
+# next time the IRQ fires (irq_thread_check_affinity): one that fired in one boot and not
+# in the other reads otherwise. Its IRQ's smp_affinity_list is compared, and the thread's
+# policy and priority.
+IRQ_THREAD = re.compile(r"^\d+:irq/")
+AFFINITY = re.compile(r"^\[[\d, ]*\] ")
+
+
+def across_a_reboot(snapshot: dict[str, object]) -> dict[str, object]:
+    """`snapshot` less what a reboot changes by itself (BOOT_COMPUTED, IRQ_THREAD)."""
+    files, kthreads = snapshot["files"], snapshot["kthreads"]
+    assert isinstance(files, dict) and isinstance(kthreads, dict)
+    kept = {k: v for k, v in files.items() if k not in BOOT_COMPUTED}
+    threads = {k: AFFINITY.sub("", v) if IRQ_THREAD.match(k) else v for k, v in kthreads.items()}
+    return {**snapshot, "files": kept, "kthreads": threads}
+
+
 def changed(before: dict[str, object], now: dict[str, object]) -> list[str]:
     """What differs between two snapshots in kernel settings and cgroups (NOT_SETTINGS aside).
     A cgroup of a service or scope under system.slice or user.slice that is in only one of
@@ -168,7 +192,8 @@ def changed(before: dict[str, object], now: dict[str, object]) -> list[str]:
              if UNIT_CGROUP.match(k) and not k.startswith(DAEMON_CGROUP)}  # fmt: skip
     kept_before = {k: v for k, v in files_before.items() if k not in units}
     kept_now = {k: v for k, v in files_now.items() if k not in units}
-    diffs = differences({**before, "files": kept_before}, {**now, "files": kept_now})
+    diffs = differences(across_a_reboot({**before, "files": kept_before}),
+                        across_a_reboot({**now, "files": kept_now}))  # fmt: skip
     return [d for d in diffs if not d.startswith(NOT_SETTINGS)]
 
 
@@ -451,6 +476,21 @@ def from_install_to_purge(debs: dict[str, Path], vm: Vm) -> None:
     # them. Their files are theirs, so what is left after it is latencyd's.
     found.step("autoremove")
     vm.ssh("apt autoremove --purge -y", timeout=BOOT_TIMEOUT)
+    # apt keeps an automatically installed package that a package installed before
+    # recommends or suggests (APT::AutoRemove::RecommendsImportant, the default): python3-gi,
+    # which python3-pyudev pulled in and the image's python3-dbus recommends. Keeping it is
+    # apt's rule for every package, not latencyd's: each such package must be one the
+    # install pulled in and kept for that reason alone (apt would autoremove it without
+    # the rule); it is then purged, for the comparisons below.
+    kept = {p.split("=")[0] for p in packages(vm) - packages_before}
+    found.check(kept <= pulled_in, f"packages the install did not pull in: {kept - pulled_in}")
+    if kept:
+        would = vm.ssh("apt-get -s -o APT::AutoRemove::RecommendsImportant=false "
+                       "-o APT::AutoRemove::SuggestsImportant=false autoremove").stdout  # fmt: skip
+        only_wanted = {line.split()[1] for line in would.splitlines() if line.startswith("Remv ")}
+        found.check(kept <= only_wanted, f"kept by apt for no recommendation: {kept - only_wanted}")
+        found.step(f"purged, kept by apt for a package recommending them: {sorted(kept)}")
+        vm.ssh(f"apt purge -y {' '.join(sorted(kept))}", timeout=BOOT_TIMEOUT)
     installed = packages(vm)
     found.check(installed == packages_before, f"packages: {installed ^ packages_before}")
     etc_boot = differing(etc_boot_before, etc_and_boot(vm))
