@@ -171,33 +171,44 @@ UNSET = (
 
 def test_postrm_removes_the_shields_runtime_drop_ins_that_only_unset(tmp_path: Path) -> None:
     """On remove, the drop-ins systemd keeps of the shield's AllowedCPUs= (restored: unset)
-    go, and their directories once empty; a drop-in that sets CPUs, another file in a
-    unit's directory and another unit's are kept. On upgrade nothing goes."""
-    control = tmp_path / "run/systemd/system.control"
+    go, from system.control and, for a transient unit (init.scope), transient/, and their
+    directories once empty; a drop-in that sets CPUs, another file in a unit's directory,
+    another unit's and a transient unit's own file are kept. On upgrade nothing goes."""
+    runtime = tmp_path / "run/systemd"
     files = {
-        "init.scope.d/50-AllowedCPUs.conf": UNSET,
-        "system.slice.d/50-AllowedCPUs.conf": UNSET,
-        "system.slice.d/50-MemoryMax.conf": "[Slice]\nMemoryMax=1G\n",
-        "user.slice.d/50-AllowedCPUs.conf": UNSET.removesuffix("\n") + "0-1\n",
-        "machine.slice.d/50-AllowedCPUs.conf": UNSET,
+        "transient/init.scope.d/50-AllowedCPUs.conf": UNSET.replace("[Slice]", "[Scope]"),
+        "transient/run-u7.scope": "[Scope]\n",
+        "system.control/system.slice.d/50-AllowedCPUs.conf": UNSET,
+        "system.control/system.slice.d/50-MemoryMax.conf": "[Slice]\nMemoryMax=1G\n",
+        "system.control/user.slice.d/50-AllowedCPUs.conf": UNSET.removesuffix("\n") + "0-1\n",
+        "system.control/machine.slice.d/50-AllowedCPUs.conf": UNSET,
     }
     for rel, text in files.items():
-        (control / rel).parent.mkdir(parents=True, exist_ok=True)
-        (control / rel).write_text(text)
+        (runtime / rel).parent.mkdir(parents=True, exist_ok=True)
+        (runtime / rel).write_text(text)
     for args in (("upgrade", "0.1.1"), ("remove",)):
         done = subprocess.run(["sh", str(DEBIAN / "latencyd.postrm"), *args],
                               env={**os.environ, "DPKG_ROOT": str(tmp_path)},
                               capture_output=True, text=True, timeout=30)  # fmt: skip
         assert done.returncode == 0, done.stderr
         if args[0] == "upgrade":
-            left = {str(p.relative_to(control)) for p in control.rglob("*") if p.is_file()}
+            left = {str(p.relative_to(runtime)) for p in runtime.rglob("*") if p.is_file()}
             assert left == set(files)
-    left = {str(p.relative_to(control)) for p in control.rglob("*")}
+    left = {str(p.relative_to(runtime)) for p in runtime.rglob("*")}
     assert left == {
-        "system.slice.d", "system.slice.d/50-MemoryMax.conf",
-        "user.slice.d", "user.slice.d/50-AllowedCPUs.conf",
-        "machine.slice.d", "machine.slice.d/50-AllowedCPUs.conf",
+        "transient", "transient/run-u7.scope",
+        "system.control", "system.control/system.slice.d",
+        "system.control/system.slice.d/50-MemoryMax.conf",
+        "system.control/user.slice.d", "system.control/user.slice.d/50-AllowedCPUs.conf",
+        "system.control/machine.slice.d", "system.control/machine.slice.d/50-AllowedCPUs.conf",
     }  # fmt: skip
+    # Nothing but the shield's: once they are gone, the directories go too.
+    (runtime / "transient/run-u7.scope").unlink()
+    (runtime / "transient/init.scope.d").mkdir()
+    (runtime / "transient/init.scope.d/50-AllowedCPUs.conf").write_text(UNSET)
+    subprocess.run(["sh", str(DEBIAN / "latencyd.postrm"), "remove"], check=True,
+                   env={**os.environ, "DPKG_ROOT": str(tmp_path)})  # fmt: skip
+    assert not (runtime / "transient").exists()
 
 
 def test_postrm_purge_removes_state_config_and_a_boot_change_left_behind(tmp_path: Path) -> None:
