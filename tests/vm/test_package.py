@@ -69,9 +69,14 @@ VERSION = subprocess.run(["dpkg-parsechangelog", "-l", str(CHANGELOG), "-S", "Ve
 UPGRADES = (f"{VERSION}+vmtest1", f"{VERSION}+vmtest2")
 WORK = "/root/pkgtest"  # the test's own files in the guest, left out of every comparison
 # Where apt and dpkg keep their own records (what they installed, logs, caches): these
-# change with any install and are not latencyd's.
+# change with any install and are not latencyd's; nor are systemd's below.
 BOOKKEEPING = ("/var/lib/dpkg/", "/var/lib/apt/", "/var/cache/apt/", "/var/log/",
-               "/var/cache/debconf/", "/var/cache/ldconfig/")  # fmt: skip
+               "/var/cache/debconf/", "/var/cache/ldconfig/",
+               # systemd's own, named anew at each boot or connection (the install and
+               # the purge are a reboot apart): journald's stream of each running
+               # service, a service's PrivateTmp= directories (named with the boot id).
+               "/run/systemd/journal/streams/", "/tmp/systemd-private-",
+               "/var/tmp/systemd-private-")  # fmt: skip
 # What differences() reports that is no kernel setting here: a pid's cgroup (pids are
 # reused in the guest), and /run/systemd's entries by name (kept for the host without
 # systemd, where they are nspawn's and systemd-analyze's leftovers; on the guest they are
