@@ -78,7 +78,8 @@ BOOKKEEPING = ("/var/lib/dpkg/", "/var/lib/apt/", "/var/cache/apt/", "/var/log/"
                # udev's device database (by device numbers, given in probe order: the
                # PC speaker's input event device was c13:66 in one boot, not the other).
                "/run/systemd/journal/streams/", "/tmp/systemd-private-",
-               "/var/tmp/systemd-private-", "/run/udev/")  # fmt: skip
+               "/var/tmp/systemd-private-", "/run/udev/links/", "/run/udev/tags/",
+               "/run/udev/data/")  # fmt: skip
 # What differences() reports that is no kernel setting here: a pid's cgroup (pids are
 # reused in the guest), and /run/systemd's entries by name (kept for the host without
 # systemd, where they are nspawn's and systemd-analyze's leftovers; on the guest they are
