@@ -46,15 +46,23 @@ test-vm: setup
 
 .PHONY: vm-tier test-host
 vm-tier: vm-image
-	@$(call pytest,$(PYTHON) -m pytest -p no:cacheprovider -m vm tests/vm)
+	@$(call pytest,$(PYTHON) -m pytest -p no:cacheprovider --durations=0 -m vm tests/vm)
 
-# Everything on this machine. The VM tier is `make test-vm`, not yet part of it: its
-# tests that came last (the package from install to purge, two applications on their own
-# CPUs, the reboot cycle, PREEMPT_RT) have not yet run whole on a quiet machine, and beside
-# the host suites on a 2-CPU machine the host's shield tests crowd its QEMU onto one CPU
-# (a running tier: `nice -n 10 make vm-tier` beside `make test-host` is how it joins).
-test: setup control-plane
-	@$(MAKE) --no-print-directory test-host
+# Everything on this machine: the host suites, and beside them the VM tier (its image
+# built first, then `vm-tier` at nice 10 with its lines prefixed `vm| `, started before
+# the fleet tests' control plane is built: the tier is the longer, mostly QEMU's CPU,
+# and the host suites mostly wait, so side by side both end within CI's hour where one
+# after the other would not). Either failing fails `make test`.
+test: setup vm-image
+	@set +e; \
+	{ nice -n 10 $(MAKE) --no-print-directory vm-tier 2>&1 | sed -u 's/^/vm| /'; \
+	  exit "$${PIPESTATUS[0]}"; } & tier=$$!; \
+	$(MAKE) --no-print-directory control-plane && $(MAKE) --no-print-directory test-host; \
+	host=$$?; \
+	wait "$$tier"; vm=$$?; \
+	if [ "$$vm" -ne 0 ]; then echo "make test: the VM tier failed (exit $$vm)" >&2; fi; \
+	if [ "$$host" -ne 0 ]; then echo "make test: the host suites failed (exit $$host)" >&2; fi; \
+	[ "$$host" -eq 0 ] && [ "$$vm" -eq 0 ]
 
 # The host suites: pytest (kernel and e2e tests need root; tests/package builds the Debian
 # package), then lint. On a machine with a cpuidle driver, the tests whose

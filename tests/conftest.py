@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("--reverse"):
         items.reverse()
     # The VM tier (tests/vm) boots QEMU for minutes: it runs only when asked for by its
-    # marker (`-m vm`, `make test-vm`; `make test` runs it after the main suite).
+    # marker (`-m vm`, `make test-vm`; `make test` runs it beside the host suites).
     if "vm" not in (config.getoption("markexpr") or ""):
         tier = [item for item in items if in_vm_tier(item)]
         if tier:
