@@ -122,27 +122,27 @@ def test_killing_attribution_leaves_no_hog_and_no_hold(daemon: Latencyd, profile
         env=daemon.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        wait_for(lambda: running("-x", "ltdm-hog") and "hold" in daemon.log(), timeout=60)
+        wait_for(lambda: running("-x", "ltdm-hog") and "hold" in daemon.log())
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    wait_for(lambda: not running("-x", "ltdm-hog"), timeout=10)  # it ends with its run
-    wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [], timeout=10)
+    wait_for(lambda: not running("-x", "ltdm-hog"))  # it ends with its run
+    wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [])
     assert daemon.ctl("active").stdout.strip() == "test-a"
     # Its guard removes its namespaces, its own files and the profiles it held.
     left = [f"latencyd-attribute-{proc.pid}-*", f"latencyd-measure-{proc.pid}-*"]
-    wait_for(lambda: not [p for g in left for p in SCRATCH.glob(g)], timeout=10)
-    wait_for(lambda: netns_of_measure() == [], timeout=10)
+    wait_for(lambda: not [p for g in left for p in SCRATCH.glob(g)])
+    wait_for(lambda: netns_of_measure() == [])
 
 
 def test_bad_groups_are_usage_errors_before_anything_is_held(
     daemon: Latencyd, profiles: Path
 ) -> None:
     r = subprocess.run(attribute(daemon, profiles, "--group", "x=sysctl.nope"),
-                       env=daemon.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+                       env=daemon.env, capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 2
     assert "'sysctl.nope' names no setting of the profile" in r.stderr
     r = subprocess.run([str(BIN / "latencyctl"), "measure", "--control"],
-                       env=daemon.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+                       env=daemon.env, capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 2 and "go with --attribute" in r.stderr
     assert "hold" not in daemon.log()

@@ -255,7 +255,7 @@ def test_reload_rereads_profiles(booted: Booted) -> None:
     assert host_sysctl("vm.swappiness") == "21"
     edited.write_text(edited.read_text().replace("= 21", "= 22"))
     assert booted.systemctl("reload", "latencyd").returncode == 0
-    wait_for(lambda: host_sysctl("vm.swappiness") == "22", timeout=10)
+    wait_for(lambda: host_sysctl("vm.swappiness") == "22")
     added = booted.profiles / "boot-added.toml"  # a profile that appeared after boot
     added.write_text(f'[main]\ninclude = ["{DEFAULT}"]\n\n[sysctl]\n"vm.swappiness" = 23\n')
     assert booted.ctl("switch", "boot-added").returncode == 0
@@ -268,7 +268,7 @@ def test_reload_rereads_profiles(booted: Booted) -> None:
 def switch_to_restart_profile(booted: Booted) -> None:
     (booted.profiles / "boot-restart.toml").write_text(profile_for(booted.originals))
     assert booted.ctl("switch", "boot-restart").returncode == 0
-    wait_for(lambda: all_tuned(booted.originals), timeout=5)
+    wait_for(lambda: all_tuned(booted.originals))
 
 
 def test_restart_flips_nothing_and_the_pm_qos_request_survives(booted: Booted) -> None:
@@ -291,8 +291,8 @@ def test_kill_restarts_it_and_flips_nothing(booted: Booted) -> None:
     pid, restarts = booted.show("MainPID"), int(booted.show("NRestarts"))
     with sampling(booted.originals) as sampler:
         assert booted.systemctl("kill", "-s", "KILL", "latencyd").returncode == 0
-        wait_for(lambda: int(booted.show("NRestarts")) == restarts + 1, timeout=15)
-        wait_for(lambda: booted.show("ActiveState") == "active", timeout=15)
+        wait_for(lambda: int(booted.show("NRestarts")) == restarts + 1)
+        wait_for(lambda: booted.show("ActiveState") == "active")
         time.sleep(0.5)
     finish(sampler)
     assert booted.show("MainPID") != pid
@@ -320,8 +320,8 @@ def test_starting_it_stops_tuned_and_they_never_fight(booted: Booted) -> None:
     before = limits.read()
     try:
         assert booted.systemctl("enable", "--now", "tuned").returncode == 0
-        wait_for(lambda: booted.show("ActiveState", "tuned") == "active", timeout=30)
-        wait_for(lambda: host_sysctl("vm.dirty_ratio") == "10", timeout=30)  # TuneD's
+        wait_for(lambda: booted.show("ActiveState", "tuned") == "active")
+        wait_for(lambda: host_sysctl("vm.dirty_ratio") == "10")  # TuneD's
         assert booted.systemctl("start", "latencyd").returncode == 0
         assert booted.show("ActiveState", "tuned") == "inactive"
         assert booted.show("ActiveState") == "active"
@@ -353,14 +353,14 @@ def test_a_running_tuned_service_is_named_at_start(booted: Booted) -> None:
     before = limits.read()
     try:
         assert booted.systemctl("start", "tuned").returncode == 0
-        wait_for(lambda: host_sysctl("vm.dirty_ratio") == "10", timeout=30)  # TuneD's
+        wait_for(lambda: host_sysctl("vm.dirty_ratio") == "10")  # TuneD's
         pid = int(booted.show("MainPID", "tuned"))
         # A plain service (systemd lets one unit only watch a bus name: latencyd.service's).
         by_hand = booted.container.run(
             "systemd-run", "--unit=latencyd-by-hand", "/usr/local/bin/latencyd", timeout=120
         )
         assert by_hand.returncode == 0, by_hand.stderr
-        wait_for(lambda: booted.ctl("active").returncode == 0, timeout=60)  # its name claimed
+        wait_for(lambda: booted.ctl("active").returncode == 0)  # its name claimed
         said = (f"TuneD is running (pid {pid}, tuned.service, profile latency-performance): "
                 "it and latencyd both set ")  # fmt: skip
 
@@ -368,7 +368,7 @@ def test_a_running_tuned_service_is_named_at_start(booted: Booted) -> None:
             entries = booted.journal("-u", "latencyd-by-hand")
             return [m for e in entries if (m := str(e.get("MESSAGE", ""))).startswith(said)]
 
-        wait_for(lambda: bool(lines()), timeout=10)  # said before the name (journald's pace)
+        wait_for(lambda: bool(lines()))  # said before the name (journald's pace)
         (line,) = lines()
         # TuneD's own profile, key by key with its file and line
         assert "sysctl vm.swappiness (/usr/lib/tuned/latency-performance/tuned.conf:" in line
@@ -417,8 +417,8 @@ def test_restarting_systemd_sysctl_is_drift_naming_the_fragment(booted: Booted) 
                        and int(e["__MONOTONIC_TIMESTAMP"]) > since
                        for e in booted.journal("-u", "latencyd", "-p", "warning"))  # fmt: skip
 
-        wait_for(drift_named, timeout=15)
-        wait_for(lambda: host_sysctl("vm.swappiness") == "10", timeout=5)
+        wait_for(drift_named)
+        wait_for(lambda: host_sysctl("vm.swappiness") == "10")
     finally:
         booted.systemctl("stop", "systemd-sysctl")
         fragment.unlink()
@@ -433,7 +433,7 @@ def test_journal_has_priorities_and_no_timestamps_of_its_own(booted: Booted) -> 
     # Drift (a warning), written on the container's side: its procfs is a mount of its
     # own, whose inotify events a write through the host's /proc does not reach.
     booted.container.run("sh", "-c", "echo 61 > /proc/sys/vm/swappiness", check=True)
-    wait_for(lambda: host_sysctl("vm.swappiness") == default_sysctls()["vm.swappiness"], 5)
+    wait_for(lambda: host_sysctl("vm.swappiness") == default_sysctls()["vm.swappiness"])
     booted.ctl("switch", "network-latency")  # an info line
     booted.ensure_default()
     time.sleep(0.5)

@@ -41,7 +41,7 @@ def test_status_says_what_a_reboot_would_add_and_counts_the_tick(
     app = d.spawn_ctl("hold", "cpu-partitioning", "--", "taskset", "-c", str(SHIELDED),
                       sys.executable, "-c", SPIN, str(tmp_path / "done"))  # fmt: skip
     try:
-        wait_for(lambda: status(d)["active_profile"] == "cpu-partitioning", timeout=30)
+        wait_for(lambda: status(d)["active_profile"] == "cpu-partitioning")
         # Read until the noise watch has counted an interval (1 s each; later under load)
         # or the tick is booted off: then there is nothing to count.
         read: dict[str, Any] = {}
@@ -52,7 +52,7 @@ def test_status_says_what_a_reboot_would_add_and_counts_the_tick(
                 f"ticks on CPU {SHIELDED}" in read["text"] or "tick, CPUs 1: booted" in read["text"]
             )
 
-        wait_for(counted, timeout=30)
+        wait_for(counted)
         data, text = read["data"], read["text"]
     finally:
         (tmp_path / "done").touch()

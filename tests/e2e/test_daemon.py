@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,8 +14,10 @@ import pytest
 from latencyd.core.journal import Journal
 from tests.harness import (
     STARTED_DAEMONS,
+    BusListener,
     Latencyd,
     recover_killed_runs,
+    signal_listener,
     sysctl,
     unlike_machine,
     wait_for,
@@ -128,7 +129,7 @@ def test_verify_reports_drift_when_the_profile_says_report(
     d = start_daemon("report")
     assert d.ctl("verify").returncode == 0
     Path("/proc/sys/vm/swappiness").write_text("33")
-    wait_for(lambda: "drift: [sysctl] sysctl vm.swappiness = 11" in d.log(), timeout=2)
+    wait_for(lambda: "drift: [sysctl] sysctl vm.swappiness = 11" in d.log())
     r = d.ctl("verify", "--json")
     assert r.returncode == 1
     drift = json.loads(r.stdout)["drift"]
@@ -215,19 +216,14 @@ def test_sighup_reloads_changed_profile(
     path = profiles / "test-a.toml"
     path.write_text(path.read_text().replace('"vm.swappiness" = 11', '"vm.swappiness" = 12'))
     d.signal(signal.SIGHUP)
-    import time
-
-    deadline = time.monotonic() + 5
-    while sysctl("vm.swappiness") != "12" and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sysctl("vm.swappiness") == "12"
+    wait_for(lambda: sysctl("vm.swappiness") == "12")
     # A profile broken on disk is refused on reload; the applied one stays.
     path.write_text("[writeback\n")
     d.signal(signal.SIGHUP)
-    time.sleep(0.3)
+    wait_for(lambda: "reload failed" in d.log())
     assert d.ctl("active").stdout.strip() == "test-a"
     assert sysctl("vm.swappiness") == "12"
-    assert "reload failed" in d.log() and "TOML syntax error" in d.log()
+    assert "TOML syntax error" in d.log()
 
 
 def test_unreachable_daemon_exit_code(private_bus: str, tmp_path: Path) -> None:
@@ -265,12 +261,13 @@ def test_unprivileged_caller_denied_by_bus_policy_reads_allowed(
     assert sysctl("vm.swappiness") == "11"
 
 
-def monitor(address: str, user: int | None) -> subprocess.Popen[str]:
-    """gdbus monitor of the daemon's signals (match rules, as any client subscribes)."""
+def monitor(address: str, user: int | None) -> BusListener:
+    """gdbus monitor of the daemon's signals (match rules, as any client subscribes). It
+    has subscribed once it says who owns the name: that answer came after its AddMatch."""
     cmd = ["gdbus", "monitor", "--address", address, "--dest", "org.latencyd.Daemon1"]
     if user is not None:
         cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return BusListener(cmd, ready="is owned by")
 
 
 def test_signals_naming_tasks_reach_root_only(start_daemon: Callable[..., Latencyd]) -> None:
@@ -280,16 +277,15 @@ def test_signals_naming_tasks_reach_root_only(start_daemon: Callable[..., Latenc
     d = start_daemon("test-a")
     listeners = {"root": monitor(d.address, None), "nobody": monitor(d.address, 65534)}
     try:
-        time.sleep(0.5)  # subscribed
         Path("/proc/sys/vm/swappiness").write_text("12")
-        wait_for(lambda: sysctl("vm.swappiness") == "11", timeout=5)  # put back: drift
+        wait_for(lambda: sysctl("vm.swappiness") == "11")  # put back: drift
         assert d.ctl("switch", "test-b").returncode == 0
-        time.sleep(0.5)
+        # The bus delivers one sender's signals in order: whoever heard the switch had
+        # been sent the drift before it, or was refused it.
+        for listener in listeners.values():
+            wait_for(lambda x=listener: "ProfileChanged ('test-b'" in x.heard())
     finally:
-        heard = {}
-        for who, proc in listeners.items():
-            proc.terminate()
-            heard[who] = proc.communicate(timeout=5)[0]
+        heard = {who: listener.stop() for who, listener in listeners.items()}
     assert "org.latencyd.Daemon1.Drift" in heard["root"], heard["root"]
     assert "org.latencyd.Daemon1.ProfileChanged ('test-b'" in heard["nobody"], heard["nobody"]
     assert "Drift" not in heard["nobody"] and "swappiness" not in heard["nobody"]
@@ -358,28 +354,13 @@ def test_active_profile_property(start_daemon: Callable[..., Latencyd], method: 
 
 
 def test_profile_changed_signal(start_daemon: Callable[..., Latencyd]) -> None:
-    import subprocess
-
     d = start_daemon("test-a")
-    monitor = subprocess.Popen(
-        [
-            "dbus-monitor",
-            "--address",
-            d.address,
-            "type='signal',interface='org.latencyd.Daemon1',member='ProfileChanged'",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    monitor = signal_listener(d.address, "ProfileChanged")
     try:
-        import time
-
-        time.sleep(0.3)
         assert d.ctl("switch", "test-b").returncode == 0
-        time.sleep(0.3)
+        wait_for(lambda: 'string "test-b"' in monitor.heard())
     finally:
-        monitor.terminate()
-        out = monitor.communicate(timeout=5)[0]
+        out = monitor.stop()
     assert "member=ProfileChanged" in out and 'string "test-b"' in out
 
 

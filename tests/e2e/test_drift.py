@@ -64,19 +64,19 @@ def test_a_rewritten_file_is_put_back_at_once(
     kept: Latencyd, path: str, rogue: str, wanted: str
 ) -> None:
     Path(path).write_text(rogue)
-    wait_for(lambda: read(path) == wanted, timeout=2)
+    wait_for(lambda: read(path) == wanted)
     assert read("/proc/sys/vm/dirty_bytes") == str(64 << 20)
-    wait_for(lambda: "reapplied" in kept.log(), timeout=2)  # logged after the write
+    wait_for(lambda: "reapplied" in kept.log())  # logged after the write
 
 
 def test_a_moved_thread_is_put_back_by_the_poll(kept: Latencyd, loopfs: LoopFs) -> None:
     loopfs.mount()
     (pid,) = jbd2_pids(loopfs.device)
-    wait_for(lambda: os.sched_getaffinity(pid) == {0}, timeout=2)
+    wait_for(lambda: os.sched_getaffinity(pid) == {0})
     os.sched_setaffinity(pid, {1})  # what `taskset` (or tuna) by someone else does
-    wait_for(lambda: os.sched_getaffinity(pid) == {0}, timeout=3)
+    wait_for(lambda: os.sched_getaffinity(pid) == {0})
     line = f"jbd2/{Path(loopfs.device).name}-8 (pid {pid}) CPUs = 0, but it is '1'"
-    wait_for(lambda: line in kept.log(), timeout=2)  # logged after the write
+    wait_for(lambda: line in kept.log())  # logged after the write
 
 
 def test_without_file_less_settings_nothing_polls(
@@ -103,4 +103,4 @@ def test_without_file_less_settings_nothing_polls(
     time.sleep(1.5)
     assert wakeups() == before
     Path("/proc/sys/vm/swappiness").write_text("42")
-    wait_for(lambda: read("/proc/sys/vm/swappiness") == "11", timeout=2)
+    wait_for(lambda: read("/proc/sys/vm/swappiness") == "11")

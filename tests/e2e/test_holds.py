@@ -38,14 +38,14 @@ def test_hold_ends_when_the_holder_leaves_the_bus(start_daemon: Callable[..., La
         text=True,
     )
     try:
-        wait_for(lambda: active(d) == "test-b", timeout=10)
+        wait_for(lambda: active(d) == "test-b")
         status = json.loads(d.ctl("status", "--json").stdout)
         assert [h["profile"] for h in status["holds"]] == ["test-b"]
         assert status["holds"][0]["reason"] == "sleep 60"
         assert status["base_profile"] == "test-a"
         holder.send_signal(signal.SIGKILL)  # no chance to release: the bus tells the daemon
         holder.wait()
-        wait_for(lambda: active(d) == "test-a", timeout=10)
+        wait_for(lambda: active(d) == "test-a")
     finally:
         holder.kill()
         subprocess.run(["pkill", "-f", "sleep 60"], check=False)
@@ -67,7 +67,7 @@ def test_sigterm_reaches_the_command_and_the_hold_lasts_until_it_exits(
               "while :; do sleep 0.1; done")  # fmt: skip
     holder = d.spawn_ctl("hold", "test-b", "--", "sh", "-c", script)
     try:
-        wait_for(lambda: ready.exists() and ready.read_text() != "", timeout=10)
+        wait_for(lambda: ready.exists() and ready.read_text() != "")
         assert "default_int_handler" in ready.read_text()  # not SIG_IGN
         holder.send_signal(signal.SIGTERM)
         assert holder.wait(10) == 3  # the command's exit code
@@ -139,7 +139,7 @@ def test_a_hold_asking_a_setting_another_hold_sets_otherwise_is_refused_saying_w
     d = start_daemon(None)
     first = d.spawn_ctl("hold", "test-a", "--", "sleep", "60")
     try:
-        wait_for(lambda: active(d) == "test-a", timeout=10)
+        wait_for(lambda: active(d) == "test-a")
         before = (sysctl("vm.swappiness"), sysctl("vm.stat_interval"), sysctl("vm.dirty_bytes"))
         r = d.ctl("hold", "swap-60", "--", "true")
         assert r.returncode == 1, r.stderr

@@ -15,7 +15,7 @@ from latencyd.plugins.cstate import WITHOUT_DRIVER
 from latencyd.kernel.idle import NO_DRIVER, read_driver
 from latencyd.kernel.procstat import parse_interrupts
 from latencyd.kernel.system import System
-from tests.harness import Latencyd, wait_for
+from tests.harness import Latencyd, signal_listener, wait_for
 from tests.hotplug import cpu_offline
 
 PROFILE = """
@@ -72,17 +72,7 @@ def test_another_process_rewriting_an_owned_mask_is_put_back_naming_it(
     command line were read while it ran (it waits on its stdin until the mask is back)."""
     irq = virtio4_irqs()[-1]
     assert mask(irq) == "1"
-    monitor = subprocess.Popen(
-        [
-            "dbus-monitor",
-            "--address",
-            isolated.address,
-            "type='signal',interface='org.latencyd.Daemon1',member='Drift'",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(0.2)
+    monitor = signal_listener(isolated.address, "Drift")
     try:
         script = f"echo 0 > /proc/irq/{irq}/smp_affinity_list; echo written; read x"
         writer = subprocess.Popen(
@@ -90,19 +80,18 @@ def test_another_process_rewriting_an_owned_mask_is_put_back_naming_it(
         )
         try:
             assert writer.stdout is not None and writer.stdout.readline() == b"written\n"
-            wait_for(lambda: mask(irq) == "1", timeout=5)
+            wait_for(lambda: mask(irq) == "1")
         finally:
             writer.communicate(b"\n", timeout=5)
-        time.sleep(0.1)
+        wait_for(lambda: "reapplied" in monitor.heard())
     finally:
-        monitor.terminate()
-        out = monitor.communicate(timeout=5)[0]
+        out = monitor.stop()
     assert "member=Drift" in out and f'"irq": {irq}' in out and "reapplied" in out
     by = json.dumps({"pid": writer.pid, "comm": "sh", "cmdline": f"sh -c {script}"})
     assert f'"written_by": {by}' in out
     line = f"drift: [irq] IRQ {irq} affinity = 1, but it is '0', written by {writer.pid} (sh)"
     line += ": reapplied"
-    wait_for(lambda: line in isolated.log(), timeout=2)
+    wait_for(lambda: line in isolated.log())
 
 
 def test_irqs_that_reappear_get_the_rule_at_once(isolated: Latencyd) -> None:
@@ -110,19 +99,17 @@ def test_irqs_that_reappear_get_the_rule_at_once(isolated: Latencyd) -> None:
     numbers = virtio4_irqs()
     (RNG / "unbind").write_text("virtio4")
     try:
-        wait_for(lambda: not virtio4_irqs(), timeout=5)
+        wait_for(lambda: not virtio4_irqs())
     finally:
         (RNG / "bind").write_text("virtio4")
-    took = wait_for(
-        lambda: bool(virtio4_irqs()) and all(mask(n) == "1" for n in virtio4_irqs()), timeout=5
-    )
+    took = wait_for(lambda: bool(virtio4_irqs()) and all(mask(n) == "1" for n in virtio4_irqs()))
     assert virtio4_irqs() == numbers
     # At once: logged after applying, a virtio4 event (the bind, or the unbind if the IRQs
     # were back by the time it was handled) made the irq section expand again, no poll.
     # How soon is a figure the machine's load moves: bench drift prints it.
     print(f"virtio4's IRQs steered {took:.3f} s after the rebind")
     line = r"\[irq\] .*virtio virtio4 (un)?bind.*: [1-9]\d* applied"
-    wait_for(lambda: re.search(line, isolated.log()) is not None, 1)
+    wait_for(lambda: re.search(line, isolated.log()) is not None)
 
 
 @pytest.mark.machine_kind
@@ -226,13 +213,13 @@ def test_cpu_coming_online_gets_the_per_cpu_settings(
     if not read_driver(System()):  # the limit cannot act: status says so for every CPU
         assert refused() == {"resume_latency_us for CPUs 0": NO_DRIVER}
         CPU1_ONLINE.write_text("1")
-        wait_for(lambda: refused() == {"resume_latency_us for CPUs 0-1": NO_DRIVER}, timeout=2)
+        wait_for(lambda: refused() == {"resume_latency_us for CPUs 0-1": NO_DRIVER})
         d.stop()
         assert [p.read_text().strip() for p in resume] == before  # never written
         return
     assert resume[0].read_text().strip() == "n/a"
     assert resume[1].read_text().strip() == before[1]  # offline: not part of "all" yet
     CPU1_ONLINE.write_text("1")
-    wait_for(lambda: resume[1].read_text().strip() == "n/a", timeout=2)
+    wait_for(lambda: resume[1].read_text().strip() == "n/a")
     d.stop()
     assert [p.read_text().strip() for p in resume] == before

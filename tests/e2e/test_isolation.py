@@ -50,7 +50,7 @@ def spawn(two_cpus: None) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
         proc = subprocess.Popen(["taskset", "-c", cpus, *argv] if cpus else argv)
         started.append(proc)
         want = {int(c) for c in cpus.split(",")} if cpus else None
-        wait_for(lambda: _comm(proc.pid) == "sleep", timeout=2)  # taskset ran, sleep exec'd
+        wait_for(lambda: _comm(proc.pid) == "sleep")  # taskset ran, sleep exec'd
         if want is not None:
             assert os.sched_getaffinity(proc.pid) == want
         return proc
@@ -166,7 +166,7 @@ def test_the_held_application_stays_on_the_isolated_cpu(
         "hold", "shield", "--", "sh", "-c", "taskset -pc 1 $$ >/dev/null; exec sleep 30"
     )
     try:
-        wait_for(lambda: os.sched_getaffinity(hog.pid) == everywhere - {1}, timeout=5)
+        wait_for(lambda: os.sched_getaffinity(hog.pid) == everywhere - {1})
         sleep = wait_for_child(app.pid, "sleep")
         time.sleep(1.0)  # events and several rescans later
         assert os.sched_getaffinity(sleep) == {1}
@@ -175,7 +175,7 @@ def test_the_held_application_stays_on_the_isolated_cpu(
     finally:
         app.kill()
         app.wait()
-    wait_for(lambda: os.sched_getaffinity(hog.pid) == everywhere, timeout=5)  # the hold ended
+    wait_for(lambda: os.sched_getaffinity(hog.pid) == everywhere)  # the hold ended
 
 
 def test_status_names_the_shields_tasks_and_the_holder_to_root_only(
@@ -192,7 +192,7 @@ def test_status_names_the_shields_tasks_and_the_holder_to_root_only(
     d = start_daemon(None)
     app = d.spawn_ctl("hold", "shield", "--", "sleep", "30")
     try:
-        wait_for(lambda: 1 not in os.sched_getaffinity(floating.pid), timeout=5)
+        wait_for(lambda: 1 not in os.sched_getaffinity(floating.pid))
         moved, holder = f"(pid {floating.pid}, thread {floating.pid})", f'"pid": {app.pid}'
         root = d.ctl("status", "--json").stdout
         assert moved in root and holder in root
@@ -237,7 +237,7 @@ def test_children_born_narrowed_get_their_parents_cpus_back(
         shell.stdin.flush()
         child = int(shell.stdout.readline())
         assert os.sched_getaffinity(child) == before - {1}  # born narrowed
-        wait_for(lambda: f"pid {child}" in json.dumps(_status(d)["plugins"]["shield"]), 5)
+        wait_for(lambda: f"pid {child}" in json.dumps(_status(d)["plugins"]["shield"]))
         d.stop()
         assert os.sched_getaffinity(shell.pid) == before
         assert os.sched_getaffinity(child) == before  # given back with its parent's
@@ -267,10 +267,10 @@ def test_children_started_before_their_parent_was_narrowed_are_narrowed_too(
     finally:
         os.kill(d.proc.pid, signal.SIGCONT)
     try:
-        wait_for(lambda: os.sched_getaffinity(parent.pid) == {0}, timeout=5)
-        wait_for(lambda: os.sched_getaffinity(child) == {0}, timeout=5)  # else: a rescan, 60 s
+        wait_for(lambda: os.sched_getaffinity(parent.pid) == {0})
+        wait_for(lambda: os.sched_getaffinity(child) == {0})  # else: a rescan, 60 s
         moved = f"user task sh (pid {child}, thread {child}): CPUs 0-1 -> 0"
-        wait_for(lambda: moved in d.log(), timeout=5)  # logged just after the write
+        wait_for(lambda: moved in d.log())  # logged just after the write
     finally:
         subprocess.run(["pkill", "-P", str(child)], check=False)
         subprocess.run(["pkill", "-P", str(parent.pid)], check=False)

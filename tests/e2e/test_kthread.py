@@ -58,15 +58,16 @@ def test_new_jbd2_threads_are_pinned_as_they_appear(
     start_daemon: Callable[..., Latencyd], profiles: Path, filesystems: list[LoopFs], source: str
 ) -> None:
     (profiles / "kthreads.toml").write_text(PROFILE)
+    # With an event source there is no periodic tick, so only the events can pin; without
+    # one the 0.2 s rescan does it. How soon is bench kthread's figure (p99 of the delay).
+    interval = 0 if source != "none" else 0.2
     d = start_daemon(  # --verbose: what each wake-up read, for a miss to say where it was
         "kthreads",
-        config=f'task_events = "{source}"\nverify_interval_s = 0.2\n',
+        config=f'task_events = "{source}"\nverify_interval_s = {interval}\n',
         extra=["--verbose"],
     )
     expected = source if source != "none" else "none (periodic rescan)"
     assert f"task events from {expected}" in d.log()
-    # Events pin within milliseconds; without an event source the 0.2 s rescan does it.
-    limit = 0.5 if source != "none" else 2.0
     earlier: list[int] = []
     for _ in range(2):  # the second round gets new pids for the same thread names
         pids = []
@@ -76,17 +77,17 @@ def test_new_jbd2_threads_are_pinned_as_they_appear(
             assert len(new) == 1
             pids += new
         try:
-            wait_for(lambda p=pids: all(pinned(pid) for pid in p), timeout=limit)
+            wait_for(lambda p=pids: all(pinned(pid) for pid in p))
         except AssertionError:  # the daemon's account: events read, settings made, or none
             lines = [ln for ln in d.log().splitlines() if "task events" in ln or "new" in ln]
-            raise AssertionError(f"{pids} not pinned in {limit} s; {lines[-15:]}") from None
+            raise AssertionError(f"{pids} never pinned; {lines[-15:]}") from None
         status = json.loads(d.ctl("status", "--json").stdout)["plugins"]["kthread"]
         texts = "\n".join(i["text"] for i in status["applied"])
         for fs, pid in zip(filesystems, pids, strict=True):
             assert f"jbd2/{Path(fs.device).name}-8 (pid {pid}) CPUs = 0" in texts
         for fs in filesystems:
             fs.umount()
-        wait_for(lambda p=pids: not any(Path(f"/proc/{x}").exists() for x in p), timeout=5)
+        wait_for(lambda p=pids: not any(Path(f"/proc/{x}").exists() for x in p))
         assert not set(pids) & set(earlier)
         earlier = pids
     refused = {i["text"]: i["reason"] for i in status["not_applicable"]}
@@ -107,7 +108,7 @@ def test_threads_get_their_original_affinity_back(
     # A thread that exits while pinned is dropped from the journal without error.
     filesystems[1].mount()
     (gone,) = jbd2_pids(filesystems[1].device)
-    wait_for(lambda: pinned(gone), timeout=1)
+    wait_for(lambda: pinned(gone))
     filesystems[1].umount()
     assert d.stop() == 0
     assert (os.sched_getaffinity(pid), os.sched_getscheduler(pid)) == before
@@ -133,7 +134,7 @@ def test_the_shield_moves_user_tasks_except_allowed(
         late = subprocess.Popen(["taskset", "-c", "0,1", "sleep", "60"])
         placed = subprocess.Popen(["taskset", "-c", "1", "sleep", "60"])
         try:
-            wait_for(lambda: os.sched_getaffinity(late.pid) == {0}, timeout=1)
+            wait_for(lambda: os.sched_getaffinity(late.pid) == {0})
             time.sleep(0.3)
             assert os.sched_getaffinity(placed.pid) == {1}
         finally:

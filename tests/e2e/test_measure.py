@@ -114,14 +114,14 @@ def test_ctrl_c_cleans_up_everything(daemon: Latencyd) -> None:
          "--seconds", "20", "--rounds", "2", "--tools", "sockperf"],
         env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    wait_for(lambda: netns_of_measure() != [] and "hold 1 on test-b" in daemon.log(), timeout=20)
+    wait_for(lambda: netns_of_measure() != [] and "hold 1 on test-b" in daemon.log())
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert netns_of_measure() == []
     assert subprocess.run(["pgrep", "-x", "sockperf"], capture_output=True).returncode == 1
-    wait_for(lambda: daemon.ctl("active").stdout.strip() == "test-a", timeout=5)
+    wait_for(lambda: daemon.ctl("active").stdout.strip() == "test-a")
     assert json.loads(daemon.ctl("status", "--json").stdout)["holds"] == []
 
 
@@ -138,15 +138,15 @@ def test_kill_9_of_measure_ends_its_load_server_and_namespaces(daemon: Latencyd)
         process_group=0,
     )  # fmt: skip
     try:
-        wait_for(lambda: running("-x", "sockperf") and running("-f", "sleep 9876"), timeout=30)
+        wait_for(lambda: running("-x", "sockperf") and running("-f", "sleep 9876"))
         assert sorted(netns_of_measure()) == [f"ltdm-{proc.pid}-c", f"ltdm-{proc.pid}-s"]
         (workdir,) = SCRATCH.glob(f"latencyd-measure-{proc.pid}-*")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
-    wait_for(lambda: not running("-x", "sockperf") and not running("-f", "sleep 9876"), timeout=15)
-    wait_for(lambda: netns_of_measure() == [] and not workdir.exists(), timeout=10)
-    wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [], timeout=5)
+    wait_for(lambda: not running("-x", "sockperf") and not running("-f", "sleep 9876"))
+    wait_for(lambda: netns_of_measure() == [] and not workdir.exists())
+    wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [])
     assert daemon.ctl("active").stdout.strip() == "test-a"
 
 
@@ -233,7 +233,7 @@ def test_killing_measure_during_tuned_rolls_tuned_back_and_leaves_etc_alone(
     try:
         # TuneD says it applied the profile in its log (swappiness cannot tell: the hold on
         # "untuned" puts back the machine's own, which may already be TuneD's 10).
-        wait_for(lambda: tuned_applied(proc.pid), timeout=60)
+        wait_for(lambda: tuned_applied(proc.pid))
         assert swappiness.read_text().strip() == "10"
         assert sorted(netns_of_measure()) == [f"ltdm-{proc.pid}-c", f"ltdm-{proc.pid}-s"]
         copies = list(SCRATCH.glob(f"latencyd-tuned-{proc.pid}-*"))
@@ -245,12 +245,12 @@ def test_killing_measure_during_tuned_rolls_tuned_back_and_leaves_etc_alone(
         proc.kill()
         proc.wait(10)
         # TuneD rolled back before latencyd put its profile back: nothing of TuneD's stays.
-        wait_for(lambda: not running("-f", "bin/tuned "), timeout=30)
-        wait_for(lambda: not running("-x", "cyclictest"), timeout=15)
-    wait_for(lambda: swappiness.read_text() == original, timeout=10)
+        wait_for(lambda: not running("-f", "bin/tuned "))
+        wait_for(lambda: not running("-x", "cyclictest"))
+    wait_for(lambda: swappiness.read_text() == original)
     assert etc_files() == files
     if guard == "alive":
-        wait_for(lambda: netns_of_measure() == [] and not any(c.exists() for c in copies), 10)
+        wait_for(lambda: netns_of_measure() == [] and not any(c.exists() for c in copies))
     else:
         assert [c.name for c in copies if (c / "tuned" / "active_profile").exists()], copies
         assert all(c.exists() for c in copies) and netns_of_measure() != []
@@ -259,7 +259,7 @@ def test_killing_measure_during_tuned_rolls_tuned_back_and_leaves_etc_alone(
         assert r.returncode == 0, r.stderr
         assert netns_of_measure() == []  # its own, and the killed run's
         assert not any(c.exists() for c in copies)
-    wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [], timeout=5)
+    wait_for(lambda: json.loads(daemon.ctl("status", "--json").stdout)["holds"] == [])
 
 
 @pytest.mark.skipif(shutil.which("tuned") is None, reason="TuneD is not installed")

@@ -63,24 +63,24 @@ def test_nics_that_come_go_and_change_names_are_followed(
 ) -> None:
     d = inside(config=NO_TICK)
     ns.ip("tuntap", "add", "mode", "tap", "name", "lt0")
-    wait_for(lambda: rx_frames(ns, "lt0") == 5, timeout=2)
+    wait_for(lambda: rx_frames(ns, "lt0") == 5)
 
     ns.ip("link", "set", "lt0", "name", "lt1")  # a rename keeps the NIC and its settings
-    wait_for(lambda: "lt1 coalesce rx-frames = 5" in d.ctl("status").stdout, timeout=2)
+    wait_for(lambda: "lt1 coalesce rx-frames = 5" in d.ctl("status").stdout)
     assert rx_frames(ns, "lt1") == 5
 
     ns.ip("link", "set", "lt1", "name", "other")  # no entry matches now: given back
-    wait_for(lambda: rx_frames(ns, "other") == 0, timeout=2)
+    wait_for(lambda: rx_frames(ns, "other") == 0)
     ns.ip("link", "set", "other", "name", "lt2")
-    wait_for(lambda: rx_frames(ns, "lt2") == 5, timeout=2)
+    wait_for(lambda: rx_frames(ns, "lt2") == 5)
 
     ns.ip("link", "del", "lt2")  # gone: dropped without an error
-    wait_for(lambda: "lt2" not in d.ctl("status").stdout, timeout=2)
+    wait_for(lambda: "lt2" not in d.ctl("status").stdout)
     ns.ip("tuntap", "add", "mode", "tap", "name", "lt0")  # back again: tuned again
-    wait_for(lambda: rx_frames(ns, "lt0") == 5, timeout=2)
+    wait_for(lambda: rx_frames(ns, "lt0") == 5)
 
     ns.ip("link", "add", "ve0", "type", "veth", "peer", "name", "ve1")
-    wait_for(lambda: gro(ns, "ve0") == "on" and gro(ns, "ve1") == "on", timeout=2)
+    wait_for(lambda: gro(ns, "ve0") == "on" and gro(ns, "ve1") == "on")
     assert ns.read("ve0", "queues/rx-0/rps_cpus") == "2"
     assert "ERROR" not in d.log() and "Traceback" not in d.log()
 
@@ -110,5 +110,5 @@ def test_nic_drift_is_put_back_by_the_poll(ns: NetNs, inside: Callable[..., Late
     ns.ip("tuntap", "add", "mode", "tap", "name", "lt0")
     d = inside(config=NO_TICK)
     ns.run("ethtool", "-C", "lt0", "rx-frames", "9")  # someone else changes it
-    wait_for(lambda: rx_frames(ns, "lt0") == 5, timeout=3)
-    wait_for(lambda: "lt0 coalesce rx-frames = 5, but it is 9: reapplied" in d.log(), 2)
+    wait_for(lambda: rx_frames(ns, "lt0") == 5)
+    wait_for(lambda: "lt0 coalesce rx-frames = 5, but it is 9: reapplied" in d.log())

@@ -67,7 +67,7 @@ def test_status_and_active_answer_while_a_20000_thread_switch_runs(
         return busy is not None
 
     # status is answered while the switch has not replied yet, and says so
-    wait_for(answered_mid_switch, timeout=60)
+    wait_for(answered_mid_switch)
     assert d.ctl("active").returncode == 0
     assert seen[0]["what"] == "switch to chase"
     _, err = switch.communicate(timeout=120)
@@ -82,7 +82,7 @@ def test_off_cancels_a_20000_thread_switch_and_nothing_of_it_stays(
     switching: tuple[Latencyd, list[int], subprocess.Popen[str]], every_cpu: set[int]
 ) -> None:
     d, tids, switch = switching
-    wait_for(lambda: in_progress(d) is not None, timeout=60)
+    wait_for(lambda: in_progress(d) is not None)
     off = d.ctl("off")  # answered without waiting for the switch to end
     assert off.returncode == 0, off.stderr
     out, err = switch.communicate(timeout=60)

@@ -22,7 +22,7 @@ import pytest
 
 from latencyd.kernel.noise import task_of
 from latencyd.kernel.system import System
-from tests.harness import Latencyd, free_port, wait_for
+from tests.harness import Latencyd, free_port, signal_listener, wait_for
 from tests.machine_state import trace_instances
 
 CPU = max(System("/").online_cpus())
@@ -44,12 +44,7 @@ def test_a_task_beyond_the_budget_is_logged_and_signalled_by_name(
     (profiles / "watch.toml").write_text(PROFILE)
     d = start_daemon("watch", extra=["--verbose"])  # each poll's reads in the log
     assert "latencyd" in trace_instances()
-    monitor = subprocess.Popen(
-        ["dbus-monitor", "--address", d.address,
-         "type='signal',interface='org.latencyd.Daemon1',member='NoiseExceeded'"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    time.sleep(0.3)
+    monitor = signal_listener(d.address, "NoiseExceeded")
     # Busy for a few intervals, not one: the exposition names a source seen again (a
     # one-off burst is counted in source="other", so that churn cannot grow it).
     loop = "i=0; while [ $i -lt 4000000 ]; do i=$((i+1)); done"
@@ -58,7 +53,7 @@ def test_a_task_beyond_the_budget_is_logged_and_signalled_by_name(
         started = time.monotonic()
         line = f"task {hog.pid} sh"
         try:
-            took = wait_for(lambda: line in d.log(), timeout=5)
+            took = wait_for(lambda: line in d.log())
         except AssertionError as exc:
             raise AssertionError(
                 f"{exc}\n{watch_state(hog.pid)}\nlog tail: {d.log()[-3000:]}"
@@ -69,9 +64,8 @@ def test_a_task_beyond_the_budget_is_logged_and_signalled_by_name(
     finally:
         hog.kill()
         hog.wait()
-        time.sleep(0.2)
-        monitor.terminate()
-        out = monitor.communicate(timeout=5)[0]
+        wait_for(lambda: f'"source": "task {hog.pid} sh"' in monitor.heard())
+        out = monitor.stop()
     assert f"noise: CPU {CPU} took" in d.log() and "budget 20000 µs" in d.log()
     assert "member=NoiseExceeded" in out and f'"source": "task {hog.pid} sh"' in out
     status = json.loads(d.ctl("status", "--json").stdout)["plugins"]["monitor"]
@@ -82,7 +76,7 @@ def test_a_task_beyond_the_budget_is_logged_and_signalled_by_name(
     assert top["watching"] and top["budget_us"] == 20000 and str(CPU) in top["cpus"]
     assert {"source", "count", "total_us", "max_us", "profile"} <= set(top["cpus"][str(CPU)][0])
     d.ctl("switch", "test-a")
-    wait_for(lambda: "latencyd" not in trace_instances(), timeout=5)  # the watch is closed
+    wait_for(lambda: "latencyd" not in trace_instances())  # the watch is closed
 
 
 def test_a_quiet_watched_cpu_gives_no_report_of_a_user_task(
@@ -179,9 +173,9 @@ def test_the_shipped_cpu_partitioning_quiet_then_a_taskset_task_named(
             inside.write_text(str(hog.pid))
         started = time.monotonic()
         try:
-            wait_for(lambda: f"task {hog.pid} sh" in top_sources(d), timeout=30)
+            wait_for(lambda: f"task {hog.pid} sh" in top_sources(d))
             print(f"in top {time.monotonic() - started:.2f} s after the task started")
-            wait_for(lambda: f"task {hog.pid} sh" in d.log(), timeout=30)
+            wait_for(lambda: f"task {hog.pid} sh" in d.log())
         except AssertionError as exc:
             # Once, in a whole-suite run in reverse order, the task did not show up (its
             # switch in from the idle task was not in the buffer: these guests write none,
@@ -211,12 +205,12 @@ def test_the_held_application_is_not_noise_and_a_task_beside_it_is(
     holder = d.spawn_ctl("hold", "watch", "--", "taskset", "-c", str(CPU), "sh", "-c", loop)
     stranger, app = None, None
     try:
-        wait_for(lambda: "hold 1 on watch" in d.log(), timeout=10)
+        wait_for(lambda: "hold 1 on watch" in d.log())
         children = Path(f"/proc/{holder.pid}/task/{holder.pid}/children")
-        wait_for(lambda: children.read_text().strip() != "", timeout=10)
+        wait_for(lambda: children.read_text().strip() != "")
         app = int(children.read_text().split()[0])  # taskset, then sh: one pid
         stranger = subprocess.Popen(["taskset", "-c", str(CPU), "sh", "-c", loop])
-        wait_for(lambda: f"task {stranger.pid} sh" in top_sources(d), timeout=30)
+        wait_for(lambda: f"task {stranger.pid} sh" in top_sources(d))
         time.sleep(3 * INTERVAL_MS / 1000)
         assert holder.poll() is None, "the application ended before the check"
         sources = top_sources(d)
@@ -238,7 +232,7 @@ def test_the_held_application_is_not_noise_and_a_task_beside_it_is(
         if app is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(app, signal.SIGKILL)
-            wait_for(lambda: not running(app), timeout=5)
+            wait_for(lambda: not running(app))
 
 
 def running(pid: int) -> bool:
@@ -287,7 +281,7 @@ def test_a_real_prometheus_scrapes_the_injected_noise_source(
         return bool(answer["data"]["result"]) and float(answer["data"]["result"][0]["value"][1]) > 0
 
     try:
-        wait_for(found, timeout=30)
+        wait_for(found)
     finally:
         hog.kill()
         hog.wait()

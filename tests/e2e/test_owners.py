@@ -14,14 +14,13 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness import Latencyd, sysctl, wait_for
+from tests.harness import Latencyd, signal_listener, sysctl, wait_for
 
 SYSTEMD_SYSCTL = Path("/lib/systemd/systemd-sysctl")
 PROFILE = '[sysctl]\n"vm.swappiness" = 10\n'
@@ -97,11 +96,7 @@ def test_systemd_sysctl_applying_it_is_drift_naming_the_fragment(
     launch_staged(d, {"/etc/sysctl.d": sysctl_d})
     d.start()
     assert d.proc is not None
-    drift = "type='signal',interface='org.latencyd.Daemon1',member='Drift'"
-    monitor = subprocess.Popen(
-        ["dbus-monitor", "--address", d.address, drift], stdout=subprocess.PIPE, text=True
-    )
-    time.sleep(0.2)  # the monitor connected (as tests/e2e/test_irq_cstate.py)
+    monitor = signal_listener(d.address, "Drift")
     try:
         # The real systemd-sysctl, in the daemon's namespace (its /etc/sysctl.d), applying
         # the fragment by name as it does at boot.
@@ -118,12 +113,11 @@ def test_systemd_sysctl_applying_it_is_drift_naming_the_fragment(
             rf"{applying.pid}( \(systemd-sysctl\))?, the value systemd-sysctl sets from "
             r"/etc/sysctl\.d/90-swap\.conf:2"
         )
-        wait_for(lambda: line.search(d.log()) is not None, timeout=5)
-        wait_for(lambda: sysctl("vm.swappiness") == "10", timeout=2)
-        time.sleep(0.1)
+        wait_for(lambda: line.search(d.log()) is not None)
+        wait_for(lambda: sysctl("vm.swappiness") == "10")
+        wait_for(lambda: "changed_by" in monitor.heard())
     finally:
-        monitor.terminate()
-        signalled = monitor.communicate(timeout=10)[0]
+        signalled = monitor.stop()
     assert '"changed_by": {"who": "systemd-sysctl", "where": "/etc/sysctl.d/90-swap.conf:2"' in (
         signalled
     )
@@ -158,7 +152,7 @@ def tuned(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
         start_new_session=True,
     )
     try:
-        wait_for(lambda: sysctl("vm.swappiness") == "30", timeout=30)
+        wait_for(lambda: sysctl("vm.swappiness") == "30")
         yield stage, proc
     finally:
         proc.terminate()

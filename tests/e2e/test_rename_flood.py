@@ -49,7 +49,7 @@ def holder(start_daemon: Callable[..., Latencyd]) -> Iterator[Callable[[Latencyd
 
     def hold(d: Latencyd, profile: str) -> None:
         held.append(d.spawn_ctl("hold", profile, "--", "sleep", "600"))
-        wait_for(lambda: bool(status(d)["holds"]), timeout=60)
+        wait_for(lambda: bool(status(d)["holds"]))
 
     yield hold
     for proc in held:  # its command first: killed alone, latencyctl left it orphaned
@@ -99,7 +99,7 @@ def test_off_is_answered_while_a_user_renames_a_process_in_a_loop(
         holder(d, profile)
     assert status(d)["active_profile"] == profile
     with renaming_as_nobody(depth) as renamer:
-        wait_for(lambda: any(renamed(renamer)), timeout=30)  # the loop is under way
+        wait_for(lambda: any(renamed(renamer)))  # the loop is under way
         off = off_within(d, ANSWERED_WITHIN_S)
         still_renaming = any(renamed(renamer))
     assert off is not None, f"root's off got no answer in {ANSWERED_WITHIN_S} s:\n{d.log()[-3000:]}"

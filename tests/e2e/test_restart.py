@@ -57,7 +57,7 @@ def test_kill9_and_restart_flips_nothing_back(
     sampler = sampling()
     d.kill9()
     d.start()
-    wait_for(lambda: all_tuned(originals), timeout=5)  # the PM QoS request taken again
+    wait_for(lambda: all_tuned(originals))  # the PM QoS request taken again
     finish(sampler)
     # Without a file-descriptor store the PM QoS request died with the process.
     assert set(sampler.flips) <= {"PM QoS"}, sampler.flips
@@ -79,7 +79,7 @@ def test_sigterm_with_on_stop_keep_and_restart_flips_nothing_back(
     assert "keeping the tuning in place" in d.log()
     assert (d.state_dir / "journal.jsonl").exists()
     d.start()
-    wait_for(lambda: all_tuned(originals), timeout=5)
+    wait_for(lambda: all_tuned(originals))
     finish(sampler)
     assert set(sampler.flips) <= {"PM QoS"}, sampler.flips
     # `latencyctl off` still restores everything the kept run changed.
@@ -100,7 +100,7 @@ def test_the_fd_store_keeps_the_pm_qos_request_through_a_crash(
     try:
         (profiles / "restart.toml").write_text(profile_for(originals))
         d = start_daemon("restart", environment=store.environment())
-        wait_for(lambda: list(store.stored().values()) == [1], timeout=5)
+        wait_for(lambda: list(store.stored().values()) == [1])
         (name,) = store.stored()
         assert name.startswith("pmqos-50-")
         sampler = sampling()
@@ -115,10 +115,10 @@ def test_the_fd_store_keeps_the_pm_qos_request_through_a_crash(
         # Switching the request away makes before it breaks, and the store follows.
         (profiles / "other.toml").write_text(profile_for(originals).replace("= 50", "= 40"))
         assert d.ctl("switch", "other").returncode == 0
-        wait_for(lambda: [n.split("-")[1] for n in store.stored()] == ["40"], timeout=5)
+        wait_for(lambda: [n.split("-")[1] for n in store.stored()] == ["40"])
         assert pm_qos_us() == 40
         d.stop()
-        wait_for(lambda: store.stored() == {}, timeout=5)  # FDSTOREREMOVE on restore
+        wait_for(lambda: store.stored() == {})  # FDSTOREREMOVE on restore
         assert pm_qos_us() == originals["PM QoS"]
     finally:
         store.close()
@@ -153,7 +153,7 @@ def test_irq_affinity_kept_through_a_restart(
             hwrng.read(16)
         return all(e.read_text().strip() == "1" for e in effective)
 
-    wait_for(moved, timeout=5)
+    wait_for(moved)
     stop = threading.Event()
     seen: set[str] = set()
 
@@ -249,11 +249,11 @@ def test_kill9_and_restart_of_every_shipped_profile_starts_and_flips_nothing_bac
     thread = threading.Thread(target=sampler.run)
     thread.start()
     try:
-        wait_for(lambda: sampler.rounds > 0, timeout=5)
+        wait_for(lambda: sampler.rounds > 0)
         d.kill9()
         d.start()
         rounds = sampler.rounds
-        wait_for(lambda: sampler.rounds >= rounds + 20, timeout=10)  # and a while after
+        wait_for(lambda: sampler.rounds >= rounds + 20)  # and a while after
     finally:
         sampler.stop.set()
         thread.join()
@@ -284,7 +284,7 @@ def test_kill9_in_the_middle_of_a_10000_thread_switch_then_restart_restores_them
         def narrowed() -> int:
             return sum(1 for t in tids[::50] if os.sched_getaffinity(t) != every)
 
-        wait_for(lambda: narrowed() > 0, timeout=30)  # the switch is moving threads
+        wait_for(lambda: narrowed() > 0)  # the switch is moving threads
         d.kill9()
         switch.wait(30)
         moved = narrowed()

@@ -67,7 +67,7 @@ def test_run_starts_the_command_inside_the_shield_at_the_policy_asked(
         assert os.sched_getscheduler(app) == os.SCHED_FIFO
         assert os.sched_getparam(app).sched_priority == 5
         # Only the command is RT: latencyctl gives its policy back once it has forked.
-        wait_for(lambda: os.sched_getscheduler(run.pid) == os.SCHED_OTHER, timeout=5)
+        wait_for(lambda: os.sched_getscheduler(run.pid) == os.SCHED_OTHER)
         shield = status(d)["plugins"]["shield"]
         mechanism, inside, _ = shield["tables"]
         assert mechanism["rows"][0] == ["cpuset-v1", "in use on /sys/fs/cgroup/cpuset"]
@@ -121,7 +121,7 @@ def test_hold_places_its_command_and_apps_are_moved_in_as_they_start(
     try:
         own = f"/latencyd-shield/latencyd-app-{held.pid}"  # the holder's, inside the shield's
         assert cpuset_of(wait_for_child(held.pid, "sleep")) == own
-        wait_for(lambda: cpuset_of(started.pid) == "/latencyd-shield", timeout=5)  # by name
+        wait_for(lambda: cpuset_of(started.pid) == "/latencyd-shield")  # by name
         assert os.sched_getaffinity(started.pid) == {1}
         time.sleep(0.3)
         assert cpuset_of(other.pid) == "/latencyd-housekeeping"
@@ -147,7 +147,7 @@ def test_a_rule_onto_the_shielded_cpu_moves_its_tasks_inside(
     other = subprocess.Popen(["sleep", "30"])
     try:
         for proc in (before, after):
-            wait_for(lambda p=proc: cpuset_of(p.pid) == "/latencyd-shield", timeout=5)
+            wait_for(lambda p=proc: cpuset_of(p.pid) == "/latencyd-shield")
             assert os.sched_getaffinity(proc.pid) == {1}
         time.sleep(0.3)
         assert cpuset_of(other.pid) == "/latencyd-housekeeping"

@@ -103,4 +103,4 @@ def test_only_cgroups_below_a_hierarchy_are_made_or_removed(v1: System) -> None:
 
 
 def _wait_exec(pid: int) -> None:
-    wait_for(lambda: Path(f"/proc/{pid}/comm").read_text() == "sleep\n", timeout=5)
+    wait_for(lambda: Path(f"/proc/{pid}/comm").read_text() == "sleep\n")

@@ -138,9 +138,10 @@ def test_residency_table_counts_since_apply(engine: Engine, plugin: CstatePlugin
     """While "poll" is held, the table's POLL share takes most of CPU 1's idle time since
     the apply (its share of wall time is what is idle: another load on the CPU lowers it,
     so the test waits for some idle time rather than a fixed share of the clock, and is
-    skipped, saying so, when the load leaves CPU 1 under 10 % idle for 10 s: issue 53,
-    part 6). POLL's share is judged against the idle time the table counts (busy% is
-    100 minus the states' shares), which the load does not move."""
+    skipped, saying so, when the load leaves CPU 1 under 10 % idle for a minute: issue
+    53, part 6; in `make test` the VM tier's emulator once kept it 99 % busy for 10 s).
+    POLL's share is judged against the idle time the table counts (busy% is 100 minus
+    the states' shares), which the load does not move."""
     engine.switch(wanted(plugin, {"force_latency_us": "poll"}), "t")
     try:
         plugin.on_applied(None)
@@ -149,12 +150,12 @@ def test_residency_table_counts_since_apply(engine: Engine, plugin: CstatePlugin
             time.sleep(0.3)
             table = plugin.monitor(None).tables[0]
             row1 = next(r for r in table.rows if r[0] == 1)
-            if 100 - row1[1] >= 10 or time.monotonic() - start > 10:
+            if 100 - row1[1] >= 10 or time.monotonic() - start > 60:
                 break
     finally:
         engine.off()
     assert table.columns[:3] == ("CPU", "busy%", "POLL %")
     if 100 - row1[1] < 10:
-        pytest.skip(f"CPU 1 was busy {row1[1]} % for 10 s (the machine's load): no idle time")
+        pytest.skip(f"CPU 1 was busy {row1[1]} % for 60 s (the machine's load): no idle time")
     assert row1[2] > 0.5 * (100 - row1[1]), row1  # POLL: most of the idle time while held
     assert row1[3] > 0  # POLL usage count since apply

@@ -44,7 +44,7 @@ def tasks() -> Iterator[tuple[int, int]]:
     free = subprocess.Popen(["sleep", "120"])
     confined = subprocess.Popen(["taskset", "-c", "1", "sleep", "120"])
     try:
-        wait_for(lambda: Path(f"/proc/{confined.pid}/comm").read_text() == "sleep\n", 5)
+        wait_for(lambda: Path(f"/proc/{confined.pid}/comm").read_text() == "sleep\n")
         yield free.pid, confined.pid
     finally:
         for proc in (free, confined):
@@ -203,7 +203,7 @@ def test_a_held_application_has_a_cpuset_of_its_own_another_holds_start_and_end_
         assert (V1 / mine / "cpuset.mems").read_text() == (V1 / "cpuset.mems").read_text()
         assert os.sched_getaffinity(app.pid) == {1}
         go.touch()
-        wait_for(lambda: out.exists() and len(out.read_text().splitlines()) > 2, 10)
+        wait_for(lambda: out.exists() and len(out.read_text().splitlines()) > 2)
         child = int(out.read_text().splitlines()[0].split()[1])
         assert cpuset_of(child) == f"/{mine}"  # born there
         tasks = {int(t) for t in (V1 / mine / "tasks").read_text().split()}

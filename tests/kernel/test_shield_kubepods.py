@@ -38,13 +38,13 @@ def pod_task() -> Iterator[int]:
         (d / "cpuset.mems").write_text(mems)
     proc = subprocess.Popen(["sleep", "120"])
     try:
-        wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text() == "sleep\n", 5)
+        wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text() == "sleep\n")
         (made[-1] / "tasks").write_text(str(proc.pid))
         yield proc.pid
     finally:
         proc.kill()
         proc.wait()
-        wait_for(lambda: not (made[-1] / "tasks").read_text().strip(), 5)
+        wait_for(lambda: not (made[-1] / "tasks").read_text().strip())
         for d in reversed(made):
             d.rmdir()
 

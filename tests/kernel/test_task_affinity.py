@@ -25,7 +25,7 @@ def task() -> Iterator[int]:
         pytest.skip("needs CPUs 0 and 1")
     proc = subprocess.Popen(["taskset", "-c", "0,1", "sleep", "60"])
     try:  # taskset's own pin done: it has become sleep
-        wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text() == "sleep\n", timeout=5)
+        wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text() == "sleep\n")
         yield proc.pid
     finally:
         proc.kill()
