@@ -37,6 +37,7 @@ from tests.qemu import (
     GuestCommandFailed,
     Shape,
     Vm,
+    emulator_version,
     install_latencyd,
     retry_for,
 )
@@ -278,5 +279,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if MACHINES.log:
         terminalreporter.section("VM tier")
+        terminalreporter.write_line(emulator_version())
         for line in MACHINES.log:
             terminalreporter.write_line(line)
