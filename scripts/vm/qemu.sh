@@ -5,7 +5,7 @@
 #
 # Why not Debian 12's QEMU 7.2: speed. The tier runs TCG single-threaded (tests/qemu.py's
 # TCG_THREADS says why), and so 10.0 booted the tier's machine in 33 s against 7.2's 40 s,
-# and ran tests/flake.py's 400 rounds in 78-81 s against 170 s (2026-11-30).
+# and ran tests/flake.py's 400 rounds in 78-81 s against 170-190 s (2026-11-30).
 #
 # Out: $CACHE/qemu -> qemu-<version>/, in which
 #   root/                 the packages' files (dpkg-deb -x)
