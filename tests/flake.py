@@ -6,10 +6,11 @@ while the busy vCPUs run through them. No latencyd is involved.
 
     .venv/bin/python -m tests.flake [--rounds 400] [--threads multi] [--qemu PATH]
 
-as root (the VM cache is root's), one VM at a time on a 2-CPU machine. The defaults are the tier's: its QEMU (scripts/vm/qemu.sh) and TCG_THREADS. Prints the
-rounds done, the time they took and the oops line if the guest died of one (exit 1 then).
-On 2026-11-30 (docs/measurements.md), 400 rounds: multi-threaded, the guest died in 3 of
-3 runs under QEMU 10.0 and 2 of 2 under 7.2; single-threaded, in 0 of 2 under each.
+as root (the VM cache is root's), one VM at a time on a 2-CPU machine. The defaults are
+the tier's: its QEMU (scripts/vm/qemu.sh) and TCG_THREADS. Prints the rounds done, the
+time they took and the oops line if the guest died of one (exit 1 then). On 2026-11-30
+(docs/measurements.md), 400 rounds: multi-threaded, the guest died in 3 of 3 runs under
+QEMU 10.0 and 2 of 2 under 7.2; single-threaded, in 0 of 2 under each.
 """
 
 from __future__ import annotations
