@@ -217,6 +217,11 @@ def parse_stat(pid: int, text: str) -> Task:
     return Task(pid, comm, int(fields[1]), int(fields[6]), int(fields[19]), last_cpu)
 
 
+# The pid fanotify reports for a writer whose pid the listener's PID namespace cannot name
+# (a container's process, when latencyd runs in another namespace): no process of ours.
+OUTSIDE_PID_NAMESPACE = 0
+
+
 @dataclass(frozen=True)
 class Writer:
     """A process that wrote a file, as fanotify names it (its pid) and as /proc said right
@@ -228,6 +233,8 @@ class Writer:
     cmdline: str = ""
 
     def __str__(self) -> str:
+        if self.pid == OUTSIDE_PID_NAMESPACE:
+            return "a process outside latencyd's PID namespace"
         return f"{self.pid} ({printable(self.comm)})" if self.comm else str(self.pid)
 
     def as_json(self) -> dict[str, object]:
@@ -493,7 +500,10 @@ class System:
 
     def writer(self, pid: int) -> Writer:
         """The process `pid` as it is now: its comm and the head of its command line
-        (arguments joined by blanks), or the pid alone once it has exited."""
+        (arguments joined by blanks), or the pid alone once it has exited (or when it is
+        OUTSIDE_PID_NAMESPACE: /proc has no entry 0 to read)."""
+        if pid == OUTSIDE_PID_NAMESPACE:
+            return Writer(pid)
         comm = self.read_or_empty(f"proc/{pid}/comm").removesuffix("\n")
         try:
             fd = os.open(self.fspath(f"proc/{pid}/cmdline"), os.O_RDONLY | os.O_CLOEXEC)

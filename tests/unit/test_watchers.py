@@ -102,3 +102,10 @@ def test_a_writer_is_named_with_its_comm_escaped(tmp_path: Path) -> None:
 def test_a_writer_gone_already_is_its_pid_alone(tmp_path: Path) -> None:
     writer = System(make_fake_root(tmp_path)).writer(999)
     assert writer == Writer(999) and str(writer) == "999"
+
+
+def test_a_writer_in_another_pid_namespace_is_said_to_be_one(tmp_path: Path) -> None:
+    # fanotify gives pid 0 for it; there is no /proc/0 to read, and "0" would name nobody.
+    writer = System(make_fake_root(tmp_path)).writer(0)
+    assert writer == Writer(0)
+    assert str(writer) == "a process outside latencyd's PID namespace"
