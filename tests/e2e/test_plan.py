@@ -166,14 +166,17 @@ def processes() -> set[tuple[int, int]]:
     return out
 
 
-def compare(plan: dict[str, Any], report: dict[str, Any], alive: set[tuple[int, int]]) -> None:
+def compare(
+    plan: dict[str, Any], report: dict[str, Any], alive: set[tuple[int, int]], log: str = ""
+) -> None:
     """The plan's list against what the switch did, setting by setting."""
     assert report["changed_left_off"] == 0
     would = {key(r["plugin"], r["target"]): r["would_be"] for r in plan["settings"]
              if r["action"] == "change" and live(r["target"], alive)}  # fmt: skip
     did = {key(c["plugin"], c["target"]): c["after"] for c in report["changed"]
            if live(c["target"], alive)}  # fmt: skip
-    assert {k: would[k] for k in sorted(set(would) - set(did))} == {}, "planned, not done"
+    missed = {k: would[k] for k in sorted(set(would) - set(did))}
+    assert missed == {}, f"planned, not done; {why_not_done(missed, report, log)}"
     assert {k: did[k] for k in sorted(set(did) - set(would))} == {}, "done, not planned"
     assert would == did
     na_planned = {key(r["plugin"], r["target"]) for r in plan["settings"]
@@ -181,6 +184,21 @@ def compare(plan: dict[str, Any], report: dict[str, Any], alive: set[tuple[int, 
     na_done = {key(r["plugin"], r["target"]) for r in report["not_applicable"]
                if live(r["target"], alive)}  # fmt: skip
     assert na_planned == na_done
+
+
+def why_not_done(missed: dict[Key, str], report: dict[str, Any], log: str) -> str:
+    """For a failure's message: what the switch said of each setting it did not change,
+    and, for a task's, what the task is now and the daemon's lines that name its pid."""
+    said = []
+    refused = {key(r["plugin"], r["target"]): r for r in report["not_applicable"]}
+    for k in missed:
+        said.append(f"{k}: not applicable: {refused.get(k)}")
+        pid = json.loads(k[1]).get("pid")
+        if pid is not None:
+            proc = Path(f"/proc/{pid}")
+            said.append(f"  now: {_read(proc / 'comm')!r} in {_read(proc / 'cpuset')!r}")
+            said += [f"  log: {ln}" for ln in log.splitlines() if str(pid) in ln][-10:]
+    return "\n".join(said)
 
 
 def plan_then_switch(d: Latencyd, profile: str) -> None:
@@ -195,7 +213,7 @@ def plan_then_switch(d: Latencyd, profile: str) -> None:
     s = d.ctl("switch", profile, "--json")
     assert s.returncode == 0, s.stderr
     report = json.loads(s.stdout)
-    compare(plan, report, alive & processes())
+    compare(plan, report, alive & processes(), d.log())
 
 
 def another(profile: str) -> str:
