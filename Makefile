@@ -45,27 +45,15 @@ vm-image:
 test-vm: setup
 	@$(MAKE) --no-print-directory vm-tier
 
-# In two lanes, each a pytest with VMs of its own, its lines prefixed: the package test on
-# a fresh machine of its own (`pkg| `), and the rest on the set-up machine and its
-# snapshots (`sys| `). TCG runs single-threaded (tests/qemu.py: TCG_THREADS), so one VM
-# uses one CPU: two lanes use both. Either failing fails the tier.
 .PHONY: vm-tier test-host
-VM_PYTEST = $(PYTHON) -m pytest -p no:cacheprovider --durations=0 -m vm
-VM_OWN_LANE = tests/vm/test_package.py
 vm-tier: vm-image
-	@set +e; \
-	( $(call pytest,$(VM_PYTEST) $(VM_OWN_LANE)) ) 2>&1 | sed -u 's/^/pkg| /' & own=$$!; \
-	( $(call pytest,$(VM_PYTEST) --ignore=$(VM_OWN_LANE) tests/vm) ) 2>&1 | sed -u 's/^/sys| /'; \
-	rest=$$?; wait "$$own"; own=$$?; \
-	if [ "$$own" -ne 0 ]; then echo "vm-tier: the package lane failed (exit $$own)" >&2; fi; \
-	if [ "$$rest" -ne 0 ]; then echo "vm-tier: the other lane failed (exit $$rest)" >&2; fi; \
-	[ "$$own" -eq 0 ] && [ "$$rest" -eq 0 ]
+	@$(call pytest,$(PYTHON) -m pytest -p no:cacheprovider --durations=0 -m vm tests/vm)
 
 # Everything on this machine: the host suites, and beside them the VM tier (its image
-# built first, then `vm-tier`'s two lanes at nice 10 with their lines prefixed `vm| `,
-# started before the fleet tests' control plane is built: the tier is the longer, mostly
-# QEMU's CPU, and the host suites mostly wait, so side by side both end within CI's hour
-# where one after the other would not). Either failing fails `make test`.
+# built first, then `vm-tier` at nice 10 with its lines prefixed `vm| `, started before
+# the fleet tests' control plane is built: the tier is the longer, mostly QEMU's CPU,
+# and the host suites mostly wait, so side by side both end within CI's hour where one
+# after the other would not). Either failing fails `make test`.
 test: setup vm-image
 	@set +e; \
 	{ nice -n 10 $(MAKE) --no-print-directory vm-tier 2>&1 | sed -u 's/^/vm| /'; \
