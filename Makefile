@@ -32,12 +32,11 @@ control-plane:
 	@bash scripts/control-plane.sh
 
 # The VM tier's Debian image (scripts/vm/build-image.sh), built once per machine into a
-# cache and again only when the recipe changes: ~6 min the first time, nothing after; and
-# the QEMU that runs it (scripts/vm/qemu.sh: pinned, from bookworm-backports, seconds).
+# cache and again only when the recipe changes: ~6 min the first time, nothing after.
 # It needs root (mmdebstrap, a loop device); as another user it is left out, and the VM
 # tests skip.
 vm-image:
-	@if [ "$$(id -u)" = 0 ]; then bash scripts/vm/qemu.sh && bash scripts/vm/build-image.sh; \
+	@if [ "$$(id -u)" = 0 ]; then bash scripts/vm/build-image.sh; \
 	else echo "vm-image: not root: not built (the VM tests skip without root)"; fi
 
 # The VM tier alone (tests/vm, the `vm` marker): a Debian VM under QEMU, latencyd installed

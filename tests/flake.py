@@ -7,10 +7,11 @@ while the busy vCPUs run through them. No latencyd is involved.
     .venv/bin/python -m tests.flake [--rounds 400] [--threads multi] [--qemu PATH]
 
 as root (the VM cache is root's), one VM at a time on a 2-CPU machine. The defaults are
-the tier's: its QEMU (scripts/vm/qemu.sh) and TCG_THREADS. Prints the rounds done, the
-time they took and the oops line if the guest died of one (exit 1 then). On 2026-11-30
-(docs/measurements.md), 400 rounds: multi-threaded, the guest died in 3 of 3 runs under
-QEMU 10.0 and 2 of 2 under 7.2; single-threaded, in 0 of 2 under each.
+the tier's: QEMU and TCG_THREADS. Prints the rounds done, the time they took and the
+oops line if the guest died of one (exit 1 then). On 2026-11-30 (docs/measurements.md),
+400 rounds multi-threaded: the guest died in 2 of 2 runs under Debian 12's QEMU 7.2, 3 of
+3 under 10.0 (bookworm-backports), 1 of 2 with `-cpu qemu64`; single-threaded, in 0 of
+4, but see TCG_THREADS for what that costs.
 """
 
 from __future__ import annotations

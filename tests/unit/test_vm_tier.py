@@ -13,7 +13,6 @@ from typing import cast
 import pytest
 
 from tests.qemu import (
-    CACHE,
     BootFailed,
     Consoles,
     PoolFile,
@@ -51,13 +50,6 @@ def test_one_node_has_no_numa_options_and_ssh_only_on_loopback() -> None:
     netdevs = [a[i + 1] for i, arg in enumerate(a) if arg == "-netdev"]
     assert netdevs == ["user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:40022-:22",
                        "user,id=n1,restrict=on"]  # fmt: skip
-
-
-def test_the_cached_qemu_runs_tcg_single_threaded() -> None:
-    """Multi-threaded TCG breaks the guest's code patching (tests/flake.py shows it)."""
-    a = argv(Shape())
-    assert a[0] == str(CACHE / "qemu" / "qemu-system-x86_64")
-    assert a[a.index("-accel") + 1] == "tcg,thread=single"
 
 
 def test_uneven_nodes_refused() -> None:
