@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ import pytest
 from latencyd.kernel import cgroups
 from latencyd.kernel.system import PF_EXITING
 from latencyd.paths import shipped_profiles_dir
-from tests.harness import Latencyd
+from tests.harness import Latencyd, wait_for
 from tests.machine_state import differences, exited, snapshot
 
 SHIPPED = sorted(p.stem for p in shipped_profiles_dir().glob("*.toml"))
@@ -209,7 +212,11 @@ def why_not_done(missed: dict[Key, str], report: dict[str, Any], log: str) -> st
     return "\n".join(said)
 
 
-def plan_then_switch(d: Latencyd, profile: str) -> None:
+def plan_then_switch(
+    d: Latencyd, profile: str, between: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """Plan `profile`, then (after `between`, if given) switch to it: the plan changed
+    nothing, and listed what the switch did. Returns the plan."""
     before = machine(d.state_dir)
     alive = processes()
     r = d.ctl("plan", profile, "--json")
@@ -218,10 +225,13 @@ def plan_then_switch(d: Latencyd, profile: str) -> None:
     plan = json.loads(r.stdout)
     assert r.returncode == (1 if plan["would_change"] else 0)
     assert changed_by_plan(before, after) == [], f"plan {profile} changed the machine"
+    if between is not None:
+        between()
     s = d.ctl("switch", profile, "--json")
     assert s.returncode == 0, s.stderr
     report = json.loads(s.stdout)
     compare(plan, report, alive & processes(), d.log())
+    return plan
 
 
 def another(profile: str) -> str:
@@ -242,6 +252,44 @@ def test_plan_changes_nothing_and_lists_what_the_switch_then_does(
     assert d.ctl("switch", other).returncode == 0
     plan_then_switch(d, profile)
     assert "Traceback" not in d.log()
+
+
+# A parent that never reaps its child: once killed, the child stays a zombie.
+UNREAPED_CHILD = """
+import os, sys, time
+child = os.fork()
+if child == 0:
+    time.sleep(3600)
+    os._exit(0)
+print(child, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_process_that_exits_between_the_plan_and_the_switch_is_left_out(
+    start_daemon: Callable[..., Latencyd],
+) -> None:
+    """The plan lists a process that is a zombie by the time of the switch: the switch
+    drops it as gone, and the comparison leaves it out as the daemon does, though its
+    /proc entry is still there."""
+    parent = subprocess.Popen([sys.executable, "-c", UNREAPED_CHILD], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        d = start_daemon("untuned")
+
+        def kill_child() -> None:
+            os.kill(child, signal.SIGKILL)
+            wait_for(lambda: (_read(Path(f"/proc/{child}/stat")) or "").split(") ")[1][0] == "Z")
+
+        plan = plan_then_switch(d, "cpu-partitioning", between=kill_child)
+        planned = [r for r in plan["settings"] if r["target"].get("pid") == child]
+        assert [r["action"] for r in planned] == ["change"], planned
+        assert Path(f"/proc/{child}").exists()  # a zombie: listed, but not alive
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 def test_plan_exit_status_table_and_dry_run(start_daemon: Callable[..., Latencyd]) -> None:
