@@ -163,9 +163,9 @@ def live(target: dict[str, Any], alive: set[tuple[int, int]]) -> bool:
 def processes() -> set[tuple[int, int]]:
     """(pid, start time) of every process now that is not exiting: one being torn down,
     or a zombie not yet reaped, still has its /proc entry, but the daemon takes it for
-    gone (PF_EXITING: ProcessCgroup.read_task). Most likely what made the switch leave
-    out one process that the plan listed, in a fresh-clone run of 2026-11-30: a process of
-    the VM tier (running beside), started with it, gone minutes later."""
+    gone (PF_EXITING: ProcessCgroup.read_task). Counted alive, such a process failed the
+    comparison once in a fresh-clone run of 2026-11-30 (a process of the VM tier beside,
+    gone minutes later); the test below fails the same way without this."""
     out = set()
     for proc in Path("/proc").iterdir():
         stat = _read(proc / "stat") if proc.name.isdigit() else None
