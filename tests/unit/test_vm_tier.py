@@ -454,3 +454,27 @@ def test_a_guest_dead_of_the_flake_that_cannot_be_restored_is_powered_off() -> N
     assert machine.done[-1] == "stop"
     assert machines.current is None
     assert "not restored after the flake: no ssh after a restore" in machines.log[0]
+
+
+def test_the_package_test_compares_irq_masks_by_handler_across_a_reboot() -> None:
+    """IRQ numbers follow probe order: after a reboot virtio's vectors were three numbers
+    apart. Keyed by their handlers' names, the same masks compare equal; a mask that did
+    change is still found, and an IRQ without a handler keeps its number."""
+    from tests.vm.test_package import changed, irq_names
+
+    def snap(masks: dict[int, str], listing: str) -> dict[str, object]:
+        files = {f"/proc/irq/{n}/smp_affinity_list": m for n, m in masks.items()}
+        return {"files": files, "kthreads": {}, "nics": {}, "task_cpusets": {},
+                "pm_qos_holders": [], "netns": [], "loop_devices": "", "mounts": [],
+                "run_systemd": [], "cgroups": {}, "irq_names": irq_names(listing)}  # fmt: skip
+
+    assert irq_names("25/virtio0-input.0/\n26/virtio0-output.0/\n9/acpi/\n") == {
+        "25": "virtio0-input.0", "26": "virtio0-output.0", "9": "acpi"}  # fmt: skip
+    before = snap({25: "0", 26: "1", 40: "0-3"}, "25/virtio0-input.0/ 26/virtio0-output.0/")
+    after = snap({28: "0", 29: "1", 40: "0-3"}, "28/virtio0-input.0/ 29/virtio0-output.0/")
+    assert changed(before, after) == []
+    moved = snap({28: "0", 29: "0-3", 40: "1"}, "28/virtio0-input.0/ 29/virtio0-output.0/")
+    assert changed(before, moved) == [
+        "/proc/irq/40/smp_affinity_list: '0-3' -> '1'",
+        "IRQ virtio0-output.0 smp_affinity_list: '1' -> '0-3'",
+    ]

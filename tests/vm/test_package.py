@@ -139,11 +139,25 @@ def guest_tools() -> bytes:
 
 
 def snapshot(vm: Vm) -> dict[str, object]:
-    """tests/machine_state.py's snapshot, taken in the guest."""
+    """tests/machine_state.py's snapshot, taken in the guest, and each IRQ's handlers by
+    name (the directories /proc/irq/N/ holds for them), for across_a_reboot."""
     code = "import json; from tests.machine_state import snapshot; print(json.dumps(snapshot()))"
     out = vm.ssh(f"cd {WORK} && python3 -c {shlex.quote(code)}", timeout=BOOT_TIMEOUT).stdout
     found: dict[str, object] = json.loads(out)
+    names = vm.ssh('cd /proc/irq && for d in */*/; do echo "$d"; done').stdout
+    found["irq_names"] = irq_names(names)
     return found
+
+
+def irq_names(listing: str) -> dict[str, str]:
+    """IRQ number -> its handlers' names, from lines `N/NAME/` (an IRQ's directory of each
+    handler registered on it); IRQs without a handler are not named."""
+    named: dict[str, list[str]] = {}
+    for line in listing.split():
+        number, _, name = line.strip("/").partition("/")
+        if number.isdigit() and name:
+            named.setdefault(number, []).append(name)
+    return {number: ",".join(sorted(names)) for number, names in named.items()}
 
 
 def made_by_profile(
@@ -180,12 +194,29 @@ AFFINITY = re.compile(r"^\[[\d, ]*\] ")
 
 
 def across_a_reboot(snapshot: dict[str, object]) -> dict[str, object]:
-    """`snapshot` less what a reboot changes by itself (BOOT_COMPUTED, IRQ_THREAD)."""
+    """`snapshot` less what a reboot changes by itself (BOOT_COMPUTED, IRQ_THREAD), and
+    each IRQ's mask keyed by its handlers' names, not its number: the numbers are given
+    in probe order, which another boot may change (a fresh-clone run of 2026-11-30 saw
+    virtio's seven MSI-X vectors three numbers apart after the reboot)."""
     files, kthreads = snapshot["files"], snapshot["kthreads"]
-    assert isinstance(files, dict) and isinstance(kthreads, dict)
-    kept = {k: v for k, v in files.items() if k not in BOOT_COMPUTED}
+    names = snapshot.get("irq_names", {})
+    assert isinstance(files, dict) and isinstance(kthreads, dict) and isinstance(names, dict)
+    kept = {by_irq_name(k, names): v for k, v in files.items() if k not in BOOT_COMPUTED}
     threads = {k: AFFINITY.sub("", v) if IRQ_THREAD.match(k) else v for k, v in kthreads.items()}
-    return {**snapshot, "files": kept, "kthreads": threads}
+    rest = {k: v for k, v in snapshot.items() if k != "irq_names"}
+    return {**rest, "files": kept, "kthreads": threads}
+
+
+IRQ_MASK = re.compile(r"^/proc/irq/(\d+)/smp_affinity_list$")
+
+
+def by_irq_name(key: str, names: dict[str, str]) -> str:
+    """/proc/irq/N/smp_affinity_list as `IRQ <its handlers' names> smp_affinity_list`
+    where N has handlers; any other key as it is."""
+    found = IRQ_MASK.match(key)
+    if found is None or found[1] not in names:
+        return key
+    return f"IRQ {names[found[1]]} smp_affinity_list"
 
 
 def changed(before: dict[str, object], now: dict[str, object]) -> list[str]:
