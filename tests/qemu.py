@@ -13,12 +13,12 @@ and only ssh is forwarded to it, from a free port on 127.0.0.1.
 The known emulator flake: multi-threaded TCG sometimes gets the guest kernel's live code
 patching (a static key flipped) wrong, and the kernel dies with `Oops: int3` on the serial
 console; or the guest never answers ssh (tests/flake.py reproduces it; TCG_THREADS says
-why the tier lives with it).
-A boot that shows either is retried once (a fresh overlay at power-on; a reset of the
-same disk after a reboot, which keeps what the test wrote). A test that failed because its
-guest died of it at any other moment (the oops on the console while it ran, not met by
-such a retry: retry_for) is run again, loudly (tests/vm/conftest.py); a failure without
-it never is. QEMU dies with the process that started it (PR_SET_PDEATHSIG), and `stop` kills it.
+why the tier lives with it). A boot that shows either is retried once (a fresh overlay at
+power-on; a reset of the same disk after a reboot, which keeps what the test wrote). A
+test that failed because its guest died of it at any other moment (the oops on the
+console while it ran, not met by such a retry: retry_for) is run again, loudly
+(tests/vm/conftest.py); a failure without it never is. QEMU dies with the process that
+started it (PR_SET_PDEATHSIG), and `stop` kills it.
 
 `python -m tests.qemu [--cpus N] [--numa-nodes N]` boots one for a developer
 (scripts/vm/boot.sh), prints how to reach it, and kills it at Ctrl-C.

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from latencyd.kernel import cgroups
-from latencyd.kernel.system import PF_EXITING
+from latencyd.kernel.system import Task, parse_stat
 from latencyd.paths import shipped_profiles_dir
 from tests.harness import Latencyd, wait_for
 from tests.machine_state import differences, exited, snapshot
@@ -168,13 +168,15 @@ def processes() -> set[tuple[int, int]]:
     gone minutes later); the test below fails the same way without this."""
     out = set()
     for proc in Path("/proc").iterdir():
-        stat = _read(proc / "stat") if proc.name.isdigit() else None
-        if stat:
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[6]) & PF_EXITING:
-                continue
-            out.add((int(proc.name), int(fields[19])))
+        task = _task(int(proc.name)) if proc.name.isdigit() else None
+        if task is not None and not task.exiting:
+            out.add((task.pid, task.start_time))
     return out
+
+
+def _task(pid: int) -> Task | None:
+    stat = _read(Path(f"/proc/{pid}/stat"))
+    return parse_stat(pid, stat) if stat else None
 
 
 def compare(
@@ -281,7 +283,7 @@ def test_a_process_that_exits_between_the_plan_and_the_switch_is_left_out(
 
         def kill_child() -> None:
             os.kill(child, signal.SIGKILL)
-            wait_for(lambda: (_read(Path(f"/proc/{child}/stat")) or "").split(") ")[1][0] == "Z")
+            wait_for(lambda: (task := _task(child)) is not None and task.exiting)
 
         plan = plan_then_switch(d, "cpu-partitioning", between=kill_child)
         planned = [r for r in plan["settings"] if r["target"].get("pid") == child]
