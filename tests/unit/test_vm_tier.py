@@ -470,10 +470,12 @@ def test_the_package_test_compares_irq_masks_by_handler_across_a_reboot() -> Non
 
     assert irq_names("25/virtio0-input.0/\n26/virtio0-output.0/\n9/acpi/\n") == {
         "25": "virtio0-input.0", "26": "virtio0-output.0", "9": "acpi"}  # fmt: skip
-    before = snap({25: "0", 26: "1", 40: "0-3"}, "25/virtio0-input.0/ 26/virtio0-output.0/")
-    after = snap({28: "0", 29: "1", 40: "0-3"}, "28/virtio0-input.0/ 29/virtio0-output.0/")
+    assert irq_names("24/PCIe PME/\n25/PCIe PME/\n26/ahci/\n27/PCIe PME/\n27/aerdrv/\n") == {
+        "26": "ahci", "27": "PCIe PME,aerdrv"}  # fmt: skip
+    before = snap({25: "0", 26: "1", 40: "0-3"}, "25/virtio0-input.0/\n26/virtio0-output.0/")
+    after = snap({28: "0", 29: "1", 40: "0-3"}, "28/virtio0-input.0/\n29/virtio0-output.0/")
     assert changed(before, after) == []
-    moved = snap({28: "0", 29: "0-3", 40: "1"}, "28/virtio0-input.0/ 29/virtio0-output.0/")
+    moved = snap({28: "0", 29: "0-3", 40: "1"}, "28/virtio0-input.0/\n29/virtio0-output.0/")
     assert changed(before, moved) == [
         "/proc/irq/40/smp_affinity_list: '0-3' -> '1'",
         "IRQ virtio0-output.0 smp_affinity_list: '1' -> '0-3'",

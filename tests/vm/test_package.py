@@ -36,6 +36,7 @@ import shlex
 import subprocess
 import tarfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -151,13 +152,17 @@ def snapshot(vm: Vm) -> dict[str, object]:
 
 def irq_names(listing: str) -> dict[str, str]:
     """IRQ number -> its handlers' names, from lines `N/NAME/` (an IRQ's directory of each
-    handler registered on it); IRQs without a handler are not named."""
+    handler registered on it). IRQs without a handler are not named, nor those whose
+    names another IRQ has too ("PCIe PME" on each root port): keyed by such a name, two
+    masks would be one."""
     named: dict[str, list[str]] = {}
-    for line in listing.split():
+    for line in listing.splitlines():  # a name may hold blanks
         number, _, name = line.strip("/").partition("/")
         if number.isdigit() and name:
             named.setdefault(number, []).append(name)
-    return {number: ",".join(sorted(names)) for number, names in named.items()}
+    joined = {number: ",".join(sorted(names)) for number, names in named.items()}
+    seen = Counter(joined.values())
+    return {number: names for number, names in joined.items() if seen[names] == 1}
 
 
 def made_by_profile(
