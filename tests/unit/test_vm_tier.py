@@ -458,24 +458,40 @@ def test_a_guest_dead_of_the_flake_that_cannot_be_restored_is_powered_off() -> N
 
 def test_the_package_test_compares_irq_masks_by_handler_across_a_reboot() -> None:
     """IRQ numbers follow probe order: after a reboot virtio's vectors were three numbers
-    apart. Keyed by their handlers' names, the same masks compare equal; a mask that did
-    change is still found, and an IRQ without a handler keeps its number."""
+    apart. Keyed by their handlers' names (as the guest's /proc/interrupts lists them,
+    read by latencyd's decoder), the same masks compare equal; a mask that did change is
+    still found, and an IRQ without a handler, or with a name another IRQ has too, keeps
+    its number."""
+    from latencyd.kernel.procstat import parse_interrupts
     from tests.vm.test_package import changed, irq_names
 
-    def snap(masks: dict[int, str], listing: str) -> dict[str, object]:
+    def names(interrupts: str) -> dict[str, str]:  # as snapshot() does it in the guest
+        irqs = parse_interrupts("           CPU0       CPU1\n" + interrupts, False)[1]
+        return irq_names({str(i.number): list(i.actions) for i in irqs})
+
+    def snap(masks: dict[int, str], interrupts: str) -> dict[str, object]:
         files = {f"/proc/irq/{n}/smp_affinity_list": m for n, m in masks.items()}
         return {"files": files, "kthreads": {}, "nics": {}, "task_cpusets": {},
                 "pm_qos_holders": [], "netns": [], "loop_devices": "", "mounts": [],
-                "run_systemd": [], "cgroups": {}, "irq_names": irq_names(listing)}  # fmt: skip
+                "run_systemd": [], "cgroups": {}, "irq_names": names(interrupts)}  # fmt: skip
 
-    assert irq_names("25/virtio0-input.0/\n26/virtio0-output.0/\n9/acpi/\n") == {
+    def virtio(first: int) -> str:
+        chip = "PCI-MSIX-0000:00:04.0"
+        return (f" {first}:  5  0  {chip}  1-edge  virtio0-input.0\n"
+                f" {first + 1}:  0  7  {chip}  2-edge  virtio0-output.0\n")  # fmt: skip
+
+    assert names(virtio(25) + "  9:   0   0   IO-APIC   9-fasteoi   acpi\n") == {
         "25": "virtio0-input.0", "26": "virtio0-output.0", "9": "acpi"}  # fmt: skip
-    assert irq_names("24/PCIe PME/\n25/PCIe PME/\n26/ahci/\n27/PCIe PME/\n27/aerdrv/\n") == {
-        "26": "ahci", "27": "PCIe PME,aerdrv"}  # fmt: skip
-    before = snap({25: "0", 26: "1", 40: "0-3"}, "25/virtio0-input.0/\n26/virtio0-output.0/")
-    after = snap({28: "0", 29: "1", 40: "0-3"}, "28/virtio0-input.0/\n29/virtio0-output.0/")
+    shared = (" 24:  0  0  PCI-MSI 16384-edge      PCIe PME\n"
+              " 25:  0  0  PCI-MSI 18432-edge      PCIe PME\n"
+              " 26:  3  0  PCI-MSI 512000-edge      ahci[0000:00:1f.2]\n"
+              " 27:  0  0  PCI-MSI 20480-edge      PCIe PME, aerdrv\n"
+              " 28:  0  0  PCI-MSI 22528-edge\n")  # fmt: skip
+    assert names(shared) == {"26": "ahci[0000:00:1f.2]", "27": "PCIe PME,aerdrv"}
+    before = snap({25: "0", 26: "1", 40: "0-3"}, virtio(25))
+    after = snap({28: "0", 29: "1", 40: "0-3"}, virtio(28))
     assert changed(before, after) == []
-    moved = snap({28: "0", 29: "0-3", 40: "1"}, "28/virtio0-input.0/\n29/virtio0-output.0/")
+    moved = snap({28: "0", 29: "0-3", 40: "1"}, virtio(28))
     assert changed(before, moved) == [
         "/proc/irq/40/smp_affinity_list: '0-3' -> '1'",
         "IRQ virtio0-output.0 smp_affinity_list: '1' -> '0-3'",

@@ -141,26 +141,26 @@ def guest_tools() -> bytes:
 
 def snapshot(vm: Vm) -> dict[str, object]:
     """tests/machine_state.py's snapshot, taken in the guest, and each IRQ's handlers by
-    name (the directories /proc/irq/N/ holds for them), for across_a_reboot."""
-    code = "import json; from tests.machine_state import snapshot; print(json.dumps(snapshot()))"
+    name (latencyd's /proc/interrupts decoder, run there), for across_a_reboot."""
+    code = ("import json; from tests.machine_state import snapshot; "
+            "from latencyd.kernel.procstat import parse_interrupts; "
+            "found = snapshot(); "
+            "irqs = parse_interrupts(open('/proc/interrupts').read(), with_counts=False)[1]; "
+            "found['irq_actions'] = {i.number: i.actions for i in irqs}; "
+            "print(json.dumps(found))")  # fmt: skip
     out = vm.ssh(f"cd {WORK} && python3 -c {shlex.quote(code)}", timeout=BOOT_TIMEOUT).stdout
     found: dict[str, object] = json.loads(out)
-    names = vm.ssh('cd /proc/irq && for d in */*/; do echo "$d"; done').stdout
-    found["irq_names"] = irq_names(names)
+    actions = found.pop("irq_actions")
+    assert isinstance(actions, dict)
+    found["irq_names"] = irq_names(actions)
     return found
 
 
-def irq_names(listing: str) -> dict[str, str]:
-    """IRQ number -> its handlers' names, from lines `N/NAME/` (an IRQ's directory of each
-    handler registered on it). IRQs without a handler are not named, nor those whose
-    names another IRQ has too ("PCIe PME" on each root port): keyed by such a name, two
-    masks would be one."""
-    named: dict[str, list[str]] = {}
-    for line in listing.splitlines():  # a name may hold blanks
-        number, _, name = line.strip("/").partition("/")
-        if number.isdigit() and name:
-            named.setdefault(number, []).append(name)
-    joined = {number: ",".join(sorted(names)) for number, names in named.items()}
+def irq_names(actions: dict[str, list[str]]) -> dict[str, str]:
+    """IRQ number -> its handlers' names, from each IRQ's actions (as /proc/interrupts
+    lists them). IRQs without a handler are not named, nor those whose names another IRQ
+    has too ("PCIe PME" on each root port): keyed by such a name, two masks would be one."""
+    joined = {number: ",".join(sorted(names)) for number, names in actions.items() if names}
     seen = Counter(joined.values())
     return {number: names for number, names in joined.items() if seen[names] == 1}
 
