@@ -77,10 +77,13 @@ BOOKKEEPING = ("/var/lib/dpkg/", "/var/lib/apt/", "/var/cache/apt/", "/var/log/"
                # the purge are a reboot apart): journald's stream of each running
                # service, a service's PrivateTmp= directories (named with the boot id),
                # udev's device database (by device numbers, given in probe order: the
-               # PC speaker's input event device was c13:66 in one boot, not the other).
+               # PC speaker's input event device was c13:66 in one boot, not the other),
+               # and its watches of block devices, named by inotify watch descriptor, which
+               # each boot and each change event hands out anew (a fresh-clone run of
+               # 2026-11-30 found watch/13-20 after the purge, none listed before it).
                "/run/systemd/journal/streams/", "/tmp/systemd-private-",
                "/var/tmp/systemd-private-", "/run/udev/links/", "/run/udev/tags/",
-               "/run/udev/data/")  # fmt: skip
+               "/run/udev/data/", "/run/udev/watch/")  # fmt: skip
 # What differences() reports that is no kernel setting here: a pid's cgroup (pids are
 # reused in the guest), and /run/systemd's entries by name (kept for the host without
 # systemd, where they are nspawn's and systemd-analyze's leftovers; on the guest they are
