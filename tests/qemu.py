@@ -313,10 +313,22 @@ class Vm:
                     raise BootFailed(f"the emulator flake twice: {self.flakes}") from flake
         raise AssertionError("unreachable")
 
-    def reboot(self) -> None:
-        """`systemctl reboot` in the guest; returns when the new boot answers ssh and
-        systemd has finished starting it (latencyd is ready: Type=dbus, or has failed). A
-        flake is met with a reset of the same disk, once."""
+    def reboot(self, into: str | None = None) -> None:
+        """`systemctl reboot` in the guest (into GRUB's entry `into` for that boot only, if
+        given: grub-reboot); returns when the new boot answers ssh and systemd has finished
+        starting it (latencyd is ready: Type=dbus, or has failed). A flake is met with a
+        reset of the same disk, once; the boot it killed had used up the one-boot entry
+        (GRUB clears it as it reads it), so the machine the reset booted is rebooted into
+        `into` once more."""
+        if self._reboot(into, reset_on_flake=True) and into is not None:
+            self._reboot(into, reset_on_flake=False)
+        # ssh answers before every unit has started: wait for the start-up jobs to end.
+        self.ssh("systemctl is-system-running --wait", check=False, timeout=BOOT_TIMEOUT)
+
+    def _reboot(self, into: str | None, reset_on_flake: bool) -> bool:
+        """One `systemctl reboot` (see reboot); whether a flake was met with a reset."""
+        if into is not None:
+            self.ssh(f"grub-reboot {shlex.quote(into)}")
         old = self.boot_id()
         serial_from = self.serial.stat().st_size
         self.ssh(
@@ -324,8 +336,11 @@ class Vm:
         )  # ssh may see the connection dropped
         try:
             self._wait_up(serial_from, old)
+            return False
         except Flake as flake:
             self.flakes.append(f"reboot: {flake}")
+            if not reset_on_flake:
+                raise BootFailed(f"the emulator flake twice: {self.flakes}") from flake
             serial_from = self.serial.stat().st_size
             self.consoles.flake_met()
             self._monitor("system_reset")
@@ -333,8 +348,7 @@ class Vm:
                 self._wait_up(serial_from, old)
             except Flake as again:
                 raise BootFailed(f"the emulator flake twice: {self.flakes}") from again
-        # ssh answers before every unit has started: wait for the start-up jobs to end.
-        self.ssh("systemctl is-system-running --wait", check=False, timeout=BOOT_TIMEOUT)
+            return True
 
     def stop(self) -> None:
         """Kill QEMU (the overlay goes with the work directory; its last console is kept,

@@ -15,6 +15,7 @@ import pytest
 from tests.qemu import (
     BootFailed,
     Consoles,
+    Flake,
     PoolFile,
     Shape,
     Vm,
@@ -185,6 +186,56 @@ def test_a_flake_a_retried_boot_met_is_not_the_tests(tmp_path: Path) -> None:
     consoles.path.unlink()
     assert consoles.since(set_aside_at) == BOOTED
     assert consoles.position() == set_aside_at + len(BOOTED)
+
+
+class ScriptedReboots(Vm):
+    """A Vm whose guest is a script: each boot dies of the flake or comes up, in turn;
+    what would reach the guest or QEMU's monitor is recorded instead."""
+
+    def __init__(self, tmp_path: Path, boots_die: list[bool]) -> None:  # no QEMU, no image
+        self.serial = tmp_path / "serial.log"
+        self.serial.write_text(BOOTED)
+        self.consoles, self.flakes = Consoles(self.serial), []
+        self.boots_die, self.ran = boots_die, []
+
+    def ssh(self, command: str, **_: object) -> subprocess.CompletedProcess[str]:
+        if command != "cat /proc/sys/kernel/random/boot_id":
+            self.ran.append(command)
+        return subprocess.CompletedProcess([], 0, "a boot id\n", "")
+
+    def _monitor(self, command: str, timeout: float = 60) -> str:
+        self.ran.append(f"(qemu) {command}")
+        return ""
+
+    def _wait_up(self, serial_from: int, old_boot_id: str | None) -> None:
+        if self.boots_die.pop(0):
+            raise Flake("Oops: int3")
+
+
+def test_a_reboot_into_an_entry_the_flake_killed_is_made_again_after_the_reset(
+    tmp_path: Path,
+) -> None:
+    """GRUB clears a one-boot entry (grub-reboot) as it reads it, so the boot the flake
+    killed had used it up and the reset boots the default kernel (a fresh-clone run of
+    2026-11-30: the PREEMPT_RT test found itself on the generic kernel): the machine is
+    rebooted into the entry once more. A plain reboot's reset is the whole retry."""
+    into = ScriptedReboots(tmp_path, [True, False, False])
+    into.reboot(into="gnulinux-rt")
+    assert into.ran == ["grub-reboot gnulinux-rt", "systemctl reboot", "(qemu) system_reset",
+                        "grub-reboot gnulinux-rt", "systemctl reboot",
+                        "systemctl is-system-running --wait"]  # fmt: skip
+    assert into.flakes == ["reboot: Oops: int3"]
+    plain = ScriptedReboots(tmp_path, [True, False])
+    plain.reboot()
+    assert plain.ran == ["systemctl reboot", "(qemu) system_reset",
+                         "systemctl is-system-running --wait"]  # fmt: skip
+    calm = ScriptedReboots(tmp_path, [False])
+    calm.reboot(into="gnulinux-rt")
+    assert calm.ran == ["grub-reboot gnulinux-rt", "systemctl reboot",
+                        "systemctl is-system-running --wait"]  # fmt: skip
+    twice = ScriptedReboots(tmp_path, [True, False, True])
+    with pytest.raises(BootFailed, match="the emulator flake twice"):
+        twice.reboot(into="gnulinux-rt")
 
 
 def test_the_package_test_samples_the_profiles_settings_not_services_coming_and_going() -> None:

@@ -30,8 +30,7 @@ def threads(vm: Vm) -> dict[str, str]:
 def test_realtime_fifo_rules_on_the_preempt_rt_kernel(vm: Vm) -> None:
     entry = vm.ssh(RT_ENTRY).stdout.strip()
     assert entry, "no PREEMPT_RT entry in grub.cfg"
-    vm.ssh(f"grub-reboot {entry}")  # this next boot only
-    vm.reboot()
+    vm.reboot(into=entry)  # this next boot only
     assert vm.ssh("uname -r").stdout.strip().endswith("-rt-amd64")
     assert vm.ssh("cat /sys/kernel/realtime").stdout.strip() == "1"
     before = threads(vm)
