@@ -508,6 +508,19 @@ class Vm:
             s.sendall(command.encode() + b"\n")
             return monitor_reply(_until_prompt(s))
 
+    def _emulator_state(self) -> str:
+        """What QEMU says of the guest when ssh lost it, to tell a busy or dead guest from
+        an idle one the emulator stopped delivering packets to (seen once after a restore,
+        2026-11-30: nothing on the console): each vCPU running or halted (`info cpus`), and
+        the host side of the guest's connections (`info usernet`: SYN_SENT, unanswered)."""
+        if self.qemu is None or self.qemu.poll() is not None:
+            return "QEMU not running"
+        try:
+            cpus, usernet = self._monitor("info cpus"), self._monitor("info usernet")
+        except (OSError, BootFailed) as failed:
+            return f"QEMU's monitor did not answer: {failed}"
+        return f"QEMU's info cpus:\n{cpus}\nQEMU's info usernet:\n{usernet[-1500:]}"
+
     def monitor(self, command: str) -> None:
         """A command to QEMU's monitor (device_add, netdev_add, ...) that must succeed."""
         reply = self._monitor(command)
@@ -548,7 +561,7 @@ class Vm:
             why = why_lost(since, self.qemu.poll())
             raise GuestLost(
                 f"in the VM: {command!r}: ssh lost the guest (exit {SSH_LOST}): {why}\n"
-                f"stderr: {result.stderr[-2000:]}"
+                f"stderr: {result.stderr[-2000:]}\n{self._emulator_state()}"
             )
         if check and result.returncode != 0:
             raise GuestCommandFailed(
