@@ -84,8 +84,15 @@ GUEST_PYTHON = "/usr/bin/python3"
 SSH_OPTIONS = (
     "-q", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
     "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-    "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",
+    "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=6",
 )  # fmt: skip
+# How long ssh waits for the guest's sshd to take a connection (TCP and banner): as long
+# as its keep-alive gives a command's answers (60 s), since the guest is as slow at both
+# when the host suites leave the tier at nice 10 little CPU. A fresh-clone run of
+# 2026-11-30 lost a restored guest at 10 s, the limit then, with nothing on the console.
+# A boot's probe (_wait_up) keeps 10 s: a guest still booting is asked again anyway.
+CONNECT_TIMEOUT = 60
+PROBE_CONNECT_TIMEOUT = 10
 
 
 class NotBuilt(RuntimeError):
@@ -198,15 +205,16 @@ SSH_LOST = 255  # ssh's own exit status: no connection, or the connection droppe
 def why_lost(console: str, qemu_exit: int | None) -> str:
     """Why ssh lost the guest (exit SSH_LOST), from the serial console written since the
     command started and QEMU's exit status (None: still running): the emulator flake,
-    QEMU gone, or neither seen (the guest silent for ssh's keep-alive, 60 s)."""
+    QEMU gone, or neither seen (the guest silent for ssh's connect or keep-alive, 60 s)."""
     if oops := flake_in(console):
         return f"the emulator flake (see the module's docstring): {oops}"
     if qemu_exit is not None:
         return f"QEMU exited ({qemu_exit})"
     tail = "\n".join(console.splitlines()[-20:]) or "(nothing)"
     return (
-        "no flake on the console and QEMU running: the guest did not answer ssh's "
-        f"keep-alive for 60 s, or sshd dropped the connection; console since:\n{tail}"
+        "no flake on the console and QEMU running: the guest did not take ssh's connection "
+        "or answer its keep-alive for 60 s, or sshd dropped the connection; console "
+        f"since:\n{tail}"
     )
 
 
@@ -481,9 +489,8 @@ class Vm:
                             f"{time.monotonic() - quiet_since:.0f} s:\n"
                             f"{self.console()[-2000:]}")  # fmt: skip
             try:
-                probe = self.ssh(
-                    "cat /proc/sys/kernel/random/boot_id", check=False, timeout=30, lost_ok=True
-                )
+                probe = self.ssh("cat /proc/sys/kernel/random/boot_id", check=False, timeout=30,
+                                 lost_ok=True, connect_timeout=PROBE_CONNECT_TIMEOUT)  # fmt: skip
             except GuestCommandFailed:
                 continue  # sshd accepted but did not answer in time: still starting
             if probe.returncode == 0 and probe.stdout.strip() not in ("", old_boot_id):
@@ -528,9 +535,9 @@ class Vm:
             raise AssertionError(f"QEMU's monitor: {command!r}: {reply}")
 
     # -- inside ------------------------------------------------------------------------
-    def ssh_argv(self, command: str) -> list[str]:
-        return ["ssh", *SSH_OPTIONS, "-i", str(KEY), "-p", str(self.port), "root@127.0.0.1",
-                command]  # fmt: skip
+    def ssh_argv(self, command: str, connect_timeout: int = CONNECT_TIMEOUT) -> list[str]:
+        return ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={connect_timeout}", "-i", str(KEY),
+                "-p", str(self.port), "root@127.0.0.1", command]  # fmt: skip
 
     def ssh(
         self,
@@ -540,13 +547,15 @@ class Vm:
         timeout: float = 600,
         stdin: bytes = b"",
         lost_ok: bool = False,
+        connect_timeout: int = CONNECT_TIMEOUT,
     ) -> subprocess.CompletedProcess[str]:
         """Run a shell command in the guest as root (in a session of ssh.service). ssh
         losing the guest raises GuestLost saying why (why_lost), check or not, unless
         `lost_ok` (a reboot, a probe while the guest boots)."""
         console_from = self.serial.stat().st_size if self.serial.exists() else 0
         try:
-            done = subprocess.run(self.ssh_argv(command), input=stdin, capture_output=True,
+            done = subprocess.run(self.ssh_argv(command, connect_timeout), input=stdin,
+                                  capture_output=True,
                                   timeout=timeout)  # fmt: skip
         except subprocess.TimeoutExpired as exc:
             raise GuestCommandFailed(f"{command!r} did not end in {timeout:.0f} s") from exc
