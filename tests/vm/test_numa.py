@@ -3,8 +3,6 @@ each node keeps housekeeping CPUs, and what the kernel and systemd then hold is 
 
 from __future__ import annotations
 
-import pytest
-
 from tests.qemu import Vm, guest_profile
 from tests.vm.profiles import DEFAULT_PROFILE, PARTITIONING_TWO_NODES
 from tests.vm.test_shield import UNITS, allowed_cpus
@@ -22,12 +20,6 @@ def cpus_of(text: str) -> set[int]:
 HOUSEKEEPING, ISOLATED = {0, 1, 4, 5}, {2, 3, 6, 7}
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="seen once at a5e3cd4, on a starved 8-vCPU guest: the NUMA layout read right, the "
-    "switch to the profile exited 0, then the next ssh into the guest failed (exit 255, as "
-    "test_run's): starvation or the shield, not yet told apart (not strict until it is)",
-)
 def test_isolated_cpus_on_both_numa_nodes(vm_numa: Vm) -> None:
     vm = vm_numa
     nodes = vm.ssh("cat /sys/devices/system/node/node*/cpulist").stdout.split()
