@@ -516,10 +516,10 @@ class Vm:
             return monitor_reply(_until_prompt(s))
 
     def _emulator_state(self) -> str:
-        """What QEMU says of the guest when ssh lost it, to tell a busy or dead guest from
-        an idle one the emulator stopped delivering packets to (seen once after a restore,
-        2026-11-30: nothing on the console): each vCPU running or halted (`info cpus`), and
-        the host side of the guest's connections (`info usernet`: SYN_SENT, unanswered)."""
+        """What QEMU says of the guest when ssh lost it with nothing on the console, to tell
+        a starved or hung guest (vCPUs running) from an idle one that does not answer (all
+        halted): `info cpus`, and the host side of the guest's connections (`info usernet`:
+        one in SYN_SENT was never answered)."""
         if self.qemu is None or self.qemu.poll() is not None:
             return "QEMU not running"
         try:
