@@ -41,6 +41,7 @@ from typing import Any
 
 from bench import arguments, not_root
 from latencyd.kernel.system import System
+from latencyd.text import printable
 from latencyd.tools.measure.processes import Processes
 from latencyd.tools.measure.tuned import TunedDaemon, workqueue_masks
 from scripts.private_bus import PrivateBus
@@ -84,10 +85,12 @@ def affinity(pid: int) -> str | None:
 
 
 def tasks() -> Values:
-    """Kernel threads by name (per-CPU threads keep their own CPU: left out), and how
-    many user tasks may run on the isolated CPU."""
+    """Kernel threads by name (per-CPU threads keep their own CPU: left out), and the
+    user tasks kept off the isolated CPU, by name and pid: a task a daemon narrowed and
+    left so is a leak; processes born or ended meanwhile (a shell polling beside the
+    bench, a cron job) are not, so user tasks are not counted in all."""
     out: Values = {}
-    allowed = total = 0
+    kept_off = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -105,10 +108,9 @@ def tasks() -> Values:
             if re.match(r"kworker/u?\d", comm):
                 continue  # pool workers: come and go, named after their current work
             out[f"kernel thread {re.sub(r'[0-9]+', 'N', comm)}"] = cpus
-        else:
-            total += 1
-            allowed += int(ISOLATED) in [int(c) for c in cpus.split(",")]
-    out["user tasks allowed on the isolated CPU"] = f"{allowed} of {total}"
+        elif int(ISOLATED) not in [int(c) for c in cpus.split(",")]:
+            kept_off.append(f"{printable(comm)}[{entry}]")  # a task names itself
+    out["user tasks kept off the isolated CPU"] = ", ".join(sorted(kept_off)) or "none"
     return out
 
 
