@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import (
@@ -257,9 +258,19 @@ class Regex:
         if not isinstance(raw, str):
             raise ValueError(f"expected a regular expression string, got {raw!r}")
         try:
-            re.compile(raw)
+            # Python warns (once, on stderr, with no file or line) of a pattern whose
+            # meaning a later release changes, e.g. "[[:digit:]]", which is no POSIX class
+            # here: refused as what it is, every time.
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", FutureWarning)
+                re.compile(raw)
         except re.error as exc:
             raise ValueError(f"bad regular expression {raw!r}: {exc}") from exc
+        except FutureWarning as exc:
+            raise ValueError(
+                f"ambiguous regular expression {raw!r}: {exc} (a '[' inside a set is "
+                "written '\\[', and POSIX classes such as [:digit:] are not supported)"
+            ) from exc
         return raw
 
 

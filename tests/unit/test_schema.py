@@ -197,6 +197,15 @@ def test_regex() -> None:
     assert Regex().parse("^jbd2/.*", M) == "^jbd2/.*"
     assert error_of(Regex(), 1) == "expected a regular expression string, got 1"
     assert error_of(Regex(), "(").startswith("bad regular expression '(': missing ), ")
+    # a pattern Python only warns of (its meaning changes in a later release): refused,
+    # the second time too (a refused pattern is not in re's cache, which would not warn)
+    for _ in range(2):
+        assert error_of(Regex(), "^[[:digit:]]+$") == (
+            "ambiguous regular expression '^[[:digit:]]+$': Possible nested set at position 2 "
+            "(a '[' inside a set is written '\\[', and POSIX classes such as [:digit:] are "
+            "not supported)"
+        )
+    assert Regex().parse(r"^[\[a]$", M) == r"^[\[a]$"
 
 
 # -- validate -----------------------------------------------------------------
